@@ -1,0 +1,1 @@
+//! trace.dat reading and writing.

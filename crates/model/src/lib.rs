@@ -1,0 +1,13 @@
+//! deepspan's kernel event model: the typed events that trace.dat and CTF
+//! readers produce and that every analysis consumes, and the k-way merge that
+//! turns per-CPU (per-stream) event streams into one time-ordered stream.
+//!
+//! Invariants:
+//! - timestamps are u64 nanoseconds of one host's CLOCK_MONOTONIC;
+//! - a merged stream is ordered by timestamp and stable for equal timestamps.
+
+mod event;
+mod merge;
+
+pub use event::{softirq, BlockRq, Comm, Event, EventKind, Fields, Packet, SchedSwitch, Tid, Value, Wakeup};
+pub use merge::{Merge, Timestamped};
