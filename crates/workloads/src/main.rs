@@ -1,1 +1,237 @@
-fn main() {}
+//! `deepspan-workload`: small real programs that tests and benchmarks record.
+//!
+//! Each prints one JSON line describing itself (thread ids by role, counts)
+//! so a test can look for exactly those threads in the kernel trace.
+//!
+//! - `mt`: threads that sleep, contend on one mutex, and do disk I/O;
+//! - `pingpong N`: two threads passing a byte over pipes N times
+//!   (context-switch heavy);
+//! - `syscalls N`: N cheap system calls (syscall heavy, few switches).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+fn usage() -> ExitCode {
+    eprintln!("usage: deepspan-workload mt [DIR] | pingpong ROUNDS | syscalls COUNT");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("mt") => mt(args.get(1).map(PathBuf::from).unwrap_or_else(std::env::temp_dir)),
+        Some("pingpong") => match args.get(1).and_then(|n| n.parse().ok()) {
+            Some(rounds) => pingpong(rounds),
+            None => return usage(),
+        },
+        Some("syscalls") => match args.get(1).and_then(|n| n.parse().ok()) {
+            Some(count) => syscalls(count),
+            None => return usage(),
+        },
+        _ => return usage(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("deepspan-workload: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// How long the lock holder keeps the mutex; long enough that the waiter
+/// really blocks in futex (not just spins) on a busy 2-core machine.
+const HOLD: Duration = Duration::from_millis(30);
+const SLEEP: Duration = Duration::from_millis(20);
+
+fn mt(dir: PathBuf) -> std::io::Result<()> {
+    let lock = Arc::new(Mutex::new(0u64));
+    let start = Arc::new(Barrier::new(4));
+    let main_tid = gettid();
+
+    let sleeper = {
+        let start = start.clone();
+        thread::Builder::new().name("ds-sleeper".into()).spawn(move || {
+            start.wait();
+            for _ in 0..5 {
+                thread::sleep(SLEEP);
+            }
+            gettid()
+        })?
+    };
+    // The holder takes the lock first and keeps it while the waiter asks.
+    let (holder, waiter) = {
+        let (taken_tx, taken_rx) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let (lock, start) = (lock.clone(), start.clone());
+            thread::Builder::new().name("ds-holder".into()).spawn(move || {
+                start.wait();
+                for _ in 0..3 {
+                    let mut guard = lock.lock().unwrap();
+                    let _ = taken_tx.send(());
+                    spin(HOLD);
+                    *guard += 1;
+                    drop(guard);
+                    thread::sleep(Duration::from_millis(5));
+                }
+                gettid()
+            })?
+        };
+        let waiter = {
+            let (lock, start) = (lock.clone(), start.clone());
+            thread::Builder::new().name("ds-waiter".into()).spawn(move || {
+                start.wait();
+                for _ in 0..3 {
+                    let _ = taken_rx.recv();
+                    *lock.lock().unwrap() += 1;
+                }
+                gettid()
+            })?
+        };
+        (holder, waiter)
+    };
+    start.wait();
+    let io_path = dir.join(format!("deepspan-workload-{}.bin", std::process::id()));
+    let io_result = disk_io(&io_path);
+    let _ = fs::remove_file(&io_path);
+    io_result?;
+
+    let sleeper = sleeper.join().expect("sleeper thread panicked");
+    let holder = holder.join().expect("holder thread panicked");
+    let waiter = waiter.join().expect("waiter thread panicked");
+    println!(
+        "{{\"workload\":\"mt\",\"pid\":{},\"main\":{main_tid},\"sleeper\":{sleeper},\"holder\":{holder},\"waiter\":{waiter},\"io\":{main_tid}}}",
+        std::process::id()
+    );
+    Ok(())
+}
+
+/// Busy work that holds the CPU (and the lock) without system calls.
+fn spin(d: Duration) {
+    let until = Instant::now() + d;
+    let mut x = 0u64;
+    while Instant::now() < until {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        std::hint::black_box(x);
+    }
+}
+
+/// Writes, fsyncs and reads back a file with O_DIRECT so the block layer
+/// really sees requests (the page cache would hide reads otherwise).
+fn disk_io(path: &PathBuf) -> std::io::Result<()> {
+    const BLOCK: usize = 1 << 20;
+    let data = vec![0x5au8; BLOCK];
+    let mut f = File::create(path)?;
+    for _ in 0..4 {
+        f.write_all(&data)?;
+    }
+    f.sync_all()?;
+    drop(f);
+    let mut buf = AlignedBuf::new(BLOCK);
+    match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+        Ok(mut f) => {
+            for i in 0..4u64 {
+                f.seek(SeekFrom::Start(i * BLOCK as u64))?;
+                f.read_exact(buf.as_mut_slice())?;
+            }
+        }
+        // tmpfs and some overlays refuse O_DIRECT; fall back to a cached read.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            File::open(path)?.read_to_end(&mut Vec::new())?;
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// A page-aligned buffer, as O_DIRECT requires.
+struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).expect("valid layout");
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory");
+        AlignedBuf { ptr, len }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr points to len initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len, 4096).expect("valid layout");
+        // SAFETY: allocated in new() with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) }
+    }
+}
+
+fn pingpong(rounds: u64) -> std::io::Result<()> {
+    let (mut a_read, mut b_write) = pipe()?;
+    let (mut b_read, mut a_write) = pipe()?;
+    let started = Instant::now();
+    let peer = thread::spawn(move || -> std::io::Result<i32> {
+        let mut byte = [0u8];
+        for _ in 0..rounds {
+            b_read.read_exact(&mut byte)?;
+            b_write.write_all(&byte)?;
+        }
+        Ok(gettid())
+    });
+    let mut byte = [1u8];
+    for _ in 0..rounds {
+        a_write.write_all(&byte)?;
+        a_read.read_exact(&mut byte)?;
+    }
+    let peer_tid = peer.join().expect("peer thread panicked")?;
+    println!(
+        "{{\"workload\":\"pingpong\",\"pid\":{},\"tids\":[{},{peer_tid}],\"rounds\":{rounds},\"seconds\":{:.6}}}",
+        std::process::id(),
+        gettid(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn pipe() -> std::io::Result<(File, File)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    use std::os::fd::FromRawFd;
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) })
+}
+
+fn syscalls(count: u64) -> std::io::Result<()> {
+    let started = Instant::now();
+    for _ in 0..count {
+        // SAFETY: getppid has no preconditions; the raw syscall avoids libc caching.
+        std::hint::black_box(unsafe { libc::syscall(libc::SYS_getppid) });
+    }
+    println!(
+        "{{\"workload\":\"syscalls\",\"pid\":{},\"count\":{count},\"seconds\":{:.6}}}",
+        std::process::id(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

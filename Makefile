@@ -1,0 +1,34 @@
+# deepspan: the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+CARGO ?= cargo
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: demo test deps build bench fuzz clean
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	$(CARGO) build --release --workspace
+
+# Records the demo workload, decodes it and prints what it found.
+demo: build
+	@scripts/demo.sh
+
+# The whole test suite; kernel tests need root and tracefs, and fail instead
+# of skipping when DEEPSPAN_REQUIRE_KERNEL is set (CI sets it).
+test: deps
+	$(CARGO) build --release -p deepspan -p deepspan-workloads
+	$(CARGO) test --release --workspace --no-fail-fast
+
+# Benchmarks are timings: run by hand, never part of `make test`.
+bench: build
+	@bench/run.sh
+
+# Runs each fuzz target (cargo-fuzz) for FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 600
+fuzz:
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
+clean:
+	$(CARGO) clean

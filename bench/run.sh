@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Runs every benchmark (by hand; timings never gate tests). Pass arguments
+# through to the kernel benchmark, e.g. `bench/run.sh --only decode`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 bench/kernel_bench.py "$@"
