@@ -61,8 +61,8 @@ pub struct Event {
     pub kind: EventKind,
 }
 
-/// `sched_switch` payload. `prev_state & 3 == 0` means the previous task was
-/// still runnable (preempted); see [`SchedSwitch::prev_runnable`].
+/// `sched_switch` payload; see [`SchedSwitch::prev_runnable`] for how
+/// preemption is told apart from blocking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedSwitch {
     pub prev_tid: Tid,
@@ -76,9 +76,14 @@ pub struct SchedSwitch {
 
 impl SchedSwitch {
     /// True when the task switched out was still runnable, i.e. preempted
-    /// rather than blocked (TASK_INTERRUPTIBLE=1, TASK_UNINTERRUPTIBLE=2).
+    /// rather than blocked.
+    ///
+    /// The low byte holds the reported sleep states (S, D, T, t, X, Z, P, I);
+    /// higher bits (TASK_REPORT_MAX, shown as `R+`, and the preempt bits of
+    /// older kernels) only ever accompany a runnable task. Testing just the
+    /// S|D bits would call parked and idle kernel threads runnable.
     pub fn prev_runnable(&self) -> bool {
-        self.prev_state & 3 == 0
+        self.prev_state & 0xff == 0
     }
 }
 
@@ -245,6 +250,8 @@ mod tests {
         s.prev_state = 1;
         assert!(!s.prev_runnable());
         s.prev_state = 2;
+        assert!(!s.prev_runnable());
+        s.prev_state = 0x80; // I: an idle kernel thread sleeps
         assert!(!s.prev_runnable());
     }
 }

@@ -1,0 +1,58 @@
+//! deepspan's kernel analysis: from kernel events to per-thread critical
+//! paths.
+//!
+//! - [`StateBuilder`] consumes [`deepspan_model::Event`]s in time order (one
+//!   pass, memory proportional to the state intervals) and produces a
+//!   [`KernelModel`]: per-thread state intervals with block reasons and
+//!   system calls, thread names over time, CPU timelines, lost-event ranges,
+//!   and the execution [`Graph`] (DESIGN.md "Kernel state model").
+//! - [`critical_path`] computes a thread's critical path over a time range
+//!   on that graph: the Giraldeau & Dagenais bounded algorithm, with Trace
+//!   Compass' behaviour (DESIGN.md "Critical paths").
+//! - [`merge_paths`] merges critical paths so states shared by several
+//!   paths are shared nodes (seed 000, Algorithm 2).
+
+mod critical;
+mod fxhash;
+mod graph;
+mod merge;
+mod state;
+
+pub use critical::{critical_path_of, pieces_of, CriticalPath, Piece};
+pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Worker};
+pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
+pub use state::{
+    softirq_name, switch_out, BlockReason, CpuHistory, CpuInterval, InitialStatus, Interrupt,
+    InterruptInterval, KernelModel, LostRange, ModelStats, StateBuilder, StateInterval, SwitchOut,
+    SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, MAX_CPUS, NO_CPU,
+    PENDING_WAKING_WINDOW_NS,
+};
+
+use deepspan_model::Tid;
+
+/// The critical path of thread `tid` over `[start, end]`: which threads, in
+/// which states, the thread's progress depended on. Pieces are clipped to
+/// the range and flagged when they overlap lost events; the path graph is
+/// left whole (it may reach before `start` where a blocking began earlier).
+///
+/// Empty when the thread has no vertex in the execution graph.
+pub fn critical_path(model: &KernelModel, tid: Tid, start: u64, end: u64) -> CriticalPath {
+    let g = model.graph();
+    let Some(worker) = g.worker_of(tid) else {
+        return CriticalPath::default();
+    };
+    let Some(first) = g
+        .vertex_at_or_before(worker, start)
+        .or_else(|| g.head(worker))
+    else {
+        return CriticalPath::default();
+    };
+    let mut path = critical::compute(g, first, critical::Stop::Covering(end));
+    path.pieces.retain_mut(|p| {
+        p.start = p.start.max(start);
+        p.end = p.end.min(end);
+        p.lost = model.overlaps_lost(p.start, p.end);
+        p.end > p.start
+    });
+    path
+}

@@ -1,0 +1,551 @@
+//! The state model's rules on small hand-made event sequences.
+
+use std::sync::Arc;
+
+use deepspan_analysis::{
+    critical_path, BlockReason, Direction, EdgeType, KernelModel, StateBuilder, ThreadState, NO_CPU,
+};
+use deepspan_model::{softirq, BlockRq, Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
+
+/// A tiny event script: events on CPUs, in time order.
+struct Script {
+    events: Vec<Event>,
+}
+
+impl Script {
+    fn new() -> Script {
+        Script { events: Vec::new() }
+    }
+    fn ev(&mut self, ts: u64, cpu: u32, kind: EventKind) -> &mut Self {
+        self.events.push(Event {
+            ts,
+            cpu,
+            tid: -1,
+            kind,
+        });
+        self
+    }
+    fn switch(&mut self, ts: u64, cpu: u32, prev: Tid, prev_state: i64, next: Tid) -> &mut Self {
+        let comm = |t: Tid| Comm::from_bytes(format!("t{t}").as_bytes());
+        self.ev(
+            ts,
+            cpu,
+            EventKind::SchedSwitch(SchedSwitch {
+                prev_tid: prev,
+                prev_comm: comm(prev),
+                prev_prio: 120,
+                prev_state,
+                next_tid: next,
+                next_comm: comm(next),
+                next_prio: 120,
+            }),
+        )
+    }
+    fn wake(&mut self, ts: u64, cpu: u32, tid: Tid, waking: bool) -> &mut Self {
+        let w = Wakeup {
+            tid,
+            comm: Comm::from_bytes(format!("t{tid}").as_bytes()),
+            prio: 120,
+            target_cpu: cpu as i32,
+        };
+        self.ev(
+            ts,
+            cpu,
+            if waking {
+                EventKind::SchedWaking(w)
+            } else {
+                EventKind::SchedWakeup(w)
+            },
+        )
+    }
+    fn model(&self) -> KernelModel {
+        let mut b = StateBuilder::new();
+        for e in &self.events {
+            b.push(e);
+        }
+        b.finish()
+    }
+    fn model_with_lost(&self, cpu: u32, ts: u64) -> KernelModel {
+        let mut b = StateBuilder::new();
+        let mut marked = false;
+        for e in &self.events {
+            if e.ts >= ts && !marked {
+                b.lost(cpu, ts);
+                marked = true;
+            }
+            b.push(e);
+        }
+        b.finish()
+    }
+}
+
+fn states(m: &KernelModel, tid: Tid) -> Vec<(u64, u64, ThreadState)> {
+    m.thread(tid)
+        .unwrap()
+        .states()
+        .iter()
+        .map(|s| (s.start, s.end, s.state))
+        .collect()
+}
+
+fn blocked_reason(m: &KernelModel, tid: Tid, at: u64) -> BlockReason {
+    match m.thread(tid).unwrap().state_at(at).unwrap().state {
+        ThreadState::Blocked(r) => r,
+        s => panic!("not blocked at {at}: {s:?}"),
+    }
+}
+
+#[test]
+fn thread_wakeup_links_waker_and_blocked_thread() {
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1) // 1 runs on CPU 0
+        .switch(20, 0, 1, 1, 0) // 1 blocks
+        .switch(15, 1, 0, 0, 2) // out of order: counted, treated as 20
+        .wake(30, 1, 1, false) // 2 (running on CPU 1) wakes 1
+        .switch(40, 0, 0, 0, 1);
+    let m = s.model();
+    assert_eq!(m.stats().out_of_order, 1);
+    assert_eq!(
+        states(&m, 1),
+        vec![
+            (10, 20, ThreadState::Running),
+            (20, 30, ThreadState::Blocked(BlockReason::Thread(2))),
+            (30, 40, ThreadState::WaitCpu),
+            (40, 40, ThreadState::Running),
+        ]
+    );
+    // Graph: vertical edge from 2's vertex at 30 to 1's vertex at 30.
+    let g = m.graph();
+    let w1 = g.worker_of(1).unwrap();
+    let v = g.vertex_at(w1, 30).unwrap();
+    let link = g.edge(v, Direction::IncomingVertical).unwrap();
+    assert_eq!(
+        (g.tid(link.from.worker), g.ts(link.from), link.kind),
+        (2, 30, EdgeType::Default)
+    );
+    assert_eq!(
+        g.edge(g.vertex_at(w1, 20).unwrap(), Direction::OutgoingHorizontal)
+            .unwrap()
+            .kind,
+        EdgeType::Blocked
+    );
+    // Critical path of 1 over [10, 40]: its run, then 2 running, then its wait for CPU.
+    let cp = critical_path(&m, 1, 10, 40);
+    let pieces: Vec<_> = cp
+        .pieces
+        .iter()
+        .map(|p| (p.start, p.end, p.tid, p.state))
+        .collect();
+    assert_eq!(
+        pieces,
+        vec![
+            (10, 20, 1, EdgeType::Running),
+            (20, 30, 2, EdgeType::Running),
+            (30, 40, 1, EdgeType::Preempted),
+        ]
+    );
+    assert_eq!(cp.pieces[1].link_from, Some(1));
+}
+
+#[test]
+fn interrupt_contexts_give_block_reasons() {
+    let irq = |irq: i32, name: &str| EventKind::IrqHandlerEntry {
+        irq,
+        name: Arc::from(name),
+    };
+    let irq_exit = |irq: i32| EventKind::IrqHandlerExit { irq, ret: 1 };
+    let mut s = Script::new();
+    // Threads 1..=7 block on CPU 0 one after the other; CPU 1 wakes them.
+    s.switch(1, 0, 0, 0, 1)
+        .switch(2, 0, 1, 1, 2)
+        .switch(3, 0, 2, 1, 3)
+        .switch(4, 0, 3, 1, 4);
+    s.switch(5, 0, 4, 1, 5)
+        .switch(6, 0, 5, 1, 6)
+        .switch(7, 0, 6, 2, 7)
+        .switch(8, 0, 7, 1, 0);
+    s.switch(9, 1, 0, 0, 0);
+    // hrtimer → TIMER
+    s.ev(
+        10,
+        1,
+        EventKind::HrtimerExpireEntry {
+            hrtimer: 1,
+            function: 2,
+            now: 10,
+        },
+    );
+    s.wake(11, 1, 1, false);
+    s.ev(12, 1, EventKind::HrtimerExpireExit { hrtimer: 1 });
+    // blk-mq completion in a hard irq → BLOCK_DEVICE (the case Trace Compass misses)
+    s.ev(20, 1, irq(42, "nvme0q1"));
+    let rq = BlockRq {
+        dev: 1,
+        sector: 0,
+        nr_sector: 8,
+        rwbs: *b"R\0\0\0\0\0\0\0",
+        error: 0,
+    };
+    s.ev(21, 1, EventKind::BlockRqComplete(rq));
+    s.wake(22, 1, 2, false);
+    s.ev(23, 1, irq_exit(42));
+    // NET_RX softirq → NETWORK
+    s.ev(
+        30,
+        1,
+        EventKind::SoftirqEntry {
+            vec: softirq::NET_RX,
+        },
+    );
+    s.wake(31, 1, 3, false);
+    s.ev(
+        32,
+        1,
+        EventKind::SoftirqExit {
+            vec: softirq::NET_RX,
+        },
+    );
+    // keyboard irq → USER_INPUT
+    s.ev(40, 1, irq(1, "i8042"));
+    s.wake(41, 1, 4, false);
+    s.ev(42, 1, irq_exit(1));
+    // another irq → BLOCKED with its name kept
+    s.ev(50, 1, irq(9, "acpi"));
+    s.wake(51, 1, 5, false);
+    s.ev(52, 1, irq_exit(9));
+    // reschedule IPI → IPI
+    s.ev(
+        60,
+        1,
+        EventKind::IpiEntry {
+            kind: Arc::from("reschedule"),
+            vector: 253,
+        },
+    );
+    s.wake(61, 1, 6, false);
+    s.ev(
+        62,
+        1,
+        EventKind::IpiExit {
+            kind: Arc::from("reschedule"),
+            vector: 253,
+        },
+    );
+    // SCHED softirq → INTERRUPTED
+    s.ev(
+        70,
+        1,
+        EventKind::SoftirqEntry {
+            vec: softirq::SCHED,
+        },
+    );
+    s.wake(71, 1, 7, false);
+    s.ev(
+        72,
+        1,
+        EventKind::SoftirqExit {
+            vec: softirq::SCHED,
+        },
+    );
+    let m = s.model();
+    assert_eq!(blocked_reason(&m, 1, 5), BlockReason::Timer);
+    assert_eq!(blocked_reason(&m, 2, 5), BlockReason::BlockDevice);
+    assert_eq!(blocked_reason(&m, 3, 5), BlockReason::Network);
+    assert_eq!(blocked_reason(&m, 4, 5), BlockReason::UserInput);
+    assert_eq!(blocked_reason(&m, 5, 10), BlockReason::Irq(9));
+    assert_eq!(m.irq_name(9), Some("acpi"));
+    assert_eq!(blocked_reason(&m, 6, 10), BlockReason::Ipi);
+    assert_eq!(blocked_reason(&m, 7, 10), BlockReason::Interrupted);
+    // Edge types and the irq-name qualifier in the graph.
+    let g = m.graph();
+    let out = |tid: Tid, ts: u64| {
+        let v = g.vertex_at(g.worker_of(tid).unwrap(), ts).unwrap();
+        let e = g.edge(v, Direction::OutgoingHorizontal).unwrap();
+        (e.kind, g.qualifier(e.qualifier).map(|q| q.to_string()))
+    };
+    assert_eq!(out(1, 2), (EdgeType::Timer, None));
+    assert_eq!(out(2, 3), (EdgeType::BlockDevice, None));
+    assert_eq!(out(5, 6), (EdgeType::Blocked, Some("acpi".into())));
+    // None of these is followed by the critical path: it keeps them as they are.
+    let cp = critical_path(&m, 2, 0, 100);
+    assert!(cp
+        .pieces
+        .iter()
+        .any(|p| p.state == EdgeType::BlockDevice && p.tid == 2));
+    assert!(cp.pieces.iter().all(|p| p.tid == 2));
+    // Interrupt intervals of CPU 1.
+    assert_eq!(m.cpu(1).unwrap().interrupts().len(), 7);
+}
+
+#[test]
+fn waking_is_preferred_and_early_waking_explains_the_next_switch_out() {
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1).switch(11, 1, 0, 0, 2);
+    // 2 (CPU 1) wakes 1 while 1 is still on its way into schedule() on CPU 0.
+    s.wake(20, 1, 1, true);
+    s.switch(21, 0, 1, 1, 0);
+    s.wake(22, 0, 1, false); // the late sched_wakeup: superseded
+    s.switch(30, 0, 0, 0, 1);
+    // A plain waking of a blocked thread, then its wakeup: only the waking counts.
+    s.switch(40, 0, 1, 1, 0);
+    s.wake(50, 1, 1, true);
+    s.wake(55, 0, 1, false);
+    let m = s.model();
+    assert_eq!(m.stats().early_wakings_used, 1);
+    assert_eq!(m.stats().wakeups_superseded, 2);
+    assert_eq!(
+        states(&m, 1),
+        vec![
+            (10, 21, ThreadState::Running),
+            (21, 30, ThreadState::WaitCpu),
+            (30, 40, ThreadState::Running),
+            (40, 50, ThreadState::Blocked(BlockReason::Thread(2))),
+            (50, 55, ThreadState::WaitCpu),
+        ]
+    );
+}
+
+#[test]
+fn spurious_wakeups_are_counted_not_applied() {
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1).switch(11, 1, 0, 0, 2);
+    s.wake(12, 1, 1, false); // 1 is running
+    s.switch(13, 0, 1, 0, 3); // 1 preempted by 3
+    s.wake(14, 1, 1, false); // 1 is runnable
+    s.switch(20, 0, 3, 0, 1);
+    let m = s.model();
+    assert_eq!(m.stats().spurious_wakeups, 2);
+    assert_eq!(states(&m, 1)[1], (13, 20, ThreadState::Preempted));
+    // Who held CPU 0 while 1 was preempted.
+    assert_eq!(m.preempted_by(1, 0, 100), vec![(3, 7)]);
+}
+
+#[test]
+fn syscalls_are_attached_to_blocked_intervals() {
+    let futex: Arc<str> = Arc::from("futex");
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1);
+    s.ev(
+        11,
+        0,
+        EventKind::SysEnter {
+            id: 202,
+            name: Some(futex.clone()),
+            args: [0x7f00, 0, 1, 0, 0, 0],
+        },
+    );
+    s.switch(12, 0, 1, 1, 0);
+    s.switch(13, 1, 0, 0, 2);
+    s.wake(20, 1, 1, false);
+    s.switch(21, 0, 0, 0, 1);
+    s.ev(
+        22,
+        0,
+        EventKind::SysExit {
+            id: 202,
+            name: Some(futex),
+            ret: 0,
+        },
+    );
+    // An exit without entry: the call began before we could see it.
+    s.ev(
+        23,
+        1,
+        EventKind::SysExit {
+            id: 0,
+            name: None,
+            ret: 5,
+        },
+    );
+    let m = s.model();
+    let t1 = m.thread(1).unwrap();
+    let blocked = t1
+        .states()
+        .iter()
+        .find(|s| matches!(s.state, ThreadState::Blocked(_)))
+        .unwrap();
+    let call = t1.syscall_at(blocked.start).unwrap();
+    assert_eq!(
+        (
+            m.syscall_name(call),
+            call.id,
+            call.arg0,
+            call.start,
+            call.end
+        ),
+        (Some("futex"), 202, 0x7f00, 11, 22)
+    );
+    assert!(call.entry_seen && call.exit_seen);
+    let c2 = m.thread(2).unwrap().syscalls();
+    assert_eq!(
+        (c2[0].start, c2[0].end, c2[0].entry_seen, c2[0].ret),
+        (13, 23, false, 5)
+    );
+}
+
+#[test]
+fn fork_exec_exit_and_names() {
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1);
+    s.ev(
+        11,
+        0,
+        EventKind::SchedProcessFork {
+            parent_tid: 1,
+            parent_comm: Comm::from_bytes(b"t1"),
+            child_tid: 5,
+            child_comm: Comm::from_bytes(b"t1"),
+        },
+    );
+    s.ev(
+        12,
+        0,
+        EventKind::SchedWakeupNew(Wakeup {
+            tid: 5,
+            comm: Comm::from_bytes(b"t1"),
+            prio: 120,
+            target_cpu: 1,
+        }),
+    );
+    s.switch(13, 1, 0, 0, 5);
+    s.ev(
+        14,
+        1,
+        EventKind::SchedProcessExec {
+            tid: 5,
+            old_tid: 5,
+            filename: Arc::from("/usr/bin/worker"),
+        },
+    );
+    s.ev(
+        15,
+        1,
+        EventKind::SchedProcessExit {
+            tid: 5,
+            comm: Comm::from_bytes(b"worker"),
+            prio: 120,
+        },
+    );
+    s.switch(16, 1, 5, 64, 0);
+    let m = s.model();
+    assert_eq!(m.stats().spurious_wakeups, 0);
+    let t5 = m.thread(5).unwrap();
+    assert_eq!(t5.parent, Some(1));
+    assert_eq!(t5.deaths(), &[16]);
+    assert_eq!(t5.name_at(14).unwrap().to_string(), "worker");
+    assert_eq!(t5.name_at(12).unwrap().to_string(), "t1");
+    assert_eq!(
+        states(&m, 5),
+        vec![
+            (11, 12, ThreadState::WaitCpu),
+            (12, 13, ThreadState::WaitCpu),
+            (13, 16, ThreadState::Running)
+        ]
+    );
+    assert_eq!(t5.states()[1].cpu, 1);
+    assert_eq!(t5.states()[0].cpu, NO_CPU);
+    // Fork link in the graph.
+    let g = m.graph();
+    let head = g.head(g.worker_of(5).unwrap()).unwrap();
+    let link = g.edge(head, Direction::IncomingVertical).unwrap();
+    assert_eq!((g.tid(link.from.worker), g.ts(link.from)), (1, 11));
+}
+
+#[test]
+fn lost_events_mark_overlapping_ranges() {
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1)
+        .switch(20, 0, 1, 1, 0)
+        .switch(30, 0, 0, 0, 1)
+        .switch(40, 0, 1, 0, 0);
+    let m = s.model_with_lost(0, 30);
+    assert_eq!(m.lost_ranges().len(), 1);
+    assert_eq!((m.lost_ranges()[0].start, m.lost_ranges()[0].end), (20, 30));
+    assert!(m.overlaps_lost(25, 26));
+    assert!(!m.overlaps_lost(10, 19));
+    let cp = critical_path(&m, 1, 10, 40);
+    let lost: Vec<bool> = cp.pieces.iter().map(|p| p.lost).collect();
+    assert_eq!(lost, vec![false, true, false]);
+}
+
+#[test]
+fn reader_tid_tells_who_runs_before_the_first_switch() {
+    let mut b = StateBuilder::new();
+    b.push(&Event {
+        ts: 5,
+        cpu: 2,
+        tid: 9,
+        kind: EventKind::SysEnter {
+            id: 0,
+            name: None,
+            args: [3, 0, 0, 0, 0, 0],
+        },
+    });
+    b.push(&Event {
+        ts: 8,
+        cpu: 2,
+        tid: 9,
+        kind: EventKind::SchedSwitch(SchedSwitch {
+            prev_tid: 9,
+            prev_comm: Comm::from_bytes(b"reader"),
+            prev_prio: 120,
+            prev_state: 1,
+            next_tid: 0,
+            next_comm: Comm::from_bytes(b"swapper/2"),
+            next_prio: 120,
+        }),
+    });
+    let m = b.finish();
+    assert_eq!(
+        states(&m, 9),
+        vec![
+            (5, 8, ThreadState::Running),
+            (8, 8, ThreadState::Blocked(BlockReason::Unexplained))
+        ]
+    );
+    assert_eq!(m.thread(9).unwrap().syscalls()[0].arg0, 3);
+    assert_eq!(m.cpu(2).unwrap().running_at(6), Some(9));
+}
+
+#[test]
+fn statedump_sets_initial_state_only_for_unknown_threads() {
+    use deepspan_model::Value;
+    let fields = |tid: i64, status: i64| -> deepspan_model::Fields {
+        vec![
+            (Arc::from("tid"), Value::Int(tid)),
+            (Arc::from("pid"), Value::Int(100)),
+            (Arc::from("ppid"), Value::Int(1)),
+            (Arc::from("name"), Value::Str("app".into())),
+            (Arc::from("status"), Value::Int(status)),
+        ]
+    };
+    let mut b = StateBuilder::new();
+    b.push(&Event {
+        ts: 1,
+        cpu: 0,
+        tid: -1,
+        kind: EventKind::SchedSwitch(SchedSwitch {
+            prev_tid: 7,
+            prev_comm: Comm::from_bytes(b"x"),
+            prev_prio: 0,
+            prev_state: 1,
+            next_tid: 0,
+            next_comm: Comm::default(),
+            next_prio: 0,
+        }),
+    });
+    let info =
+        |tid, st| deepspan_analysis::ThreadInfo::from_lttng_statedump(&fields(tid, st)).unwrap();
+    b.thread_info(2, &info(7, 2)); // known already: only ids and name
+    b.thread_info(3, &info(8, 2)); // WAIT_CPU
+    b.thread_info(4, &info(9, 5)); // WAIT
+    let m = b.finish();
+    assert_eq!(
+        states(&m, 7)[0].2,
+        ThreadState::Blocked(BlockReason::Unexplained)
+    );
+    assert_eq!(m.thread(7).unwrap().pid, Some(100));
+    assert_eq!(m.thread(7).unwrap().name().unwrap().to_string(), "app");
+    assert_eq!(states(&m, 8), vec![(3, 4, ThreadState::WaitCpu)]);
+    assert_eq!(states(&m, 9), vec![(4, 4, ThreadState::Unknown)]);
+}
