@@ -4,3 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 bench/kernel_bench.py "$@"
+# OTLP receiver throughput, drops and peak RSS under real exporters (< 1 min).
+python3 bench/otlp_load.py

@@ -1,1 +1,75 @@
-fn main() {}
+//! The `deepspan` command: a thin layer of argument parsing and output
+//! formatting over the library crates.
+
+mod decode;
+mod progress;
+mod receive;
+mod record;
+mod spans_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// deepspan explains why a request was slow, down to the kernel: it joins
+/// distributed-tracing spans with Linux kernel traces and gives every request
+/// a critical path made of kernel states.
+#[derive(Parser)]
+#[command(name = "deepspan", version, about, long_about = None, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Record a kernel trace (and the run's clocks) into a run folder.
+    ///
+    /// Records in a private tracefs instance with the monotonic clock, so
+    /// nothing else using ftrace is disturbed; the instance is removed on
+    /// exit, error, SIGINT and SIGTERM. With `-- CMD ARGS…` the command is run
+    /// and traced until it exits, and its exit status becomes deepspan's.
+    Record(record::RecordArgs),
+    /// Decode a kernel trace (trace.dat file or run folder) to JSON.
+    ///
+    /// `--format json` prints a summary (event counts by name, lost events);
+    /// `--format jsonl` prints every event on its own line in time order.
+    Decode(decode::DecodeArgs),
+    /// Receive OTLP spans (gRPC and HTTP) into a run folder, without kernel
+    /// tracing, until SIGINT/SIGTERM or `--duration`.
+    Receive(receive::ReceiveArgs),
+    /// Import span files (OTLP, Jaeger, Zipkin) into a run folder.
+    Import(spans_cmd::ImportArgs),
+    /// Span analyses that need no kernel trace.
+    Spans(spans_cmd::SpansArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Record(args) => record::run(args),
+        Command::Decode(args) => decode::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Receive(args) => receive::run(args),
+        Command::Import(args) => spans_cmd::import(args).map(|()| ExitCode::SUCCESS),
+        Command::Spans(args) => spans_cmd::run(args).map(|()| ExitCode::SUCCESS),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            // A closed stdout (`deepspan decode … | head`) is not an error worth a message.
+            if is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("deepspan: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

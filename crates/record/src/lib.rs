@@ -1,1 +1,181 @@
-//! Recording.
+//! Kernel trace recording into a deepspan run folder.
+//!
+//! [`record`] traces the kernel in a private tracefs instance
+//! (`instances/deepspan-<pid>-<unique>`, `trace_clock=mono`), optionally
+//! while running a command, and leaves in the run folder:
+//!
+//! ```text
+//! RUN/manifest.json            what was recorded, clock samples, lost events, exit code
+//! RUN/kernel/trace.dat         the kernel trace (trace.dat v6, readable by trace-cmd)
+//! RUN/kernel/snapshots/NNN.dat flight-mode snapshots (one per SIGUSR2)
+//! RUN/kernel/saved_tgids       `tid tgid` lines: which threads belong to which process
+//! ```
+//!
+//! Top-level tracing settings are never changed, and the instance is removed
+//! on every exit path (success, error, SIGINT/SIGTERM, panic). A recorder
+//! killed with SIGKILL leaves its instance behind; [`cleanup_stale_instances`]
+//! removes those.
+
+mod capture;
+mod error;
+mod events;
+mod manifest;
+mod meta;
+mod session;
+mod sys;
+mod tracefs;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use error::Error;
+pub use events::{resolve_events, EventId, PRESETS};
+pub use manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, Snapshot, MANIFEST_FILE};
+pub use session::record;
+pub use tracefs::Tracefs;
+
+/// How kernel events reach the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Everything is streamed to disk while recording.
+    Standard,
+    /// Flight recorder: the ring buffer overwrites its oldest events and
+    /// nothing is written until SIGUSR2 (a snapshot of the buffer, to
+    /// `kernel/snapshots/NNN.dat`) or the end (to `kernel/trace.dat`).
+    /// A snapshot takes the events it writes out of the buffer: the next
+    /// snapshot, and the final trace, hold only later events.
+    Flight,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Standard => "standard",
+            Mode::Flight => "flight",
+        }
+    }
+}
+
+/// Which kernel events to enable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventSelection {
+    /// A preset or a comma list, resolved against the running kernel when
+    /// recording starts (see [`resolve_events`]).
+    Spec(String),
+    /// Events already resolved (e.g. by [`resolve_events`]).
+    Events(Vec<EventId>),
+}
+
+impl From<String> for EventSelection {
+    fn from(spec: String) -> Self {
+        EventSelection::Spec(spec)
+    }
+}
+
+impl From<&str> for EventSelection {
+    fn from(spec: &str) -> Self {
+        EventSelection::Spec(spec.to_string())
+    }
+}
+
+impl Default for EventSelection {
+    fn default() -> Self {
+        EventSelection::Spec("analysis".to_string())
+    }
+}
+
+/// What to record and where.
+#[derive(Clone, Debug)]
+pub struct RecordOptions {
+    /// The run folder; must not exist or be empty.
+    pub out: PathBuf,
+    pub mode: Mode,
+    /// Ring-buffer size per CPU in KiB. In flight mode this is how much
+    /// history a snapshot can hold.
+    pub buffer_kb_per_cpu: u64,
+    pub events: EventSelection,
+    /// Trace only these processes (and the children they fork); empty = the
+    /// whole system, which the critical-path analysis needs to follow
+    /// wake-ups across processes.
+    pub pids: Vec<i32>,
+    /// Stop after this long. With a command, the command keeps running.
+    pub duration: Option<Duration>,
+    /// Command to run while recording (program and arguments); empty = none.
+    pub command: Vec<OsString>,
+    /// OTLP receiver ports, recorded in the manifest and passed to the
+    /// command as OTEL_EXPORTER_OTLP_ENDPOINT.
+    pub otlp_grpc_port: u16,
+    pub otlp_http_port: u16,
+}
+
+impl RecordOptions {
+    /// Defaults: standard mode, 4 MiB per CPU, the `analysis` events, whole
+    /// system, until the command exits or SIGINT/SIGTERM, OTLP on 4317/4318.
+    pub fn new(out: impl Into<PathBuf>) -> RecordOptions {
+        RecordOptions {
+            out: out.into(),
+            mode: Mode::Standard,
+            buffer_kb_per_cpu: 4096,
+            events: EventSelection::default(),
+            pids: Vec::new(),
+            duration: None,
+            command: Vec::new(),
+            otlp_grpc_port: 4317,
+            otlp_http_port: 4318,
+        }
+    }
+}
+
+/// Reported about once per second while recording.
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    pub elapsed: Duration,
+    /// Bytes of kernel trace written to disk so far (flight mode: by snapshots).
+    pub bytes_written: u64,
+    /// Standard mode: bytes written to disk per CPU. Flight mode: bytes held
+    /// in each CPU's ring buffer.
+    pub bytes_per_cpu: Vec<u64>,
+    /// Events lost so far (see [`Manifest::lost_events`]).
+    pub lost_events: u64,
+    /// Flight-mode snapshots written so far.
+    pub snapshots: usize,
+    /// A command is running and recording waits for it.
+    pub command_running: bool,
+}
+
+/// The outcome of a recording; the full record is in the manifest.
+#[derive(Clone, Debug)]
+pub struct RecordSummary {
+    pub run_dir: PathBuf,
+    /// `RUN/kernel/trace.dat`.
+    pub kernel_trace: PathBuf,
+    /// Exit status of the command (128+signal if killed by a signal);
+    /// None without a command or if it was still running at the end.
+    pub exit_code: Option<i32>,
+    /// Bytes of ring-buffer pages in the kernel trace.
+    pub events_bytes: u64,
+    pub lost_events: u64,
+    pub snapshots: usize,
+    /// Non-fatal problems (also in the manifest).
+    pub warnings: Vec<String>,
+    pub manifest: Manifest,
+}
+
+/// Removes the tracing instances left by deepspan recorders that died
+/// without cleaning up (SIGKILL, power loss of the process…): those named
+/// `deepspan-<pid>-…` whose pid no longer exists. Returns their names.
+/// Instances of live recorders are left alone.
+pub fn cleanup_stale_instances() -> Result<Vec<String>, Error> {
+    let tracefs = Tracefs::open()?;
+    let mut removed = Vec::new();
+    for name in tracefs.instances()? {
+        let Some(pid) = tracefs::instance_owner(&name) else { continue };
+        if sys::pid_alive(pid) {
+            continue;
+        }
+        tracefs::remove_instance_dir(&tracefs.path("instances").join(&name))?;
+        removed.push(name);
+    }
+    Ok(removed)
+}

@@ -24,7 +24,7 @@ mod zipkin;
 
 use std::path::{Path, PathBuf};
 
-pub use activity::{SpanRef, SyncEvent, SyncKind, ThreadActivity};
+pub use activity::{ActivityOptions, SpanRef, SyncEvent, SyncKind, ThreadActivity};
 pub use clock::{ClockMap, MonoTimes};
 pub use critical_path::{
     critical_path, critical_path_report, group_traces, CriticalPathOptions, CriticalPathReport,

@@ -77,6 +77,21 @@ impl SpanWriter {
         Ok(())
     }
 
+    /// Appends one request already encoded in protobuf as one record, without
+    /// decoding it again: a receiver that has checked a request stores the
+    /// bytes it got (unknown fields included) instead of re-encoding it. The
+    /// caller vouches that `encoded` is an `ExportTraceServiceRequest`.
+    pub fn append_encoded(&mut self, encoded: &[u8]) -> Result<(), Error> {
+        let mut header = Vec::with_capacity(10);
+        prost::encoding::encode_varint(encoded.len() as u64, &mut header);
+        self.out
+            .write_all(&header)
+            .and_then(|()| self.out.write_all(encoded))
+            .map_err(|e| Error::io(&self.path, "cannot write spans", e))?;
+        self.records += 1;
+        Ok(())
+    }
+
     /// Appends spans as one record. Empty slices write nothing.
     pub fn append(&mut self, spans: &[Span]) -> Result<(), Error> {
         if spans.is_empty() {

@@ -1,0 +1,141 @@
+//! `deepspan record`: argument parsing and progress display over
+//! `deepspan_record`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use deepspan_record::{Mode, Progress, RecordOptions};
+
+use crate::progress;
+
+#[derive(Args)]
+#[command(after_help = "Examples:
+  deepspan record -o run1 -- ./server --port 8080
+  deepspan record -o run2 --duration 10
+  deepspan record -o run3 --mode flight -- ./server   # kill -USR2 <deepspan pid> to snapshot
+  deepspan record --cleanup")]
+pub struct RecordArgs {
+    /// Run folder to create (must not exist, or be empty).
+    #[arg(short = 'o', long = "output", required_unless_present = "cleanup")]
+    output: Option<PathBuf>,
+    /// `standard` streams every event to disk; `flight` keeps the kernel ring
+    /// buffer in overwrite mode and writes it only on SIGUSR2 and at exit.
+    #[arg(long, value_enum, default_value_t = ModeArg::Standard)]
+    mode: ModeArg,
+    /// Ring-buffer size per CPU, in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=16384))]
+    buffer_mb: u64,
+    /// An event preset (`analysis`, the default) or a comma-separated list of
+    /// events (`sched:sched_switch,irq:*,sched_wakeup`).
+    #[arg(long, default_value = "analysis")]
+    events: String,
+    /// Trace only these processes (and their children); repeatable.
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<i32>,
+    /// Stop after this many seconds (fractions allowed).
+    #[arg(long, value_name = "S")]
+    duration: Option<f64>,
+    /// Port of the run's OTLP/gRPC receiver, given to the command's environment.
+    #[arg(long, default_value_t = 4317)]
+    otlp_grpc_port: u16,
+    /// Port of the run's OTLP/HTTP receiver, given to the command's environment.
+    #[arg(long, default_value_t = 4318)]
+    otlp_http_port: u16,
+    /// Record without the OTLP receiver (spans can be added later with `deepspan import`).
+    #[arg(long)]
+    no_otlp: bool,
+    /// Remove tracefs instances left by deepspan processes that died, then exit.
+    #[arg(long, conflicts_with_all = ["output", "command"])]
+    cleanup: bool,
+    /// The command to run and trace.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Standard,
+    Flight,
+}
+
+pub fn run(args: RecordArgs) -> Result<ExitCode> {
+    if args.cleanup {
+        let removed = deepspan_record::cleanup_stale_instances()?;
+        if removed.is_empty() {
+            eprintln!("no stale deepspan tracefs instances");
+        }
+        for name in removed {
+            eprintln!("removed stale tracefs instance {name}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let duration = match args.duration {
+        None => None,
+        Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => bail!("--duration must be a positive number of seconds, not {s}"),
+    };
+    let out = args.output.expect("clap requires --output without --cleanup");
+    // Listening before the command starts; port 0 becomes the real port in its environment.
+    let receiver = (!args.no_otlp)
+        .then(|| crate::receive::start_run_receiver(&out, Some(args.otlp_grpc_port), Some(args.otlp_http_port)))
+        .transpose()?;
+    let bound = |addr: Option<std::net::SocketAddr>, asked: u16| addr.map_or(asked, |a| a.port());
+    let options = RecordOptions {
+        out: out.clone(),
+        mode: match args.mode {
+            ModeArg::Standard => Mode::Standard,
+            ModeArg::Flight => Mode::Flight,
+        },
+        buffer_kb_per_cpu: args.buffer_mb * 1024,
+        events: args.events.into(),
+        pids: args.pids,
+        duration,
+        command: args.command,
+        otlp_grpc_port: bound(receiver.as_ref().and_then(|r| r.grpc_addr()), args.otlp_grpc_port),
+        otlp_http_port: bound(receiver.as_ref().and_then(|r| r.http_addr()), args.otlp_http_port),
+    };
+    let bar = progress::spinner("starting");
+    let summary = deepspan_record::record(&options, &mut |p: &Progress| {
+        bar.set_message(describe(p));
+        bar.tick();
+    })
+    .with_context(|| format!("recording into {} failed", out.display()))?;
+    bar.finish_and_clear();
+    if let Some(receiver) = receiver {
+        crate::receive::finish_run_receiver(receiver, &out)?;
+    }
+    eprintln!(
+        "deepspan: recorded {} of kernel events into {} ({} lost)",
+        human_bytes(summary.events_bytes),
+        out.display(),
+        summary.lost_events
+    );
+    Ok(match summary.exit_code {
+        // Pass the traced command's status through, as a wrapper should.
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::SUCCESS,
+    })
+}
+
+fn describe(p: &Progress) -> String {
+    format!("{} recorded, {} lost", human_bytes(p.bytes_written), p.lost_events)
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}

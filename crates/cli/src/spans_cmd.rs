@@ -1,0 +1,246 @@
+//! `deepspan import` (span files into a run) and `deepspan spans …` (span
+//! analyses that need no kernel trace), over `deepspan_spans`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use deepspan_spans::{
+    critical_path::critical_path_report_with, group_traces, import_file, import_into_run,
+    CriticalPathOptions, CriticalPathReport, Format,
+};
+
+/// Warnings printed per command before they are summarised.
+const MAX_WARNINGS_SHOWN: usize = 20;
+
+#[derive(Args)]
+#[command(after_help = "Examples:
+  deepspan import -o run2 --jaeger trace.json
+  deepspan import -o run2 spans.otlp.json zipkin.json     # formats recognised
+  deepspan import -o run1 --otlp collector-export.jsonl   # spans into a recorded run")]
+pub struct ImportArgs {
+    /// Run folder to import into (created if needed; existing spans are kept).
+    #[arg(short = 'o', long = "output")]
+    output: PathBuf,
+    /// OTLP file: JSON (one request, or one per line) or protobuf.
+    #[arg(long = "otlp", value_name = "FILE")]
+    otlp: Vec<PathBuf>,
+    /// Jaeger JSON file (UI download or query API answer).
+    #[arg(long = "jaeger", value_name = "FILE")]
+    jaeger: Vec<PathBuf>,
+    /// Zipkin v2 JSON file.
+    #[arg(long = "zipkin", value_name = "FILE")]
+    zipkin: Vec<PathBuf>,
+    /// LTTng CTF kernel trace folder (not built yet).
+    #[arg(long = "ctf", value_name = "DIR")]
+    ctf: Vec<PathBuf>,
+    /// Span files in any of these formats, recognised by content.
+    #[arg(value_name = "FILE")]
+    files: Vec<PathBuf>,
+}
+
+pub fn import(args: ImportArgs) -> Result<()> {
+    if !args.ctf.is_empty() {
+        bail!("importing CTF kernel traces (--ctf) is not built yet");
+    }
+    // (file, the format the user said it is)
+    let mut inputs: Vec<(PathBuf, Option<Expected>)> = Vec::new();
+    inputs.extend(args.otlp.into_iter().map(|p| (p, Some(Expected::Otlp))));
+    inputs.extend(args.jaeger.into_iter().map(|p| (p, Some(Expected::Jaeger))));
+    inputs.extend(args.zipkin.into_iter().map(|p| (p, Some(Expected::Zipkin))));
+    inputs.extend(args.files.into_iter().map(|p| (p, None)));
+    if inputs.is_empty() {
+        bail!("nothing to import: give span files (--otlp, --jaeger, --zipkin or plain paths)");
+    }
+    let paths: Vec<PathBuf> = inputs.iter().map(|(p, _)| p.clone()).collect();
+    let result = import_into_run(&paths, &args.output)
+        .with_context(|| format!("nothing imported into {}", args.output.display()))?;
+    // Formats are recognised by content; a file given as another format is a
+    // mistake worth stopping for (the user may have swapped files).
+    for ((path, expected), (_, format, _)) in inputs.iter().zip(&result.inputs) {
+        if let Some(expected) = expected {
+            if !expected.matches(*format) {
+                let _ = std::fs::remove_file(&result.file);
+                bail!(
+                    "{} was given as {} but is {}; nothing imported",
+                    path.display(),
+                    expected.flag(),
+                    format.name()
+                );
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let mut total = 0;
+    for (path, format, spans) in &result.inputs {
+        writeln!(out, "{}: {spans} spans ({})", path.display(), format.name())?;
+        total += spans;
+    }
+    writeln!(out, "imported {total} spans into {}", result.file.display())?;
+    print_warnings(&result.warnings);
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Expected {
+    Otlp,
+    Jaeger,
+    Zipkin,
+}
+
+impl Expected {
+    fn matches(self, f: Format) -> bool {
+        match self {
+            Expected::Otlp => matches!(
+                f,
+                Format::OtlpJson | Format::OtlpProtobuf | Format::OtlpProtobufStream
+            ),
+            Expected::Jaeger => f == Format::JaegerJson,
+            Expected::Zipkin => f == Format::ZipkinJson,
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Expected::Otlp => "--otlp",
+            Expected::Jaeger => "--jaeger",
+            Expected::Zipkin => "--zipkin",
+        }
+    }
+}
+
+fn print_warnings(warnings: &[String]) {
+    for w in warnings.iter().take(MAX_WARNINGS_SHOWN) {
+        eprintln!("deepspan: warning: {w}");
+    }
+    if warnings.len() > MAX_WARNINGS_SHOWN {
+        eprintln!(
+            "deepspan: warning: … and {} more warnings",
+            warnings.len() - MAX_WARNINGS_SHOWN
+        );
+    }
+}
+
+#[derive(Args)]
+pub struct SpansArgs {
+    #[command(subcommand)]
+    command: SpansCommand,
+}
+
+#[derive(Subcommand)]
+enum SpansCommand {
+    /// Span-level critical path of every trace (Jaeger UI's algorithm) and
+    /// where the time went: exclusive time on the path per `[service] operation`.
+    ///
+    /// Reads a span file of any supported format or a run folder. Clock skew
+    /// between hosts is tolerated by default (children shifted into their
+    /// parents, CRISP's 1 % overlap allowance); `--jaeger-ui` turns that off
+    /// to reproduce Jaeger UI exactly.
+    CriticalPath(CriticalPathArgs),
+}
+
+#[derive(Args)]
+struct CriticalPathArgs {
+    /// A span file (OTLP, Jaeger or Zipkin JSON, OTLP protobuf) or a run folder.
+    path: PathBuf,
+    /// `json`: every trace's sections and exclusive times; `text`: a table of
+    /// the exclusive time per operation over all traces.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    format: OutputFormat,
+    /// Exactly Jaeger UI's critical path: no clock-skew adjustment.
+    #[arg(long)]
+    jaeger_ui: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OutputFormat {
+    Json,
+    Text,
+}
+
+pub fn run(args: SpansArgs) -> Result<()> {
+    match args.command {
+        SpansCommand::CriticalPath(a) => critical_path(a),
+    }
+}
+
+fn critical_path(args: CriticalPathArgs) -> Result<()> {
+    let import = import_file(&args.path)
+        .with_context(|| format!("cannot read spans from {}", args.path.display()))?;
+    print_warnings(&import.warnings);
+    if import.spans.is_empty() {
+        bail!("{} holds no spans", args.path.display());
+    }
+    let traces = group_traces(import.spans);
+    let options = if args.jaeger_ui {
+        CriticalPathOptions::jaeger_ui()
+    } else {
+        CriticalPathOptions::default()
+    };
+    let report = critical_path_report_with(&traces, options);
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut out, &report)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Text => write_table(&mut out, &report, &args.path)?,
+    }
+    Ok(())
+}
+
+/// Operations by exclusive time on the critical path, largest first.
+fn write_table(out: &mut impl Write, report: &CriticalPathReport, source: &Path) -> Result<()> {
+    let total: u64 = report.aggregate_exclusive_ns.values().sum();
+    let mut rows: Vec<(&String, &u64)> = report.aggregate_exclusive_ns.iter().collect();
+    rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let traces_with = |op: &str| {
+        report
+            .traces
+            .iter()
+            .filter(|t| t.exclusive_ns.contains_key(op))
+            .count()
+    };
+    writeln!(
+        out,
+        "critical path of {} traces from {}: {} on the path",
+        report.traces.len(),
+        source.display(),
+        human_ns(total)
+    )?;
+    let width = rows
+        .iter()
+        .map(|r| r.0.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(20);
+    writeln!(
+        out,
+        "{:<width$}  {:>12}  {:>6}  {:>6}",
+        "[service] operation", "exclusive", "share", "traces"
+    )?;
+    for (op, ns) in rows {
+        let share = if total == 0 {
+            0.0
+        } else {
+            *ns as f64 * 100.0 / total as f64
+        };
+        writeln!(
+            out,
+            "{op:<width$}  {:>12}  {share:>5.1}%  {:>6}",
+            human_ns(*ns),
+            traces_with(op)
+        )?;
+    }
+    Ok(())
+}
+
+fn human_ns(ns: u64) -> String {
+    match ns {
+        0..=999 => format!("{ns} ns"),
+        1_000..=999_999 => format!("{:.1} µs", ns as f64 / 1e3),
+        1_000_000..=999_999_999 => format!("{:.1} ms", ns as f64 / 1e6),
+        _ => format!("{:.2} s", ns as f64 / 1e9),
+    }
+}

@@ -1,0 +1,143 @@
+"""Small instrumented programs whose kernel critical paths are known in
+advance, for crates/cli/tests/analyze_real.rs.
+
+Usage: python3 cases.py CASE OUT_DIR [CGROUP_DIR]
+
+Each case runs one or two requests (root spans of service "analyze-test")
+with the deepspan processor installed, then writes the spans as an OTLP
+protobuf request to OUT_DIR/spans.pb and the span ids of the requests to
+OUT_DIR/ids.json ({"name": "16 hex digits"}).
+
+Cases:
+  lock     request "holder" takes a lock and sleeps 300 ms holding it;
+           request "waiter" starts once the lock is held and waits for it.
+  cgroup   request "throttled" runs in a CPU cgroup limited to 1 % of a CPU
+           (CGROUP_DIR, made by the test) and burns ~15 ms of CPU.
+  odirect  request "read" reads 16 MiB with O_DIRECT (no page cache).
+  sleep    request "sleep" sleeps 200 ms.
+"""
+
+import json
+import mmap
+import os
+import sys
+import threading
+import time
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import deepspan_otel
+
+provider = TracerProvider(resource=Resource.create({"service.name": "analyze-test"}))
+deepspan_otel.install(provider)
+exporter = InMemorySpanExporter()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+tracer = provider.get_tracer("analyze-test")
+ids = {}
+
+
+def remember(name, span):
+    ids[name] = format(span.get_span_context().span_id, "016x")
+
+
+def case_lock(_args):
+    lock = threading.Lock()
+    held = threading.Event()
+
+    def holder():
+        with tracer.start_as_current_span("holder") as span:
+            remember("holder", span)
+            with lock:
+                held.set()
+                time.sleep(0.3)
+
+    def waiter():
+        held.wait()
+        with tracer.start_as_current_span("waiter") as span:
+            remember("waiter", span)
+            with lock:
+                pass
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=waiter)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def burn(cpu_seconds):
+    """Spins until this thread has used `cpu_seconds` of CPU."""
+    start = time.thread_time()
+    x = 0
+    while time.thread_time() - start < cpu_seconds:
+        for i in range(1000):
+            x += i
+    return x
+
+
+def case_cgroup(args):
+    tasks = os.path.join(args[0], "tasks")
+
+    def work():
+        tid = threading.get_native_id()
+        with open(tasks, "w") as f:
+            f.write(str(tid))
+        try:
+            with tracer.start_as_current_span("throttled") as span:
+                remember("throttled", span)
+                burn(0.015)
+        finally:
+            # Back to the root group, so the test can remove this one.
+            root = os.path.join(os.path.dirname(os.path.abspath(args[0])), "tasks")
+            with open(root, "w") as f:
+                f.write(str(tid))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+
+
+def case_odirect(_args):
+    path = os.path.join(OUT, "direct.bin")
+    size = 16 << 20
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    buf = mmap.mmap(-1, 128 << 10)  # page-aligned, as O_DIRECT needs
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        with tracer.start_as_current_span("read") as span:
+            remember("read", span)
+            done = 0
+            while done < size:
+                n = os.preadv(fd, [buf], done)
+                if n <= 0:
+                    break
+                done += n
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def case_sleep(_args):
+    with tracer.start_as_current_span("sleep") as span:
+        remember("sleep", span)
+        time.sleep(0.2)
+
+
+CASES = {"lock": case_lock, "cgroup": case_cgroup, "odirect": case_odirect, "sleep": case_sleep}
+
+if __name__ == "__main__":
+    case, OUT = sys.argv[1], sys.argv[2]
+    CASES[case](sys.argv[3:])
+    provider.force_flush()
+    spans = exporter.get_finished_spans()
+    with open(os.path.join(OUT, "spans.pb"), "wb") as f:
+        f.write(encode_spans(spans).SerializeToString())
+    with open(os.path.join(OUT, "ids.json"), "w") as f:
+        json.dump(ids, f)

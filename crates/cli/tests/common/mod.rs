@@ -1,0 +1,95 @@
+//! Shared test plumbing: the binaries under test and the kernel-test gate.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// The `deepspan` binary built for this test run.
+pub fn deepspan() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_deepspan"))
+}
+
+/// The workload binary from the sibling crate, built on demand with the same
+/// profile (cargo offers no stable way to depend on another crate's binary).
+pub fn workload() -> PathBuf {
+    let dir = Path::new(env!("CARGO_BIN_EXE_deepspan")).parent().unwrap().to_path_buf();
+    let path = dir.join("deepspan-workload");
+    if !path.exists() {
+        let release = dir.ends_with("release");
+        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        build.args(["build", "-p", "deepspan-workloads"]);
+        if release {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo to build deepspan-workloads");
+        assert!(status.success(), "building deepspan-workloads failed");
+    }
+    path
+}
+
+/// Whether kernel tests can run. They may skip only when tracefs is
+/// unavailable and DEEPSPAN_REQUIRE_KERNEL is unset; CI sets it.
+pub fn kernel_or_skip(test: &str) -> bool {
+    let required = std::env::var_os("DEEPSPAN_REQUIRE_KERNEL").is_some();
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let tracefs = Path::new(TRACEFS).join("instances").is_dir()
+        || (is_root && Path::new("/sys/kernel/tracing").is_dir());
+    if is_root && tracefs {
+        return true;
+    }
+    assert!(
+        !required,
+        "{test}: DEEPSPAN_REQUIRE_KERNEL is set but kernel tracing is unavailable (root: {is_root}, tracefs: {tracefs})"
+    );
+    eprintln!("{test}: skipped: kernel tracing unavailable (root: {is_root}, tracefs: {tracefs})");
+    false
+}
+
+/// Names of deepspan tracefs instances that currently exist.
+pub fn deepspan_instances() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(Path::new(TRACEFS).join("instances")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("deepspan-"))
+        .collect()
+}
+
+/// Instances owned by a given recorder process (named `deepspan-<pid>-…`).
+pub fn instances_of(pid: u32) -> Vec<String> {
+    let prefix = format!("deepspan-{pid}-");
+    deepspan_instances().into_iter().filter(|n| n.starts_with(&prefix)).collect()
+}
+
+/// Kills the wrapped process when dropped, so a failing test never leaves a
+/// recorder (and its tracefs instance) running behind it.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            // SIGINT first: the recorder then removes its instance itself.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+            for _ in 0..100 {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// True once the recorder `pid` has switched tracing on in its instance
+/// (the instance exists a little earlier, while events are being set up).
+pub fn recording_started(pid: u32) -> bool {
+    instances_of(pid).iter().any(|name| {
+        std::fs::read_to_string(Path::new(TRACEFS).join("instances").join(name).join("tracing_on"))
+            .is_ok_and(|on| on.trim() == "1")
+    })
+}

@@ -1,0 +1,76 @@
+//! `deepspan decode` on the public trace.dat files of ../shared/testdata,
+//! against the counts trace-cmd gives for them.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::deepspan;
+use serde_json::Value as Json;
+
+fn testdata(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ftrace")).join(name)
+}
+
+fn expected_counts(name: &str) -> Json {
+    let path = testdata(&format!("{name}.counts.json"));
+    serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+#[test]
+fn summary_matches_trace_cmd_counts() {
+    for name in ["sched_load", "example_rtapp"] {
+        let out = deepspan().arg("decode").arg(testdata(&format!("{name}.dat"))).output().unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
+        let expected = expected_counts(name);
+        assert_eq!(summary["format"], "trace.dat v6", "{name}");
+        assert_eq!(summary["events"], expected["event_count"], "{name}");
+        assert_eq!(summary["by_name"], expected["events_per_name"], "{name}");
+        assert_eq!(summary["lost_events"], 0, "{name}");
+    }
+}
+
+#[test]
+fn jsonl_is_time_ordered_and_limited() {
+    let out = deepspan()
+        .arg("decode")
+        .arg(testdata("sched_load.dat"))
+        .args(["--format", "jsonl", "--limit", "500"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events: Vec<Json> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.len(), 500);
+    let expected = expected_counts("sched_load");
+    assert_eq!(events[0]["ts"], expected["first_event_ts_ns"]);
+    assert!(events.windows(2).all(|w| w[0]["ts"].as_u64() <= w[1]["ts"].as_u64()));
+    let switch = events.iter().find(|e| e["name"] == "sched_switch").expect("a sched_switch");
+    for key in ["prev_comm", "prev_pid", "prev_state", "next_comm", "next_pid"] {
+        assert!(switch["fields"].get(key).is_some(), "sched_switch lacks {key}: {switch}");
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("nope.dat");
+    let out = deepspan().arg("decode").arg(&missing).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+
+    let garbage = tmp.path().join("garbage.dat");
+    std::fs::write(&garbage, b"this is not a trace").unwrap();
+    let out = deepspan().arg("decode").arg(&garbage).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("garbage.dat") && err.contains("offset"), "{err}");
+
+    let truncated = tmp.path().join("truncated.dat");
+    let full = std::fs::read(testdata("sched_load.dat")).unwrap();
+    std::fs::write(&truncated, &full[..full.len() / 2]).unwrap();
+    let out = deepspan().arg("decode").arg(&truncated).output().unwrap();
+    assert!(!out.status.success(), "a trace cut in half must not decode silently");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}

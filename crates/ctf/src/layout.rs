@@ -1,0 +1,803 @@
+//! Compiled field layouts: the TSDL type IR with byte orders resolved,
+//! every integer given a *slot* (where its last decoded value is kept), and
+//! every variant tag / sequence length path resolved to a slot. Decoding then
+//! never looks anything up by name.
+//!
+//! Slots are numbered per dynamic scope (packet header, packet context,
+//! event header, stream event context, event context, payload). A reference
+//! reads the value most recently decoded into its slot, which is exactly the
+//! CTF rule "the closest preceding field" even inside arrays of structs.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::tsdl::{IntIr, OrderSpec, ParseError, TypeIr};
+
+pub(crate) const PACKET_HEADER: u8 = 0;
+pub(crate) const PACKET_CONTEXT: u8 = 1;
+pub(crate) const EVENT_HEADER: u8 = 2;
+pub(crate) const STREAM_EVENT_CONTEXT: u8 = 3;
+pub(crate) const EVENT_CONTEXT: u8 = 4;
+pub(crate) const PAYLOAD: u8 = 5;
+pub(crate) const SCOPES: usize = 6;
+
+/// Compiled nodes allowed per trace: typedefs are instantiated at each use,
+/// so hostile metadata could otherwise describe exponentially many.
+pub(crate) const MAX_NODES: usize = 1 << 20;
+/// An array of zero-size elements costs nothing to skip but one value per
+/// element to materialize; more than this is not a real trace.
+pub(crate) const MAX_EMPTY_ELEMENTS: u64 = 1 << 16;
+/// Bounds the recursion of compiling and decoding.
+const MAX_NODE_DEPTH: u32 = 200;
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SlotRef {
+    pub scope: u8,
+    pub slot: u32,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct IntNode {
+    pub size: u8,
+    pub align: u32,
+    pub signed: bool,
+    pub be: bool,
+    pub slot: u32,
+    /// Decoding it updates the stream clock (N-bit wrap rule).
+    pub clock: bool,
+    /// Decoding it sets the event id (event header fields named `id`).
+    pub event_id: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct EnumRange {
+    pub lo: i128,
+    pub hi: i128,
+    pub label: Arc<str>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Field {
+    /// Name as displayed: one leading underscore removed (CTF 4.2.1).
+    pub name: Arc<str>,
+    /// Dotted path from the scope root, used for flattened field lists
+    /// (`v.compact.timestamp`).
+    pub path: Arc<str>,
+    pub raw: Box<str>,
+    pub node: Node,
+}
+
+#[derive(Debug)]
+pub(crate) struct StructNode {
+    pub align: u32,
+    pub fields: Vec<Field>,
+    /// Size in bits when the struct can be skipped without decoding it:
+    /// fixed layout and no slot inside that anyone reads.
+    pub skip: Option<u64>,
+}
+
+#[derive(Debug)]
+pub(crate) struct VariantNode {
+    pub tag: SlotRef,
+    pub tag_signed: bool,
+    /// (lo, hi, option index) from the tag enumeration's mappings.
+    pub select: Vec<(i128, i128, u32)>,
+    pub options: Vec<Field>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ArrayNode {
+    pub elem: Node,
+    pub len: u64,
+    /// Elements are UTF-8/ASCII characters: the value is a string.
+    pub text: bool,
+    pub skip: Option<u64>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SeqNode {
+    pub elem: Node,
+    pub len: SlotRef,
+    pub len_signed: bool,
+    pub text: bool,
+    /// Element size in bits when elements can be skipped without decoding.
+    pub elem_skip: Option<u64>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Node {
+    Int(IntNode),
+    Enum(IntNode, Arc<[EnumRange]>),
+    Float { double: bool, align: u32, be: bool },
+    Str,
+    Struct(StructNode),
+    Variant(VariantNode),
+    Array(Box<ArrayNode>),
+    Sequence(Box<SeqNode>),
+}
+
+impl Node {
+    pub fn align(&self) -> u32 {
+        match self {
+            Node::Int(i) | Node::Enum(i, _) => i.align,
+            Node::Float { align, .. } => *align,
+            Node::Str => 8,
+            Node::Struct(s) => s.align,
+            // A variant is aligned on its selected option, at decode time.
+            Node::Variant(_) => 1,
+            Node::Array(a) => a.elem.align(),
+            Node::Sequence(s) => s.elem.align(),
+        }
+    }
+
+    /// Size in bits when it does not depend on the data, assuming the node
+    /// starts aligned (then inner offsets are fixed, since a compound is
+    /// aligned at least as strictly as any member).
+    fn fixed_size(&self) -> Option<u64> {
+        match self {
+            Node::Int(i) | Node::Enum(i, _) => Some(i.size as u64),
+            Node::Float { double, .. } => Some(if *double { 64 } else { 32 }),
+            Node::Str | Node::Variant(_) | Node::Sequence(_) => None,
+            Node::Struct(s) => {
+                let mut off: u64 = 0;
+                for f in &s.fields {
+                    off = align_up(off, f.node.align())?.checked_add(f.node.fixed_size()?)?;
+                }
+                Some(off)
+            }
+            Node::Array(a) => {
+                let size = a.elem.fixed_size()?;
+                if a.len == 0 {
+                    return Some(0);
+                }
+                let stride = align_up(size, a.elem.align())?;
+                stride.checked_mul(a.len - 1)?.checked_add(size)
+            }
+        }
+    }
+
+    fn has_read_slot(&self, read: &[bool]) -> bool {
+        match self {
+            Node::Int(i) | Node::Enum(i, _) => {
+                read.get(i.slot as usize).copied().unwrap_or(false) || i.clock || i.event_id
+            }
+            Node::Float { .. } | Node::Str => false,
+            Node::Struct(s) => s.fields.iter().any(|f| f.node.has_read_slot(read)),
+            Node::Variant(v) => v.options.iter().any(|f| f.node.has_read_slot(read)),
+            Node::Array(a) => a.elem.has_read_slot(read),
+            Node::Sequence(s) => s.elem.has_read_slot(read),
+        }
+    }
+
+    /// Fills in `skip` bottom-up once all references into the scope are known.
+    fn finalize(&mut self, read: &[bool]) {
+        match self {
+            Node::Struct(s) => {
+                for f in &mut s.fields {
+                    f.node.finalize(read);
+                }
+            }
+            Node::Variant(v) => {
+                for f in &mut v.options {
+                    f.node.finalize(read);
+                }
+            }
+            Node::Array(a) => a.elem.finalize(read),
+            Node::Sequence(s) => s.elem.finalize(read),
+            _ => {}
+        }
+        let skip = match &*self {
+            Node::Struct(_) | Node::Array(_) if !self.has_read_slot(read) => self.fixed_size(),
+            _ => None,
+        };
+        match self {
+            Node::Struct(s) => s.skip = skip,
+            Node::Array(a) => a.skip = skip,
+            Node::Sequence(s) if !s.elem.has_read_slot(read) => s.elem_skip = s.elem.fixed_size(),
+            _ => {}
+        }
+    }
+}
+
+pub(crate) fn align_up(v: u64, align: u32) -> Option<u64> {
+    let a = align as u64;
+    Some(v.checked_add(a - 1)? & !(a - 1))
+}
+
+/// One compiled dynamic scope: its root struct and how many slots it uses.
+#[derive(Debug)]
+pub(crate) struct Scope {
+    pub root: Node,
+    pub slots: u32,
+    /// The root as a flat program for [`crate::decode::Walker::run`].
+    pub ops: Vec<Op>,
+    /// When the root has a fixed layout: the bit offset of each top-level
+    /// field from the (aligned) root start, for direct field reads.
+    pub offsets: Option<Vec<u64>>,
+}
+
+/// One step of the walking program: the layout tree flattened so that the
+/// hot loop neither recurses into structs nor re-checks what is fixed.
+#[derive(Debug)]
+pub(crate) enum Op {
+    Align(u32),
+    Skip(u64),
+    Int(IntNode),
+    Str,
+    Variant(Box<VariantOps>),
+    /// An array that must be walked element by element.
+    Array {
+        len: u64,
+        elem: Vec<Op>,
+    },
+    Seq(Box<SeqOps>),
+}
+
+#[derive(Debug)]
+pub(crate) struct VariantOps {
+    pub tag: SlotRef,
+    pub tag_signed: bool,
+    pub select: Vec<(i128, i128, u32)>,
+    pub options: Vec<Vec<Op>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SeqOps {
+    pub len: SlotRef,
+    pub len_signed: bool,
+    pub align: u32,
+    /// (size, stride) in bits when elements can be skipped arithmetically.
+    pub fixed: Option<(u64, u64)>,
+    pub elem: Vec<Op>,
+}
+
+fn push_op(out: &mut Vec<Op>, op: Op) {
+    match (out.last_mut(), op) {
+        (_, Op::Align(1)) | (_, Op::Skip(0)) => {}
+        (Some(Op::Align(a)), Op::Align(b)) => *a = (*a).max(b),
+        (Some(Op::Skip(a)), Op::Skip(b)) if a.checked_add(b).is_some() => *a += b,
+        (_, op) => out.push(op),
+    }
+}
+
+fn ops_of(node: &Node) -> Vec<Op> {
+    let mut v = Vec::new();
+    build_ops(node, &mut v);
+    v
+}
+
+fn build_ops(node: &Node, out: &mut Vec<Op>) {
+    match node {
+        Node::Int(i) | Node::Enum(i, _) => push_op(out, Op::Int(i.clone())),
+        Node::Float { double, align, .. } => {
+            push_op(out, Op::Align(*align));
+            push_op(out, Op::Skip(if *double { 64 } else { 32 }));
+        }
+        Node::Str => push_op(out, Op::Str),
+        Node::Struct(s) => {
+            push_op(out, Op::Align(s.align));
+            match s.skip {
+                Some(bits) => push_op(out, Op::Skip(bits)),
+                None => s.fields.iter().for_each(|f| build_ops(&f.node, out)),
+            }
+        }
+        Node::Variant(v) => push_op(
+            out,
+            Op::Variant(Box::new(VariantOps {
+                tag: v.tag,
+                tag_signed: v.tag_signed,
+                select: v.select.clone(),
+                options: v.options.iter().map(|f| ops_of(&f.node)).collect(),
+            })),
+        ),
+        Node::Array(a) => {
+            push_op(out, Op::Align(a.elem.align()));
+            match a.skip {
+                Some(bits) => push_op(out, Op::Skip(bits)),
+                None if a.len == 0 => {}
+                None => push_op(
+                    out,
+                    Op::Array {
+                        len: a.len,
+                        elem: ops_of(&a.elem),
+                    },
+                ),
+            }
+        }
+        Node::Sequence(s) => {
+            let align = s.elem.align();
+            let fixed = s
+                .elem_skip
+                .and_then(|size| Some((size, align_up(size, align)?)));
+            push_op(
+                out,
+                Op::Seq(Box::new(SeqOps {
+                    len: s.len,
+                    len_signed: s.len_signed,
+                    align,
+                    fixed,
+                    elem: ops_of(&s.elem),
+                })),
+            );
+        }
+    }
+}
+
+impl Scope {
+    pub fn fields(&self) -> &[Field] {
+        match &self.root {
+            Node::Struct(s) => &s.fields,
+            _ => &[],
+        }
+    }
+
+    /// The slot of a top-level integer field, by displayed name.
+    pub fn int_slot(&self, name: &str) -> Option<(u32, &IntNode)> {
+        self.fields()
+            .iter()
+            .find(|f| &*f.name == name)
+            .and_then(|f| match &f.node {
+                Node::Int(i) | Node::Enum(i, _) => Some((i.slot, i)),
+                _ => None,
+            })
+    }
+}
+
+/// What a scope compilation may look at outside itself.
+pub(crate) struct Env<'a> {
+    pub native_be: bool,
+    /// Already compiled scopes, by scope id.
+    pub uppers: [Option<&'a Scope>; SCOPES],
+    /// Resolves `map = clock.NAME.value`; false when the clock is unknown.
+    pub clock_known: &'a dyn Fn(&str) -> bool,
+    /// Node budget shared by all scopes of a trace.
+    pub budget: &'a std::cell::Cell<usize>,
+}
+
+struct Compiler<'a> {
+    env: &'a Env<'a>,
+    scope: u8,
+    slots: u32,
+    read: Vec<bool>,
+    /// Fields compiled so far in each enclosing struct, innermost last.
+    stack: Vec<Vec<Field>>,
+    /// Inside the event header, integers named `timestamp` with no clock
+    /// mapping still feed the clock (CTF 8: default 1 GHz clock).
+    implicit_clock: bool,
+    depth: u32,
+}
+
+/// Compiles one dynamic scope. `extra_read` names top-level integer fields
+/// whose slot the reader consumes (so they must always be decoded).
+pub(crate) fn compile_scope(
+    ty: &Rc<TypeIr>,
+    scope: u8,
+    env: &Env<'_>,
+    extra_read: &[&str],
+    offset: usize,
+) -> Result<Scope, ParseError> {
+    let mut c = Compiler {
+        env,
+        scope,
+        slots: 0,
+        read: Vec::new(),
+        stack: Vec::new(),
+        implicit_clock: false,
+        depth: 0,
+    };
+    c.implicit_clock = scope == EVENT_HEADER || scope == PACKET_CONTEXT;
+    let mut root = match &**ty {
+        TypeIr::Struct { .. } => c.node(ty, "", "", offset)?,
+        _ => return Err(ParseError::new(offset, "a scope must be a struct")),
+    };
+    c.read.resize(c.slots as usize, false);
+    if let Node::Struct(s) = &root {
+        for f in &s.fields {
+            if let Node::Int(i) | Node::Enum(i, _) = &f.node {
+                if extra_read.contains(&&*f.name) {
+                    c.read[i.slot as usize] = true;
+                }
+            }
+        }
+    }
+    root.finalize(&c.read);
+    let ops = ops_of(&root);
+    let offsets = fixed_offsets(&root);
+    Ok(Scope {
+        root,
+        slots: c.slots,
+        ops,
+        offsets,
+    })
+}
+
+fn fixed_offsets(root: &Node) -> Option<Vec<u64>> {
+    let Node::Struct(s) = root else { return None };
+    let mut off = 0u64;
+    let mut out = Vec::with_capacity(s.fields.len());
+    for f in &s.fields {
+        off = align_up(off, f.node.align())?;
+        out.push(off);
+        off = off.checked_add(f.node.fixed_size()?)?;
+    }
+    Some(out)
+}
+
+fn display_name(raw: &str) -> &str {
+    raw.strip_prefix('_').unwrap_or(raw)
+}
+
+impl Compiler<'_> {
+    fn spend(&self, offset: usize) -> Result<(), ParseError> {
+        let left = self.env.budget.get();
+        if left == 0 {
+            return Err(ParseError::new(
+                offset,
+                format!("metadata describes more than {MAX_NODES} fields"),
+            ));
+        }
+        self.env.budget.set(left - 1);
+        Ok(())
+    }
+
+    fn int(&mut self, ir: &IntIr, name: &str, offset: usize) -> Result<IntNode, ParseError> {
+        let be = match ir.order {
+            OrderSpec::Native => self.env.native_be,
+            OrderSpec::Be => true,
+            OrderSpec::Le => false,
+        };
+        let mut clock = false;
+        if let Some(c) = &ir.clock {
+            if !(self.env.clock_known)(c) {
+                return Err(ParseError::new(
+                    offset,
+                    format!("`map` refers to unknown clock `{c}`"),
+                ));
+            }
+            clock = true;
+        }
+        if self.implicit_clock && (name == "timestamp" || name == "timestamp_begin") {
+            clock = true;
+        }
+        // The end timestamp of a packet is a snapshot, it does not move the
+        // clock (babeltrace2 does the same).
+        if self.scope == PACKET_CONTEXT && (name == "timestamp_end" || self.stack.len() > 1) {
+            clock = false;
+        }
+        let slot = self.slots;
+        self.slots += 1;
+        Ok(IntNode {
+            size: ir.size as u8,
+            align: ir.align,
+            signed: ir.signed,
+            be,
+            slot,
+            clock,
+            event_id: self.scope == EVENT_HEADER && name == "id",
+        })
+    }
+
+    /// `name` is the displayed field name of this node (empty for array
+    /// elements), `path` its flattened path.
+    fn node(
+        &mut self,
+        ty: &Rc<TypeIr>,
+        name: &str,
+        path: &str,
+        offset: usize,
+    ) -> Result<Node, ParseError> {
+        self.spend(offset)?;
+        if self.depth >= MAX_NODE_DEPTH {
+            return Err(ParseError::new(
+                offset,
+                format!("types nested deeper than {MAX_NODE_DEPTH} levels"),
+            ));
+        }
+        self.depth += 1;
+        let r = self.node_inner(ty, name, path, offset);
+        self.depth -= 1;
+        r
+    }
+
+    fn node_inner(
+        &mut self,
+        ty: &Rc<TypeIr>,
+        name: &str,
+        path: &str,
+        offset: usize,
+    ) -> Result<Node, ParseError> {
+        Ok(match &**ty {
+            TypeIr::Int(ir) => Node::Int(self.int(ir, name, offset)?),
+            TypeIr::Enum {
+                container,
+                mappings,
+            } => {
+                let int = self.int(container, name, offset)?;
+                let ranges: Vec<EnumRange> = mappings
+                    .iter()
+                    .map(|m| EnumRange {
+                        lo: m.lo,
+                        hi: m.hi,
+                        label: Arc::from(m.label.as_str()),
+                    })
+                    .collect();
+                Node::Enum(int, ranges.into())
+            }
+            TypeIr::Float {
+                mant_dig,
+                align,
+                order,
+                ..
+            } => Node::Float {
+                double: *mant_dig == 53,
+                align: *align,
+                be: match order {
+                    OrderSpec::Native => self.env.native_be,
+                    OrderSpec::Be => true,
+                    OrderSpec::Le => false,
+                },
+            },
+            TypeIr::String => Node::Str,
+            TypeIr::Struct { fields, min_align } => {
+                self.stack.push(Vec::with_capacity(fields.len()));
+                let r = self.struct_fields(fields, path, offset);
+                let done = self.stack.pop().unwrap_or_default();
+                r?;
+                let align = done
+                    .iter()
+                    .map(|f| f.node.align())
+                    .fold(*min_align, u32::max);
+                Node::Struct(StructNode {
+                    align,
+                    fields: done,
+                    skip: None,
+                })
+            }
+            TypeIr::Variant {
+                tag,
+                options,
+                offset: at,
+            } => {
+                let Some(tag) = tag else {
+                    return Err(ParseError::new(*at, "variant without a tag"));
+                };
+                let (tag_ref, ranges, tag_signed) = self.resolve_tag(tag, *at)?;
+                let mut compiled = Vec::with_capacity(options.len());
+                for (raw, oty) in options {
+                    let oname = display_name(raw);
+                    // The selected option stands for the variant itself in
+                    // flattened paths (`v`, `v.member`), as babeltrace2
+                    // prints it; the tag already says which one it is.
+                    let node = self.node(oty, oname, path, *at)?;
+                    compiled.push(Field {
+                        name: Arc::from(oname),
+                        path: Arc::from(path),
+                        raw: raw.as_str().into(),
+                        node,
+                    });
+                }
+                let mut select = Vec::new();
+                for r in ranges.iter() {
+                    let found = compiled
+                        .iter()
+                        .position(|f| *f.raw == *r.label)
+                        .or_else(|| {
+                            compiled
+                                .iter()
+                                .position(|f| *f.name == *display_name(&r.label))
+                        });
+                    if let Some(i) = found {
+                        select.push((r.lo, r.hi, i as u32));
+                    }
+                }
+                Node::Variant(VariantNode {
+                    tag: tag_ref,
+                    tag_signed,
+                    select,
+                    options: compiled,
+                })
+            }
+            TypeIr::Array { elem, len } => {
+                let e = self.node(elem, "", "", offset)?;
+                let text = is_text(elem);
+                if e.fixed_size() == Some(0) && *len > MAX_EMPTY_ELEMENTS {
+                    return Err(ParseError::new(
+                        offset,
+                        format!("array of {len} empty elements"),
+                    ));
+                }
+                Node::Array(Box::new(ArrayNode {
+                    elem: e,
+                    len: *len,
+                    text,
+                    skip: None,
+                }))
+            }
+            TypeIr::Sequence {
+                elem,
+                len,
+                offset: at,
+            } => {
+                let (len_ref, signed) = self.resolve_int(len, *at)?;
+                let e = self.node(elem, "", "", offset)?;
+                Node::Sequence(Box::new(SeqNode {
+                    elem: e,
+                    len: len_ref,
+                    len_signed: signed,
+                    text: is_text(elem),
+                    elem_skip: None,
+                }))
+            }
+        })
+    }
+
+    fn struct_fields(
+        &mut self,
+        fields: &[(String, Rc<TypeIr>)],
+        path: &str,
+        offset: usize,
+    ) -> Result<(), ParseError> {
+        for (raw, fty) in fields {
+            let name = display_name(raw);
+            let fpath = join(path, name);
+            let node = self.node(fty, name, &fpath, offset)?;
+            if let Some(level) = self.stack.last_mut() {
+                level.push(Field {
+                    name: Arc::from(name),
+                    path: Arc::from(fpath),
+                    raw: raw.as_str().into(),
+                    node,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve_int(&mut self, path: &[String], at: usize) -> Result<(SlotRef, bool), ParseError> {
+        match self.resolve(path, at)? {
+            Target::Int { r, signed, .. } => Ok((r, signed)),
+            Target::Other => Err(ParseError::new(
+                at,
+                format!("`{}` is not an integer field", path.join(".")),
+            )),
+        }
+    }
+
+    fn resolve_tag(
+        &mut self,
+        path: &[String],
+        at: usize,
+    ) -> Result<(SlotRef, Arc<[EnumRange]>, bool), ParseError> {
+        match self.resolve(path, at)? {
+            Target::Int {
+                r,
+                signed,
+                ranges: Some(ranges),
+            } => Ok((r, ranges, signed)),
+            _ => Err(ParseError::new(
+                at,
+                format!("variant tag `{}` is not an enumeration", path.join(".")),
+            )),
+        }
+    }
+
+    /// Finds the field a tag/length path names and marks its slot as read.
+    fn resolve(&mut self, path: &[String], at: usize) -> Result<Target, ParseError> {
+        const PREFIXES: [(&[&str], u8); 6] = [
+            (&["trace", "packet", "header"], PACKET_HEADER),
+            (&["stream", "packet", "context"], PACKET_CONTEXT),
+            (&["stream", "event", "header"], EVENT_HEADER),
+            (&["stream", "event", "context"], STREAM_EVENT_CONTEXT),
+            (&["event", "context"], EVENT_CONTEXT),
+            (&["event", "fields"], PAYLOAD),
+        ];
+        let absolute = PREFIXES
+            .iter()
+            .find(|(p, _)| path.len() > p.len() && path.iter().zip(p.iter()).all(|(a, b)| a == b));
+        let (target_scope, rest) = match absolute {
+            Some((p, s)) => (Some(*s), &path[p.len()..]),
+            None => (None, path),
+        };
+        let scope = self.scope;
+        let found: Option<(u8, &Node)> = match target_scope {
+            Some(s) if s == scope => self
+                .stack
+                .first()
+                .and_then(|root| lookup(root, rest))
+                .map(|n| (s, n)),
+            Some(s) => self.env.uppers[s as usize]
+                .and_then(|sc| lookup(sc.fields(), rest))
+                .map(|n| (s, n)),
+            None => {
+                let local = self
+                    .stack
+                    .iter()
+                    .rev()
+                    .find_map(|level| lookup(level, rest))
+                    .map(|n| (scope, n));
+                // Not CTF-strict, but some producers use relative paths to
+                // reach an upper dynamic scope: try them, nearest first.
+                local.or_else(|| {
+                    (0..scope).rev().find_map(|s| {
+                        self.env.uppers[s as usize]
+                            .and_then(|sc| lookup(sc.fields(), rest))
+                            .map(|n| (s, n))
+                    })
+                })
+            }
+        };
+        let Some((s, node)) = found else {
+            return Err(ParseError::new(
+                at,
+                format!("`{}` names no preceding field", path.join(".")),
+            ));
+        };
+        let target = match node {
+            Node::Int(i) => Target::Int {
+                r: SlotRef {
+                    scope: s,
+                    slot: i.slot,
+                },
+                signed: i.signed,
+                ranges: None,
+            },
+            Node::Enum(i, ranges) => Target::Int {
+                r: SlotRef {
+                    scope: s,
+                    slot: i.slot,
+                },
+                signed: i.signed,
+                ranges: Some(ranges.clone()),
+            },
+            _ => Target::Other,
+        };
+        if let Target::Int { r, .. } = &target {
+            if s == scope {
+                let slot = r.slot as usize;
+                if self.read.len() <= slot {
+                    self.read.resize(slot + 1, false);
+                }
+                self.read[slot] = true;
+            }
+        }
+        Ok(target)
+    }
+}
+
+enum Target {
+    Int {
+        r: SlotRef,
+        signed: bool,
+        ranges: Option<Arc<[EnumRange]>>,
+    },
+    Other,
+}
+
+/// Walks `path` from a list of sibling fields down through nested structs.
+/// The last declared match wins (closest preceding field).
+fn lookup<'n>(fields: &'n [Field], path: &[String]) -> Option<&'n Node> {
+    let (first, rest) = path.split_first()?;
+    let f = fields
+        .iter()
+        .rev()
+        .find(|f| *f.raw == **first || *f.name == **first)?;
+    if rest.is_empty() {
+        return Some(&f.node);
+    }
+    match &f.node {
+        Node::Struct(s) => lookup(&s.fields, rest),
+        _ => None,
+    }
+}
+
+fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+fn is_text(elem: &Rc<TypeIr>) -> bool {
+    matches!(&**elem, TypeIr::Int(i) if i.text && i.size == 8)
+}

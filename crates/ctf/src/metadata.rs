@@ -1,0 +1,802 @@
+//! The `metadata` stream: plain text or packetized (CTF 7.1), parsed with
+//! [`crate::tsdl`] and compiled into per-stream and per-event layouts.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::layout::{self, compile_scope, Env, Scope};
+use crate::tsdl::{self, EnvIr, OrderSpec, ParseError, TypeIr};
+
+const METADATA_MAGIC: u32 = 0x75D1_1D57;
+const METADATA_HEADER_LEN: usize = 37;
+/// Far above any real metadata; keeps a hostile file from exhausting memory.
+const MAX_METADATA_LEN: u64 = 256 << 20;
+
+/// An `env` entry value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EnvValue {
+    Int(i64),
+    Str(String),
+}
+
+impl std::fmt::Display for EnvValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EnvValue::Int(i) => write!(f, "{i}"),
+            EnvValue::Str(s) => f.write_str(s),
+        }
+    }
+}
+
+/// A clock of the trace (`clock { ... }` block).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Clock {
+    pub name: String,
+    pub uuid: Option<String>,
+    pub description: Option<String>,
+    /// Ticks per second.
+    pub freq: u64,
+    /// Offset of the clock's zero from the Unix epoch: `offset_s` seconds
+    /// plus `offset` ticks.
+    pub offset_s: i64,
+    pub offset: i64,
+    /// Uncertainty, in ticks.
+    pub precision: u64,
+    pub absolute: bool,
+}
+
+impl Clock {
+    fn implicit() -> Clock {
+        Clock {
+            name: "default".into(),
+            uuid: None,
+            description: None,
+            freq: 1_000_000_000,
+            offset_s: 0,
+            offset: 0,
+            precision: 0,
+            absolute: false,
+        }
+    }
+
+    /// Nanoseconds from the Unix epoch to the clock's zero.
+    pub fn offset_ns(&self) -> i128 {
+        self.offset_s as i128 * 1_000_000_000
+            + self.offset as i128 * 1_000_000_000 / self.freq as i128
+    }
+
+    /// A raw clock value in nanoseconds since the clock's zero.
+    #[inline]
+    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        if self.freq == 1_000_000_000 {
+            ticks
+        } else {
+            let ns = ticks as u128 * 1_000_000_000 / self.freq as u128;
+            ns.min(u64::MAX as u128) as u64
+        }
+    }
+}
+
+/// Typed events the reader maps; decided once per event class from its name.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Known {
+    SchedSwitch,
+    SchedWaking,
+    SchedWakeup,
+    SchedWakeupNew,
+    SchedProcessFork,
+    SchedProcessExec,
+    SchedProcessExit,
+    SchedProcessFree,
+    SchedMigrateTask,
+    IrqHandlerEntry,
+    IrqHandlerExit,
+    SoftirqRaise,
+    SoftirqEntry,
+    SoftirqExit,
+    HrtimerExpireEntry,
+    HrtimerExpireExit,
+    BlockRqInsert,
+    BlockRqIssue,
+    BlockRqComplete,
+    NetDevQueue,
+    NetifReceiveSkb,
+    /// `syscall_entry_NAME` (LTTng ≥ 2.6) or `sys_NAME` (older).
+    SysEnter(Arc<str>),
+    /// `syscall_exit_NAME`.
+    SysExit(Arc<str>),
+    /// Pre-2.6 LTTng `exit_syscall`: the name is not known.
+    SysExitUnnamed,
+    /// Pre-2.6 LTTng `sys_unknown { id, args[6] }`.
+    SysUnknown,
+    SpanStart,
+    SpanEnd,
+    Other,
+}
+
+fn known(name: &str, kernel: bool) -> Known {
+    if name == "jaeger_ust:start_span" {
+        return Known::SpanStart;
+    }
+    if name == "jaeger_ust:end_span" {
+        return Known::SpanEnd;
+    }
+    if !kernel {
+        return Known::Other;
+    }
+    // perf-to-CTF names carry the subsystem: `sched:sched_switch`.
+    let bare = name.rsplit_once(':').map_or(name, |(_, n)| n);
+    match bare {
+        "sched_switch" => Known::SchedSwitch,
+        "sched_waking" => Known::SchedWaking,
+        "sched_wakeup" => Known::SchedWakeup,
+        "sched_wakeup_new" => Known::SchedWakeupNew,
+        "sched_process_fork" => Known::SchedProcessFork,
+        "sched_process_exec" => Known::SchedProcessExec,
+        "sched_process_exit" => Known::SchedProcessExit,
+        "sched_process_free" => Known::SchedProcessFree,
+        "sched_migrate_task" => Known::SchedMigrateTask,
+        "irq_handler_entry" => Known::IrqHandlerEntry,
+        "irq_handler_exit" => Known::IrqHandlerExit,
+        "softirq_raise" => Known::SoftirqRaise,
+        "softirq_entry" => Known::SoftirqEntry,
+        "softirq_exit" => Known::SoftirqExit,
+        "hrtimer_expire_entry" => Known::HrtimerExpireEntry,
+        "hrtimer_expire_exit" => Known::HrtimerExpireExit,
+        "block_rq_insert" => Known::BlockRqInsert,
+        "block_rq_issue" => Known::BlockRqIssue,
+        "block_rq_complete" => Known::BlockRqComplete,
+        "net_dev_queue" => Known::NetDevQueue,
+        "netif_receive_skb" | "netif_receive_skb_internal" => Known::NetifReceiveSkb,
+        "exit_syscall" => Known::SysExitUnnamed,
+        "sys_unknown" | "compat_sys_unknown" => Known::SysUnknown,
+        _ => {
+            for prefix in ["syscall_entry_", "compat_syscall_entry_"] {
+                if let Some(n) = bare.strip_prefix(prefix) {
+                    return Known::SysEnter(Arc::from(n));
+                }
+            }
+            for prefix in ["syscall_exit_", "compat_syscall_exit_"] {
+                if let Some(n) = bare.strip_prefix(prefix) {
+                    return Known::SysExit(Arc::from(n));
+                }
+            }
+            // LTTng < 2.6 named syscall entries `sys_NAME`; perf's
+            // `raw_syscalls:sys_enter` is not one of them.
+            if name == bare {
+                for prefix in ["sys_", "compat_sys_"] {
+                    if let Some(n) = bare.strip_prefix(prefix) {
+                        return Known::SysEnter(Arc::from(n));
+                    }
+                }
+            }
+            Known::Other
+        }
+    }
+}
+
+pub(crate) struct EventClass {
+    pub id: u64,
+    pub name: Arc<str>,
+    pub loglevel: Option<i64>,
+    pub context: Option<Scope>,
+    pub payload: Option<Scope>,
+    pub known: Known,
+    /// Payload slots the reader needs while iterating.
+    pub perf_cpu: Option<u32>,
+    pub perf_tid: Option<u32>,
+    pub prev_tid: Option<u32>,
+    pub next_tid: Option<u32>,
+}
+
+pub(crate) struct StreamClass {
+    pub id: u64,
+    pub packet_context: Option<Scope>,
+    pub event_header: Option<Scope>,
+    pub event_context: Option<Scope>,
+    /// Event classes by id: dense table for small ids, map otherwise.
+    dense: Vec<Option<Arc<EventClass>>>,
+    sparse: HashMap<u64, Arc<EventClass>>,
+    /// The only event class, for streams whose header has no id.
+    pub single: Option<Arc<EventClass>>,
+    /// Index in [`TraceMeta::clocks`] of the clock event timestamps use.
+    pub clock: usize,
+    /// Stream event context slots of thread identity fields.
+    pub ctx_tid: Option<u32>,
+    pub ctx_vtid: Option<u32>,
+}
+
+impl StreamClass {
+    #[inline]
+    pub fn event(&self, id: u64) -> Option<&Arc<EventClass>> {
+        if let Some(slot) = self.dense.get(id as usize) {
+            return slot.as_ref();
+        }
+        self.sparse.get(&id)
+    }
+
+    pub fn events(&self) -> impl Iterator<Item = &Arc<EventClass>> {
+        self.dense.iter().flatten().chain(self.sparse.values())
+    }
+
+    pub fn event_count(&self) -> usize {
+        self.events().count()
+    }
+}
+
+/// A compiled trace description.
+pub(crate) struct TraceMeta {
+    pub uuid: Option<[u8; 16]>,
+    pub packet_header: Option<Scope>,
+    pub env: Vec<(String, EnvValue)>,
+    pub clocks: Vec<Clock>,
+    pub streams: Vec<Arc<StreamClass>>,
+    /// Kernel-domain trace (LTTng kernel, perf): kernel event names map to
+    /// typed events.
+    pub kernel: bool,
+    /// The raw TSDL text (for diagnostics and tools).
+    pub text: String,
+}
+
+impl TraceMeta {
+    pub fn stream(&self, id: u64) -> Option<&Arc<StreamClass>> {
+        self.streams.iter().find(|s| s.id == id)
+    }
+
+    pub fn env(&self, key: &str) -> Option<&EnvValue> {
+        self.env.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+}
+
+/// Maps byte offsets of the concatenated metadata text back to file offsets.
+struct TextMap {
+    /// (text offset, file offset) at the start of each metadata packet.
+    segments: Vec<(usize, u64)>,
+}
+
+impl TextMap {
+    fn file_offset(&self, text_offset: usize) -> u64 {
+        let i = self.segments.partition_point(|(t, _)| *t <= text_offset);
+        match i.checked_sub(1).and_then(|i| self.segments.get(i)) {
+            Some((t, f)) => f + (text_offset - t) as u64,
+            None => text_offset as u64,
+        }
+    }
+}
+
+/// Reads and compiles the metadata file at `path`.
+pub(crate) fn read_metadata(path: &Path) -> Result<TraceMeta> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len();
+    if len > MAX_METADATA_LEN {
+        return Err(Error::metadata(
+            path,
+            0,
+            format!("metadata of {len} bytes is larger than {MAX_METADATA_LEN}"),
+        ));
+    }
+    let raw = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    parse_metadata(path, &raw)
+}
+
+/// Parses metadata bytes; `path` only names them in errors.
+pub(crate) fn parse_metadata(path: &Path, raw: &[u8]) -> Result<TraceMeta> {
+    let (text, map) = metadata_text(path, raw)?;
+    let at = |e: ParseError| Error::metadata(path, map.file_offset(e.offset), describe(&text, e));
+    let ir = tsdl::parse(&text).map_err(at)?;
+    let text = String::from_utf8_lossy(&text).into_owned();
+    compile(ir, text.clone()).map_err(|e| {
+        let off = map.file_offset(e.offset);
+        Error::metadata(path, off, describe(text.as_bytes(), e))
+    })
+}
+
+fn describe(text: &[u8], e: ParseError) -> String {
+    let upto = &text[..e.offset.min(text.len())];
+    let line = upto.iter().filter(|&&b| b == b'\n').count() + 1;
+    format!("{} (metadata text line {line})", e.message)
+}
+
+/// The TSDL text: the file itself, or the concatenated payloads of its
+/// packets. Each packet's header tells its own byte order (magic test).
+fn metadata_text(path: &Path, raw: &[u8]) -> Result<(Vec<u8>, TextMap)> {
+    let magic_at = |off: usize| -> Option<bool> {
+        let b: [u8; 4] = raw.get(off..off + 4)?.try_into().ok()?;
+        if u32::from_be_bytes(b) == METADATA_MAGIC {
+            Some(true)
+        } else if u32::from_le_bytes(b) == METADATA_MAGIC {
+            Some(false)
+        } else {
+            None
+        }
+    };
+    if magic_at(0).is_none() {
+        return Ok((
+            raw.to_vec(),
+            TextMap {
+                segments: vec![(0, 0)],
+            },
+        ));
+    }
+    let mut text = Vec::with_capacity(raw.len());
+    let mut segments = Vec::new();
+    let mut off = 0usize;
+    while off < raw.len() {
+        let Some(be) = magic_at(off) else {
+            return Err(Error::metadata(
+                path,
+                off as u64,
+                "metadata packet without magic 0x75D11D57",
+            ));
+        };
+        if raw.len() - off < METADATA_HEADER_LEN {
+            return Err(Error::metadata(
+                path,
+                off as u64,
+                "truncated metadata packet header",
+            ));
+        }
+        let u32_at = |o: usize| {
+            let b: [u8; 4] = raw[off + o..off + o + 4].try_into().unwrap_or([0; 4]);
+            if be {
+                u32::from_be_bytes(b)
+            } else {
+                u32::from_le_bytes(b)
+            }
+        };
+        let content_bits = u32_at(24) as usize;
+        let packet_bits = u32_at(28) as usize;
+        let (compression, encryption, checksum) = (raw[off + 32], raw[off + 33], raw[off + 34]);
+        if compression != 0 || encryption != 0 || checksum != 0 {
+            return Err(Error::metadata(
+                path,
+                off as u64,
+                format!("metadata packet uses compression/encryption/checksum schemes {compression}/{encryption}/{checksum}, which are not supported"),
+            ));
+        }
+        if packet_bits % 8 != 0 || content_bits % 8 != 0 {
+            return Err(Error::metadata(
+                path,
+                off as u64 + 24,
+                "metadata packet sizes are not whole bytes",
+            ));
+        }
+        let (content, packet) = (content_bits / 8, packet_bits / 8);
+        if content < METADATA_HEADER_LEN || content > packet {
+            return Err(Error::metadata(
+                path,
+                off as u64 + 24,
+                format!("metadata packet content size {content} bytes is outside [{METADATA_HEADER_LEN}, packet size {packet}]"),
+            ));
+        }
+        if packet > raw.len() - off {
+            return Err(Error::metadata(
+                path,
+                off as u64 + 28,
+                format!(
+                    "metadata packet of {packet} bytes but only {} bytes remain",
+                    raw.len() - off
+                ),
+            ));
+        }
+        segments.push((text.len(), (off + METADATA_HEADER_LEN) as u64));
+        text.extend_from_slice(&raw[off + METADATA_HEADER_LEN..off + content]);
+        off += packet;
+    }
+    Ok((text, TextMap { segments }))
+}
+
+fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = s.bytes().filter(|&b| b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn small(v: i128, what: &str, at: usize) -> Result<u64, ParseError> {
+    u64::try_from(v).map_err(|_| ParseError::new(at, format!("{what} {v} is out of range")))
+}
+
+/// The first clock any integer of `ty` maps to.
+fn first_clock(ty: &TypeIr) -> Option<&str> {
+    match ty {
+        TypeIr::Int(i) => i.clock.as_deref(),
+        TypeIr::Enum { container, .. } => container.clock.as_deref(),
+        TypeIr::Struct { fields, .. } => fields.iter().find_map(|(_, t)| first_clock(t)),
+        TypeIr::Variant { options, .. } => options.iter().find_map(|(_, t)| first_clock(t)),
+        TypeIr::Array { elem, .. } | TypeIr::Sequence { elem, .. } => first_clock(elem),
+        _ => None,
+    }
+}
+
+fn make_env<'a>(
+    native_be: bool,
+    uppers: [Option<&'a Scope>; layout::SCOPES],
+    clock_known: &'a dyn Fn(&str) -> bool,
+    budget: &'a Cell<usize>,
+) -> Env<'a> {
+    Env {
+        native_be,
+        uppers,
+        clock_known,
+        budget,
+    }
+}
+
+fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> {
+    let trace = ir
+        .trace
+        .ok_or_else(|| ParseError::new(0, "no `trace` block"))?;
+    let big_endian = match trace.byte_order {
+        Some(OrderSpec::Be) => true,
+        Some(OrderSpec::Le) => false,
+        _ => {
+            return Err(ParseError::new(
+                trace.offset,
+                "`trace` block without byte_order",
+            ))
+        }
+    };
+    let uuid = match &trace.uuid {
+        Some(s) => Some(
+            parse_uuid(s)
+                .ok_or_else(|| ParseError::new(trace.offset, format!("bad trace uuid {s:?}")))?,
+        ),
+        None => None,
+    };
+
+    let mut clocks = Vec::new();
+    for c in &ir.clocks {
+        let freq = match c.freq {
+            None => 1_000_000_000,
+            Some(f) if f > 0 && f <= u64::MAX as i128 => f as u64,
+            Some(f) => {
+                return Err(ParseError::new(
+                    c.at,
+                    format!("clock frequency {f} is not positive"),
+                ))
+            }
+        };
+        let offset_s = i64::try_from(c.offset_s)
+            .map_err(|_| ParseError::new(c.at, "clock offset_s out of range"))?;
+        let offset = i64::try_from(c.offset)
+            .map_err(|_| ParseError::new(c.at, "clock offset out of range"))?;
+        clocks.push(Clock {
+            name: c.name.clone(),
+            uuid: c.uuid.clone(),
+            description: c.description.clone(),
+            freq,
+            offset_s,
+            offset,
+            precision: u64::try_from(c.precision).unwrap_or(0),
+            absolute: c.absolute,
+        });
+    }
+    let clock_names: Vec<String> = clocks.iter().map(|c| c.name.clone()).collect();
+    let clock_known = |n: &str| clock_names.iter().any(|c| c == n);
+    let budget = Cell::new(layout::MAX_NODES);
+
+    let mut uppers: [Option<&Scope>; layout::SCOPES] = [None; layout::SCOPES];
+    let clock_known: &dyn Fn(&str) -> bool = &clock_known;
+    let packet_header = match &trace.packet_header {
+        Some(t) => Some(compile_scope(
+            t,
+            layout::PACKET_HEADER,
+            &make_env(big_endian, uppers, clock_known, &budget),
+            &[],
+            trace.offset,
+        )?),
+        None => None,
+    };
+    uppers[layout::PACKET_HEADER as usize] = packet_header.as_ref();
+
+    let env_values: Vec<(String, EnvValue)> = ir
+        .env
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                EnvIr::Int(i) => match i64::try_from(*i) {
+                    Ok(i) => EnvValue::Int(i),
+                    Err(_) => EnvValue::Str(i.to_string()),
+                },
+                EnvIr::Str(s) => EnvValue::Str(s.clone()),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    let env_str = |k: &str| {
+        env_values
+            .iter()
+            .find(|(key, _)| key == k)
+            .and_then(|(_, v)| match v {
+                EnvValue::Str(s) => Some(s.as_str()),
+                _ => None,
+            })
+    };
+    let kernel = env_str("domain") == Some("kernel")
+        || matches!(env_str("tracer_name"), Some("perf" | "lttng-modules"));
+
+    // Stream ids: absent only when there is a single stream.
+    let single_stream = ir.streams.len() <= 1;
+    let mut stream_ids: Vec<u64> = Vec::new();
+    for s in &ir.streams {
+        let id = match s.id {
+            Some(id) => small(id, "stream id", s.offset)?,
+            None if single_stream => 0,
+            None => {
+                return Err(ParseError::new(
+                    s.offset,
+                    "stream without id in a trace with several streams",
+                ))
+            }
+        };
+        if stream_ids.contains(&id) {
+            return Err(ParseError::new(
+                s.offset,
+                format!("second stream with id {id}"),
+            ));
+        }
+        stream_ids.push(id);
+    }
+    // A trace without stream block still has one implicit stream (id 0).
+    let implicit_stream = tsdl::StreamIr::default();
+    let stream_irs: Vec<(&tsdl::StreamIr, u64)> = if ir.streams.is_empty() {
+        vec![(&implicit_stream, 0)]
+    } else {
+        ir.streams.iter().zip(stream_ids.iter().copied()).collect()
+    };
+
+    // Events grouped by stream.
+    let mut by_stream: HashMap<u64, Vec<&tsdl::EventIr>> = HashMap::new();
+    for e in &ir.events {
+        let sid = match e.stream_id {
+            Some(s) => small(s, "stream_id", e.offset)?,
+            None if stream_irs.len() == 1 => stream_irs[0].1,
+            None => {
+                return Err(ParseError::new(
+                    e.offset,
+                    "event without stream_id in a trace with several streams",
+                ))
+            }
+        };
+        if !stream_irs.iter().any(|(_, id)| *id == sid) {
+            return Err(ParseError::new(
+                e.offset,
+                format!("event refers to undeclared stream {sid}"),
+            ));
+        }
+        by_stream.entry(sid).or_default().push(e);
+    }
+
+    let mut implicit_clock = false;
+    let mut streams = Vec::new();
+    for (s, sid) in stream_irs {
+        let compile_opt = |t: &Option<Rc<TypeIr>>,
+                           scope: u8,
+                           up: [Option<&Scope>; layout::SCOPES],
+                           read: &[&str]| {
+            match t {
+                Some(t) => compile_scope(
+                    t,
+                    scope,
+                    &make_env(big_endian, up, clock_known, &budget),
+                    read,
+                    s.offset,
+                )
+                .map(Some),
+                None => Ok(None),
+            }
+        };
+        let mut up = uppers;
+        let packet_context = compile_opt(
+            &s.packet_context,
+            layout::PACKET_CONTEXT,
+            up,
+            &[
+                "content_size",
+                "packet_size",
+                "timestamp_begin",
+                "timestamp_end",
+                "events_discarded",
+                "cpu_id",
+            ],
+        )?;
+        up[layout::PACKET_CONTEXT as usize] = packet_context.as_ref();
+        let event_header = compile_opt(&s.event_header, layout::EVENT_HEADER, up, &[])?;
+        up[layout::EVENT_HEADER as usize] = event_header.as_ref();
+        let event_context = compile_opt(
+            &s.event_context,
+            layout::STREAM_EVENT_CONTEXT,
+            up,
+            &["tid", "vtid", "pid", "vpid"],
+        )?;
+        up[layout::STREAM_EVENT_CONTEXT as usize] = event_context.as_ref();
+
+        let clock_name = [&s.packet_context, &s.event_header]
+            .iter()
+            .find_map(|t| t.as_deref().and_then(first_clock));
+        let clock = match clock_name {
+            Some(n) => clock_names.iter().position(|c| c == n).unwrap_or(0),
+            None if !clocks.is_empty() => 0,
+            None => {
+                implicit_clock = true;
+                0
+            }
+        };
+
+        let events_ir = by_stream.remove(&sid).unwrap_or_default();
+        let mut dense: Vec<Option<Arc<EventClass>>> = Vec::new();
+        let mut sparse = HashMap::new();
+        let single_event = events_ir.len() == 1;
+        let mut only = None;
+        for e in events_ir {
+            let id = match e.id {
+                Some(id) => small(id, "event id", e.offset)?,
+                None if single_event => 0,
+                None => {
+                    return Err(ParseError::new(
+                        e.offset,
+                        "event without id in a stream with several events",
+                    ))
+                }
+            };
+            let name: Arc<str> = Arc::from(e.name.clone().unwrap_or_default().as_str());
+            let mut up = up;
+            let context = e
+                .context
+                .as_ref()
+                .map(|t| {
+                    let env = make_env(big_endian, up, clock_known, &budget);
+                    compile_scope(t, layout::EVENT_CONTEXT, &env, &[], e.offset)
+                })
+                .transpose()?;
+            up[layout::EVENT_CONTEXT as usize] = context.as_ref();
+            let known = known(&name, kernel);
+            let mut read: Vec<&str> = vec!["perf_cpu", "perf_tid"];
+            if known == Known::SchedSwitch {
+                read.extend(["prev_tid", "next_tid", "prev_pid", "next_pid"]);
+            }
+            let payload = e
+                .fields
+                .as_ref()
+                .map(|t| {
+                    let env = make_env(big_endian, up, clock_known, &budget);
+                    compile_scope(t, layout::PAYLOAD, &env, &read, e.offset)
+                })
+                .transpose()?;
+            let slot = |names: &[&str]| {
+                payload
+                    .as_ref()
+                    .and_then(|p| names.iter().find_map(|n| p.int_slot(n).map(|(s, _)| s)))
+            };
+            let class = Arc::new(EventClass {
+                id,
+                loglevel: e.loglevel.and_then(|l| i64::try_from(l).ok()),
+                perf_cpu: slot(&["perf_cpu"]),
+                perf_tid: slot(&["perf_tid"]),
+                prev_tid: slot(&["prev_tid", "prev_pid"]),
+                next_tid: slot(&["next_tid", "next_pid"]),
+                name,
+                context,
+                payload,
+                known,
+            });
+            if single_event {
+                only = Some(class.clone());
+            }
+            let duplicate = if id < 1 << 16 {
+                let i = id as usize;
+                if dense.len() <= i {
+                    dense.resize(i + 1, None);
+                }
+                dense[i].replace(class).is_some()
+            } else {
+                sparse.insert(id, class).is_some()
+            };
+            if duplicate {
+                return Err(ParseError::new(
+                    e.offset,
+                    format!("second event with id {id} in stream {sid}"),
+                ));
+            }
+        }
+        let ctx_slot = |n: &str| {
+            event_context
+                .as_ref()
+                .and_then(|c| c.int_slot(n).map(|(s, _)| s))
+        };
+        streams.push(Arc::new(StreamClass {
+            id: sid,
+            ctx_tid: ctx_slot("tid"),
+            ctx_vtid: ctx_slot("vtid"),
+            packet_context,
+            event_header,
+            event_context,
+            dense,
+            sparse,
+            single: only,
+            clock,
+        }));
+    }
+    if implicit_clock {
+        clocks.push(Clock::implicit());
+    }
+    Ok(TraceMeta {
+        uuid,
+        packet_header,
+        env: env_values,
+        clocks,
+        streams,
+        kernel,
+        text,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packetized_metadata_maps_errors_to_file_offsets() {
+        let body = b"trace { byte_order = le; }; oops";
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&METADATA_MAGIC.to_le_bytes());
+        raw.extend_from_slice(&[0; 16]);
+        raw.extend_from_slice(&0u32.to_le_bytes());
+        let content = ((METADATA_HEADER_LEN + body.len()) * 8) as u32;
+        raw.extend_from_slice(&content.to_le_bytes());
+        raw.extend_from_slice(&(content + 64).to_le_bytes());
+        raw.extend_from_slice(&[0, 0, 0, 1, 8]);
+        raw.extend_from_slice(body);
+        raw.extend_from_slice(&[0; 8]);
+        let e = parse_metadata(Path::new("m"), &raw).err().unwrap();
+        let Error::Metadata {
+            offset, message, ..
+        } = e
+        else {
+            panic!("{e}")
+        };
+        assert_eq!(offset as usize, METADATA_HEADER_LEN + 28, "{message}");
+        assert!(message.contains("unknown type `oops`"), "{message}");
+    }
+
+    #[test]
+    fn lying_metadata_packet_sizes_are_errors() {
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&METADATA_MAGIC.to_be_bytes());
+        raw.extend_from_slice(&[0; 20]);
+        raw.extend_from_slice(&(1000u32 * 8).to_be_bytes());
+        raw.extend_from_slice(&(2000u32 * 8).to_be_bytes());
+        raw.extend_from_slice(&[0; 5]);
+        let e = parse_metadata(Path::new("m"), &raw).err().unwrap();
+        assert!(e.to_string().contains("remain"), "{e}");
+    }
+
+    #[test]
+    fn classifies_kernel_event_names() {
+        assert_eq!(known("sched:sched_switch", true), Known::SchedSwitch);
+        assert_eq!(
+            known("syscall_entry_futex", true),
+            Known::SysEnter(Arc::from("futex"))
+        );
+        assert_eq!(
+            known("syscall_exit_read", true),
+            Known::SysExit(Arc::from("read"))
+        );
+        assert_eq!(known("sys_read", true), Known::SysEnter(Arc::from("read")));
+        assert_eq!(known("raw_syscalls:sys_enter", true), Known::Other);
+        assert_eq!(known("sched_switch", false), Known::Other);
+        assert_eq!(known("jaeger_ust:end_span", false), Known::SpanEnd);
+    }
+}

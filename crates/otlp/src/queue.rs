@@ -1,0 +1,291 @@
+//! The byte-budgeted queue between the network tasks and the writer thread,
+//! the writer thread itself, and the counters.
+//!
+//! A request is acknowledged once it is in the queue; from then on it is
+//! either written or counted as dropped (write error), never silently lost.
+//!
+//! The queue holds requests in protobuf, as received when possible: that
+//! is 3–4 times smaller than the decoded messages, so the byte budget is
+//! the memory really held, and the writer only copies bytes to the file
+//! (decoding, checking and freeing the messages happen on the network
+//! threads, in parallel).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{self, TryRecvError};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use deepspan_spans::{ExportTraceServiceRequest, SpanWriter};
+use prost::Message;
+
+use crate::screen;
+use crate::ReceiverStats;
+
+/// One accepted request on its way to disk.
+pub(crate) struct Job {
+    /// The request in protobuf.
+    encoded: Bytes,
+    spans: u64,
+}
+
+/// What became of a decoded request.
+pub(crate) enum Outcome {
+    /// Queued (possibly without some invalid spans: `rejected` of them, the
+    /// first reason in `problem`).
+    Accepted {
+        rejected: u64,
+        problem: Option<String>,
+    },
+    /// The queue is over budget; the sender should retry later.
+    Full,
+    /// The receiver is shutting down.
+    Closed,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    requests_rejected: AtomicU64,
+    requests_invalid: AtomicU64,
+    spans_received: AtomicU64,
+    spans_written: AtomicU64,
+    spans_dropped: AtomicU64,
+    bytes: AtomicU64,
+    write_errors: AtomicU64,
+}
+
+pub(crate) struct Queue {
+    max_bytes: usize,
+    queued_bytes: AtomicUsize,
+    peak_queued_bytes: AtomicUsize,
+    /// `None` once closed. Pushing under the lock makes "closed" exact: no
+    /// request is acknowledged after the writer was told the queue ended.
+    sender: Mutex<Option<mpsc::Sender<Job>>>,
+    paused: Mutex<bool>,
+    unpaused: Condvar,
+    counters: Counters,
+    last_write_error: Mutex<Option<String>>,
+}
+
+/// A poisoned lock only means another thread panicked holding it; the data
+/// (a flag, a sender) is still consistent.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Queue {
+    pub(crate) fn new(max_bytes: usize) -> (Queue, mpsc::Receiver<Job>) {
+        let (tx, rx) = mpsc::channel();
+        let queue = Queue {
+            max_bytes,
+            queued_bytes: AtomicUsize::new(0),
+            peak_queued_bytes: AtomicUsize::new(0),
+            sender: Mutex::new(Some(tx)),
+            paused: Mutex::new(false),
+            unpaused: Condvar::new(),
+            counters: Counters::default(),
+            last_write_error: Mutex::new(None),
+        };
+        (queue, rx)
+    }
+
+    /// Counts a request whose payload could not be decoded.
+    pub(crate) fn invalid(&self, bytes: usize) {
+        self.counters.requests.fetch_add(1, Relaxed);
+        self.counters.requests_invalid.fetch_add(1, Relaxed);
+        self.counters.bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Screens a decoded request and queues what is valid in it.
+    /// `protobuf`: the bytes it was decoded from, stored as they are unless
+    /// spans had to be taken out (None for JSON); `payload_bytes`: the size
+    /// received, for the counters.
+    pub(crate) fn offer(
+        &self,
+        mut request: ExportTraceServiceRequest,
+        protobuf: Option<Bytes>,
+        payload_bytes: usize,
+    ) -> Outcome {
+        let c = &self.counters;
+        c.requests.fetch_add(1, Relaxed);
+        c.bytes.fetch_add(payload_bytes as u64, Relaxed);
+        let screened = screen::screen(&mut request);
+        c.spans_received.fetch_add(screened.spans, Relaxed);
+        let kept = screened.spans - screened.rejected;
+        if kept == 0 {
+            c.spans_dropped.fetch_add(screened.rejected, Relaxed);
+            return Outcome::Accepted {
+                rejected: screened.rejected,
+                problem: screened.problem,
+            };
+        }
+        let encoded = match protobuf {
+            Some(raw) if screened.rejected == 0 => raw,
+            _ => Bytes::from(request.encode_to_vec()),
+        };
+        drop(request);
+        let outcome = self.push(Job {
+            encoded,
+            spans: kept,
+        });
+        match outcome {
+            Outcome::Accepted { .. } => {
+                c.spans_dropped.fetch_add(screened.rejected, Relaxed);
+                Outcome::Accepted {
+                    rejected: screened.rejected,
+                    problem: screened.problem,
+                }
+            }
+            refused => {
+                c.requests_rejected.fetch_add(1, Relaxed);
+                c.spans_dropped.fetch_add(screened.spans, Relaxed);
+                refused
+            }
+        }
+    }
+
+    fn push(&self, job: Job) -> Outcome {
+        let bytes = job.encoded.len();
+        // Reserve first: an empty queue takes any request, so one larger than
+        // the whole budget is slow but never refused forever.
+        let mut current = self.queued_bytes.load(Relaxed);
+        loop {
+            if current != 0 && current.saturating_add(bytes) > self.max_bytes {
+                return Outcome::Full;
+            }
+            match self.queued_bytes.compare_exchange_weak(
+                current,
+                current + bytes,
+                Relaxed,
+                Relaxed,
+            ) {
+                Ok(_) => {
+                    self.peak_queued_bytes.fetch_max(current + bytes, Relaxed);
+                    break;
+                }
+                Err(now) => current = now,
+            }
+        }
+        let sent = match lock(&self.sender).as_ref() {
+            Some(tx) => tx.send(job).is_ok(),
+            None => false,
+        };
+        if sent {
+            Outcome::Accepted {
+                rejected: 0,
+                problem: None,
+            }
+        } else {
+            self.queued_bytes.fetch_sub(bytes, Relaxed);
+            Outcome::Closed
+        }
+    }
+
+    /// Ends the queue: later offers are refused, the writer drains and stops.
+    pub(crate) fn close(&self) {
+        lock(&self.sender).take();
+        self.set_paused(false);
+    }
+
+    pub(crate) fn set_paused(&self, paused: bool) {
+        *lock(&self.paused) = paused;
+        self.unpaused.notify_all();
+    }
+
+    fn wait_while_paused(&self) {
+        let mut paused = lock(&self.paused);
+        while *paused {
+            paused = self
+                .unpaused
+                .wait(paused)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    pub(crate) fn stats(&self) -> ReceiverStats {
+        let c = &self.counters;
+        ReceiverStats {
+            requests: c.requests.load(Relaxed),
+            requests_rejected: c.requests_rejected.load(Relaxed),
+            requests_invalid: c.requests_invalid.load(Relaxed),
+            spans_received: c.spans_received.load(Relaxed),
+            spans_written: c.spans_written.load(Relaxed),
+            spans_dropped: c.spans_dropped.load(Relaxed),
+            bytes: c.bytes.load(Relaxed),
+            write_errors: c.write_errors.load(Relaxed),
+            queue_peak_bytes: self.peak_queued_bytes.load(Relaxed) as u64,
+            last_write_error: lock(&self.last_write_error).clone(),
+        }
+    }
+
+    fn write_failed(&self, lost_spans: u64, error: String) {
+        self.counters.spans_dropped.fetch_add(lost_spans, Relaxed);
+        self.counters.write_errors.fetch_add(1, Relaxed);
+        *lock(&self.last_write_error) = Some(error);
+    }
+}
+
+/// The writer thread: takes requests off the queue in order and appends
+/// them to one span file, created on the first request. Spans count as
+/// written once flushed; a failed write or flush counts the spans it lost as
+/// dropped and starts a new file for the next request (the old one keeps
+/// every complete record before the failure).
+pub(crate) fn run_writer(run_dir: &Path, jobs: mpsc::Receiver<Job>, queue: &Queue) {
+    let mut out: Option<SpanWriter> = None;
+    // Spans appended since the last flush: written only once flushed.
+    let mut unflushed: u64 = 0;
+    let flush = |out: &mut Option<SpanWriter>, unflushed: &mut u64| {
+        let Some(w) = out.as_mut() else { return };
+        match w.flush() {
+            Ok(()) => {
+                queue.counters.spans_written.fetch_add(*unflushed, Relaxed);
+            }
+            Err(e) => {
+                queue.write_failed(*unflushed, e.to_string());
+                *out = None;
+            }
+        }
+        *unflushed = 0;
+    };
+    loop {
+        let job = match jobs.try_recv() {
+            Ok(job) => job,
+            Err(TryRecvError::Empty) => {
+                // Idle: make what was written visible to readers before waiting.
+                flush(&mut out, &mut unflushed);
+                match jobs.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            }
+            Err(TryRecvError::Disconnected) => break,
+        };
+        queue.wait_while_paused();
+        let result = match out.as_mut() {
+            Some(w) => w.append_encoded(&job.encoded),
+            None => SpanWriter::create(run_dir).and_then(|mut w| {
+                let r = w.append_encoded(&job.encoded);
+                out = Some(w);
+                r
+            }),
+        };
+        match result {
+            Ok(()) => {
+                unflushed += job.spans;
+                // Under steady load the idle flush never comes; bound what a crash could lose.
+                if out.as_ref().is_some_and(|w| w.records() % 64 == 0) {
+                    flush(&mut out, &mut unflushed);
+                }
+            }
+            Err(e) => {
+                // A failed buffered write may have taken earlier unflushed records with it.
+                queue.write_failed(unflushed + job.spans, e.to_string());
+                unflushed = 0;
+                out = None;
+            }
+        }
+        queue.queued_bytes.fetch_sub(job.encoded.len(), Relaxed);
+    }
+    flush(&mut out, &mut unflushed);
+}

@@ -1,0 +1,589 @@
+//! One recording, from instance setup to manifest.
+
+use std::fs;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deepspan_ftrace::{write_trace_dat, TraceDatMeta};
+
+use crate::capture::{drain_cpu, DrainLimit, Streams};
+use crate::events::{resolve_events, EventId};
+use crate::manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, Snapshot, FORMAT_VERSION};
+use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
+use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
+use crate::{sys, Error, EventSelection, Mode, Progress, RecordOptions, RecordSummary};
+
+/// Main-loop period: how fast signals, the command's exit and the deadline
+/// are noticed.
+const TICK: Duration = Duration::from_millis(50);
+/// After SIGINT with a command running, how long the command has to exit on
+/// its own (it usually got the terminal's SIGINT too) before we forward one.
+const SIGINT_FORWARD_AFTER: Duration = Duration::from_secs(1);
+/// After SIGINT/SIGTERM, how long we wait for the command before we stop
+/// recording anyway (the command is left running).
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Records the kernel into the run folder `opts.out`; see the crate docs for
+/// what ends up there.
+///
+/// With a command, it is started once tracing is on and recording lasts
+/// until it exits (its status is passed through in
+/// [`RecordSummary::exit_code`]); it gets OTEL_EXPORTER_OTLP_ENDPOINT and
+/// OTEL_EXPORTER_OTLP_PROTOCOL unless already set. Without one, recording
+/// lasts until `opts.duration` or SIGINT/SIGTERM.
+///
+/// For its duration the function handles SIGINT and SIGTERM (stop cleanly;
+/// SIGTERM is forwarded to the command, SIGINT only if the command is still
+/// running a second later) and SIGUSR2 (flight-mode snapshot). signal-hook
+/// cannot restore the default actions afterwards: these signals are then
+/// ignored by the process, which suits a CLI that exits next.
+///
+/// `progress` is called about once per second.
+pub fn record(opts: &RecordOptions, progress: &mut dyn FnMut(&Progress)) -> Result<RecordSummary, Error> {
+    validate(opts)?;
+    let tracefs = Tracefs::open()?;
+    let events = match &opts.events {
+        EventSelection::Spec(spec) => resolve_events(spec, &tracefs)?,
+        EventSelection::Events(list) if list.is_empty() => {
+            return Err(Error::InvalidEvents("the event list is empty".into()))
+        }
+        EventSelection::Events(list) => list.clone(),
+    };
+    let mut run = RunDir::prepare(&opts.out)?;
+    let signals = Signals::install()?;
+    let session = Session::setup(opts, &tracefs, events, &run.path)?;
+    session.run(opts, &signals, &mut run, progress)
+}
+
+fn validate(opts: &RecordOptions) -> Result<(), Error> {
+    if opts.buffer_kb_per_cpu == 0 {
+        return Err(Error::InvalidOptions("the ring buffer size per CPU must be at least 1 KiB".into()));
+    }
+    if let Some(pid) = opts.pids.iter().find(|&&p| p <= 0 || !sys::pid_alive(p)) {
+        return Err(Error::InvalidOptions(format!("pid {pid} does not exist")));
+    }
+    if opts.command.first().is_some_and(|p| p.is_empty()) {
+        return Err(Error::InvalidOptions("the command's program name is empty".into()));
+    }
+    Ok(())
+}
+
+/// The run folder; what we created in it is removed again if the recording
+/// fails before capturing anything.
+struct RunDir {
+    path: PathBuf,
+    created: bool,
+    keep: bool,
+}
+
+impl RunDir {
+    fn prepare(path: &Path) -> Result<RunDir, Error> {
+        match fs::read_dir(path) {
+            Ok(entries) => {
+                // The run's OTLP receiver starts first and may have created spans/ already.
+                if entries.flatten().any(|e| e.file_name() != "spans") {
+                    return Err(Error::OutputNotEmpty(path.to_path_buf()));
+                }
+                Ok(RunDir { path: path.to_path_buf(), created: false, keep: false })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir_all(path).map_err(|e| Error::output("create the run folder", path, path, e))?;
+                Ok(RunDir { path: path.to_path_buf(), created: true, keep: false })
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Err(Error::OutputNotEmpty(path.to_path_buf())),
+            Err(e) => Err(Error::io("open the run folder", path, e)),
+        }
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        if self.created {
+            let _ = fs::remove_dir_all(&self.path);
+        } else if let Ok(entries) = fs::read_dir(&self.path) {
+            // It was empty before us: everything in it is ours.
+            for entry in entries.flatten() {
+                let p = entry.path();
+                let _ = if p.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
+            }
+        }
+    }
+}
+
+/// SIGINT/SIGTERM/SIGUSR2 as flags, for the duration of a recording.
+struct Signals {
+    interrupt: Arc<AtomicBool>,
+    terminate: Arc<AtomicBool>,
+    snapshot: Arc<AtomicBool>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, Error> {
+        let mut s =
+            Signals { interrupt: Arc::default(), terminate: Arc::default(), snapshot: Arc::default(), ids: Vec::new() };
+        for (sig, name, flag) in [
+            (signal_hook::consts::SIGINT, "SIGINT", s.interrupt.clone()),
+            (signal_hook::consts::SIGTERM, "SIGTERM", s.terminate.clone()),
+            (signal_hook::consts::SIGUSR2, "SIGUSR2", s.snapshot.clone()),
+        ] {
+            let id = signal_hook::flag::register(sig, flag).map_err(|source| Error::Signal { signal: name, source })?;
+            s.ids.push(id);
+        }
+        Ok(s)
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// A configured instance, ready to trace.
+struct Session {
+    // Field order is drop order: capture threads close their tracefs files
+    // before the instance is removed.
+    streams: Option<Streams>,
+    instance: Instance,
+    tracefs: Tracefs,
+    events: Vec<EventId>,
+    cpus: usize,
+    page_size: u32,
+    meta: TraceDatMeta,
+    tasks: Tasks,
+    kernel_dir: PathBuf,
+    warnings: Vec<String>,
+}
+
+impl Session {
+    fn setup(opts: &RecordOptions, tracefs: &Tracefs, events: Vec<EventId>, run: &Path) -> Result<Session, Error> {
+        let name = format!("{INSTANCE_PREFIX}{}-{}", std::process::id(), sys::realtime_ns());
+        let instance = Instance::create(tracefs, &name)?;
+        // A new instance traces as soon as an event is enabled: keep it off
+        // until everything is set.
+        instance.write("tracing_on", "0")?;
+        instance.write("trace_clock", "mono").map_err(|e| match e {
+            Error::Io { source, .. } if source.raw_os_error() == Some(libc::EINVAL) => Error::TracefsUnavailable(
+                "this kernel has no 'mono' trace clock, which deepspan needs to line kernel events up with spans"
+                    .into(),
+            ),
+            other => other,
+        })?;
+        instance.write("buffer_size_kb", &opts.buffer_kb_per_cpu.to_string()).map_err(|e| match e {
+            Error::Io { source, path, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
+                Error::InvalidOptions(format!(
+                    "the kernel cannot allocate {} KiB of ring buffer per CPU ({}: {source}); use a smaller buffer",
+                    opts.buffer_kb_per_cpu,
+                    path.display()
+                ))
+            }
+            other => other,
+        })?;
+        // Overwrite in both modes. In standard mode a reader that falls
+        // behind then loses the oldest unread pages, and the kernel marks
+        // the page where events are missing (readers show "lost events" at
+        // that point) besides counting them; with overwrite off the newest
+        // events would be dropped with no mark in the data at all.
+        instance.write("options/overwrite", "1")?;
+        let mut warnings = Vec::new();
+        // tid → process mapping for the analysis; optional.
+        if let Err(e) = instance.write("options/record-tgid", "1") {
+            warnings.push(format!("thread group ids not recorded: {e}"));
+        }
+        for id in &events {
+            instance.write(&format!("events/{}/{}/enable", id.system, id.name), "1").map_err(|e| match e {
+                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    Error::UnknownEvent { name: id.to_string(), suggestions: Vec::new() }
+                }
+                other => other,
+            })?;
+        }
+        let cpus = instance_cpus(&instance.path(""))?;
+        let page_size = match instance.read_to_string("buffer_subbuf_size_kb") {
+            Ok(kb) => kb.trim().parse::<u32>().ok().map(|kb| kb * 1024),
+            Err(_) => None,
+        }
+        .unwrap_or(sys::system_page_size() as u32);
+        let meta = static_meta(tracefs, &events, page_size)?;
+        let mut tasks = Tasks::default();
+        tasks.scan_proc();
+        Ok(Session {
+            streams: None,
+            instance,
+            tracefs: tracefs.clone(),
+            events,
+            cpus,
+            page_size,
+            meta,
+            tasks,
+            kernel_dir: run.join("kernel"),
+            warnings,
+        })
+    }
+
+    fn run(
+        mut self,
+        opts: &RecordOptions,
+        signals: &Signals,
+        run: &mut RunDir,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<RecordSummary, Error> {
+        if opts.mode == Mode::Standard {
+            fs::create_dir_all(&self.kernel_dir)
+                .map_err(|e| Error::output("create", &self.kernel_dir, &self.kernel_dir, e))?;
+            let streams =
+                Streams::start(&self.instance.path(""), self.cpus, &self.kernel_dir, self.page_size as usize)?;
+            self.streams = Some(streams);
+        }
+        self.filter_pids(opts)?;
+        let start = clock_point();
+        let mut samples = vec![[start.realtime_ns, start.mono_ns]];
+        self.instance.write("tracing_on", "1")?;
+        let mut child = match opts.command.split_first() {
+            Some((program, args)) => Some(spawn(program, args, opts)?),
+            None => None,
+        };
+        // From here on what was captured is worth keeping, even on error.
+        run.keep = true;
+
+        let started = Instant::now();
+        let mut next_tick = started + Duration::from_secs(1);
+        let mut exit_code = None;
+        let mut stop_requested: Option<Instant> = None;
+        let (mut forwarded_int, mut forwarded_term) = (false, false);
+        let mut snapshots: Vec<Snapshot> = Vec::new();
+        let mut capture_error = None;
+        loop {
+            let now = Instant::now();
+            if let Some(c) = child.as_mut() {
+                match c.try_wait() {
+                    Ok(Some(status)) => {
+                        exit_code = Some(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)));
+                        break;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.warnings.push(format!("cannot wait for the command: {e}"));
+                        break;
+                    }
+                }
+            }
+            let interrupted = signals.interrupt.load(Ordering::Relaxed);
+            let terminated = signals.terminate.load(Ordering::Relaxed);
+            if interrupted || terminated {
+                let Some(c) = child.as_ref() else { break };
+                let since = *stop_requested.get_or_insert(now);
+                let pid = c.id() as i32;
+                if terminated && !forwarded_term {
+                    let _ = sys::send_signal(pid, libc::SIGTERM);
+                    forwarded_term = true;
+                }
+                if interrupted && !forwarded_int && now - since >= SIGINT_FORWARD_AFTER {
+                    let _ = sys::send_signal(pid, libc::SIGINT);
+                    forwarded_int = true;
+                }
+                if now - since >= STOP_GRACE {
+                    self.warnings.push(format!(
+                        "the command (pid {pid}) did not exit within {}s of the stop request; recording stopped, \
+                         the command is still running",
+                        STOP_GRACE.as_secs()
+                    ));
+                    break;
+                }
+            }
+            if opts.duration.is_some_and(|d| now - started >= d) {
+                if let Some(c) = child.as_ref() {
+                    self.warnings
+                        .push(format!("recording duration reached; the command (pid {}) is still running", c.id()));
+                }
+                break;
+            }
+            if self.streams.as_ref().is_some_and(Streams::failed) {
+                break;
+            }
+            if signals.snapshot.swap(false, Ordering::Relaxed) {
+                if opts.mode == Mode::Flight {
+                    match self.snapshot(opts, snapshots.len() + 1) {
+                        Ok(s) => snapshots.push(s),
+                        Err(e) => {
+                            capture_error = Some(e);
+                            break;
+                        }
+                    }
+                } else {
+                    self.warnings.push("SIGUSR2 ignored: snapshots exist only in flight mode".into());
+                }
+            }
+            if now >= next_tick {
+                let p = clock_point();
+                samples.push([p.realtime_ns, p.mono_ns]);
+                let stats = read_stats(&self.instance.path(""), self.cpus);
+                let bytes_per_cpu = match &self.streams {
+                    Some(s) => s.bytes(),
+                    None => stats.iter().map(|(_, s)| s.bytes).collect(),
+                };
+                let bytes_written = match &self.streams {
+                    Some(s) => s.bytes().iter().sum(),
+                    None => snapshots.iter().map(|s| s.bytes).sum(),
+                };
+                progress(&Progress {
+                    elapsed: now - started,
+                    bytes_written,
+                    bytes_per_cpu,
+                    lost_events: lost_events(opts.mode, stats.iter().map(|(_, s)| s)),
+                    snapshots: snapshots.len(),
+                    command_running: child.is_some(),
+                });
+                next_tick += Duration::from_secs(1);
+                if next_tick < now {
+                    next_tick = now + Duration::from_secs(1);
+                }
+            }
+            std::thread::sleep(TICK);
+        }
+
+        if let Err(e) = self.instance.write("tracing_on", "0") {
+            self.warnings.push(format!("cannot stop tracing before the final flush: {e}"));
+        }
+        let end = clock_point();
+        samples.push([end.realtime_ns, end.mono_ns]);
+
+        // Final flush into kernel/cpuN.raw.
+        let trace_path = self.kernel_dir.join("trace.dat");
+        let flushed = match capture_error {
+            Some(e) => Err(e),
+            None => match self.streams.take() {
+                Some(streams) => streams.finish().map(|bytes| (self.raw_files(), bytes)),
+                None => self.drain_all(&self.kernel_dir, "cpu", None),
+            },
+        };
+        let stats = read_stats(&self.instance.path(""), self.cpus);
+        self.tasks.add_kernel(&self.tracefs);
+        self.tasks.scan_proc();
+        if let Err(e) = self.instance.remove() {
+            self.warnings.push(format!("tracing instance not removed: {e}"));
+        }
+
+        let mut manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            host: sys::uname()[1].clone(),
+            kernel_release: sys::uname()[2].clone(),
+            cpus: self.cpus,
+            page_size: self.page_size,
+            trace_clock: "mono".into(),
+            events: self.events.iter().map(EventId::to_string).collect(),
+            mode: opts.mode.as_str().into(),
+            buffer_kb_per_cpu: opts.buffer_kb_per_cpu,
+            pids: opts.pids.clone(),
+            start,
+            end,
+            clock_samples: samples,
+            per_cpu: Vec::new(),
+            lost_events: lost_events(opts.mode, stats.iter().map(|(_, s)| s)),
+            kernel_trace: None,
+            snapshots,
+            otlp: OtlpPorts { grpc_port: opts.otlp_grpc_port, http_port: opts.otlp_http_port, receiver: None },
+            command: opts.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+            exit_code,
+            tgids: None,
+            warnings: Vec::new(),
+        };
+        let tgids_path = self.kernel_dir.join("saved_tgids");
+
+        let (raw_files, bytes) = match flushed {
+            Ok(x) => x,
+            Err(e) => {
+                // Keep what was captured and say so in the manifest.
+                manifest.per_cpu = per_cpu(&stats, &[]);
+                manifest.warnings = std::mem::take(&mut self.warnings);
+                manifest.warnings.push(format!("recording failed: {e}"));
+                let _ = manifest.save(&run.path);
+                return Err(e);
+            }
+        };
+        manifest.per_cpu = per_cpu(&stats, &bytes);
+        self.meta.cmdlines = self.tasks.cmdlines();
+        self.meta.cpu_stats = stats.iter().map(|(text, _)| text.clone()).collect();
+        if let Err(e) = write_trace_dat(&trace_path, &self.meta, &raw_files) {
+            manifest.warnings = std::mem::take(&mut self.warnings);
+            manifest.warnings.push(format!(
+                "kernel trace not written ({e}); the captured pages are kept in {}/cpuN.raw",
+                self.kernel_dir.display()
+            ));
+            let _ = manifest.save(&run.path);
+            return Err(e.into());
+        }
+        for file in &raw_files {
+            let _ = fs::remove_file(file);
+        }
+        manifest.kernel_trace = Some("kernel/trace.dat".into());
+        match fs::write(&tgids_path, self.tasks.tgids()) {
+            Ok(()) => manifest.tgids = Some("kernel/saved_tgids".into()),
+            Err(e) => self.warnings.push(format!("cannot write {}: {e}", tgids_path.display())),
+        }
+        manifest.warnings = std::mem::take(&mut self.warnings);
+        manifest.save(&run.path)?;
+        Ok(RecordSummary {
+            run_dir: run.path.clone(),
+            kernel_trace: trace_path,
+            exit_code,
+            events_bytes: bytes.iter().sum(),
+            lost_events: manifest.lost_events,
+            snapshots: manifest.snapshots.len(),
+            warnings: manifest.warnings.clone(),
+            manifest,
+        })
+    }
+
+    /// Sets the pid filters. With `pids`, only those processes and their
+    /// children are traced; set as late as possible, since a child forked
+    /// between this and tracing_on is followed but its fork is not in the
+    /// trace. System-wide, the recorder's own threads are left out: their
+    /// system calls would only be noise (data begetting data), while
+    /// context switches to and from them are still recorded (the kernel
+    /// keeps a sched_switch when either side is traced), so the CPU time
+    /// they take stays visible.
+    fn filter_pids(&mut self, opts: &RecordOptions) -> Result<(), Error> {
+        if !opts.pids.is_empty() {
+            let pids: Vec<String> = opts.pids.iter().map(i32::to_string).collect();
+            self.instance.write("set_event_pid", &pids.join(" "))?;
+            return self.instance.write("options/event-fork", "1");
+        }
+        let mut tids = vec![sys::gettid()];
+        if let Some(streams) = &self.streams {
+            tids.extend(&streams.tids);
+        }
+        let list: Vec<String> = tids.iter().map(i32::to_string).collect();
+        if let Err(e) = self.instance.write("set_event_notrace_pid", &list.join(" ")) {
+            self.warnings.push(format!("the recorder's own events are not filtered out: {e}"));
+        }
+        Ok(())
+    }
+
+    fn raw_files(&self) -> Vec<PathBuf> {
+        (0..self.cpus).map(|cpu| self.kernel_dir.join(format!("cpu{cpu}.raw"))).collect()
+    }
+
+    /// Reads every CPU's buffer into `dir/<prefix>N.raw`.
+    fn drain_all(
+        &self,
+        dir: &Path,
+        prefix: &str,
+        limit: Option<DrainLimit>,
+    ) -> Result<(Vec<PathBuf>, Vec<u64>), Error> {
+        fs::create_dir_all(dir).map_err(|e| Error::output("create", dir, dir, e))?;
+        let mut files = Vec::with_capacity(self.cpus);
+        let mut bytes = Vec::with_capacity(self.cpus);
+        for cpu in 0..self.cpus {
+            let out = dir.join(format!("{prefix}{cpu}.raw"));
+            let raw = self.instance.path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
+            let result = drain_cpu(&raw, &out, dir, self.page_size as usize, limit);
+            files.push(out);
+            match result {
+                Ok(n) => bytes.push(n),
+                Err(e) => {
+                    for f in &files {
+                        let _ = fs::remove_file(f);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((files, bytes))
+    }
+
+    /// Flight mode: writes what the ring buffer holds now as
+    /// `kernel/snapshots/NNN.dat`, while tracing goes on.
+    ///
+    /// The pages are read (consumed) from trace_pipe_raw; writers keep
+    /// going on the other pages meanwhile, so tracing is never paused. The
+    /// drain stops at the first page that starts after the request, so a
+    /// busy CPU cannot keep it going. (An instance `snapshot` swap would give
+    /// an exact cut across CPUs, but it needs CONFIG_TRACER_SNAPSHOT and a
+    /// second buffer of the same size.)
+    fn snapshot(&mut self, opts: &RecordOptions, number: usize) -> Result<Snapshot, Error> {
+        let at = clock_point();
+        let dir = self.kernel_dir.join("snapshots");
+        let limit = DrainLimit { until_ts: at.mono_ns, max_bytes: opts.buffer_kb_per_cpu * 1024 * 2 };
+        let prefix = format!("{number:03}.cpu");
+        let (files, bytes) = self.drain_all(&dir, &prefix, Some(limit))?;
+        let stats = read_stats(&self.instance.path(""), self.cpus);
+        self.tasks.add_kernel(&self.tracefs);
+        self.meta.cmdlines = self.tasks.cmdlines();
+        self.meta.cpu_stats = stats.into_iter().map(|(text, _)| text).collect();
+        let name = format!("{number:03}.dat");
+        let result = write_trace_dat(&dir.join(&name), &self.meta, &files);
+        for f in &files {
+            let _ = fs::remove_file(f);
+        }
+        result?;
+        Ok(Snapshot {
+            file: format!("kernel/snapshots/{name}"),
+            realtime_ns: at.realtime_ns,
+            mono_ns: at.mono_ns,
+            bytes: bytes.iter().sum(),
+        })
+    }
+}
+
+fn clock_point() -> ClockPoint {
+    let (realtime_ns, mono_ns) = sys::clock_pair();
+    ClockPoint { realtime_ns, mono_ns }
+}
+
+/// Events the kernel could not keep. In flight mode overwriting old events
+/// is the point, so overruns are not losses there.
+fn lost_events<'a>(mode: Mode, stats: impl Iterator<Item = &'a CpuStats>) -> u64 {
+    stats
+        .map(|s| {
+            let overrun = if mode == Mode::Standard { s.overrun } else { 0 };
+            overrun + s.commit_overrun + s.dropped_events
+        })
+        .sum()
+}
+
+fn per_cpu(stats: &[(String, CpuStats)], bytes: &[u64]) -> Vec<CpuManifest> {
+    stats
+        .iter()
+        .enumerate()
+        .map(|(cpu, (_, s))| CpuManifest {
+            cpu,
+            entries: s.entries,
+            overrun: s.overrun,
+            commit_overrun: s.commit_overrun,
+            dropped_events: s.dropped_events,
+            read_events: s.read_events,
+            buffer_bytes: s.bytes,
+            bytes: bytes.get(cpu).copied().unwrap_or(0),
+        })
+        .collect()
+}
+
+fn spawn(program: &std::ffi::OsStr, args: &[std::ffi::OsString], opts: &RecordOptions) -> Result<Child, Error> {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_none() {
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{}", opts.otlp_http_port));
+    }
+    if std::env::var_os("OTEL_EXPORTER_OTLP_PROTOCOL").is_none() {
+        cmd.env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
+    }
+    cmd.spawn().map_err(|source| Error::Spawn {
+        command: std::iter::once(program)
+            .chain(args.iter().map(|a| a.as_os_str()))
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
+        source,
+    })
+}
