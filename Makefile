@@ -20,6 +20,7 @@ demo: build
 test: deps
 	$(CARGO) build --release -p deepspan -p deepspan-workloads
 	$(CARGO) test --release --workspace --no-fail-fast
+	python3 -m pytest -q sdk/python/tests
 
 # Benchmarks are timings: run by hand, never part of `make test`.
 bench: build

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = ROOT / "target" / "release"
+BIN = Path(os.environ.get("DEEPSPAN_BIN_DIR", ROOT / "target" / "release"))
 DEEPSPAN = BIN / "deepspan"
 WORKLOAD = BIN / "deepspan-workload"
 
@@ -47,8 +47,8 @@ def peak_rss_kib(cmd, stdout=subprocess.DEVNULL):
 
 def record_big_trace(run_dir, target_mb):
     """Records the syscall workload until the trace reaches target_mb."""
-    # getppid loops give ~140 bytes of sys_enter/sys_exit per call.
-    calls = int(target_mb * 1024 * 1024 / 140 * 1.15)
+    # A getppid call gives ~98 bytes of sys_enter/sys_exit (x86-64, 4 KiB pages).
+    calls = int(target_mb * 1024 * 1024 / 98 * 1.05)
     log(f"recording ~{target_mb} MB: {calls} system calls under deepspan record")
     subprocess.run(
         [DEEPSPAN, "record", "-o", run_dir, "--buffer-mb", "256", "--",

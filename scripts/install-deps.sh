@@ -3,10 +3,13 @@
 # of this kind (root, Rust and Python already present). Idempotent and quiet
 # when everything is there already.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 # trace-cmd and babeltrace2 are test oracles; lttng-tools/liblttng-ust-dev
-# record the user-space CTF traces the CTF tests compare against.
-debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev)
+# record the user-space CTF traces the CTF tests compare against; strace
+# counts the Python SDK's system calls; python3-venv is not needed (the
+# machine's own Python gets the SDK as an editable install).
+debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace)
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
@@ -17,6 +20,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The Python SDK (and the OpenTelemetry packages its tests and the demo use).
+if ! python3 -c "import deepspan_otel, opentelemetry.exporter.otlp.proto.http, pytest" 2>/dev/null; then
+  echo "installing the deepspan-otel Python SDK (editable) with its test extras"
+  python3 -m pip install -q --disable-pip-version-check -e "sdk/python[test]"
 fi
 
 if ! command -v cargo >/dev/null; then

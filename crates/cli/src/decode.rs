@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{Record, Schema, TraceDat};
 use deepspan_model::Value;
 use serde_json::{json, Map, Value as Json};
@@ -14,7 +15,8 @@ use crate::progress;
 
 #[derive(Args)]
 pub struct DecodeArgs {
-    /// A trace.dat file, or a run folder written by `deepspan record`.
+    /// A trace.dat file, a CTF trace folder (LTTng: one or more traces, e.g.
+    /// kernel + ust), or a run folder written by `deepspan record`.
     path: PathBuf,
     /// `json`: one summary object; `jsonl`: one event per line, in time order.
     #[arg(long, value_enum, default_value_t = Format::Json)]
@@ -31,38 +33,66 @@ enum Format {
 }
 
 pub fn run(args: DecodeArgs) -> Result<()> {
-    let trace_path = resolve_trace(&args.path)?;
-    let trace = TraceDat::open(&trace_path)
-        .with_context(|| format!("cannot read {}", trace_path.display()))?;
     let stdout = std::io::stdout().lock();
     let mut out = BufWriter::with_capacity(1 << 16, stdout);
-    match args.format {
-        Format::Json => summary(&trace, args.limit, &mut out)?,
-        Format::Jsonl => lines(&trace, args.limit, &mut out)?,
+    match resolve_trace(&args.path)? {
+        Input::TraceDat(path) => {
+            let trace =
+                TraceDat::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            match args.format {
+                Format::Json => summary(&trace, args.limit, &mut out)?,
+                Format::Jsonl => lines(&trace, args.limit, &mut out)?,
+            }
+        }
+        Input::Ctf(path) => {
+            let trace =
+                CtfTrace::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            match args.format {
+                Format::Json => ctf_summary(&trace, args.limit, &mut out)?,
+                Format::Jsonl => ctf_lines(&trace, args.limit, &mut out)?,
+            }
+        }
     }
     out.flush()?;
     Ok(())
 }
 
-/// A run folder stands for its kernel trace; anything else must be a trace file.
-fn resolve_trace(path: &Path) -> Result<PathBuf> {
-    if path.is_dir() {
-        let in_run = path.join("kernel").join("trace.dat");
-        if in_run.is_file() {
-            return Ok(in_run);
-        }
-        if path.join("metadata").is_file() {
-            bail!("{} is a CTF trace; CTF decoding is not built yet", path.display());
-        }
-        bail!(
-            "{} is a folder without kernel/trace.dat: expected a trace.dat file or a run folder from `deepspan record`",
-            path.display()
-        );
-    }
+enum Input {
+    TraceDat(PathBuf),
+    Ctf(PathBuf),
+}
+
+/// A run folder stands for its kernel trace; a folder holding a CTF
+/// `metadata` file anywhere below it is a CTF trace; a file is a trace.dat.
+fn resolve_trace(path: &Path) -> Result<Input> {
     if !path.exists() {
         bail!("{} does not exist", path.display());
     }
-    Ok(path.to_path_buf())
+    if !path.is_dir() {
+        return Ok(Input::TraceDat(path.to_path_buf()));
+    }
+    let in_run = path.join("kernel").join("trace.dat");
+    if in_run.is_file() {
+        return Ok(Input::TraceDat(in_run));
+    }
+    if contains_ctf_metadata(path, 4) {
+        return Ok(Input::Ctf(path.to_path_buf()));
+    }
+    bail!(
+        "{} is a folder with neither kernel/trace.dat nor a CTF metadata file: expected a trace.dat \
+         file, a CTF trace folder or a run folder from `deepspan record`",
+        path.display()
+    )
+}
+
+fn contains_ctf_metadata(dir: &Path, depth: u32) -> bool {
+    if dir.join("metadata").is_file() {
+        return true;
+    }
+    depth > 0
+        && std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries.flatten().any(|e| e.path().is_dir() && contains_ctf_metadata(&e.path(), depth - 1))
+        })
 }
 
 fn format_name(trace: &TraceDat) -> String {
@@ -107,6 +137,66 @@ fn summary(trace: &TraceDat, limit: Option<u64>, out: &mut impl Write) -> Result
     });
     serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;
+    Ok(())
+}
+
+fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
+    let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
+    let mut events = 0u64;
+    let bar = progress::spinner("decoding CTF");
+    let mut stream = trace.events();
+    while let Some(event) = stream.next() {
+        if limit.is_some_and(|l| events >= l) {
+            break;
+        }
+        let event = event?;
+        std::hint::black_box(event.to_event());
+        // Names repeat: look up before allocating a key.
+        match by_name.get_mut(event.name()) {
+            Some(count) => *count += 1,
+            None => {
+                by_name.insert(event.name().to_string(), 1);
+            }
+        }
+        events += 1;
+        if events % 65_536 == 0 {
+            bar.set_message(format!("{events} events"));
+        }
+    }
+    bar.finish_and_clear();
+    let doc = json!({
+        "format": "CTF 1.8",
+        "events": events,
+        "lost_events": stream.lost_events(),
+        "by_name": by_name,
+    });
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn ctf_lines(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
+    let mut written = 0u64;
+    for event in trace.events() {
+        if limit.is_some_and(|l| written >= l) {
+            break;
+        }
+        let event = event?;
+        let fields = |fields: &deepspan_model::Fields| -> Map<String, Json> {
+            fields.iter().map(|(name, value)| (name.to_string(), value_json(value.clone()))).collect()
+        };
+        let doc = json!({
+            "ts": event.ts(),
+            "cpu": event.cpu(),
+            "tid": event.tid(),
+            "name": event.name(),
+            "fields": fields(event.fields()),
+            "context": fields(event.context()),
+        });
+        serde_json::to_writer(&mut *out, &doc)?;
+        out.write_all(b"\n")?;
+        written += 1;
+    }
     Ok(())
 }
 

@@ -30,7 +30,7 @@ enum Command {
     /// exit, error, SIGINT and SIGTERM. With `-- CMD ARGS…` the command is run
     /// and traced until it exits, and its exit status becomes deepspan's.
     Record(record::RecordArgs),
-    /// Decode a kernel trace (trace.dat file or run folder) to JSON.
+    /// Decode a kernel trace (trace.dat file, CTF folder or run folder) to JSON.
     ///
     /// `--format json` prints a summary (event counts by name, lost events);
     /// `--format jsonl` prints every event on its own line in time order.

@@ -74,3 +74,32 @@ fn bad_input_is_a_clear_error() {
     assert!(!out.status.success(), "a trace cut in half must not decode silently");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
+
+/// Every CTF folder of the corpus: counts by name equal what babeltrace2
+/// gave (the corpus's expected.json), and JSON lines come out in time order.
+#[test]
+fn ctf_summary_matches_babeltrace2_counts() {
+    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ctf"));
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let dir = entry.unwrap().path();
+        let expected: Json = serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        let observed = expected["observed"].get("both").unwrap_or(&expected["observed"]);
+        let out = deepspan().arg("decode").arg(&dir).output().unwrap();
+        assert!(out.status.success(), "{}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(summary["format"], "CTF 1.8");
+        assert_eq!(summary["events"], observed["event_count"], "{}", dir.display());
+        if let Some(by_name) = observed.get("events_per_name") {
+            assert_eq!(&summary["by_name"], by_name, "{}", dir.display());
+        }
+
+        let out = deepspan().arg("decode").arg(&dir).args(["--format", "jsonl", "--limit", "300"]).output().unwrap();
+        let events: Vec<Json> =
+            String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(events[0]["ts"], observed["first_event_ts_ns"], "{}", dir.display());
+        assert!(events.windows(2).all(|w| w[0]["ts"].as_u64() <= w[1]["ts"].as_u64()));
+        checked += 1;
+    }
+    assert_eq!(checked, 5, "the corpus has five CTF folders");
+}
