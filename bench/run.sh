@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every benchmark (by hand; timings never gate tests). Pass arguments
-# through to the kernel benchmark, e.g. `bench/run.sh --only decode`.
+# through to the kernel benchmark, e.g. `bench/run.sh --only decode`; the
+# analysis benchmark (bench/analyze_bench.py) runs with its defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 bench/kernel_bench.py "$@"
+python3 bench/analyze_bench.py
 # OTLP receiver throughput, drops and peak RSS under real exporters (< 1 min).
 python3 bench/otlp_load.py

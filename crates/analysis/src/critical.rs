@@ -77,9 +77,11 @@ pub fn critical_path_of(graph: &Graph, start: VertexId, end_ts: Option<u64>) -> 
 pub(crate) enum Stop {
     /// Trace Compass: before the first edge ending at or after the bound.
     TraceCompass(Option<u64>),
-    /// After the last edge starting before the bound, so the path covers the
-    /// bound (pieces are clipped by the caller).
-    Covering(u64),
+    /// From `start` to after the last edge starting before `end`, so the
+    /// path covers `[start, end]`; pieces are clipped to it by the caller, so
+    /// a blocking that began before `start` is explained only from `start`
+    /// on (the walk does not go back further than what is kept).
+    Covering { start: u64, end: u64 },
 }
 
 pub(crate) fn compute(graph: &Graph, start: VertexId, stop: Stop) -> CriticalPath {
@@ -95,12 +97,16 @@ pub(crate) fn compute(graph: &Graph, start: VertexId, stop: Stop) -> CriticalPat
         let to_ts = graph.ts(e.to);
         match stop {
             Stop::TraceCompass(Some(end)) if to_ts >= end => break,
-            Stop::Covering(end) if graph.ts(e.from) >= end => break,
+            Stop::Covering { end, .. } if graph.ts(e.from) >= end => break,
             _ => {}
         }
         match e.kind {
             EdgeType::Blocked | EdgeType::Network => {
-                let mut links = walk.resolve_blocking(e, graph.ts(e.from));
+                let lower = match stop {
+                    Stop::Covering { start, .. } => start,
+                    Stop::TraceCompass(_) => 0,
+                };
+                let mut links = walk.resolve_blocking(e, graph.ts(e.from).max(lower));
                 links.reverse();
                 append_component(&mut path, graph, current, &links);
             }

@@ -11,31 +11,52 @@
 //!   Compass' behaviour (DESIGN.md "Critical paths").
 //! - [`merge_paths`] merges critical paths so states shared by several
 //!   paths are shared nodes (seed 000, Algorithm 2).
+//! - [`analyze_requests`] gives every request (span) its kernel critical
+//!   path, each piece attributed to the request or to the request it was
+//!   blocked by (seed 000, section 3.4); [`summarize`] and [`aggregate`]
+//!   tell where the time went, per request and per operation (section 3.5).
 
 mod critical;
 mod fxhash;
 mod graph;
+mod input;
 mod merge;
+mod request;
 mod state;
+mod summary;
+mod syscalls;
 
 pub use critical::{critical_path_of, pieces_of, CriticalPath, Piece};
 pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Worker};
+pub use input::{build_model, Input, LostEvents};
 pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
+pub use request::{
+    analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait,
+    RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource, ThreadWork,
+    FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, WAKEUP_GRACE_NS,
+};
 pub use state::{
     softirq_name, switch_out, BlockReason, CpuHistory, CpuInterval, InitialStatus, Interrupt,
     InterruptInterval, KernelModel, LostRange, ModelStats, StateBuilder, StateInterval, SwitchOut,
     SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, MAX_CPUS, NO_CPU,
     PENDING_WAKING_WINDOW_NS,
 };
+pub use summary::{
+    aggregate, summarize, OperationRow, OperationSummary, RequestSummary, SummaryRow,
+};
+pub use syscalls::{syscall_name, Arch};
 
 use deepspan_model::Tid;
 
 /// The critical path of thread `tid` over `[start, end]`: which threads, in
 /// which states, the thread's progress depended on. Pieces are clipped to
 /// the range and flagged when they overlap lost events; the path graph is
-/// left whole (it may reach before `start` where a blocking began earlier).
+/// left whole (it may reach before `start` where a blocking began earlier),
+/// but a blocking that began before `start` is only explained from `start`
+/// on: what is clipped away is not computed.
 ///
-/// Empty when the thread has no vertex in the execution graph.
+/// Empty when the thread has no vertex in the execution graph (or the model
+/// was built without one, [`StateBuilder::without_graph`]).
 pub fn critical_path(model: &KernelModel, tid: Tid, start: u64, end: u64) -> CriticalPath {
     let g = model.graph();
     let Some(worker) = g.worker_of(tid) else {
@@ -47,7 +68,7 @@ pub fn critical_path(model: &KernelModel, tid: Tid, start: u64, end: u64) -> Cri
     else {
         return CriticalPath::default();
     };
-    let mut path = critical::compute(g, first, critical::Stop::Covering(end));
+    let mut path = critical::compute(g, first, critical::Stop::Covering { start, end });
     path.pieces.retain_mut(|p| {
         p.start = p.start.max(start);
         p.end = p.end.min(end);

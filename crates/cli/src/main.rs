@@ -1,6 +1,7 @@
 //! The `deepspan` command: a thin layer of argument parsing and output
 //! formatting over the library crates.
 
+mod analyze;
 mod decode;
 mod progress;
 mod receive;
@@ -42,6 +43,12 @@ enum Command {
     Import(spans_cmd::ImportArgs),
     /// Span analyses that need no kernel trace.
     Spans(spans_cmd::SpansArgs),
+    /// Analyse a run: every request's kernel critical path and where its
+    /// time went; writes Parquet tables and requests.json under RUN/analysis/
+    /// and prints the slowest requests.
+    Analyze(analyze::AnalyzeArgs),
+    /// One request's kernel critical path and summary (after `analyze`).
+    Report(analyze::ReportArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +59,8 @@ fn main() -> ExitCode {
         Command::Receive(args) => receive::run(args),
         Command::Import(args) => spans_cmd::import(args).map(|()| ExitCode::SUCCESS),
         Command::Spans(args) => spans_cmd::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Analyze(args) => analyze::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Report(args) => analyze::report(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -4,9 +4,11 @@ advance, for crates/cli/tests/analyze_real.rs.
 Usage: python3 cases.py CASE OUT_DIR [CGROUP_DIR]
 
 Each case runs one or two requests (root spans of service "analyze-test")
-with the deepspan processor installed, then writes the spans as an OTLP
-protobuf request to OUT_DIR/spans.pb and the span ids of the requests to
-OUT_DIR/ids.json ({"name": "16 hex digits"}).
+with the deepspan processor installed. Spans are exported over OTLP/HTTP to
+OTEL_EXPORTER_OTLP_ENDPOINT (what `deepspan record` gives the command: its
+run's receiver); without that variable they are written as an OTLP protobuf
+request to OUT_DIR/spans.pb, for `deepspan import`. The span ids of the
+requests go to OUT_DIR/ids.json ({"name": "16 hex digits"}).
 
 Cases:
   lock     request "holder" takes a lock and sleeps 300 ms holding it;
@@ -36,6 +38,11 @@ provider = TracerProvider(resource=Resource.create({"service.name": "analyze-tes
 deepspan_otel.install(provider)
 exporter = InMemorySpanExporter()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
+if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=10)))
 tracer = provider.get_tracer("analyze-test")
 ids = {}
 
@@ -135,9 +142,10 @@ CASES = {"lock": case_lock, "cgroup": case_cgroup, "odirect": case_odirect, "sle
 if __name__ == "__main__":
     case, OUT = sys.argv[1], sys.argv[2]
     CASES[case](sys.argv[3:])
-    provider.force_flush()
-    spans = exporter.get_finished_spans()
-    with open(os.path.join(OUT, "spans.pb"), "wb") as f:
-        f.write(encode_spans(spans).SerializeToString())
+    if not provider.force_flush(10_000):
+        sys.exit("the spans could not be exported in 10 s")
+    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        with open(os.path.join(OUT, "spans.pb"), "wb") as f:
+            f.write(encode_spans(exporter.get_finished_spans()).SerializeToString())
     with open(os.path.join(OUT, "ids.json"), "w") as f:
         json.dump(ids, f)

@@ -14,7 +14,10 @@ pub fn deepspan() -> Command {
 /// The workload binary from the sibling crate, built on demand with the same
 /// profile (cargo offers no stable way to depend on another crate's binary).
 pub fn workload() -> PathBuf {
-    let dir = Path::new(env!("CARGO_BIN_EXE_deepspan")).parent().unwrap().to_path_buf();
+    let dir = Path::new(env!("CARGO_BIN_EXE_deepspan"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let path = dir.join("deepspan-workload");
     if !path.exists() {
         let release = dir.ends_with("release");
@@ -23,7 +26,9 @@ pub fn workload() -> PathBuf {
         if release {
             build.arg("--release");
         }
-        let status = build.status().expect("run cargo to build deepspan-workloads");
+        let status = build
+            .status()
+            .expect("run cargo to build deepspan-workloads");
         assert!(status.success(), "building deepspan-workloads failed");
     }
     path
@@ -61,7 +66,10 @@ pub fn deepspan_instances() -> Vec<String> {
 /// Instances owned by a given recorder process (named `deepspan-<pid>-…`).
 pub fn instances_of(pid: u32) -> Vec<String> {
     let prefix = format!("deepspan-{pid}-");
-    deepspan_instances().into_iter().filter(|n| n.starts_with(&prefix)).collect()
+    deepspan_instances()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
 }
 
 /// Kills the wrapped process when dropped, so a failing test never leaves a
@@ -89,7 +97,12 @@ impl Drop for KillOnDrop {
 /// (the instance exists a little earlier, while events are being set up).
 pub fn recording_started(pid: u32) -> bool {
     instances_of(pid).iter().any(|name| {
-        std::fs::read_to_string(Path::new(TRACEFS).join("instances").join(name).join("tracing_on"))
-            .is_ok_and(|on| on.trim() == "1")
+        std::fs::read_to_string(
+            Path::new(TRACEFS)
+                .join("instances")
+                .join(name)
+                .join("tracing_on"),
+        )
+        .is_ok_and(|on| on.trim() == "1")
     })
 }

@@ -1,0 +1,1054 @@
+//! Per-request kernel critical paths (seed 000, section 3.4).
+//!
+//! A *request* is a span that starts a unit of work: a root span (no parent
+//! among the spans given) or an entry span of a service (server, consumer).
+//! Every span belongs to the nearest request among itself and its ancestors.
+//!
+//! For each request:
+//! 1. *home segments*: which thread carries the request when. Where the span
+//!    is activated (`deepspan.on`/`off`), the thread it is active on (the
+//!    thread that started it when it is active on several); elsewhere the
+//!    thread that started it (`deepspan.tid`, or `thread.id` when the caller
+//!    says it is an OS tid), which then works for other requests or nobody.
+//! 2. requests are taken in groups that overlap in time (only those can
+//!    share a state); for each group, the thread critical path of each home
+//!    thread over the group's segments on it ([`crate::critical_path`], once
+//!    per thread and overlapping range);
+//! 3. the group's request paths merged ([`crate::merge_paths`], Algorithm
+//!    2), so a state on several paths at once (contention) is one shared
+//!    node; a group of one request is its own merged graph;
+//! 4. each piece of the merged path goes to whoever the piece's thread was
+//!    working for at that time ([`ThreadWork`]): the request itself (or a
+//!    span inside it), or another request X — the request was then *blocked
+//!    by request X* (the thread it depended on, its own included, was busy
+//!    for X). Waiting pieces are split at system-call boundaries (what the
+//!    thread waited in; a RUNNING stretch stays whole), pieces of other
+//!    threads say what the request's own thread was waiting in, and
+//!    runnable pieces say who had the CPU ([`CpuWait`]).
+//!
+//! Paths are handed to the caller group by group as they are done, so
+//! memory is bounded by the largest group, not by the run.
+//!
+//! Time of the request not covered by any path (no home thread known, or a
+//! thread not in the trace yet) is UNKNOWN, so every path covers exactly
+//! `[start, end)`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use deepspan_model::{Comm, Tid};
+
+use crate::critical::Piece;
+use crate::fxhash::FastMap;
+use crate::graph::EdgeType;
+use crate::merge::{join_adjacent, merge_paths};
+use crate::state::{KernelModel, SyscallInterval, ThreadState, NO_CPU};
+use crate::syscalls::{syscall_name, Arch};
+
+/// Index of a span in the slice given to [`analyze_requests`].
+pub type SpanIdx = u32;
+
+/// Deepest parent chain followed; deeper (or cyclic) chains stop there.
+const MAX_DEPTH: usize = 4096;
+
+/// How a request was placed on kernel threads and time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SyncSource {
+    /// Monotonic times and OS thread from the span itself (deepspan SDK
+    /// fields): no clock mapping, nanosecond precision.
+    Exact,
+    /// Wall-clock times mapped to the kernel clock through the run's clock
+    /// samples (µs precision); the thread from `deepspan.tid`, activations,
+    /// or `thread.id` when told it is an OS tid.
+    ClockMapped,
+    /// Nothing places the request on a thread or on the kernel clock: it has
+    /// no kernel critical path.
+    None,
+}
+
+impl SyncSource {
+    /// `exact`, `clock_mapped` or `none`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncSource::Exact => "exact",
+            SyncSource::ClockMapped => "clock_mapped",
+            SyncSource::None => "none",
+        }
+    }
+}
+
+/// A span's context becoming current (`on`) or not (`off`) on a thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActivationInput {
+    pub tid: Tid,
+    /// Kernel clock (CLOCK_MONOTONIC ns).
+    pub ts: u64,
+    pub on: bool,
+}
+
+/// One span, as the request analysis needs it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpanInput {
+    /// Index of the parent span in the same slice, when it is there.
+    pub parent: Option<SpanIdx>,
+    /// An entry span of a service (OTLP kind server or consumer): it starts
+    /// a request even when it has a parent.
+    pub entry: bool,
+    /// Start and end on the kernel clock; `None` when they cannot be known.
+    pub times: Option<(u64, u64)>,
+    /// True when `times` come from the span's own monotonic fields.
+    pub exact_times: bool,
+    /// The OS thread that started the span.
+    pub holder: Option<Tid>,
+    /// Activations of the span, in any order.
+    pub activations: Vec<ActivationInput>,
+}
+
+/// Which span a thread works for over time: the span active on it
+/// (Algorithm 1 of seed 000; `deepspan_spans::ThreadActivity` answers it).
+pub trait ThreadWork {
+    /// Appends to `out`, in time order and clipped to `[start, end)`, the
+    /// intervals in which thread `tid` works for a span.
+    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<(u64, u64, SpanIdx)>);
+}
+
+/// Who had the CPU while a thread of the path was runnable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuWait {
+    /// Held back rather than out-competed (CPU cgroup quota, or a much
+    /// lower priority): its CPU stayed idle, or one other thread kept it far
+    /// beyond a fair time slice ([`FAIR_SLICE_NS`]) or got more turns than a
+    /// fair share allows ([`FAIR_TURNS`]).
+    pub throttled_ns: u64,
+    /// Other threads ran on the thread's CPU meanwhile.
+    pub contended_ns: u64,
+    /// Woken, and its CPU still idle: the time the idle CPU took to switch
+    /// to it (wake-up latency).
+    pub wakeup_ns: u64,
+    /// The thread that ran longest instead, if any.
+    pub holder: Option<Tid>,
+}
+
+/// One piece of a request's critical path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestPiece {
+    pub start: u64,
+    pub end: u64,
+    pub state: EdgeType,
+    /// The thread in that state; `None` for time no thread is known for.
+    pub tid: Option<Tid>,
+    /// The thread's name at `start`.
+    pub comm: Option<Comm>,
+    /// Detail of the state: the interrupt of an unexplained BLOCKED, ….
+    pub qualifier: Option<Arc<str>>,
+    /// The system call the thread was in.
+    pub syscall: Option<SyscallInterval>,
+    /// When the piece is another thread's: the system call the request's
+    /// own thread was waiting in meanwhile (the futex of a lock, the read
+    /// of a socket …).
+    pub waiting_in: Option<SyscallInterval>,
+    /// The span the thread was working for, if any.
+    pub span: Option<SpanIdx>,
+    /// Set when the thread was working for another request: the request
+    /// (index of its span) this one was blocked by.
+    pub blocked_by: Option<SpanIdx>,
+    /// How many other requests' paths go through this same state at the
+    /// same time (contention; from the merged graph).
+    pub shared: u32,
+    /// The time a vertical edge spans (a message in flight).
+    pub vertical: bool,
+    /// Events were lost during the piece: it may be wrong.
+    pub lost: bool,
+    /// For PREEMPTED pieces: who had the CPU.
+    pub cpu_wait: Option<CpuWait>,
+}
+
+impl RequestPiece {
+    pub fn duration(&self) -> u64 {
+        self.end.saturating_sub(self.start)
+    }
+}
+
+/// The kernel critical path of one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestPath {
+    /// The request's span.
+    pub request: SpanIdx,
+    pub start: u64,
+    pub end: u64,
+    pub sync: SyncSource,
+    /// The threads that carried the request: `(start, end, tid)`.
+    pub home: Vec<(u64, u64, Tid)>,
+    /// Time-ordered, non-overlapping, covering `[start, end)` (empty when
+    /// the request has no kernel path).
+    pub pieces: Vec<RequestPiece>,
+    /// A thread critical path under it ran out of its step budget.
+    pub truncated: bool,
+}
+
+impl RequestPath {
+    pub fn duration(&self) -> u64 {
+        self.end.saturating_sub(self.start)
+    }
+}
+
+/// What [`analyze_requests`] returns besides the paths it hands out.
+#[derive(Clone, Debug, Default)]
+pub struct RequestAnalysis {
+    /// For every span, the request it belongs to.
+    pub request_of: Vec<SpanIdx>,
+    /// Number of requests (paths handed out).
+    pub requests: usize,
+    /// Thread critical paths computed (one per thread and time range).
+    pub thread_paths: usize,
+    /// States of the merged graphs that lie on more than one request path.
+    pub shared_states: usize,
+}
+
+/// Spans that start a request: roots and entry spans.
+pub fn is_request(span: &SpanInput) -> bool {
+    span.parent.is_none() || span.entry
+}
+
+/// How `span` is placed on threads and time.
+pub fn sync_source(span: &SpanInput) -> SyncSource {
+    let placed = span.holder.is_some() || !span.activations.is_empty();
+    match span.times {
+        Some(_) if placed && span.exact_times => SyncSource::Exact,
+        Some(_) if placed => SyncSource::ClockMapped,
+        _ => SyncSource::None,
+    }
+}
+
+/// Computes the critical path of every request and hands each to
+/// `on_path` as soon as it is complete; `progress(done, total)` follows.
+///
+/// Requests are processed in groups of requests overlapping in time (only
+/// those can share a state, so Algorithm 2 merges each group on its own):
+/// memory is bounded by the largest group, not by the whole run. Paths come
+/// out group by group, in time order; within a group, in span order.
+pub fn analyze_requests(
+    model: &KernelModel,
+    spans: &[SpanInput],
+    work: &dyn ThreadWork,
+    progress: &mut dyn FnMut(usize, usize),
+    on_path: &mut dyn FnMut(RequestPath),
+) -> RequestAnalysis {
+    let request_of = requests_of(spans);
+    let mut requests: Vec<(u64, u64, SpanIdx)> = (0..spans.len() as SpanIdx)
+        .filter(|&i| request_of[i as usize] == i)
+        .map(|i| {
+            let (a, b) = spans[i as usize].times.unwrap_or((0, 0));
+            (a, b, i)
+        })
+        .collect();
+    requests.sort_unstable();
+    let total = requests.len();
+    let mut out = RequestAnalysis {
+        request_of,
+        requests: total,
+        ..RequestAnalysis::default()
+    };
+    let mut scratch = Scratch::default();
+    let mut done = 0;
+    let mut first = 0;
+    while first < requests.len() {
+        // The group: requests chained by time overlap.
+        let mut last = first + 1;
+        let mut reach = requests[first].1;
+        while last < requests.len() && requests[last].0 < reach {
+            reach = reach.max(requests[last].1);
+            last += 1;
+        }
+        let mut group: Vec<SpanIdx> = requests[first..last].iter().map(|r| r.2).collect();
+        group.sort_unstable();
+        analyze_group(model, spans, work, &group, &mut out, &mut scratch, on_path);
+        done += group.len();
+        progress(done, total);
+        first = last;
+    }
+    out
+}
+
+/// One group of requests overlapping in time: thread paths, merge,
+/// attribution.
+fn analyze_group(
+    model: &KernelModel,
+    spans: &[SpanInput],
+    work: &dyn ThreadWork,
+    group: &[SpanIdx],
+    out: &mut RequestAnalysis,
+    scratch: &mut Scratch,
+    on_path: &mut dyn FnMut(RequestPath),
+) {
+    // Where each request runs, then each home thread's critical path once
+    // per time range where requests overlap on it.
+    let homes: Vec<Vec<(u64, u64, Tid)>> = group
+        .iter()
+        .map(|&r| home_segments(&spans[r as usize]))
+        .collect();
+    let mut ranges: HashMap<Tid, Vec<(u64, u64)>> = HashMap::new();
+    for seg in homes.iter().flatten() {
+        ranges.entry(seg.2).or_default().push((seg.0, seg.1));
+    }
+    let mut thread_paths: HashMap<Tid, Vec<ThreadPath>> = HashMap::new();
+    for (tid, mut rs) in ranges {
+        rs.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (a, b) in rs {
+            match merged.last_mut() {
+                Some(last) if a < last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        let paths = merged
+            .into_iter()
+            .map(|(a, b)| {
+                out.thread_paths += 1;
+                let cp = crate::critical_path(model, tid, a, b);
+                let mut pieces = cp.pieces;
+                // Path order is time order; a stable sort guards the slicing
+                // below against any piece out of place.
+                pieces.sort_by_key(|p| p.start);
+                ThreadPath {
+                    start: a,
+                    end: b,
+                    pieces,
+                    truncated: cp.truncated,
+                }
+            })
+            .collect();
+        thread_paths.insert(tid, paths);
+    }
+
+    // Each request's path: its home threads' paths over its segments.
+    let mut raw: Vec<Vec<Piece>> = Vec::with_capacity(group.len());
+    let mut truncated = vec![false; group.len()];
+    for (n, home) in homes.iter().enumerate() {
+        let mut pieces = Vec::new();
+        for &(a, b, tid) in home {
+            let Some(tp) = thread_paths
+                .get(&tid)
+                .and_then(|v| v.iter().find(|p| p.start <= a && b <= p.end))
+            else {
+                continue;
+            };
+            truncated[n] |= tp.truncated;
+            let first = tp.pieces.partition_point(|p| p.end <= a);
+            for p in tp.pieces[first..].iter().take_while(|p| p.start < b) {
+                let (s, e) = (p.start.max(a), p.end.min(b));
+                if e > s {
+                    pieces.push(Piece {
+                        start: s,
+                        end: e,
+                        ..p.clone()
+                    });
+                }
+            }
+        }
+        raw.push(pieces);
+    }
+    drop(thread_paths);
+
+    // A request alone in its time range shares nothing: its merged graph is
+    // its own path (adjacent equal pieces joined), so the merge is skipped.
+    let merged = (group.len() > 1).then(|| merge_paths(raw.iter().map(|p| p.as_slice())));
+    if let Some(m) = &merged {
+        out.shared_states += m.shared_nodes().count();
+    }
+    let alone: Vec<Piece> = match &merged {
+        Some(_) => Vec::new(),
+        None => join_adjacent(&raw[0]),
+    };
+    drop(raw);
+
+    for (n, &r) in group.iter().enumerate() {
+        let span = &spans[r as usize];
+        let sync = sync_source(span);
+        let (start, end) = span.times.unwrap_or((0, 0));
+        let mut pieces = Vec::new();
+        if sync != SyncSource::None {
+            // (piece, how many other paths share it)
+            let nodes: Box<dyn Iterator<Item = (Piece, u32)>> = match &merged {
+                Some(m) => Box::new(m.path_nodes(n as u32).into_iter().map(|i| {
+                    let node = &m.nodes()[i as usize];
+                    let piece = Piece {
+                        start: node.start,
+                        end: node.end,
+                        tid: node.tid,
+                        state: node.state,
+                        qualifier: node.qualifier.clone(),
+                        link_from: None,
+                        vertical: node.vertical,
+                        lost: node.lost,
+                    };
+                    (piece, node.paths.len().saturating_sub(1) as u32)
+                })),
+                None => Box::new(alone.iter().map(|p| (p.clone(), 0))),
+            };
+            for (node, shared) in nodes {
+                let base = RequestPiece {
+                    start: node.start.max(start),
+                    end: node.end.min(end),
+                    state: node.state,
+                    tid: Some(node.tid),
+                    comm: None,
+                    qualifier: node.qualifier,
+                    syscall: None,
+                    waiting_in: None,
+                    span: None,
+                    blocked_by: None,
+                    shared,
+                    vertical: node.vertical,
+                    lost: node.lost,
+                    cpu_wait: None,
+                };
+                if base.end > base.start {
+                    let home = homes[n]
+                        .iter()
+                        .find(|h| h.0 <= base.start && base.start < h.1)
+                        .map(|h| h.2);
+                    attribute(
+                        model,
+                        spans,
+                        &out.request_of,
+                        work,
+                        Owner { request: r, home },
+                        base,
+                        scratch,
+                        &mut pieces,
+                    );
+                }
+            }
+            fill_gaps(model, &homes[n], start, end, &mut pieces);
+        }
+        on_path(RequestPath {
+            request: r,
+            start,
+            end,
+            sync,
+            home: homes[n].clone(),
+            pieces: join(pieces),
+            truncated: truncated[n],
+        });
+    }
+}
+
+struct ThreadPath {
+    start: u64,
+    end: u64,
+    pieces: Vec<Piece>,
+    truncated: bool,
+}
+
+/// Whose path a piece is on: the request, and its own thread at the time.
+#[derive(Clone, Copy)]
+struct Owner {
+    request: SpanIdx,
+    home: Option<Tid>,
+}
+
+#[derive(Default)]
+struct Scratch {
+    work: Vec<(u64, u64, SpanIdx)>,
+    cuts: Vec<u64>,
+    /// Where the last lookup in each sorted history ended: pieces come in
+    /// time order, so the next lookup is usually close by.
+    hints: FastMap<(Hint, i64), usize>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Hint {
+    Syscalls,
+    States,
+    Cpu,
+}
+
+impl Scratch {
+    /// The items of `items` (sorted, non-overlapping closed ranges) that
+    /// overlap `[start, end]`, searched from where the last lookup under
+    /// the same key ended.
+    fn overlapping<'a, T>(
+        &mut self,
+        key: (Hint, i64),
+        items: &'a [T],
+        start: u64,
+        end: u64,
+        range: impl Fn(&T) -> (u64, u64),
+    ) -> &'a [T] {
+        let hint = self.hints.entry(key).or_insert(0);
+        let a = partition_point_near(items, *hint, |x| range(x).1 < start);
+        let b = partition_point_near(items, a, |x| range(x).0 <= end);
+        *hint = a;
+        items.get(a..b.max(a)).unwrap_or(&[])
+    }
+}
+
+/// `v.partition_point(pred)`, searched outwards from `hint` (galloping):
+/// O(log distance) instead of O(log len) when the answer is near the hint.
+fn partition_point_near<T>(v: &[T], hint: usize, pred: impl Fn(&T) -> bool) -> usize {
+    let n = v.len();
+    let hint = hint.min(n);
+    let (lo, hi) = if hint < n && pred(&v[hint]) {
+        // The answer is after the hint.
+        let (mut lo, mut step) = (hint + 1, 1);
+        let hi = loop {
+            let probe = hint + step;
+            if probe >= n {
+                break n;
+            }
+            if !pred(&v[probe]) {
+                break probe;
+            }
+            lo = probe + 1;
+            step *= 2;
+        };
+        (lo, hi)
+    } else {
+        // The answer is at or before the hint.
+        let (mut hi, mut step) = (hint, 1);
+        let lo = loop {
+            if step > hint {
+                break 0;
+            }
+            let probe = hint - step;
+            if pred(&v[probe]) {
+                break probe + 1;
+            }
+            hi = probe;
+            step *= 2;
+        };
+        (lo, hi)
+    };
+    lo + v[lo..hi].partition_point(pred)
+}
+
+/// The request of every span: the nearest request among itself and its
+/// ancestors.
+fn requests_of(spans: &[SpanInput]) -> Vec<SpanIdx> {
+    let mut out: Vec<Option<SpanIdx>> = vec![None; spans.len()];
+    for i in 0..spans.len() {
+        let mut chain = Vec::new();
+        let mut cur = i as SpanIdx;
+        let found = loop {
+            if let Some(r) = out[cur as usize] {
+                break r;
+            }
+            let s = &spans[cur as usize];
+            if is_request(s) {
+                break cur;
+            }
+            chain.push(cur);
+            match s.parent {
+                Some(p) if (p as usize) < spans.len() && chain.len() < MAX_DEPTH => cur = p,
+                // A cycle or an absurd depth: the span stands for itself.
+                _ => break i as SpanIdx,
+            }
+        };
+        out[i] = Some(found);
+        for c in chain {
+            out[c as usize].get_or_insert(found);
+        }
+    }
+    out.into_iter()
+        .enumerate()
+        .map(|(i, r)| r.unwrap_or(i as SpanIdx))
+        .collect()
+}
+
+/// True when `span` is `request` or a descendant of it.
+fn within(spans: &[SpanInput], mut span: SpanIdx, request: SpanIdx) -> bool {
+    for _ in 0..MAX_DEPTH {
+        if span == request {
+            return true;
+        }
+        match spans.get(span as usize).and_then(|s| s.parent) {
+            Some(p) => span = p,
+            None => return false,
+        }
+    }
+    false
+}
+
+/// The threads carrying a request over its lifetime, as `(start, end, tid)`
+/// in time order, non-overlapping.
+fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
+    let Some((start, end)) = span.times else {
+        return Vec::new();
+    };
+    if end <= start {
+        return Vec::new();
+    }
+    // Activation intervals per thread.
+    let mut acts = span.activations.clone();
+    acts.sort_by_key(|a| a.ts);
+    let mut open: HashMap<Tid, u64> = HashMap::new();
+    let mut active: Vec<(u64, u64, Tid)> = Vec::new();
+    for a in &acts {
+        if a.on {
+            open.entry(a.tid).or_insert(a.ts);
+        } else if let Some(t) = open.remove(&a.tid) {
+            active.push((t, a.ts, a.tid));
+        }
+    }
+    active.extend(open.into_iter().map(|(tid, t)| (t, end, tid)));
+    active.retain_mut(|x| {
+        x.0 = x.0.max(start);
+        x.1 = x.1.min(end);
+        x.1 > x.0
+    });
+    if active.is_empty() {
+        return span
+            .holder
+            .map(|tid| vec![(start, end, tid)])
+            .unwrap_or_default();
+    }
+    // Elementary intervals between every boundary; in each, the holder if
+    // active there, else the latest activated thread, else the holder.
+    let mut cuts: Vec<u64> = vec![start, end];
+    for x in &active {
+        cuts.extend([x.0, x.1]);
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut out: Vec<(u64, u64, Tid)> = Vec::new();
+    for w in cuts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let here = active.iter().filter(|x| x.0 <= a && b <= x.1);
+        let chosen = match span.holder {
+            Some(h) if active.iter().any(|x| x.2 == h && x.0 <= a && b <= x.1) => Some(h),
+            _ => here.max_by_key(|x| (x.0, x.2)).map(|x| x.2).or(span.holder),
+        };
+        let Some(tid) = chosen else { continue };
+        match out.last_mut() {
+            Some(last) if last.2 == tid && last.1 == a => last.1 = b,
+            _ => out.push((a, b, tid)),
+        }
+    }
+    out
+}
+
+/// Splits a merged-graph piece by what its thread worked for and by system
+/// call, and gives each part to the request or to the request it waited for.
+#[allow(clippy::too_many_arguments)]
+fn attribute(
+    model: &KernelModel,
+    spans: &[SpanInput],
+    request_of: &[SpanIdx],
+    work: &dyn ThreadWork,
+    owner: Owner,
+    base: RequestPiece,
+    scratch: &mut Scratch,
+    out: &mut Vec<RequestPiece>,
+) {
+    let request = owner.request;
+    let tid = base.tid.unwrap_or(-1);
+    let thread = model.thread(tid);
+    scratch.work.clear();
+    work.work_during(tid, base.start, base.end, &mut scratch.work);
+    let syscalls: &[SyscallInterval] = match thread {
+        Some(t) => scratch.overlapping(
+            (Hint::Syscalls, tid.into()),
+            t.syscalls(),
+            base.start,
+            base.end,
+            |s| (s.start, s.end),
+        ),
+        None => &[],
+    };
+    // The request's own thread, when the piece is another's.
+    let home = owner.home.filter(|&h| h != tid);
+    let waiting: &[SyscallInterval] = match home.and_then(|h| model.thread(h)) {
+        Some(t) => scratch.overlapping(
+            (Hint::Syscalls, t.tid.into()),
+            t.syscalls(),
+            base.start,
+            base.end,
+            |s| (s.start, s.end),
+        ),
+        None => &[],
+    };
+
+    let mut cuts = std::mem::take(&mut scratch.cuts);
+    cuts.clear();
+    cuts.extend([base.start, base.end]);
+    for w in &scratch.work {
+        cuts.extend([w.0, w.1]);
+    }
+    // Waiting states are split by what the thread waited in; a RUNNING
+    // stretch stays whole (it is in and out of many calls), and says its
+    // call only when one covers it.
+    let running = base.state == EdgeType::Running;
+    let split_by: &[SyscallInterval] = if running { &[] } else { syscalls };
+    for s in split_by.iter().chain(waiting) {
+        cuts.extend([s.start, s.end]);
+    }
+    cuts.retain(|&t| t >= base.start && t <= base.end);
+    cuts.sort_unstable();
+    cuts.dedup();
+    let work_list = std::mem::take(&mut scratch.work);
+
+    let (mut wi, mut si, mut hi) = (0, 0, 0);
+    for w in cuts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        while wi < work_list.len() && work_list[wi].1 <= a {
+            wi += 1;
+        }
+        while si < syscalls.len() && syscalls[si].end <= a {
+            si += 1;
+        }
+        while hi < waiting.len() && waiting[hi].end <= a {
+            hi += 1;
+        }
+        let waiting_in = waiting.get(hi).filter(|s| s.start <= a).copied();
+        let span = work_list
+            .get(wi)
+            .filter(|x| x.0 <= a)
+            .map(|x| x.2)
+            .filter(|&s| (s as usize) < spans.len());
+        let syscall = syscalls
+            .get(si)
+            .filter(|s| s.start <= a && (!running || b <= s.end))
+            .copied();
+        let blocked_by = span
+            .filter(|&s| !within(spans, s, request))
+            .map(|s| request_of[s as usize]);
+        let cpu_wait =
+            (base.state == EdgeType::Preempted).then(|| cpu_wait(model, tid, a, b, scratch));
+        out.push(RequestPiece {
+            start: a,
+            end: b,
+            comm: thread.and_then(|t| t.name_at(a)),
+            syscall,
+            waiting_in,
+            span,
+            blocked_by,
+            cpu_wait,
+            qualifier: base.qualifier.clone(),
+            ..base
+        });
+    }
+    // The buffers go back for the next piece.
+    scratch.cuts = cuts;
+    scratch.work = work_list;
+}
+
+/// Longest time one other thread keeps a CPU while a runnable thread of the
+/// same kind waits, under a fair scheduler (CFS' latency target is at most
+/// 24 ms, EEVDF's slices a few ms). A thread kept waiting longer is being
+/// held back: a CPU cgroup quota (bandwidth throttling) or a much higher
+/// priority, not ordinary contention.
+pub const FAIR_SLICE_NS: u64 = 30_000_000;
+
+/// Idle time a woken thread's CPU normally takes to switch to it (leaving
+/// a deep idle state); longer means the thread was held back.
+pub const WAKEUP_GRACE_NS: u64 = 1_000_000;
+
+/// Full turns (of at least [`MIN_TURN_NS`]) one other thread can get on a
+/// CPU while a runnable thread waits there, under a fair scheduler; a
+/// thread that waits through more is held back.
+pub const FAIR_TURNS: u32 = 2;
+
+/// A run shorter than this is a sleeper's quick turn (woken, served,
+/// asleep again), which a fair scheduler may give often; only longer ones
+/// count as turns.
+pub const MIN_TURN_NS: u64 = 1_000_000;
+
+/// Who had the CPU while `tid` was runnable during `[start, end)`.
+///
+/// Each moment is one of: *throttled* (its CPU stayed idle after it was
+/// preempted, or beyond [`WAKEUP_GRACE_NS`] after a wake-up; or one other
+/// thread kept the CPU beyond [`FAIR_SLICE_NS`]; or, from the moment one
+/// other thread started its turn number [`FAIR_TURNS`] + 1, the wait was
+/// not a fair share's); *wake-up* latency (idle within the grace);
+/// *contended* (other threads ran).
+fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut Scratch) -> CpuWait {
+    let mut wait = CpuWait::default();
+    let Some(th) = model.thread(tid) else {
+        return wait;
+    };
+    let mut others: Vec<(Tid, u64)> = Vec::new();
+    // Part of [x, y) after `limit`.
+    let beyond = |x: u64, y: u64, limit: u64| y.saturating_sub(x.max(limit));
+    let states = scratch.overlapping((Hint::States, tid.into()), th.states(), start, end, |s| {
+        (s.start, s.end)
+    });
+    for s in states {
+        if !s.state.is_runnable() || s.cpu == NO_CPU {
+            continue;
+        }
+        let (a, b) = (s.start.max(start), s.end.min(end));
+        if b <= a {
+            continue;
+        }
+        let Some(cpu) = model.cpu(s.cpu) else {
+            continue;
+        };
+        // Turns other threads got since this thread became runnable: under
+        // a fair scheduler none gets a third full turn before it.
+        let mut turns: Vec<(Tid, u32)> = Vec::new();
+        let mut held_since = u64::MAX;
+        let since_runnable =
+            scratch.overlapping((Hint::Cpu, s.cpu.into()), cpu.timeline(), s.start, b, |c| {
+                (c.start, c.end)
+            });
+        for run in since_runnable {
+            if run.tid == tid || run.tid == 0 || run.start < s.start {
+                continue;
+            }
+            if run.end.saturating_sub(run.start) < MIN_TURN_NS {
+                continue;
+            }
+            let n = match turns.iter_mut().find(|t| t.0 == run.tid) {
+                Some(t) => {
+                    t.1 += 1;
+                    t.1
+                }
+                None => {
+                    turns.push((run.tid, 1));
+                    1
+                }
+            };
+            if n > FAIR_TURNS {
+                held_since = run.start;
+                break;
+            }
+        }
+        let runs = scratch.overlapping((Hint::Cpu, s.cpu.into()), cpu.timeline(), a, b, |c| {
+            (c.start, c.end)
+        });
+        for run in runs {
+            let (x, y) = (run.start.max(a), run.end.min(b));
+            if y <= x || run.tid == tid {
+                continue;
+            }
+            // Measured from when this thread began waiting for this run.
+            let since = run.start.max(s.start);
+            let d = y - x;
+            if run.tid == 0 {
+                if s.state == ThreadState::Preempted {
+                    wait.throttled_ns += d;
+                } else {
+                    let late = beyond(x, y, since.saturating_add(WAKEUP_GRACE_NS));
+                    wait.throttled_ns += late;
+                    wait.wakeup_ns += d - late;
+                }
+            } else {
+                let fair_until = since.saturating_add(FAIR_SLICE_NS).min(held_since);
+                let late = beyond(x, y, fair_until);
+                wait.throttled_ns += late;
+                wait.contended_ns += d - late;
+                match others.iter_mut().find(|o| o.0 == run.tid) {
+                    Some(o) => o.1 += d,
+                    None => others.push((run.tid, d)),
+                }
+            }
+        }
+    }
+    wait.holder = others
+        .into_iter()
+        .max_by_key(|&(t, d)| (d, std::cmp::Reverse(t)))
+        .map(|(t, _)| t);
+    wait
+}
+
+/// Adds UNKNOWN pieces for the time of `[start, end)` no piece covers.
+fn fill_gaps(
+    model: &KernelModel,
+    home: &[(u64, u64, Tid)],
+    start: u64,
+    end: u64,
+    pieces: &mut Vec<RequestPiece>,
+) {
+    pieces.sort_by_key(|p| p.start);
+    let mut out = Vec::with_capacity(pieces.len() + 2);
+    let mut t = start;
+    let gap = |a: u64, b: u64, out: &mut Vec<RequestPiece>| {
+        // The home thread at the gap, when one is known.
+        let tid = home.iter().find(|h| h.0 <= a && a < h.1).map(|h| h.2);
+        let comm = tid
+            .and_then(|t| model.thread(t))
+            .and_then(|th| th.name_at(a));
+        out.push(RequestPiece {
+            start: a,
+            end: b,
+            state: EdgeType::Unknown,
+            tid,
+            comm,
+            qualifier: None,
+            syscall: None,
+            waiting_in: None,
+            span: None,
+            blocked_by: None,
+            shared: 0,
+            vertical: false,
+            lost: model.overlaps_lost(a, b),
+            cpu_wait: None,
+        });
+    };
+    for mut p in pieces.drain(..) {
+        p.start = p.start.max(t);
+        if p.end <= p.start {
+            continue;
+        }
+        if p.start > t {
+            gap(t, p.start, &mut out);
+        }
+        t = p.end;
+        out.push(p);
+    }
+    if t < end {
+        gap(t, end, &mut out);
+    }
+    *pieces = out;
+}
+
+/// Joins adjacent pieces that say the same thing.
+fn join(pieces: Vec<RequestPiece>) -> Vec<RequestPiece> {
+    let mut out: Vec<RequestPiece> = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        if let Some(last) = out.last_mut() {
+            let same = last.end == p.start
+                && last.state == p.state
+                && last.tid == p.tid
+                && last.comm == p.comm
+                && last.qualifier == p.qualifier
+                && last.syscall == p.syscall
+                && last.waiting_in == p.waiting_in
+                && last.span == p.span
+                && last.blocked_by == p.blocked_by
+                && last.shared == p.shared
+                && last.vertical == p.vertical;
+            if same {
+                last.end = p.end;
+                last.lost |= p.lost;
+                if let (Some(a), Some(b)) = (last.cpu_wait.as_mut(), p.cpu_wait) {
+                    let (ta, tb) = (a.contended_ns, b.contended_ns);
+                    a.throttled_ns += b.throttled_ns;
+                    a.contended_ns += b.contended_ns;
+                    a.wakeup_ns += b.wakeup_ns;
+                    if tb > ta {
+                        a.holder = b.holder;
+                    }
+                }
+                continue;
+            }
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// A system call as reports show it: the name with the argument that says
+/// what was waited for (`futex(uaddr=0x7f…)`, `read(fd=3)`), or `sys_N`.
+pub fn syscall_label(model: &KernelModel, arch: Arch, s: &SyscallInterval) -> String {
+    let name = model
+        .syscall_name(s)
+        .map(|n| n.strip_prefix("sys_").unwrap_or(n))
+        .or_else(|| syscall_name(arch, s.id));
+    let Some(name) = name else {
+        return format!("sys_{}", s.id);
+    };
+    if !s.entry_seen {
+        // The arguments were not seen.
+        return name.to_string();
+    }
+    match name {
+        "futex" | "futex_wait" | "futex_waitv" => format!("futex(uaddr={:#x})", s.arg0),
+        "read" | "write" | "pread64" | "pwrite64" | "readv" | "writev" | "preadv" | "pwritev"
+        | "preadv2" | "pwritev2" | "recvfrom" | "sendto" | "recvmsg" | "sendmsg" | "recvmmsg"
+        | "sendmmsg" | "fsync" | "fdatasync" | "sync_file_range" | "accept" | "accept4"
+        | "connect" | "sendfile" | "splice" | "ioctl" | "flock" | "fcntl" => {
+            format!("{name}(fd={})", s.arg0 as i64)
+        }
+        "epoll_wait" | "epoll_pwait" | "epoll_pwait2" => format!("{name}(epfd={})", s.arg0 as i64),
+        _ => name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(parent: Option<SpanIdx>, entry: bool) -> SpanInput {
+        SpanInput {
+            parent,
+            entry,
+            ..SpanInput::default()
+        }
+    }
+
+    #[test]
+    fn requests_are_roots_and_entries() {
+        let spans = vec![
+            span(None, false),    // 0: root
+            span(Some(0), false), // 1: inside 0
+            span(Some(1), true),  // 2: server span: its own request
+            span(Some(2), false), // 3: inside 2
+            span(Some(5), false), // 4: cycle 4 <-> 5
+            span(Some(4), false), // 5
+        ];
+        let r = requests_of(&spans);
+        assert_eq!(r[..4], [0, 0, 2, 2]);
+        assert_eq!(r[4], 4);
+        assert!(within(&spans, 3, 0));
+        assert!(!within(&spans, 0, 2));
+    }
+
+    #[test]
+    fn searching_near_a_hint_finds_what_a_binary_search_finds() {
+        let v: Vec<u64> = (0..200).map(|x| x * 3).collect();
+        for hint in [0, 1, 7, 50, 199, 200, 500] {
+            for target in [0, 1, 2, 3, 100, 299, 597, 598, 1000] {
+                assert_eq!(
+                    partition_point_near(&v, hint, |&x| x < target),
+                    v.partition_point(|&x| x < target),
+                    "hint {hint} target {target}"
+                );
+            }
+        }
+        assert_eq!(partition_point_near(&[] as &[u64], 3, |&x| x < 1), 0);
+    }
+
+    #[test]
+    fn home_prefers_holder_then_latest_activation() {
+        let s = SpanInput {
+            times: Some((100, 200)),
+            holder: Some(7),
+            activations: vec![
+                ActivationInput {
+                    tid: 8,
+                    ts: 120,
+                    on: true,
+                },
+                ActivationInput {
+                    tid: 8,
+                    ts: 150,
+                    on: false,
+                },
+                ActivationInput {
+                    tid: 7,
+                    ts: 140,
+                    on: true,
+                },
+                ActivationInput {
+                    tid: 7,
+                    ts: 160,
+                    on: false,
+                },
+            ],
+            ..SpanInput::default()
+        };
+        assert_eq!(
+            home_segments(&s),
+            vec![(100, 120, 7), (120, 140, 8), (140, 200, 7)]
+        );
+        let paper = SpanInput {
+            times: Some((10, 20)),
+            holder: Some(3),
+            ..SpanInput::default()
+        };
+        assert_eq!(home_segments(&paper), vec![(10, 20, 3)]);
+        assert!(home_segments(&SpanInput::default()).is_empty());
+    }
+}

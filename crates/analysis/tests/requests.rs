@@ -1,0 +1,546 @@
+//! Request critical paths, summaries and the parallel model build on small
+//! hand-made event sequences whose answers are known.
+
+use deepspan_analysis::{
+    aggregate, analyze_requests, build_model, summarize, ActivationInput, Arch, EdgeType, Input,
+    KernelModel, RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder, SyncSource,
+    ThreadWork,
+};
+use deepspan_model::{Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
+
+const FUTEX: i64 = 202;
+
+#[derive(Default)]
+struct Script {
+    events: Vec<Event>,
+}
+
+impl Script {
+    fn ev(&mut self, ts: u64, cpu: u32, kind: EventKind) -> &mut Self {
+        self.events.push(Event {
+            ts,
+            cpu,
+            tid: -1,
+            kind,
+        });
+        self
+    }
+    fn switch(&mut self, ts: u64, cpu: u32, prev: Tid, prev_state: i64, next: Tid) -> &mut Self {
+        let comm = |t: Tid| Comm::from_bytes(format!("t{t}").as_bytes());
+        self.ev(
+            ts,
+            cpu,
+            EventKind::SchedSwitch(SchedSwitch {
+                prev_tid: prev,
+                prev_comm: comm(prev),
+                prev_prio: 120,
+                prev_state,
+                next_tid: next,
+                next_comm: comm(next),
+                next_prio: 120,
+            }),
+        )
+    }
+    fn waking(&mut self, ts: u64, cpu: u32, tid: Tid) -> &mut Self {
+        self.ev(
+            ts,
+            cpu,
+            EventKind::SchedWaking(Wakeup {
+                tid,
+                comm: Comm::from_bytes(format!("t{tid}").as_bytes()),
+                prio: 120,
+                target_cpu: cpu as i32,
+            }),
+        )
+    }
+    fn sys(&mut self, ts: u64, cpu: u32, id: i64, arg0: u64, enter: bool) -> &mut Self {
+        self.ev(
+            ts,
+            cpu,
+            if enter {
+                EventKind::SysEnter {
+                    id,
+                    name: None,
+                    args: [arg0, 0, 0, 0, 0, 0],
+                }
+            } else {
+                EventKind::SysExit {
+                    id,
+                    name: None,
+                    ret: 0,
+                }
+            },
+        )
+    }
+    fn timer(&mut self, ts: u64, cpu: u32, wakes: Tid) -> &mut Self {
+        self.ev(
+            ts,
+            cpu,
+            EventKind::HrtimerExpireEntry {
+                hrtimer: 1,
+                function: 2,
+                now: ts as i64,
+            },
+        )
+        .waking(ts, cpu, wakes)
+        .ev(ts, cpu, EventKind::HrtimerExpireExit { hrtimer: 1 })
+    }
+    fn model(&self) -> KernelModel {
+        let mut b = StateBuilder::new();
+        for e in &self.events {
+            b.push(e);
+        }
+        b.finish()
+    }
+}
+
+/// Which span each thread works for: `(tid, start, end, span)`.
+struct Work(Vec<(Tid, u64, u64, SpanIdx)>);
+
+impl ThreadWork for Work {
+    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<(u64, u64, SpanIdx)>) {
+        for &(t, a, b, s) in &self.0 {
+            if t == tid && a < end && start < b {
+                out.push((a.max(start), b.min(end), s));
+            }
+        }
+    }
+}
+
+fn request(tid: Tid, start: u64, end: u64) -> SpanInput {
+    SpanInput {
+        times: Some((start, end)),
+        exact_times: true,
+        holder: Some(tid),
+        activations: vec![
+            ActivationInput {
+                tid,
+                ts: start,
+                on: true,
+            },
+            ActivationInput {
+                tid,
+                ts: end,
+                on: false,
+            },
+        ],
+        ..SpanInput::default()
+    }
+}
+
+/// Holder (tid 1, CPU 0) sleeps 10..100 holding a lock, then releases it at
+/// 105, waking the waiter (tid 2, CPU 1) blocked in a futex since 20.
+fn lock_scenario() -> (KernelModel, Vec<SpanInput>, Work) {
+    let mut s = Script::default();
+    s.switch(1, 0, 0, 0, 1)
+        .switch(2, 1, 0, 0, 2)
+        .sys(9, 0, 230, 0, true) // clock_nanosleep
+        .switch(10, 0, 1, 1, 0)
+        .sys(20, 1, FUTEX, 0x1000, true)
+        .switch(21, 1, 2, 1, 0)
+        .timer(100, 0, 1)
+        .switch(101, 0, 0, 0, 1)
+        .sys(102, 0, 230, 0, false)
+        .waking(105, 0, 2)
+        .switch(106, 1, 0, 0, 2)
+        .sys(107, 1, FUTEX, 0, false)
+        .switch(110, 0, 1, 1, 0)
+        .switch(130, 1, 2, 1, 0);
+    let spans = vec![request(1, 0, 110), request(2, 15, 120)];
+    let work = Work(vec![(1, 0, 110, 0), (2, 15, 120, 1)]);
+    (s.model(), spans, work)
+}
+
+struct Analysed {
+    paths: Vec<RequestPath>,
+    request_of: Vec<SpanIdx>,
+    shared_states: usize,
+}
+
+fn analyze(model: &KernelModel, spans: &[SpanInput], work: &Work) -> Analysed {
+    let mut paths = Vec::new();
+    let mut last_done = 0;
+    let a: RequestAnalysis = analyze_requests(
+        model,
+        spans,
+        work,
+        &mut |done, _| last_done = done,
+        &mut |p| paths.push(p),
+    );
+    assert_eq!(last_done, paths.len());
+    assert_eq!(a.requests, paths.len());
+    paths.sort_by_key(|p| p.request);
+    Analysed {
+        paths,
+        request_of: a.request_of,
+        shared_states: a.shared_states,
+    }
+}
+
+#[test]
+fn waiter_is_blocked_by_the_holders_request() {
+    let (model, spans, work) = lock_scenario();
+    let a = analyze(&model, &spans, &work);
+    assert_eq!(a.paths.len(), 2);
+    let waiter = &a.paths[1];
+    assert_eq!(
+        (waiter.start, waiter.end, waiter.sync),
+        (15, 120, SyncSource::Exact)
+    );
+    // Contiguous over the request.
+    let mut t = waiter.start;
+    for p in &waiter.pieces {
+        assert_eq!(p.start, t, "{:#?}", waiter.pieces);
+        t = p.end;
+    }
+    assert_eq!(t, waiter.end);
+    // While the holder sleeps with the lock, the waiter's path is the
+    // holder's TIMER state, blamed on the holder's request.
+    let blocked: u64 = waiter
+        .pieces
+        .iter()
+        .filter(|p| p.blocked_by == Some(0))
+        .map(|p| p.duration())
+        .sum();
+    assert!(blocked >= 80, "{:#?}", waiter.pieces);
+    assert!(waiter
+        .pieces
+        .iter()
+        .any(|p| p.blocked_by == Some(0) && p.tid == Some(1) && p.state == EdgeType::Timer));
+    // … and says the waiter waited in its futex meanwhile.
+    let summary = summarize(&model, Arch::X86_64, waiter);
+    assert_eq!(summary.total_ns, 105);
+    assert_eq!(summary.by_blocking[0].0, 0);
+    assert!(
+        summary.by_syscall[0].0.starts_with("futex(uaddr=0x1000)"),
+        "{summary:?}"
+    );
+    // The holder is blocked by nobody.
+    assert!(a.paths[0].pieces.iter().all(|p| p.blocked_by.is_none()));
+    // Both paths go through the holder's sleep: shared states in the merge.
+    assert!(a.shared_states > 0);
+    let holder = summarize(&model, Arch::X86_64, &a.paths[0]);
+    let ops = aggregate([(&a.paths[0], &holder), (&a.paths[1], &summary)], |_| "op");
+    assert_eq!(ops.len(), 1);
+    assert_eq!(ops[0].requests, 2);
+}
+
+#[test]
+fn a_span_inside_the_request_is_not_blocking_it() {
+    // The holder's thread works for a child span of the waiter's request
+    // (e.g. a downstream call): its time is the request's own.
+    let (model, mut spans, _) = lock_scenario();
+    spans.push(SpanInput {
+        parent: Some(1),
+        ..SpanInput::default()
+    });
+    let work = Work(vec![(1, 0, 110, 2), (2, 15, 120, 1)]);
+    let a = analyze(&model, &spans, &work);
+    assert_eq!(a.request_of[2], 1);
+    let waiter = a.paths.iter().find(|p| p.request == 1).unwrap();
+    assert!(
+        waiter.pieces.iter().all(|p| p.blocked_by.is_none()),
+        "{:#?}",
+        waiter.pieces
+    );
+    assert!(waiter.pieces.iter().any(|p| p.span == Some(2)));
+}
+
+#[test]
+fn idle_cpu_while_preempted_is_throttling_and_others_are_contention() {
+    let mut s = Script::default();
+    s.switch(1, 0, 0, 0, 3)
+        .switch(10, 0, 3, 0, 0) // preempted, CPU left idle: throttled
+        .switch(50, 0, 0, 0, 3)
+        .switch(60, 0, 3, 0, 4) // preempted by thread 4: contention
+        .switch(70, 0, 4, 1, 3)
+        .switch(80, 0, 3, 1, 0);
+    let model = s.model();
+    let spans = vec![request(3, 5, 75)];
+    let work = Work(vec![(3, 5, 75, 0)]);
+    let a = analyze(&model, &spans, &work);
+    let pre: Vec<_> = a.paths[0]
+        .pieces
+        .iter()
+        .filter(|p| p.state == EdgeType::Preempted)
+        .collect();
+    let throttled: u64 = pre
+        .iter()
+        .filter_map(|p| p.cpu_wait)
+        .map(|w| w.throttled_ns)
+        .sum();
+    let contended: u64 = pre
+        .iter()
+        .filter_map(|p| p.cpu_wait)
+        .map(|w| w.contended_ns)
+        .sum();
+    assert_eq!((throttled, contended), (40, 10), "{pre:#?}");
+    let holder = pre.iter().filter_map(|p| p.cpu_wait).find_map(|w| w.holder);
+    assert_eq!(holder, Some(4));
+}
+
+#[test]
+fn requests_without_threads_have_no_path_and_gaps_are_unknown() {
+    let (model, mut spans, work) = lock_scenario();
+    spans.push(SpanInput {
+        times: Some((0, 50)),
+        ..SpanInput::default()
+    });
+    // Runs past the end of the trace (130): the rest is UNKNOWN.
+    spans[1].times = Some((15, 200));
+    let a = analyze(&model, &spans, &work);
+    let unplaced = a.paths.iter().find(|p| p.request == 2).unwrap();
+    assert_eq!(unplaced.sync, SyncSource::None);
+    assert!(unplaced.pieces.is_empty());
+    let waiter = a.paths.iter().find(|p| p.request == 1).unwrap();
+    let last = waiter.pieces.last().unwrap();
+    assert_eq!((last.end, last.state), (200, EdgeType::Unknown));
+}
+
+#[test]
+fn parallel_build_gives_the_sequential_model() {
+    let mut s = Script::default();
+    // Two CPUs with interleaved and equal timestamps.
+    s.switch(1, 0, 0, 0, 1)
+        .switch(1, 1, 0, 0, 2)
+        .sys(5, 0, FUTEX, 7, true)
+        .switch(6, 0, 1, 1, 0)
+        .waking(8, 1, 1)
+        .switch(8, 0, 0, 0, 1)
+        .sys(9, 0, FUTEX, 7, false)
+        .switch(12, 1, 2, 0, 3)
+        .switch(20, 0, 1, 1, 0);
+    let streams: Vec<Vec<Result<Input, ()>>> = (0..2)
+        .map(|cpu| {
+            let mut v: Vec<Result<Input, ()>> = s
+                .events
+                .iter()
+                .filter(|e| e.cpu == cpu)
+                .cloned()
+                .map(|e| Ok(Input::Event(e)))
+                .collect();
+            if cpu == 1 {
+                v.insert(
+                    1,
+                    Ok(Input::Lost {
+                        cpu: 1,
+                        ts: 8,
+                        count: 3,
+                    }),
+                );
+            }
+            v
+        })
+        .collect();
+    // The sequential reference: the same merge order (time, then stream).
+    let mut merged: Vec<(u64, usize, usize, Input)> = Vec::new();
+    for (cpu, v) in streams.iter().enumerate() {
+        for (i, x) in v.iter().enumerate() {
+            let x = x.clone().unwrap();
+            let ts = match &x {
+                Input::Event(e) => e.ts,
+                Input::Lost { ts, .. } => *ts,
+            };
+            merged.push((ts, cpu, i, x));
+        }
+    }
+    merged.sort_by_key(|m| (m.0, m.1, m.2));
+    let mut b = StateBuilder::new();
+    for (_, _, _, x) in &merged {
+        match x {
+            Input::Event(e) => b.push(e),
+            Input::Lost { cpu, ts, .. } => b.lost(*cpu, *ts),
+        }
+    }
+    let sequential = b.finish();
+    let (parallel, lost) = build_model(
+        StateBuilder::new(),
+        streams.into_iter().map(|v| v.into_iter()).collect(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(sequential.lost_ranges(), parallel.lost_ranges());
+    for t in sequential.threads() {
+        let p = parallel.thread(t.tid).unwrap();
+        assert_eq!(t.states(), p.states(), "thread {}", t.tid);
+        assert_eq!(t.syscalls(), p.syscalls(), "thread {}", t.tid);
+    }
+    assert_eq!(lost.total(), 3);
+    // Without the graph: the same histories, no critical paths.
+    let streams: Vec<Vec<Result<Input, ()>>> = (0..2)
+        .map(|cpu| {
+            s.events
+                .iter()
+                .filter(|e| e.cpu == cpu)
+                .cloned()
+                .map(|e| Ok(Input::Event(e)))
+                .collect()
+        })
+        .collect();
+    let (lean, _) = build_model(
+        StateBuilder::without_graph(),
+        streams.into_iter().map(|v| v.into_iter()).collect(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(lean.graph().vertex_count(), 0);
+    for t in sequential.threads() {
+        assert_eq!(t.states(), lean.thread(t.tid).unwrap().states());
+    }
+    assert_eq!(lost.in_range(0, 100), 3);
+    assert_eq!(lost.in_range(50, 100), 0);
+
+    // A stream's error stops the build and is returned.
+    let failing: Vec<std::vec::IntoIter<Result<Input, &str>>> =
+        vec![vec![Ok(Input::Event(s.events[0].clone())), Err("bad page")].into_iter()];
+    assert_eq!(
+        build_model(StateBuilder::new(), failing, &mut |_| {}).err(),
+        Some("bad page")
+    );
+}
+
+#[test]
+fn syscall_labels_name_what_was_waited_for() {
+    let (model, _, _) = lock_scenario();
+    let th = model.thread(2).unwrap();
+    let futex = th.syscalls()[0];
+    assert_eq!(
+        deepspan_analysis::syscall_label(&model, Arch::X86_64, &futex),
+        "futex(uaddr=0x1000)"
+    );
+}
+
+#[test]
+fn a_missed_switch_is_inferred_from_the_threads_own_events() {
+    // Some recordings lack the switch from the idle task to a woken thread;
+    // the thread's next event on that CPU proves it runs there.
+    let mut s = Script::default();
+    s.switch(1, 0, 0, 0, 5)
+        .switch(5, 0, 5, 1, 0)
+        .timer(10, 0, 5);
+    s.events.push(Event {
+        ts: 20,
+        cpu: 0,
+        tid: 5,
+        kind: EventKind::SysEnter {
+            id: 0,
+            name: None,
+            args: [3, 0, 0, 0, 0, 0],
+        },
+    });
+    s.switch(30, 0, 5, 1, 0);
+    let m = s.model();
+    let states: Vec<_> = m
+        .thread(5)
+        .unwrap()
+        .states()
+        .iter()
+        .map(|x| (x.start, x.end, x.state))
+        .collect();
+    use deepspan_analysis::{BlockReason, ThreadState};
+    assert_eq!(
+        states[..4],
+        [
+            (1, 5, ThreadState::Running),
+            (5, 10, ThreadState::Blocked(BlockReason::Timer)),
+            (10, 20, ThreadState::WaitCpu),
+            (20, 30, ThreadState::Running),
+        ]
+    );
+    assert_eq!(m.stats().inferred_switches, 1);
+    assert_eq!(m.thread(5).unwrap().syscalls().len(), 1);
+}
+
+#[test]
+fn parallel_merge_keeps_the_readers_order_on_random_streams() {
+    // Three streams with many equal timestamps: the model must see the
+    // items in (time, stream, position) order whatever the batching.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut streams: Vec<Vec<Event>> = vec![Vec::new(); 3];
+    for (cpu, s) in streams.iter_mut().enumerate() {
+        let mut ts = 1;
+        for _ in 0..20_000 {
+            ts += rnd(3);
+            let tid = 1 + rnd(4) as Tid;
+            let enter = rnd(2) == 0;
+            s.push(Event {
+                ts,
+                cpu: cpu as u32,
+                tid,
+                kind: if enter {
+                    EventKind::SysEnter {
+                        id: rnd(5) as i64,
+                        name: None,
+                        args: [rnd(100), 0, 0, 0, 0, 0],
+                    }
+                } else {
+                    EventKind::SysExit {
+                        id: rnd(5) as i64,
+                        name: None,
+                        ret: rnd(10) as i64,
+                    }
+                },
+            });
+        }
+    }
+    let mut all: Vec<(u64, usize, usize, Event)> = Vec::new();
+    for (cpu, s) in streams.iter().enumerate() {
+        for (i, e) in s.iter().enumerate() {
+            all.push((e.ts, cpu, i, e.clone()));
+        }
+    }
+    all.sort_by_key(|x| (x.0, x.1, x.2));
+    let mut b = StateBuilder::new();
+    for x in &all {
+        b.push(&x.3);
+    }
+    let sequential = b.finish();
+    let inputs: Vec<std::vec::IntoIter<Result<Input, ()>>> = streams
+        .into_iter()
+        .map(|s| {
+            s.into_iter()
+                .map(|e| Ok(Input::Event(e)))
+                .collect::<Vec<_>>()
+                .into_iter()
+        })
+        .collect();
+    let (parallel, _) = build_model(StateBuilder::new(), inputs, &mut |_| {}).unwrap();
+    assert_eq!(sequential.stats(), parallel.stats());
+    for t in sequential.threads() {
+        let p = parallel.thread(t.tid).unwrap();
+        assert_eq!(t.states(), p.states(), "thread {}", t.tid);
+        assert_eq!(t.syscalls(), p.syscalls(), "thread {}", t.tid);
+    }
+}
+
+#[test]
+fn a_thread_skipped_in_the_rotation_is_held_back() {
+    // Thread 3 waits 20 ms while threads 4 and 5 take ten 2 ms turns: a
+    // fair scheduler would have run 3 before either got a third turn.
+    let mut s = Script::default();
+    s.switch(1, 0, 0, 0, 3);
+    let turn = 2_000_000;
+    let mut prev = 3;
+    for i in 0..10u64 {
+        let next = if i % 2 == 0 { 4 } else { 5 };
+        s.switch(10 + i * turn, 0, prev, 0, next);
+        prev = next;
+    }
+    s.switch(10 + 10 * turn, 0, prev, 0, 3)
+        .switch(10 + 10 * turn + 100, 0, 3, 1, 0);
+    let model = s.model();
+    let spans = vec![request(3, 5, 10 + 10 * turn + 50)];
+    let work = Work(vec![(3, 5, 10 + 10 * turn + 50, 0)]);
+    let a = analyze(&model, &spans, &work);
+    let waits: Vec<_> = a.paths[0].pieces.iter().filter_map(|p| p.cpu_wait).collect();
+    let throttled: u64 = waits.iter().map(|w| w.throttled_ns).sum();
+    let contended: u64 = waits.iter().map(|w| w.contended_ns).sum();
+    // From the third turn of thread 4 (at 8 ms into the wait) on.
+    assert_eq!((contended, throttled), (4 * turn, 6 * turn), "{waits:?}");
+}

@@ -1,0 +1,806 @@
+//! `deepspan analyze RUN` and `deepspan report RUN --request ID`: argument
+//! parsing, progress and output formatting over `deepspan_analysis`
+//! (critical paths) and `deepspan_store` (tables).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use deepspan_analysis::{
+    aggregate, analyze_requests, build_model, ActivationInput, Arch, Input, OperationSummary,
+    RequestAnalysis, SpanIdx, SpanInput, StateBuilder, SyncSource, ThreadWork,
+};
+use deepspan_ftrace::{CpuRecords, Schema, TraceDat};
+use deepspan_model::Tid;
+use deepspan_spans::activity::ActivityOptions;
+use deepspan_spans::clock::span_mono_exact;
+use deepspan_spans::{ClockMap, Span, SpanKind, SpanRef, ThreadActivity};
+use deepspan_store::report::Report;
+use deepspan_store::tables::{self, thread_label, CriticalPathWriter, KernelContext, PathContext};
+use deepspan_store::{json, AnalysisResults, RequestRecord, SpanMeta, Staging};
+
+use crate::progress;
+
+#[derive(Args)]
+#[command(after_help = "Examples:
+  deepspan analyze run1
+  deepspan analyze run1 --top 20
+  duckdb -c \"select * from 'run1/analysis/request_summary.parquet' limit 10\"")]
+pub struct AnalyzeArgs {
+    /// Run folder (from `deepspan record` or `deepspan import`).
+    run: PathBuf,
+    /// Read the `thread.id` span attribute as the OS thread id for spans
+    /// without deepspan fields (true only for producers known to put the
+    /// kernel tid there; most SDKs put a language-managed id).
+    #[arg(long)]
+    thread_id_is_os_tid: bool,
+    /// How many of the slowest requests to print.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+}
+
+#[derive(Args)]
+#[command(after_help = "Examples:
+  deepspan report run1 --request 55cb429799d4a01b
+  deepspan report run1 --request 3da11e6e4ce519e0c973ccd50c7fa4b2 --format json")]
+pub struct ReportArgs {
+    /// Run folder, analysed with `deepspan analyze`.
+    run: PathBuf,
+    /// Span id or trace id (hex) of the request.
+    #[arg(long, value_name = "ID")]
+    request: String,
+    #[arg(long, value_enum, default_value_t = ReportFormat::Text)]
+    format: ReportFormat,
+    /// Text format: most critical-path pieces to list (0 = all).
+    #[arg(long, default_value_t = 60)]
+    max_pieces: usize,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ReportFormat {
+    Text,
+    Json,
+}
+
+/// Prints how long each phase took when `DEEPSPAN_TIMINGS` is set (for
+/// benchmarks and profiling).
+struct Timings {
+    on: bool,
+    last: std::time::Instant,
+}
+
+impl Timings {
+    fn new() -> Timings {
+        Timings {
+            on: std::env::var_os("DEEPSPAN_TIMINGS").is_some(),
+            last: std::time::Instant::now(),
+        }
+    }
+
+    fn phase(&mut self, name: &str) {
+        if self.on {
+            // Resident memory now and at its peak, from the kernel's account.
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            let field = |key: &str| {
+                status
+                    .lines()
+                    .find(|l| l.starts_with(key))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+                    .map_or(0, |kb| kb / 1024)
+            };
+            eprintln!(
+                "deepspan: timing: {name}: {:.3} s (RSS {} MiB, peak {} MiB)",
+                self.last.elapsed().as_secs_f64(),
+                field("VmRSS:"),
+                field("VmHWM:")
+            );
+        }
+        self.last = std::time::Instant::now();
+    }
+}
+
+pub fn run(args: AnalyzeArgs) -> Result<()> {
+    let mut timings = Timings::new();
+    let run = &args.run;
+    if !run.is_dir() {
+        bail!("{} is not a run folder", run.display());
+    }
+    let trace_path = kernel_trace(run)?;
+    let trace = TraceDat::open(&trace_path)
+        .with_context(|| format!("cannot read the kernel trace {}", trace_path.display()))?;
+    let arch = Arch::from_uname(trace.uname().unwrap_or(""));
+    let mut notes: Vec<String> = Vec::new();
+
+    // Spans first: they decide whether the model needs its graph.
+    let spans = read_spans(run, &mut notes)?;
+    let clock = match ClockMap::from_manifest(run) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            if !spans.is_empty() {
+                notes.push(format!(
+                    "no clock mapping ({e}); spans without deepspan times are not placed"
+                ));
+            }
+            None
+        }
+    };
+    // Kernel model, decoding each CPU on its own thread.
+    let bar = progress::bytes_bar(trace.cpu_data_bytes(), "decoding");
+    let read = Arc::new(AtomicU64::new(0));
+    let streams = (0..trace.cpus())
+        .map(|cpu| {
+            Ok(CpuStream::new(
+                trace.cpu_records(cpu)?,
+                trace.schema().clone(),
+                read.clone(),
+            ))
+        })
+        .collect::<Result<Vec<_>, deepspan_ftrace::Error>>()
+        .with_context(|| format!("cannot read {}", trace_path.display()))?;
+    let total = trace.cpu_data_bytes();
+    // The execution graph is for critical paths: without spans, none.
+    let builder = if spans.is_empty() {
+        StateBuilder::without_graph()
+    } else {
+        StateBuilder::new()
+    };
+    let (model, lost) = build_model(builder, streams, &mut |_| {
+        bar.set_position(read.load(Ordering::Relaxed).min(total));
+    })
+    .with_context(|| format!("cannot decode {}", trace_path.display()))?;
+    bar.finish_and_clear();
+    timings.phase("decode and kernel model");
+    let events = model.stats().events;
+    let lost_events = lost.total();
+    if lost_events > 0 || !model.lost_ranges().is_empty() {
+        notes.push(format!(
+            "{lost_events} kernel events were lost (ring-buffer overruns) in {} ranges; pieces over them are flagged `lost`",
+            model.lost_ranges().len()
+        ));
+    }
+
+    let inferred = model.stats().inferred_switches;
+    if inferred > 0 {
+        notes.push(format!(
+            "{inferred} context switches are missing from the trace (some recordings lack switches out of the idle task); each was taken to happen at the thread's next event there, so those runs may start late"
+        ));
+    }
+
+    let opts = ActivityOptions {
+        thread_id_is_os_tid: args.thread_id_is_os_tid,
+    };
+    let activity = ThreadActivity::from_spans(&spans, clock.as_ref(), opts);
+    notes.extend(activity.notes.iter().cloned());
+    let index: HashMap<SpanRef, SpanIdx> = spans
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (SpanRef::of(s), i as SpanIdx))
+        .collect();
+    let inputs: Vec<SpanInput> = spans
+        .iter()
+        .map(|s| span_input(s, &index, clock.as_ref(), opts))
+        .collect();
+    let metas: Vec<SpanMeta> = spans.iter().map(span_meta).collect();
+    timings.phase("spans and thread activity");
+
+    let pids = read_tgids(run);
+    let trace_file = trace_path
+        .strip_prefix(run)
+        .unwrap_or(&trace_path)
+        .display()
+        .to_string();
+    let staging = Staging::new(run)?;
+    let kernel = KernelContext {
+        model: &model,
+        arch,
+        pids: &pids,
+    };
+    let ctx = PathContext {
+        model: &model,
+        arch,
+        spans: &metas,
+    };
+    let work = Work::new(&activity, &index);
+    // The kernel tables need no spans: written on threads of their own while
+    // the requests are analysed and their paths written as they come.
+    let (states, syscalls, requests) = std::thread::scope(|scope| {
+        let states = scope
+            .spawn(|| tables::write_thread_states(&staging.file(tables::THREAD_STATES), &kernel));
+        let syscalls =
+            scope.spawn(|| tables::write_syscalls(&staging.file(tables::SYSCALLS), &kernel));
+        let requests = (|| -> Result<(RequestAnalysis, Vec<RequestRecord>)> {
+            let mut paths = CriticalPathWriter::create(&staging.file(tables::CRITICAL_PATH))?;
+            let mut records = Vec::new();
+            let mut failed: Option<deepspan_store::Error> = None;
+            let bar = progress::count_bar(0, "critical paths");
+            let analysis = analyze_requests(
+                &model,
+                &inputs,
+                &work,
+                &mut |done, total| {
+                    bar.set_length(total as u64);
+                    bar.set_position(done as u64);
+                },
+                &mut |path| {
+                    if failed.is_none() {
+                        if let Err(e) = paths.write(&ctx, &path) {
+                            failed = Some(e);
+                        }
+                    }
+                    records.push(RequestRecord::new(&model, arch, &lost, path, false));
+                },
+            );
+            bar.finish_and_clear();
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+            paths.finish()?;
+            Ok((analysis, records))
+        })();
+        (states.join(), syscalls.join(), requests)
+    });
+    let joined = |x: std::thread::Result<Result<u64, deepspan_store::Error>>| -> Result<u64> {
+        match x {
+            Ok(r) => Ok(r?),
+            Err(_) => bail!("a table writer thread panicked"),
+        }
+    };
+    joined(states)?;
+    joined(syscalls)?;
+    let (analysis, mut records) = requests?;
+    timings.phase("request critical paths, thread states and system calls");
+    // Slowest first: the order of the tables and of the printout.
+    records.sort_by_key(|r| {
+        (
+            std::cmp::Reverse(r.path.duration()),
+            r.path.start,
+            r.path.request,
+        )
+    });
+    sync_notes(
+        &records,
+        clock.as_ref(),
+        args.thread_id_is_os_tid,
+        &mut notes,
+    );
+    let operations: Vec<OperationSummary<(String, String)>> =
+        aggregate(records.iter().map(|r| (&r.path, &r.summary)), |r| {
+            let m = &metas[r as usize];
+            (m.service.clone(), m.operation.clone())
+        });
+    let results = AnalysisResults {
+        model: &model,
+        arch,
+        lost: &lost,
+        lost_events,
+        events,
+        trace_file: &trace_file,
+        spans: &metas,
+        requests: &records,
+        operations: &operations,
+        notes: &notes,
+    };
+    tables::write_requests(&staging.file(tables::REQUESTS), &results)?;
+    tables::write_request_summaries(
+        &staging.file(tables::REQUEST_SUMMARY),
+        &staging.file(tables::REQUEST_SYSCALLS),
+        &results,
+    )?;
+    tables::write_operation_summary(&staging.file(tables::OPERATION_SUMMARY), &results)?;
+    json::write_requests_json(&staging.file(json::REQUESTS_JSON), &results)?;
+    let dir = staging.commit()?;
+    timings.phase("request tables");
+
+    let mut out = std::io::stdout().lock();
+    print_slowest(&mut out, &results, args.top)?;
+    for n in &notes {
+        eprintln!("deepspan: note: {n}");
+    }
+    eprintln!(
+        "deepspan: analyzed {events} kernel events ({lost_events} lost), {} threads, {} requests ({} thread critical paths); tables in {}",
+        model.threads().count(),
+        analysis.requests,
+        analysis.thread_paths,
+        dir.display()
+    );
+    Ok(())
+}
+
+/// The run's kernel trace.
+fn kernel_trace(run: &Path) -> Result<PathBuf> {
+    let dat = run.join("kernel").join("trace.dat");
+    if dat.is_file() {
+        return Ok(dat);
+    }
+    if run.join("kernel").join("metadata").is_file() || run.join("metadata").is_file() {
+        bail!(
+            "{}: the kernel trace is CTF; analysing CTF is not built yet",
+            run.display()
+        );
+    }
+    bail!(
+        "{} has no kernel trace (kernel/trace.dat): record one with `deepspan record -o {} -- CMD`",
+        run.display(),
+        run.display()
+    )
+}
+
+/// One CPU's records as model input, with the reader's lost-event reports
+/// turned into markers at the first record after the loss.
+struct CpuStream {
+    records: CpuRecords,
+    schema: Arc<Schema>,
+    lost: u64,
+    last_ts: u64,
+    pending: Option<deepspan_ftrace::Record>,
+    /// Bytes of records read, shared with the progress display.
+    read: Arc<AtomicU64>,
+    local_read: u64,
+}
+
+impl CpuStream {
+    fn new(records: CpuRecords, schema: Arc<Schema>, read: Arc<AtomicU64>) -> CpuStream {
+        CpuStream {
+            records,
+            schema,
+            lost: 0,
+            last_ts: 0,
+            pending: None,
+            read,
+            local_read: 0,
+        }
+    }
+}
+
+impl Iterator for CpuStream {
+    type Item = Result<Input, deepspan_ftrace::Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(r) = self.pending.take() {
+            return Some(Ok(Input::Event(r.to_event(&self.schema))));
+        }
+        let next = self.records.next();
+        let lost = self.records.lost_events();
+        let cpu = self.records.cpu();
+        match next {
+            Some(Ok(r)) => {
+                // Record header and payload; counted locally, published in
+                // steps, so the shared counter is not a hot spot.
+                self.local_read += r.payload.len() as u64 + 4;
+                if self.local_read >= 1 << 20 {
+                    self.read.fetch_add(self.local_read, Ordering::Relaxed);
+                    self.local_read = 0;
+                }
+                self.last_ts = r.ts;
+                if lost > self.lost {
+                    let count = lost - self.lost;
+                    self.lost = lost;
+                    let ts = r.ts;
+                    self.pending = Some(r);
+                    return Some(Ok(Input::Lost { cpu, ts, count }));
+                }
+                Some(Ok(Input::Event(r.to_event(&self.schema))))
+            }
+            Some(Err(e)) => Some(Err(e)),
+            None if lost > self.lost => {
+                // Lost after the last record we have.
+                let count = lost - self.lost;
+                self.lost = lost;
+                Some(Ok(Input::Lost {
+                    cpu,
+                    ts: self.last_ts,
+                    count,
+                }))
+            }
+            None => None,
+        }
+    }
+}
+
+fn read_spans(run: &Path, notes: &mut Vec<String>) -> Result<Vec<Span>> {
+    let mut reader = deepspan_spans::read_run_spans(run)
+        .with_context(|| format!("cannot read the spans of {}", run.display()))?;
+    let mut spans = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut duplicates = 0usize;
+    for s in reader.by_ref() {
+        let s = s.with_context(|| format!("cannot read the spans of {}", run.display()))?;
+        if seen.insert(SpanRef::of(&s)) {
+            spans.push(s);
+        } else {
+            duplicates += 1;
+        }
+    }
+    if duplicates > 0 {
+        notes.push(format!(
+            "{duplicates} duplicate span(s) (same trace and span id) ignored"
+        ));
+    }
+    notes.append(&mut reader.warnings);
+    Ok(spans)
+}
+
+fn span_input(
+    s: &Span,
+    index: &HashMap<SpanRef, SpanIdx>,
+    clock: Option<&ClockMap>,
+    opts: ActivityOptions,
+) -> SpanInput {
+    let parent = s.parent_span_id.and_then(|p| {
+        index
+            .get(&SpanRef {
+                trace_id: s.trace_id,
+                span_id: p,
+            })
+            .copied()
+    });
+    let exact = span_mono_exact(s);
+    let mapped = exact.or_else(|| clock.map(|c| c.span_mono(s)));
+    let holder = s.sync.tid.and_then(|t| Tid::try_from(t).ok()).or_else(|| {
+        opts.thread_id_is_os_tid
+            .then(|| s.attributes.get("thread.id").and_then(|v| v.as_i64()))
+            .flatten()
+            .and_then(|t| Tid::try_from(t).ok())
+    });
+    SpanInput {
+        parent,
+        entry: matches!(s.kind, SpanKind::Server | SpanKind::Consumer),
+        times: mapped.map(|m| (m.start_ns, m.end_ns)),
+        exact_times: exact.is_some(),
+        holder,
+        activations: s
+            .sync
+            .activations
+            .iter()
+            .filter_map(|a| {
+                Some(ActivationInput {
+                    tid: Tid::try_from(a.tid).ok()?,
+                    ts: a.mono_ns,
+                    on: a.on,
+                })
+            })
+            .collect(),
+    }
+}
+
+fn span_meta(s: &Span) -> SpanMeta {
+    SpanMeta {
+        trace_id: s.trace_id.0,
+        span_id: s.span_id.0,
+        parent_span_id: s.parent_span_id.map(|p| p.0),
+        service: s.service_name().to_string(),
+        operation: s.name.clone(),
+        kind: match s.kind {
+            SpanKind::Unspecified => "unspecified",
+            SpanKind::Internal => "internal",
+            SpanKind::Server => "server",
+            SpanKind::Client => "client",
+            SpanKind::Producer => "producer",
+            SpanKind::Consumer => "consumer",
+        },
+    }
+}
+
+/// The span active on each thread, as span indices, read once from the
+/// activity index (queries then cost a binary search, no hashing).
+struct Work {
+    by_tid: HashMap<Tid, Vec<(u64, u64, SpanIdx)>>,
+}
+
+impl Work {
+    fn new(activity: &ThreadActivity, index: &HashMap<SpanRef, SpanIdx>) -> Work {
+        let by_tid = activity
+            .threads()
+            .into_iter()
+            .filter_map(|t| {
+                let intervals: Vec<(u64, u64, SpanIdx)> = activity
+                    .active_during(t, 0, u64::MAX)
+                    .into_iter()
+                    .filter_map(|(a, b, r)| Some((a, b, *index.get(&r)?)))
+                    .collect();
+                Some((Tid::try_from(t).ok()?, intervals))
+            })
+            .collect();
+        Work { by_tid }
+    }
+}
+
+impl ThreadWork for Work {
+    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<(u64, u64, SpanIdx)>) {
+        let Some(v) = self.by_tid.get(&tid) else {
+            return;
+        };
+        let first = v.partition_point(|x| x.1 <= start);
+        for &(a, b, i) in v[first..].iter().take_while(|x| x.0 < end) {
+            out.push((a.max(start), b.min(end), i));
+        }
+    }
+}
+
+fn sync_notes(
+    requests: &[RequestRecord],
+    clock: Option<&ClockMap>,
+    thread_id_told: bool,
+    notes: &mut Vec<String>,
+) {
+    let count = |s: SyncSource| requests.iter().filter(|r| r.path.sync == s).count();
+    let mapped = count(SyncSource::ClockMapped);
+    if mapped > 0 {
+        let precision = clock.map_or(0, |c| c.precision_ns());
+        notes.push(format!(
+            "{mapped} request(s) placed through the clock samples (sync: clock_mapped), precision about {:.1} µs",
+            precision as f64 / 1e3
+        ));
+    }
+    let none = count(SyncSource::None);
+    if none > 0 {
+        let hint = if thread_id_told {
+            ""
+        } else {
+            "; if their `thread.id` attribute is the OS thread id, pass --thread-id-is-os-tid"
+        };
+        notes.push(format!(
+            "{none} request(s) carry no OS thread (no deepspan fields; sync: none) and have no kernel path{hint}"
+        ));
+    }
+}
+
+/// `RUN/kernel/saved_tgids` (`tid tgid` lines), when the recorder saved it.
+fn read_tgids(run: &Path) -> HashMap<Tid, Tid> {
+    let Ok(text) = std::fs::read_to_string(run.join("kernel").join("saved_tgids")) else {
+        return HashMap::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Prints the slowest requests (`r.requests` is slowest first) and their
+/// top cause, in 80 columns.
+fn print_slowest(out: &mut impl Write, r: &AnalysisResults, top: usize) -> Result<()> {
+    if r.requests.is_empty() {
+        writeln!(out, "No requests: the run has no spans (send them to the run's OTLP receiver, or `deepspan import`).")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "Slowest requests ({} of {}):",
+        top.min(r.requests.len()),
+        r.requests.len()
+    )?;
+    writeln!(
+        out,
+        "{:>10}  {:<16}  {:<20}  top cause",
+        "duration", "request", "operation"
+    )?;
+    for rec in r.requests.iter().take(top) {
+        let (p, s) = (&rec.path, &rec.summary);
+        let meta = &r.spans[p.request as usize];
+        let cause = match (p.sync, s.by_state.first()) {
+            (SyncSource::None, _) => "no kernel path (sync: none)".to_string(),
+            (_, Some(row)) => format!(
+                "{:>3.0}% {}",
+                row.ns as f64 * 100.0 / s.total_ns.max(1) as f64,
+                deepspan_store::cause_label(row, r.spans)
+            ),
+            (_, None) => "-".to_string(),
+        };
+        writeln!(
+            out,
+            "{:>10}  {:016x}  {:<20}  {}",
+            human_ns(p.duration()),
+            meta.span_id,
+            fit(&meta.operation_label(), 20),
+            fit(&cause, 26)
+        )?;
+    }
+    Ok(())
+}
+
+/// Cuts `s` to `width` characters, marking the cut.
+fn fit(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// A duration for people: `850 ns`, `237.3 µs`, `2.909 ms`, `1.234 s`.
+fn human_ns(ns: u64) -> String {
+    let f = ns as f64;
+    if ns < 1_000 {
+        format!("{ns} ns")
+    } else if ns < 1_000_000 {
+        format!("{:.1} µs", f / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.3} ms", f / 1e6)
+    } else {
+        format!("{:.3} s", f / 1e9)
+    }
+}
+
+pub fn report(args: ReportArgs) -> Result<()> {
+    if !args.run.is_dir() {
+        bail!("{} is not a run folder", args.run.display());
+    }
+    let report = deepspan_store::read_report(&args.run, &args.request)?;
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        ReportFormat::Json => {
+            // Serialized first, so a closed pipe surfaces as an I/O error.
+            let mut text = serde_json::to_vec_pretty(&report)?;
+            text.push(b'\n');
+            out.write_all(&text)?;
+        }
+        ReportFormat::Text => print_report(&mut out, &report, args.max_pieces)?,
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// The text report: a breakdown like seed 000's Fig. 16, then the path.
+fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize) -> Result<()> {
+    let q = &r.request;
+    let duration = q.end_ns.saturating_sub(q.start_ns);
+    let title = format!("Request {}  [{}] {}", q.span_id, q.service, q.operation);
+    writeln!(out, "{}", fit(&title, 80))?;
+    writeln!(
+        out,
+        "  trace {}  {}  sync: {}  lost events: {}",
+        q.trace_id,
+        human_ns(duration),
+        r.details.sync,
+        r.lost_events
+    )?;
+    if r.details.truncated {
+        writeln!(
+            out,
+            "  (a thread critical path was cut short: parts are left unexplained)"
+        )?;
+    }
+    if r.critical_path.is_empty() {
+        writeln!(
+            out,
+            "\nNo kernel critical path: the request is not placed on any thread (sync: none)."
+        )?;
+        return Ok(());
+    }
+    let total = r.summary.iter().map(|s| s.ns).sum::<u64>().max(1) as f64;
+    writeln!(
+        out,
+        "\n{:<56}{:>13}{:>8}",
+        "Where the time went", "duration", "%"
+    )?;
+    // One line per blocking request (its parts under it, as seed 000's
+    // Fig. 16 groups them), one per own (thread, state).
+    // (label, ns, parts as (label, ns))
+    type Line = (String, u64, Vec<(String, u64)>);
+    let mut lines: Vec<Line> = Vec::new();
+    for s in &r.summary {
+        let thread = format!(
+            "[{}] {}{}",
+            thread_label(s.tid.map(|t| t as Tid), s.comm.as_deref()),
+            s.state,
+            deepspan_store::cpu_wait_label(s.throttled_ns, s.contended_ns, s.wakeup_ns)
+        );
+        match &s.blocked_by_request {
+            Some(b) => {
+                let label = match r.details.blockers.get(b) {
+                    Some(op) => format!("Blocked by request {b} {op}"),
+                    None => format!("Blocked by request {b}"),
+                };
+                match lines.iter_mut().find(|l| l.0 == label) {
+                    Some(l) => {
+                        l.1 += s.ns;
+                        l.2.push((thread, s.ns));
+                    }
+                    None => lines.push((label, s.ns, vec![(thread, s.ns)])),
+                }
+            }
+            None => lines.push((thread, s.ns, Vec::new())),
+        }
+    }
+    lines.sort_by_key(|l| std::cmp::Reverse(l.1));
+    let pct = |ns: u64| ns as f64 * 100.0 / total;
+    for (label, ns, parts) in &lines {
+        writeln!(
+            out,
+            "  {:<54}{:>13}{:>7.1}%",
+            fit(label, 54),
+            human_ns(*ns),
+            pct(*ns)
+        )?;
+        for (part, ns) in parts.iter().take(3) {
+            writeln!(
+                out,
+                "      {:<50}{:>13}{:>7.1}%",
+                fit(part, 50),
+                human_ns(*ns),
+                pct(*ns)
+            )?;
+        }
+    }
+    if !r.details.syscalls.is_empty() {
+        writeln!(
+            out,
+            "\n{:<56}{:>13}{:>8}",
+            "Waiting in / running in system calls", "duration", "%"
+        )?;
+        for (label, ns) in r.details.syscalls.iter().take(10) {
+            writeln!(
+                out,
+                "  {:<54}{:>13}{:>7.1}%",
+                fit(label, 54),
+                human_ns(*ns),
+                *ns as f64 * 100.0 / total
+            )?;
+        }
+    }
+    writeln!(out, "\nCritical path ({} pieces)", r.critical_path.len())?;
+    writeln!(
+        out,
+        "  {:>10} {:>10}  {:<12} {:<16} in / for",
+        "at", "duration", "state", "thread"
+    )?;
+    let shown = if max_pieces == 0 {
+        r.critical_path.len()
+    } else {
+        max_pieces.min(r.critical_path.len())
+    };
+    for p in &r.critical_path[..shown] {
+        let mut what = Vec::new();
+        if let Some(b) = &p.blocked_by_request {
+            what.push(format!("blocked by {b}"));
+        }
+        if let Some(s) = &p.syscall {
+            what.push(s.clone());
+        }
+        if p.throttled_ns + p.contended_ns + p.wakeup_ns > 0 {
+            let why = deepspan_store::cpu_wait_label(p.throttled_ns, p.contended_ns, p.wakeup_ns);
+            let why = why.trim().trim_start_matches('(').trim_end_matches(')');
+            match &p.preempted_by {
+                Some((t, c)) if p.contended_ns > 0 => what.push(format!(
+                    "{why}, CPU to {}",
+                    thread_label(Some(*t as Tid), c.as_deref())
+                )),
+                _ => what.push(why.to_string()),
+            }
+        }
+        if let Some(d) = &p.detail {
+            what.push(d.clone());
+        }
+        if p.lost {
+            what.push("events lost".to_string());
+        }
+        writeln!(
+            out,
+            "  {:>10} {:>10}  {:<12} {:<16} {}",
+            fit(&human_ns(p.start_ns.saturating_sub(q.start_ns)), 10),
+            fit(&human_ns(p.end_ns.saturating_sub(p.start_ns)), 10),
+            p.state,
+            fit(
+                &thread_label(p.tid.map(|t| t as Tid), p.comm.as_deref()),
+                16
+            ),
+            fit(&what.join(", "), 24)
+        )?;
+    }
+    if shown < r.critical_path.len() {
+        writeln!(
+            out,
+            "  … {} more pieces (--max-pieces 0 shows all, --format json gives them all)",
+            r.critical_path.len() - shown
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,621 @@
+//! A small row-oriented writer over Parquet's column writers, and a reader
+//! of whole rows back.
+//!
+//! Values are pushed column by column for each row (`i64(…)`, `str(…)`,
+//! …, then [`TableWriter::end_row`]); every [`ROW_GROUP`] rows the buffered
+//! columns are written as one row group, so memory stays bounded whatever
+//! the table size.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parquet::basic::{Compression, Encoding, IntType, LogicalType, Repetition, Type as Physical};
+use parquet::data_type::{BoolType, ByteArray, ByteArrayType, DoubleType, Int32Type, Int64Type};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::reader::FileReader;
+use parquet::file::serialized_reader::SerializedFileReader;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::record::Field;
+use parquet::schema::types::{ColumnPath, Type};
+
+use crate::Error;
+
+/// Rows per row group.
+pub const ROW_GROUP: usize = 64 * 1024;
+
+/// The type of a column's values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    I32,
+    I64,
+    /// Stored as INT64 annotated unsigned (pointers, raw arguments).
+    U64,
+    F64,
+    Bool,
+    /// UTF-8 text.
+    Str,
+}
+
+/// A column: name, kind, and whether it may be null.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Column {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub nullable: bool,
+}
+
+impl Column {
+    pub const fn new(name: &'static str, kind: Kind) -> Column {
+        Column {
+            name,
+            kind,
+            nullable: false,
+        }
+    }
+
+    pub const fn nullable(name: &'static str, kind: Kind) -> Column {
+        Column {
+            name,
+            kind,
+            nullable: true,
+        }
+    }
+}
+
+enum Values {
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+    Bool(Vec<bool>),
+    Str(Vec<ByteArray>),
+}
+
+struct Buffer {
+    column: Column,
+    values: Values,
+    /// Definition levels (1 = present) of a nullable column.
+    defs: Vec<i16>,
+}
+
+/// Writes one Parquet file row by row.
+pub struct TableWriter {
+    path: PathBuf,
+    writer: SerializedFileWriter<BufWriter<File>>,
+    buffers: Vec<Buffer>,
+    /// Next column of the current row.
+    next: usize,
+    rows_buffered: usize,
+    rows: u64,
+    /// The first misuse seen (see [`TableWriter::end_row`]).
+    misuse: Option<String>,
+}
+
+impl TableWriter {
+    /// Creates (or truncates) `path` for a table of these columns.
+    pub fn create(path: &Path, columns: &[Column]) -> Result<TableWriter, Error> {
+        let fields = columns
+            .iter()
+            .map(|c| {
+                let (physical, logical) = match c.kind {
+                    Kind::I32 => (Physical::INT32, None),
+                    Kind::I64 => (Physical::INT64, None),
+                    Kind::U64 => (
+                        Physical::INT64,
+                        Some(LogicalType::Integer(IntType {
+                            bit_width: 64,
+                            is_signed: false,
+                        })),
+                    ),
+                    Kind::F64 => (Physical::DOUBLE, None),
+                    Kind::Bool => (Physical::BOOLEAN, None),
+                    Kind::Str => (Physical::BYTE_ARRAY, Some(LogicalType::String)),
+                };
+                let repetition = if c.nullable {
+                    Repetition::OPTIONAL
+                } else {
+                    Repetition::REQUIRED
+                };
+                Type::primitive_type_builder(c.name, physical)
+                    .with_repetition(repetition)
+                    .with_logical_type(logical)
+                    .build()
+                    .map(Arc::new)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::parquet(path, "building the schema", e))?;
+        let schema = Type::group_type_builder("schema")
+            .with_fields(fields)
+            .build()
+            .map_err(|e| Error::parquet(path, "building the schema", e))?;
+        let mut props = WriterProperties::builder()
+            .set_compression(Compression::LZ4_RAW)
+            // Min/max per row group is what query engines prune with; per
+            // page costs time for little.
+            .set_statistics_enabled(EnabledStatistics::Chunk)
+            .set_created_by(format!("deepspan {}", env!("CARGO_PKG_VERSION")));
+        for c in columns {
+            // Dictionaries pay for names and small ids; for timestamps and
+            // durations (nearly all distinct) the writer would build one only
+            // to give it up.
+            let dictionary = matches!(c.kind, Kind::Str);
+            props = props.set_column_dictionary_enabled(ColumnPath::from(c.name), dictionary);
+            if c.kind == Kind::Str {
+                // Min/max of strings cost byte comparisons per value and
+                // prune nothing useful here.
+                props = props.set_column_statistics_enabled(
+                    ColumnPath::from(c.name),
+                    EnabledStatistics::None,
+                );
+            }
+            if c.kind == Kind::I64 {
+                // Times in time order, and durations: small deltas, so this
+                // packs them better than a general compressor, and fast.
+                props = props
+                    .set_column_encoding(ColumnPath::from(c.name), Encoding::DELTA_BINARY_PACKED);
+            }
+        }
+        let props = props.build();
+        let file = File::create(path).map_err(|e| Error::io(path, "cannot create", e))?;
+        let writer = SerializedFileWriter::new(
+            BufWriter::with_capacity(1 << 20, file),
+            Arc::new(schema),
+            Arc::new(props),
+        )
+        .map_err(|e| Error::parquet(path, "starting the file", e))?;
+        let buffers = columns
+            .iter()
+            .map(|&column| Buffer {
+                column,
+                values: match column.kind {
+                    Kind::I32 => Values::I32(Vec::with_capacity(ROW_GROUP)),
+                    Kind::I64 | Kind::U64 => Values::I64(Vec::with_capacity(ROW_GROUP)),
+                    Kind::F64 => Values::F64(Vec::with_capacity(ROW_GROUP)),
+                    Kind::Bool => Values::Bool(Vec::with_capacity(ROW_GROUP)),
+                    Kind::Str => Values::Str(Vec::with_capacity(ROW_GROUP)),
+                },
+                defs: Vec::new(),
+            })
+            .collect();
+        Ok(TableWriter {
+            path: path.to_path_buf(),
+            writer,
+            buffers,
+            next: 0,
+            rows_buffered: 0,
+            rows: 0,
+            misuse: None,
+        })
+    }
+
+    /// Records a value that does not fit its column (a bug in the caller's
+    /// column order): reported by the next [`TableWriter::end_row`], not
+    /// panicked on. The values themselves cost no check beyond a match.
+    #[cold]
+    fn misuse(&mut self, column: usize, kind: &str, null: bool) {
+        if self.misuse.is_some() {
+            return;
+        }
+        let what = match self.buffers.get(column) {
+            None => format!(
+                "more values than the {} columns in a row",
+                self.buffers.len()
+            ),
+            Some(b) if null => format!("null for the required column {}", b.column.name),
+            Some(b) => format!(
+                "a {kind} value for column {} of kind {:?}",
+                b.column.name, b.column.kind
+            ),
+        };
+        self.misuse = Some(what);
+    }
+
+    #[inline]
+    pub fn i32(&mut self, v: i32) {
+        self.opt_i32(Some(v))
+    }
+
+    #[inline]
+    pub fn opt_i32(&mut self, v: Option<i32>) {
+        let i = self.next;
+        self.next += 1;
+        if let Some(Buffer {
+            column,
+            values: Values::I32(vals),
+            defs,
+        }) = self.buffers.get_mut(i)
+        {
+            if column.nullable {
+                defs.push(v.is_some() as i16);
+            }
+            match v {
+                Some(v) => return vals.push(v),
+                None if column.nullable => return,
+                None => {}
+            }
+        }
+        self.misuse(i, "i32", v.is_none());
+    }
+
+    #[inline]
+    pub fn i64(&mut self, v: i64) {
+        self.opt_i64(Some(v))
+    }
+
+    #[inline]
+    pub fn opt_i64(&mut self, v: Option<i64>) {
+        let i = self.next;
+        self.next += 1;
+        if let Some(Buffer {
+            column,
+            values: Values::I64(vals),
+            defs,
+        }) = self.buffers.get_mut(i)
+        {
+            if column.nullable {
+                defs.push(v.is_some() as i16);
+            }
+            match v {
+                Some(v) => return vals.push(v),
+                None if column.nullable => return,
+                None => {}
+            }
+        }
+        self.misuse(i, "i64", v.is_none());
+    }
+
+    /// Nanoseconds and other unsigned values that fit in 63 bits are
+    /// written as i64; larger ones (raw pointers in U64 columns) keep their
+    /// bits.
+    #[inline]
+    pub fn u64(&mut self, v: u64) {
+        self.opt_i64(Some(v as i64))
+    }
+
+    #[inline]
+    pub fn opt_u64(&mut self, v: Option<u64>) {
+        self.opt_i64(v.map(|v| v as i64))
+    }
+
+    #[inline]
+    pub fn f64(&mut self, v: f64) {
+        let i = self.next;
+        self.next += 1;
+        if let Some(Buffer {
+            values: Values::F64(vals),
+            ..
+        }) = self.buffers.get_mut(i)
+        {
+            return vals.push(v);
+        }
+        self.misuse(i, "f64", false);
+    }
+
+    #[inline]
+    pub fn bool(&mut self, v: bool) {
+        let i = self.next;
+        self.next += 1;
+        if let Some(Buffer {
+            values: Values::Bool(vals),
+            ..
+        }) = self.buffers.get_mut(i)
+        {
+            return vals.push(v);
+        }
+        self.misuse(i, "bool", false);
+    }
+
+    pub fn str(&mut self, v: &str) {
+        self.bytes(Some(ByteArray::from(v.as_bytes().to_vec())))
+    }
+
+    pub fn opt_str(&mut self, v: Option<&str>) {
+        self.bytes(v.map(|v| ByteArray::from(v.as_bytes().to_vec())))
+    }
+
+    /// A string known at compile time: no copy.
+    #[inline]
+    pub fn static_str(&mut self, v: &'static str) {
+        self.bytes(Some(ByteArray::from(Bytes::from_static(v.as_bytes()))))
+    }
+
+    /// A string already made into a [`ByteArray`] (cheap to clone: callers
+    /// cache repeated values such as thread names).
+    #[inline]
+    pub fn bytes(&mut self, v: Option<ByteArray>) {
+        let i = self.next;
+        self.next += 1;
+        let null = v.is_none();
+        if let Some(Buffer {
+            column,
+            values: Values::Str(vals),
+            defs,
+        }) = self.buffers.get_mut(i)
+        {
+            if column.nullable {
+                defs.push(!null as i16);
+            }
+            match v {
+                Some(v) => return vals.push(v),
+                None if column.nullable => return,
+                None => {}
+            }
+        }
+        self.misuse(i, "string", null);
+    }
+
+    /// Ends the current row; every column must have had its value, of its
+    /// kind.
+    pub fn end_row(&mut self) -> Result<(), Error> {
+        if let Some(what) = self.misuse.take() {
+            // Poisoned: the columns no longer line up.
+            self.misuse = Some(what.clone());
+            return Err(Error::Schema {
+                path: self.path.clone(),
+                what: format!("row {}: {what}", self.rows),
+            });
+        }
+        if self.next != self.buffers.len() {
+            return Err(Error::Schema {
+                path: self.path.clone(),
+                what: format!(
+                    "row {} has {} values for {} columns",
+                    self.rows,
+                    self.next,
+                    self.buffers.len()
+                ),
+            });
+        }
+        self.next = 0;
+        self.rows_buffered += 1;
+        self.rows += 1;
+        if self.rows_buffered >= ROW_GROUP {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    fn flush(&mut self) -> Result<(), Error> {
+        if self.rows_buffered == 0 {
+            return Ok(());
+        }
+        let path = self.path.clone();
+        let err = |e| Error::parquet(&path, "writing a row group", e);
+        let mut group = self.writer.next_row_group().map_err(err)?;
+        for b in &mut self.buffers {
+            let Some(mut col) = group.next_column().map_err(err)? else {
+                break;
+            };
+            let defs = b.column.nullable.then_some(&b.defs[..]);
+            match &mut b.values {
+                Values::I32(v) => {
+                    col.typed::<Int32Type>()
+                        .write_batch(v, defs, None)
+                        .map_err(err)?;
+                    v.clear();
+                }
+                Values::I64(v) => {
+                    col.typed::<Int64Type>()
+                        .write_batch(v, defs, None)
+                        .map_err(err)?;
+                    v.clear();
+                }
+                Values::F64(v) => {
+                    col.typed::<DoubleType>()
+                        .write_batch(v, defs, None)
+                        .map_err(err)?;
+                    v.clear();
+                }
+                Values::Bool(v) => {
+                    col.typed::<BoolType>()
+                        .write_batch(v, defs, None)
+                        .map_err(err)?;
+                    v.clear();
+                }
+                Values::Str(v) => {
+                    col.typed::<ByteArrayType>()
+                        .write_batch(v, defs, None)
+                        .map_err(err)?;
+                    v.clear();
+                }
+            }
+            b.defs.clear();
+            col.close().map_err(err)?;
+        }
+        group.close().map_err(err)?;
+        self.rows_buffered = 0;
+        Ok(())
+    }
+
+    /// Writes what is buffered and the file footer.
+    pub fn finish(mut self) -> Result<u64, Error> {
+        if let Some(what) = self.misuse.take() {
+            return Err(Error::Schema {
+                path: self.path.clone(),
+                what,
+            });
+        }
+        if self.next != 0 {
+            return Err(Error::Schema {
+                path: self.path.clone(),
+                what: "the last row is incomplete".into(),
+            });
+        }
+        self.flush()?;
+        let path = self.path.clone();
+        let rows = self.rows;
+        let inner = self
+            .writer
+            .into_inner()
+            .map_err(|e| Error::parquet(&path, "writing the footer", e))?;
+        inner
+            .into_inner()
+            .map_err(|e| Error::io(&path, "cannot write", e.into_error()))?
+            .sync_all()
+            .map_err(|e| Error::io(&path, "cannot sync", e))?;
+        Ok(rows)
+    }
+}
+
+/// A value read back from a table.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cell {
+    Null,
+    Int(i64),
+    /// Unsigned 64-bit values (U64 columns).
+    UInt(u64),
+    F64(f64),
+    Bool(bool),
+    Str(String),
+}
+
+impl Cell {
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Cell::Int(v) => Some(*v),
+            Cell::UInt(v) => i64::try_from(*v).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Cell::Int(v) => u64::try_from(*v).ok(),
+            Cell::UInt(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Cell::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Cell::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Cell::F64(v) => Some(*v),
+            _ => None,
+        }
+    }
+}
+
+/// Reads the rows of a table for which `keep` is true, as `(column name,
+/// value)` lists in column order.
+pub fn read_rows(
+    path: &Path,
+    mut keep: impl FnMut(&[(String, Cell)]) -> bool,
+) -> Result<Vec<Vec<(String, Cell)>>, Error> {
+    let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
+    let reader = SerializedFileReader::new(file)
+        .map_err(|e| Error::parquet(path, "reading the footer", e))?;
+    let rows = reader
+        .get_row_iter(None)
+        .map_err(|e| Error::parquet(path, "reading rows", e))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let row = row.map_err(|e| Error::parquet(path, "reading a row", e))?;
+        let cells: Vec<(String, Cell)> = row
+            .get_column_iter()
+            .map(|(name, f)| (name.clone(), cell(f)))
+            .collect();
+        if keep(&cells) {
+            out.push(cells);
+        }
+    }
+    Ok(out)
+}
+
+fn cell(f: &Field) -> Cell {
+    match f {
+        Field::Null => Cell::Null,
+        Field::Bool(b) => Cell::Bool(*b),
+        Field::Byte(v) => Cell::Int(i64::from(*v)),
+        Field::Short(v) => Cell::Int(i64::from(*v)),
+        Field::Int(v) => Cell::Int(i64::from(*v)),
+        Field::Long(v) => Cell::Int(*v),
+        Field::UByte(v) => Cell::Int(i64::from(*v)),
+        Field::UShort(v) => Cell::Int(i64::from(*v)),
+        Field::UInt(v) => Cell::Int(i64::from(*v)),
+        Field::ULong(v) => Cell::UInt(*v),
+        Field::Float(v) => Cell::F64(f64::from(*v)),
+        Field::Double(v) => Cell::F64(*v),
+        Field::Str(s) => Cell::Str(s.clone()),
+        other => Cell::Str(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_round_trip_with_nulls_and_many_row_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let cols = [
+            Column::new("a", Kind::I64),
+            Column::nullable("b", Kind::Str),
+            Column::new("c", Kind::U64),
+            Column::nullable("d", Kind::I32),
+            Column::new("e", Kind::Bool),
+            Column::new("f", Kind::F64),
+        ];
+        let mut w = TableWriter::create(&path, &cols).unwrap();
+        let n = ROW_GROUP as u64 + 10;
+        for i in 0..n {
+            w.i64(i as i64);
+            w.opt_str((i % 2 == 0).then_some("x"));
+            w.u64(u64::MAX - i);
+            w.opt_i32((i % 3 == 0).then_some(i as i32));
+            w.bool(i % 5 == 0);
+            w.f64(i as f64 / 2.0);
+            w.end_row().unwrap();
+        }
+        assert_eq!(w.finish().unwrap(), n);
+        let rows = read_rows(&path, |r| r[0].1.as_i64().is_some_and(|a| a % 1000 == 0)).unwrap();
+        assert_eq!(rows.len(), (n as usize).div_ceil(1000));
+        let r = &rows[1];
+        assert_eq!(r[0], ("a".to_string(), Cell::Int(1000)));
+        assert_eq!(r[1].1, Cell::Str("x".into()));
+        assert_eq!(r[2].1.as_u64(), Some(u64::MAX - 1000));
+        assert_eq!(r[3].1, Cell::Null);
+        assert_eq!(r[4].1, Cell::Bool(true));
+        assert_eq!(r[5].1.as_f64(), Some(500.0));
+    }
+
+    #[test]
+    fn misuse_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let mut w = TableWriter::create(&path, &[Column::new("a", Kind::I64)]).unwrap();
+        w.opt_i64(None);
+        assert!(w.end_row().is_err());
+        assert!(w.end_row().is_err(), "a misused writer stays failed");
+        let mut w = TableWriter::create(&path, &[Column::new("a", Kind::I64)]).unwrap();
+        w.str("x");
+        assert!(w.end_row().is_err());
+        let mut w = TableWriter::create(&path, &[Column::new("a", Kind::I64)]).unwrap();
+        assert!(w.end_row().is_err());
+        let mut w = TableWriter::create(&path, &[Column::new("a", Kind::I64)]).unwrap();
+        w.i64(1);
+        w.i64(2);
+        assert!(w.end_row().is_err());
+        assert!(w.finish().is_err());
+    }
+}

@@ -1,0 +1,585 @@
+//! The analysis tables: their columns and how each is written from the
+//! analysis results. Column meanings are documented in ARCHITECTURE.md
+//! ("Analysis tables"); times are CLOCK_MONOTONIC ns of the recording host,
+//! ids are lower-case hex as in OTLP.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bytes::Bytes;
+use deepspan_analysis::{
+    softirq_name, syscall_label, Arch, BlockReason, EdgeType, KernelModel, RequestPath,
+    SyscallInterval, ThreadState,
+};
+use deepspan_model::{Comm, Tid};
+use parquet::data_type::ByteArray;
+
+use crate::table::{Column, Kind, TableWriter};
+use crate::{span_hex, trace_hex, AnalysisResults, Error};
+
+pub const THREAD_STATES: &str = "thread_states.parquet";
+pub const SYSCALLS: &str = "syscalls.parquet";
+pub const REQUESTS: &str = "requests.parquet";
+pub const CRITICAL_PATH: &str = "critical_path.parquet";
+pub const REQUEST_SUMMARY: &str = "request_summary.parquet";
+pub const REQUEST_SYSCALLS: &str = "request_syscalls.parquet";
+pub const OPERATION_SUMMARY: &str = "operation_summary.parquet";
+
+use Kind::{Bool, Str, F64, I32, I64, U64};
+
+pub const THREAD_STATES_COLUMNS: &[Column] = &[
+    Column::new("tid", I32),
+    Column::nullable("pid", I32),
+    Column::nullable("comm", Str),
+    Column::new("start_ns", I64),
+    Column::new("end_ns", I64),
+    Column::new("duration_ns", I64),
+    Column::new("state", Str),
+    Column::nullable("cpu", I32),
+    Column::nullable("waker_tid", I32),
+    Column::nullable("detail", Str),
+    Column::nullable("syscall", Str),
+];
+
+pub const SYSCALLS_COLUMNS: &[Column] = &[
+    Column::new("tid", I32),
+    Column::nullable("pid", I32),
+    Column::new("start_ns", I64),
+    Column::new("end_ns", I64),
+    Column::new("duration_ns", I64),
+    Column::new("nr", I32),
+    Column::nullable("name", Str),
+    Column::new("arg0", U64),
+    Column::new("arg1", U64),
+    Column::nullable("ret", I64),
+    Column::new("entry_seen", Bool),
+    Column::new("exit_seen", Bool),
+];
+
+pub const REQUESTS_COLUMNS: &[Column] = &[
+    Column::new("trace_id", Str),
+    Column::new("span_id", Str),
+    Column::nullable("parent_span_id", Str),
+    Column::new("service", Str),
+    Column::new("operation", Str),
+    Column::new("kind", Str),
+    Column::new("start_ns", I64),
+    Column::new("end_ns", I64),
+    Column::new("duration_ns", I64),
+    Column::new("sync", Str),
+    Column::nullable("tid", I32),
+    Column::new("pieces", I64),
+    Column::new("running_ns", I64),
+    Column::new("preempted_ns", I64),
+    Column::new("throttled_ns", I64),
+    Column::new("blocked_by_requests_ns", I64),
+    Column::new("unknown_ns", I64),
+    Column::nullable("top_cause", Str),
+    Column::new("top_cause_ns", I64),
+    Column::new("lost_events", I64),
+    Column::new("truncated", Bool),
+];
+
+pub const CRITICAL_PATH_COLUMNS: &[Column] = &[
+    Column::new("trace_id", Str),
+    Column::new("span_id", Str),
+    Column::new("seq", I32),
+    Column::new("start_ns", I64),
+    Column::new("end_ns", I64),
+    Column::new("duration_ns", I64),
+    Column::new("state", Str),
+    Column::nullable("tid", I32),
+    Column::nullable("comm", Str),
+    Column::nullable("syscall", Str),
+    Column::nullable("waiting_in", Str),
+    Column::nullable("detail", Str),
+    Column::nullable("working_for_span_id", Str),
+    Column::nullable("blocked_by_request", Str),
+    Column::nullable("blocked_by_trace_id", Str),
+    Column::new("shared", I32),
+    Column::new("vertical", Bool),
+    Column::new("lost", Bool),
+    Column::nullable("preempted_by_tid", I32),
+    Column::nullable("preempted_by_comm", Str),
+    Column::nullable("throttled_ns", I64),
+    Column::nullable("contended_ns", I64),
+    Column::nullable("wakeup_ns", I64),
+];
+
+pub const REQUEST_SUMMARY_COLUMNS: &[Column] = &[
+    Column::new("trace_id", Str),
+    Column::new("span_id", Str),
+    Column::new("state", Str),
+    Column::nullable("tid", I32),
+    Column::nullable("comm", Str),
+    Column::nullable("blocked_by_request", Str),
+    Column::new("ns", I64),
+    Column::new("share", F64),
+    Column::new("throttled_ns", I64),
+    Column::new("contended_ns", I64),
+    Column::new("wakeup_ns", I64),
+];
+
+pub const REQUEST_SYSCALLS_COLUMNS: &[Column] = &[
+    Column::new("trace_id", Str),
+    Column::new("span_id", Str),
+    Column::new("syscall", Str),
+    Column::new("ns", I64),
+    Column::new("share", F64),
+];
+
+pub const OPERATION_SUMMARY_COLUMNS: &[Column] = &[
+    Column::new("service", Str),
+    Column::new("operation", Str),
+    Column::new("requests", I64),
+    Column::new("total_ns", I64),
+    Column::new("mean_ns", I64),
+    Column::new("max_ns", I64),
+    Column::new("state", Str),
+    Column::nullable("comm", Str),
+    Column::new("blocked_by_requests", Bool),
+    Column::new("ns", I64),
+    Column::new("share", F64),
+    Column::new("throttled_ns", I64),
+    Column::new("contended_ns", I64),
+];
+
+/// The name of a thread state in tables: the critical-path state names,
+/// with WAIT_CPU (woken, not yet on a CPU) kept apart from PREEMPTED.
+pub fn state_name(s: ThreadState) -> &'static str {
+    match s {
+        ThreadState::WaitCpu => "WAIT_CPU",
+        other => other.edge_type().name(),
+    }
+}
+
+/// The name of a critical-path state (`DEFAULT`, a link without a state of
+/// its own, reads as UNKNOWN).
+pub fn path_state_name(s: EdgeType) -> &'static str {
+    match s {
+        EdgeType::Default => "UNKNOWN",
+        other => other.name(),
+    }
+}
+
+/// A one-entry cache of a thread name as a Parquet string: rows come
+/// grouped by thread, so names repeat.
+#[derive(Default)]
+struct CommCache {
+    last: Option<(Comm, ByteArray)>,
+}
+
+impl CommCache {
+    fn get(&mut self, comm: Option<Comm>) -> Option<ByteArray> {
+        let c = comm?;
+        if let Some((k, v)) = &self.last {
+            if *k == c {
+                return Some(v.clone());
+            }
+        }
+        let v = ByteArray::from(Bytes::copy_from_slice(c.to_string_lossy().as_bytes()));
+        self.last = Some((c, v.clone()));
+        Some(v)
+    }
+}
+
+/// What the kernel tables need: they do not depend on spans, so they can be
+/// written while requests are analysed.
+pub struct KernelContext<'a> {
+    pub model: &'a KernelModel,
+    pub arch: Arch,
+    /// Thread → process, where the recorder saved it.
+    pub pids: &'a HashMap<Tid, Tid>,
+}
+
+impl KernelContext<'_> {
+    fn pid(&self, tid: Tid) -> Option<Tid> {
+        self.model
+            .thread(tid)
+            .and_then(|t| t.pid)
+            .or_else(|| self.pids.get(&tid).copied())
+    }
+}
+
+/// All thread states of the model.
+pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error> {
+    let mut w = TableWriter::create(path, THREAD_STATES_COLUMNS)?;
+    let mut comms = CommCache::default();
+    for th in r.model.threads() {
+        let pid = r.pid(th.tid);
+        // States and system calls are both in time order: one cursor.
+        let syscalls = th.syscalls();
+        let mut next_syscall = 0;
+        let mut label: Option<(usize, ByteArray)> = None;
+        // Names too: (since, name) in time order; the first name also
+        // stands for the time before it, as `name_at` says.
+        let names = th.names();
+        let mut name = 0;
+        for s in th.states() {
+            while next_syscall < syscalls.len() && syscalls[next_syscall].end <= s.start {
+                next_syscall += 1;
+            }
+            while name + 1 < names.len() && names[name + 1].0 <= s.start {
+                name += 1;
+            }
+            w.i32(th.tid);
+            w.opt_i32(pid);
+            w.bytes(comms.get(names.get(name).map(|n| n.1)));
+            w.u64(s.start);
+            w.u64(s.end);
+            w.u64(s.duration());
+            w.static_str(state_name(s.state));
+            w.opt_i32((s.cpu != deepspan_analysis::NO_CPU).then_some(s.cpu as i32));
+            let (waker, detail) = match s.state {
+                ThreadState::Blocked(BlockReason::Thread(t)) => (Some(t), None),
+                ThreadState::Blocked(BlockReason::Irq(irq)) => (
+                    None,
+                    Some(
+                        r.model
+                            .irq_name(irq)
+                            .map(|n| format!("irq {irq} {n}"))
+                            .unwrap_or_else(|| format!("irq {irq}")),
+                    ),
+                ),
+                ThreadState::Blocked(BlockReason::Softirq(v)) => {
+                    (None, Some(format!("softirq {}", softirq_name(v))))
+                }
+                _ => (None, None),
+            };
+            w.opt_i32(waker);
+            if s.state == ThreadState::Blocked(BlockReason::Unexplained) {
+                w.static_str("no wake-up seen");
+            } else {
+                w.opt_str(detail.as_deref());
+            }
+            // What it waited in; not said for RUNNING (it is in many).
+            let inside = syscalls
+                .get(next_syscall)
+                .filter(|sc| sc.start <= s.start && s.state != ThreadState::Running);
+            let syscall = inside.map(|sc| match &label {
+                Some((i, l)) if *i == next_syscall => l.clone(),
+                _ => {
+                    let l = ByteArray::from(syscall_label(r.model, r.arch, sc).into_bytes());
+                    label = Some((next_syscall, l.clone()));
+                    l
+                }
+            });
+            w.bytes(syscall);
+            w.end_row()?;
+        }
+    }
+    w.finish()
+}
+
+/// All system calls of the model.
+pub fn write_syscalls(path: &Path, r: &KernelContext) -> Result<u64, Error> {
+    let mut w = TableWriter::create(path, SYSCALLS_COLUMNS)?;
+    let mut names = NameCache::default();
+    for th in r.model.threads() {
+        let pid = r.pid(th.tid);
+        for s in th.syscalls() {
+            w.i32(th.tid);
+            w.opt_i32(pid);
+            w.u64(s.start);
+            w.u64(s.end);
+            w.u64(s.end.saturating_sub(s.start));
+            w.i32(s.id);
+            w.bytes(names.get(r, s));
+            w.u64(s.arg0);
+            w.u64(s.arg1);
+            w.opt_i64(s.exit_seen.then_some(s.ret));
+            w.bool(s.entry_seen);
+            w.bool(s.exit_seen);
+            w.end_row()?;
+        }
+    }
+    w.finish()
+}
+
+/// Syscall names as Parquet strings: names from the number table are
+/// static (free to clone); names the trace gave are made once per name.
+#[derive(Default)]
+struct NameCache {
+    by_name: Vec<Option<ByteArray>>,
+}
+
+impl NameCache {
+    fn get(&mut self, r: &KernelContext, s: &SyscallInterval) -> Option<ByteArray> {
+        if s.name == 0 {
+            let name = deepspan_analysis::syscall_name(r.arch, s.id)?;
+            return Some(ByteArray::from(Bytes::from_static(name.as_bytes())));
+        }
+        let i = s.name as usize;
+        if self.by_name.len() <= i {
+            self.by_name.resize(i + 1, None);
+        }
+        if self.by_name[i].is_none() {
+            let name = r.model.syscall_name(s)?;
+            let name = name.strip_prefix("sys_").unwrap_or(name);
+            self.by_name[i] = Some(ByteArray::from(Bytes::copy_from_slice(name.as_bytes())));
+        }
+        self.by_name[i].clone()
+    }
+}
+
+/// Per-request totals used by the requests table and requests.json.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestTotals {
+    pub pieces: u64,
+    pub running_ns: u64,
+    pub preempted_ns: u64,
+    pub throttled_ns: u64,
+    pub blocked_by_requests_ns: u64,
+    pub unknown_ns: u64,
+}
+
+pub fn totals(path: &RequestPath) -> RequestTotals {
+    let mut t = RequestTotals {
+        pieces: path.pieces.len() as u64,
+        ..RequestTotals::default()
+    };
+    for p in &path.pieces {
+        let d = p.duration();
+        if p.blocked_by.is_some() {
+            t.blocked_by_requests_ns += d;
+        }
+        match p.state {
+            EdgeType::Running => t.running_ns += d,
+            EdgeType::Preempted => {
+                t.preempted_ns += d;
+                t.throttled_ns += p.cpu_wait.map_or(0, |w| w.throttled_ns);
+            }
+            EdgeType::Unknown | EdgeType::Default => t.unknown_ns += d,
+            _ => {}
+        }
+    }
+    t
+}
+
+/// One row per request.
+pub fn write_requests(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
+    let mut w = TableWriter::create(path, REQUESTS_COLUMNS)?;
+    for rec in r.requests {
+        let (p, summary, t) = (&rec.path, &rec.summary, &rec.totals);
+        let Some(span) = r.span(p.request) else {
+            continue;
+        };
+        w.str(&trace_hex(span.trace_id));
+        w.str(&span_hex(span.span_id));
+        w.opt_str(span.parent_span_id.map(span_hex).as_deref());
+        w.str(&span.service);
+        w.str(&span.operation);
+        w.static_str(span.kind);
+        w.u64(p.start);
+        w.u64(p.end);
+        w.u64(p.duration());
+        w.static_str(p.sync.name());
+        w.opt_i32(p.home.first().map(|h| h.2));
+        w.u64(t.pieces);
+        w.u64(t.running_ns);
+        w.u64(t.preempted_ns);
+        w.u64(t.throttled_ns);
+        w.u64(t.blocked_by_requests_ns);
+        w.u64(t.unknown_ns);
+        let top = summary.by_state.first();
+        w.opt_str(top.map(|row| crate::cause_label(row, r.spans)).as_deref());
+        w.u64(top.map_or(0, |row| row.ns));
+        w.u64(rec.lost_events);
+        w.bool(p.truncated);
+        w.end_row()?;
+    }
+    w.finish()
+}
+
+/// What the critical-path rows need besides the path.
+pub struct PathContext<'a> {
+    pub model: &'a KernelModel,
+    pub arch: Arch,
+    /// Indexed by span index.
+    pub spans: &'a [crate::SpanMeta],
+}
+
+/// Writes every piece of every request's critical path, one request at a
+/// time as they are computed.
+pub struct CriticalPathWriter {
+    w: TableWriter,
+    comms: CommCache,
+    /// The last system call labelled, by (thread, start), and its label:
+    /// consecutive pieces often share it.
+    label: Option<((Tid, u64), ByteArray)>,
+    waiting: Option<((Tid, u64), ByteArray)>,
+}
+
+impl CriticalPathWriter {
+    pub fn create(path: &Path) -> Result<CriticalPathWriter, Error> {
+        Ok(CriticalPathWriter {
+            w: TableWriter::create(path, CRITICAL_PATH_COLUMNS)?,
+            comms: CommCache::default(),
+            label: None,
+            waiting: None,
+        })
+    }
+
+    /// Appends the rows of one request's path.
+    pub fn write(&mut self, ctx: &PathContext, p: &RequestPath) -> Result<(), Error> {
+        let Some(span) = ctx.spans.get(p.request as usize) else {
+            return Ok(());
+        };
+        let trace_id = ByteArray::from(trace_hex(span.trace_id).into_bytes());
+        let span_id = ByteArray::from(span_hex(span.span_id).into_bytes());
+        for (seq, piece) in p.pieces.iter().enumerate() {
+            let w = &mut self.w;
+            w.bytes(Some(trace_id.clone()));
+            w.bytes(Some(span_id.clone()));
+            w.i32(i32::try_from(seq).unwrap_or(i32::MAX));
+            w.u64(piece.start);
+            w.u64(piece.end);
+            w.u64(piece.duration());
+            w.static_str(path_state_name(piece.state));
+            w.opt_i32(piece.tid);
+            w.bytes(self.comms.get(piece.comm));
+            let tid = piece.tid.unwrap_or(-1);
+            let syscall = piece
+                .syscall
+                .map(|s| cached_label(&mut self.label, ctx, tid, &s));
+            w.bytes(syscall);
+            // The waiting thread is the request's own at the time.
+            let home = p
+                .home
+                .iter()
+                .find(|h| h.0 <= piece.start && piece.start < h.1)
+                .map_or(-1, |h| h.2);
+            let waiting = piece
+                .waiting_in
+                .map(|s| cached_label(&mut self.waiting, ctx, home, &s));
+            w.bytes(waiting);
+            w.opt_str(piece.qualifier.as_deref());
+            let working = piece
+                .span
+                .and_then(|s| ctx.spans.get(s as usize))
+                .map(|s| span_hex(s.span_id));
+            w.opt_str(working.as_deref());
+            let blocker = piece.blocked_by.and_then(|b| ctx.spans.get(b as usize));
+            w.opt_str(blocker.map(|s| span_hex(s.span_id)).as_deref());
+            w.opt_str(blocker.map(|s| trace_hex(s.trace_id)).as_deref());
+            w.i32(i32::try_from(piece.shared).unwrap_or(i32::MAX));
+            w.bool(piece.vertical);
+            w.bool(piece.lost);
+            let wait = piece.cpu_wait;
+            let holder = wait.and_then(|x| x.holder);
+            w.opt_i32(holder);
+            let holder_comm = holder
+                .and_then(|t| ctx.model.thread(t))
+                .and_then(|t| t.name_at(piece.start))
+                .map(|c| c.to_string_lossy());
+            w.opt_str(holder_comm.as_deref());
+            w.opt_u64(wait.map(|x| x.throttled_ns));
+            w.opt_u64(wait.map(|x| x.contended_ns));
+            w.opt_u64(wait.map(|x| x.wakeup_ns));
+            w.end_row()?;
+        }
+        Ok(())
+    }
+
+    pub fn finish(self) -> Result<u64, Error> {
+        self.w.finish()
+    }
+}
+
+fn cached_label(
+    cache: &mut Option<((Tid, u64), ByteArray)>,
+    ctx: &PathContext,
+    tid: Tid,
+    s: &SyscallInterval,
+) -> ByteArray {
+    let key = (tid, s.start);
+    if let Some((k, v)) = cache {
+        if *k == key {
+            return v.clone();
+        }
+    }
+    let v = ByteArray::from(syscall_label(ctx.model, ctx.arch, s).into_bytes());
+    *cache = Some((key, v.clone()));
+    v
+}
+
+/// Per request: time per (state, thread, blocking request), and per
+/// system call.
+pub fn write_request_summaries(
+    summary_path: &Path,
+    syscalls_path: &Path,
+    r: &AnalysisResults,
+) -> Result<(u64, u64), Error> {
+    let mut w = TableWriter::create(summary_path, REQUEST_SUMMARY_COLUMNS)?;
+    let mut ws = TableWriter::create(syscalls_path, REQUEST_SYSCALLS_COLUMNS)?;
+    for rec in r.requests {
+        let (p, s) = (&rec.path, &rec.summary);
+        let Some(span) = r.span(p.request) else {
+            continue;
+        };
+        let (trace_id, span_id) = (trace_hex(span.trace_id), span_hex(span.span_id));
+        let total = s.total_ns.max(1) as f64;
+        for row in &s.by_state {
+            w.str(&trace_id);
+            w.str(&span_id);
+            w.static_str(path_state_name(row.state));
+            w.opt_i32(row.tid);
+            w.opt_str(row.comm.map(|c| c.to_string_lossy()).as_deref());
+            let blocker = row
+                .blocked_by
+                .and_then(|b| r.span(b))
+                .map(|b| span_hex(b.span_id));
+            w.opt_str(blocker.as_deref());
+            w.u64(row.ns);
+            w.f64(row.ns as f64 / total);
+            w.u64(row.throttled_ns);
+            w.u64(row.contended_ns);
+            w.u64(row.wakeup_ns);
+            w.end_row()?;
+        }
+        for (label, ns) in &s.by_syscall {
+            ws.str(&trace_id);
+            ws.str(&span_id);
+            ws.str(label);
+            ws.u64(*ns);
+            ws.f64(*ns as f64 / total);
+            ws.end_row()?;
+        }
+    }
+    Ok((w.finish()?, ws.finish()?))
+}
+
+/// Per operation (`service`, `operation`): time per (state, thread name,
+/// blocked by other requests or not) over all its requests.
+pub fn write_operation_summary(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
+    let mut w = TableWriter::create(path, OPERATION_SUMMARY_COLUMNS)?;
+    for op in r.operations {
+        let total = op.total_ns.max(1) as f64;
+        for row in &op.rows {
+            w.str(&op.key.0);
+            w.str(&op.key.1);
+            w.u64(op.requests as u64);
+            w.u64(op.total_ns);
+            w.u64(op.total_ns / op.requests.max(1) as u64);
+            w.u64(op.max_ns);
+            w.static_str(path_state_name(row.state));
+            w.opt_str(row.comm.map(|c| c.to_string_lossy()).as_deref());
+            w.bool(row.blocked);
+            w.u64(row.ns);
+            w.f64(row.ns as f64 / total);
+            w.u64(row.throttled_ns);
+            w.u64(row.contended_ns);
+            w.end_row()?;
+        }
+    }
+    w.finish()
+}
+
+/// Thread name for display: `tid/comm`.
+pub fn thread_label(tid: Option<Tid>, comm: Option<&str>) -> String {
+    match (tid, comm) {
+        (Some(t), Some(c)) if !c.is_empty() => format!("{t}/{c}"),
+        (Some(t), _) => t.to_string(),
+        (None, _) => "-".to_string(),
+    }
+}
