@@ -211,6 +211,23 @@ fn signal(pid: u32, sig: i32) {
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
 }
 
+/// Starts a recording without a command into `run` and waits until tracing
+/// is on; the recorder is stopped (SIGINT) if the test fails.
+fn start_recorder(args: &[&str], run: &Path) -> (u32, KillOnDrop) {
+    let child = deepspan()
+        .args(["record", "--no-otlp"])
+        .args(args)
+        .arg("-o")
+        .arg(run)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let child = KillOnDrop(child);
+    wait_until("tracing to start", Duration::from_secs(20), || recording_started(pid));
+    (pid, child)
+}
+
 #[test]
 fn sigint_stops_the_recording_cleanly() {
     if !kernel_or_skip("sigint_stops_the_recording_cleanly") {
@@ -218,15 +235,7 @@ fn sigint_stops_the_recording_cleanly() {
     }
     let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
     let run = tmp.path().join("run");
-    let mut child = deepspan()
-        .args(["record", "--no-otlp", "--duration", "120", "-o"])
-        .arg(&run)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let mut child = KillOnDrop(child);
-    wait_until("tracing to start", Duration::from_secs(20), || recording_started(pid));
+    let (pid, mut child) = start_recorder(&["--duration", "120"], &run);
     std::thread::sleep(Duration::from_millis(500));
     signal(pid, libc::SIGINT);
     let start = Instant::now();
@@ -250,15 +259,7 @@ fn flight_mode_writes_only_on_snapshot() {
     }
     let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
     let run = tmp.path().join("run");
-    let mut child = deepspan()
-        .args(["record", "--no-otlp", "--mode", "flight", "--buffer-mb", "4", "-o"])
-        .arg(&run)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let mut child = KillOnDrop(child);
-    wait_until("tracing to start", Duration::from_secs(20), || recording_started(pid));
+    let (pid, mut child) = start_recorder(&["--mode", "flight", "--buffer-mb", "4"], &run);
 
     let busy = Command::new(workload()).args(["pingpong", "2000"]).output().unwrap();
     assert!(busy.status.success());
