@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""CTF decode benchmark of deepspan (run by hand: `make bench`; never a test).
+
+Decode throughput of `deepspan decode DIR --format json` (every event mapped
+with `CtfEvent::to_event`, names counted) against `babeltrace2 DIR -o dummy`
+and `babeltrace2 DIR -c sink.utils.counter` on the same traces, made here:
+
+(a) ust: a real LTTng-UST trace (>= 200 MB by default) of the `jaeger_ust`
+    test program (crates/ctf/tests/ust/jaeger_ust.c: nested span start/end
+    events from two threads, vtid/vpid contexts), recorded with large
+    sub-buffers in discard mode; the discarded-event count is reported;
+(b) kernel: a kernel-like trace (kernel LTTng tracing is not available on
+    the benchmark machines): the packets of the corpus trace bug446190
+    (lttng-modules, 4 per-CPU streams) repeated until the trace is big
+    enough, each copy shifted in time by a multiple of 2^32 ns beyond the
+    end of the previous one, so every stream stays ordered (packet
+    timestamps and the 64-bit timestamps of extended event headers are
+    patched; compact 27-bit timestamps keep their low bits).
+
+Each tool runs N times, interleaved; the figures are the median wall time
+and the median CPU time (user + system, steadier on a shared machine), and
+the ratios compare medians measured in this same run. Results go to stdout
+and bench/out/ctf.json.
+
+Needs lttng-tools, liblttng-ust-dev, a C compiler and babeltrace2, and the
+release binary (`cargo build --release -p deepspan`; DEEPSPAN_BIN_DIR
+overrides the folder holding it).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(os.environ.get("DEEPSPAN_BIN_DIR", ROOT / "target" / "release"))
+DEEPSPAN = BIN / "deepspan"
+UST_SRC = ROOT / "crates" / "ctf" / "tests" / "ust"
+KERNEL_SAMPLE = ROOT.parent / "shared" / "testdata" / "kernel" / "ctf" / "bug446190" / "trace"
+# Bytes per iteration of jaeger_ust (2 threads x 6 events, vtid/vpid context).
+UST_BYTES_PER_ITERATION = 2 * 6 * 51
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    if out.returncode != 0:
+        raise SystemExit(f"`{' '.join(map(str, cmd))}` failed ({out.returncode}):\n{out.stdout}{out.stderr}")
+    return out.stdout
+
+
+def measured(cmd):
+    """Runs cmd (output discarded); returns (wall s, CPU s) from wait4."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{cmd[0]} failed: {err.decode(errors='replace')[-2000:]}")
+    return seconds, usage.ru_utime + usage.ru_stime
+
+
+def trace_bytes(d):
+    return sum(p.stat().st_size for p in Path(d).rglob("*") if p.is_file() and p.parent.name != "index")
+
+
+# ---------------------------------------------------------------- UST trace
+
+def running_sessiond():
+    for p in [Path("/var/run/lttng/lttng-sessiond.pid"), Path.home() / ".lttng" / "lttng-sessiond.pid"]:
+        try:
+            pid = int(p.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if Path(f"/proc/{pid}").exists():
+            return pid
+    return None
+
+
+def record_ust(tmp, target_mb, subbuf_mb, num_subbuf, blocking):
+    exe = Path(tmp) / "jaeger_ust"
+    run(["cc", "-O2", f"-I{UST_SRC}", "-o", exe, UST_SRC / "jaeger_ust.c",
+         "-llttng-ust", "-ldl", "-lpthread"])
+    iterations = int(target_mb * 1e6 / UST_BYTES_PER_ITERATION * 1.05)
+    own_sessiond = None
+    if running_sessiond() is None:
+        run(["lttng-sessiond", "--daemonize"])
+        own_sessiond = running_sessiond()
+    session = f"deepspan-ctf-bench-{os.getpid()}-{time.time_ns()}"
+    out = Path(tmp) / "ust"
+    created = False
+    try:
+        run(["lttng", "create", session, f"--output={out}"])
+        created = True
+        chan = ["lttng", "enable-channel", "-u", "-s", session, "bench", "--discard",
+                f"--subbuf-size={subbuf_mb}M", f"--num-subbuf={num_subbuf}"]
+        if blocking:
+            chan.append("--blocking-timeout=inf")
+        run(chan)
+        run(["lttng", "enable-event", "-u", "-s", session, "-c", "bench", "jaeger_ust:*"])
+        run(["lttng", "add-context", "-u", "-s", session, "-c", "bench", "-t", "vtid", "-t", "vpid"])
+        run(["lttng", "start", session])
+        env = dict(os.environ)
+        if blocking:
+            env["LTTNG_UST_ALLOW_BLOCKING"] = "1"
+        log(f"recording jaeger_ust {iterations} iterations ({12 * iterations} events, "
+            f"{subbuf_mb} MiB x {num_subbuf} sub-buffers per CPU{', blocking' if blocking else ''})")
+        start = time.perf_counter()
+        run([exe, str(iterations)], env=env)
+        log(f"  program ran {time.perf_counter() - start:.1f} s")
+        run(["lttng", "stop", session])
+        run(["lttng", "destroy", session])
+        created = False
+    finally:
+        if created:
+            subprocess.run(["lttng", "destroy", session], capture_output=True)
+        if own_sessiond is not None:
+            try:
+                os.kill(own_sessiond, 15)
+            except ProcessLookupError:
+                pass
+    return out, 12 * iterations
+
+
+# ------------------------------------------------------- kernel-like trace
+
+def kernel_event_offsets(sample):
+    """(file name, byte offset) of every event header of the sample, from
+    deepspan's own reader (ctfdump prints them); used to find extended
+    headers, whose 64-bit timestamps must be patched."""
+    dump = BIN / "examples" / "ctfdump"
+    if not dump.exists():
+        return None
+    offsets = {}
+    proc = subprocess.run([dump, sample], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    for line in proc.stdout.splitlines():
+        at = line.rsplit(" @", 1)[-1]
+        path, off = at.rsplit(":", 1)
+        offsets.setdefault(Path(path).name, []).append(int(off))
+    return offsets
+
+
+def make_kernel_like(tmp, target_mb):
+    """Repeats bug446190's packets with time shifts; None when impossible."""
+    if not KERNEL_SAMPLE.is_dir():
+        log(f"  {KERNEL_SAMPLE} missing: kernel-like case skipped")
+        return None
+    offsets = kernel_event_offsets(KERNEL_SAMPLE)
+    if offsets is None:
+        log(f"  {BIN}/examples/ctfdump missing (cargo build --release -p deepspan-ctf --examples): "
+            "kernel-like case skipped")
+        return None
+    streams = sorted(p for p in KERNEL_SAMPLE.iterdir() if p.is_file() and p.name.startswith("channel"))
+    data = {p.name: p.read_bytes() for p in streams}
+    sample_bytes = sum(len(d) for d in data.values())
+    # Layout of this trace (see its metadata; little endian, natural
+    # alignment): packet header magic, uuid[16], stream_id; packet context
+    # timestamp_begin at 24, timestamp_end at 32, content_size, packet_size;
+    # event_header_large: uint16 id, 65535 = extended, then a struct
+    # aligned on 8 bytes: uint32 id, uint64 timestamp (aligned 8);
+    # alignment is relative to the packet start (packets start at page
+    # boundaries in the files).
+    first, last = None, None
+    packets = {}
+    for name, d in data.items():
+        pk = []
+        pos = 0
+        while pos < len(d):
+            magic, = struct.unpack_from("<I", d, pos)
+            assert magic == 0xC1FC1FC1, (name, pos)
+            tb, te, content, size = struct.unpack_from("<QQQQ", d, pos + 24)
+            pk.append((pos, size // 8))
+            first = tb if first is None else min(first, tb)
+            last = te if last is None else max(last, te)
+            pos += size // 8
+        packets[name] = pk
+    step = ((last - first) // (1 << 32) + 2) * (1 << 32)
+    copies = max(1, int(target_mb * 1e6 / sample_bytes + 0.999))
+    out = Path(tmp) / "kernel"
+    out.mkdir()
+    shutil.copy(KERNEL_SAMPLE / "metadata", out / "metadata")
+    extended = 0
+    for name, d in data.items():
+        ext = []
+        for o in offsets.get(name, []):
+            if struct.unpack_from("<H", d, o)[0] == 0xFFFF:
+                # The extended struct is aligned on its uint64 (8 bytes).
+                ext.append((o + 2 + 7) // 8 * 8 + 8)
+        extended += len(ext)
+        with open(out / name, "wb") as f:
+            for k in range(copies):
+                shift = k * step
+                b = bytearray(d)
+                for pos, _ in packets[name]:
+                    for field in (24, 32):
+                        v, = struct.unpack_from("<Q", b, pos + field)
+                        struct.pack_into("<Q", b, pos + field, v + shift)
+                for o in ext:
+                    v, = struct.unpack_from("<Q", b, o)
+                    struct.pack_into("<Q", b, o, v + shift)
+                f.write(b)
+    log(f"  kernel-like trace: {copies} copies of {sample_bytes} bytes, "
+        f"{extended} extended headers patched per copy")
+    return out
+
+
+# ---------------------------------------------------------------- timing
+
+def summary(trace):
+    return json.loads(run([DEEPSPAN, "decode", trace, "--format", "json"]))
+
+
+def throughput(trace, repeats):
+    size = trace_bytes(trace)
+    doc = summary(trace)  # also warms the page cache
+    events = doc["events"]
+    counter = run(["babeltrace2", trace, "-c", "sink.utils.counter"])
+    bt_events = None  # the last of the counter's periodic reports
+    for line in counter.splitlines():
+        parts = line.split()
+        if parts and parts[0].isdigit() and line.strip().endswith("Event messages"):
+            bt_events = int(parts[0])
+    if bt_events != events:
+        log(f"  WARNING: deepspan decodes {events} events, babeltrace2 {bt_events}")
+    tools = {
+        "deepspan": [DEEPSPAN, "decode", trace, "--format", "json"],
+        "babeltrace2_dummy": ["babeltrace2", trace, "-o", "dummy"],
+        "babeltrace2_counter": ["babeltrace2", trace, "-c", "sink.utils.counter"],
+    }
+    wall = {k: [] for k in tools}
+    cpu = {k: [] for k in tools}
+    for i in range(repeats):
+        for k, cmd in tools.items():
+            w, c = measured(cmd)
+            wall[k].append(w)
+            cpu[k].append(c)
+        log(f"  run {i + 1}: " + ", ".join(f"{k} {wall[k][-1]:.2f} s ({cpu[k][-1]:.2f} s CPU)" for k in tools))
+    res = {
+        "trace_bytes": size,
+        "events": events,
+        "babeltrace2_events": bt_events,
+        "lost_events": doc["lost_events"],
+        "by_name": doc["by_name"],
+    }
+    for k in tools:
+        w, c = statistics.median(wall[k]), statistics.median(cpu[k])
+        res[k] = {
+            "wall_s": w, "cpu_s": c, "min_cpu_s": min(cpu[k]),
+            "mb_per_s": size / c / 1e6, "events_per_s": events / c,
+            "ns_per_event": c / events * 1e9,
+        }
+    d = res["deepspan"]["cpu_s"]
+    res["speedup_vs_babeltrace2_dummy"] = res["babeltrace2_dummy"]["cpu_s"] / d
+    res["speedup_vs_babeltrace2_counter"] = res["babeltrace2_counter"]["cpu_s"] / d
+    res["speedup_vs_babeltrace2_dummy_wall"] = res["babeltrace2_dummy"]["wall_s"] / res["deepspan"]["wall_s"]
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace-mb", type=int, default=250, help="size of each benchmark trace")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--subbuf-mb", type=int, default=8, help="UST sub-buffer size (MiB)")
+    ap.add_argument("--num-subbuf", type=int, default=16, help="UST sub-buffers per CPU")
+    ap.add_argument("--blocking", action="store_true",
+                    help="UST channel with an infinite blocking timeout: nothing is discarded")
+    ap.add_argument("--keep", metavar="DIR", help="keep the recorded traces in DIR")
+    ap.add_argument("--only", choices=["ust", "kernel"], action="append")
+    args = ap.parse_args()
+    if not DEEPSPAN.exists():
+        raise SystemExit(f"{DEEPSPAN} missing: run `cargo build --release -p deepspan` first")
+    for tool in ("babeltrace2", "lttng", "lttng-sessiond", "cc"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} missing: run `make deps` first")
+    only = set(args.only or ["ust", "kernel"])
+    results = {"host_cpus": os.cpu_count(), "kernel": os.uname().release,
+               "babeltrace2": run(["babeltrace2", "--version"]).splitlines()[0]}
+    parent = args.keep or "/var/tmp"
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix="deepspan-ctf-bench-")
+    try:
+        if "ust" in only:
+            log("(a) LTTng-UST trace (jaeger_ust)")
+            trace, emitted = record_ust(tmp, args.trace_mb, args.subbuf_mb, args.num_subbuf, args.blocking)
+            res = throughput(trace, args.repeats)
+            res["events_emitted"] = emitted
+            res["recording"] = {"subbuf_mb": args.subbuf_mb, "num_subbuf": args.num_subbuf,
+                                "blocking": args.blocking}
+            results["ust"] = res
+        if "kernel" in only:
+            log("(b) kernel-like trace (bug446190 packets repeated)")
+            trace = make_kernel_like(tmp, args.trace_mb)
+            if trace is not None:
+                results["kernel_like"] = throughput(trace, args.repeats)
+    finally:
+        if args.keep:
+            log(f"traces kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    out = ROOT / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / "ctf.json").write_text(json.dumps(results, indent=2))
+    for case in ("ust", "kernel_like"):
+        r = results.get(case)
+        if r:
+            log(f"{case}: {r['trace_bytes'] / 1e6:.0f} MB, {r['events']} events "
+                f"({r['lost_events']} discarded): deepspan {r['deepspan']['ns_per_event']:.0f} ns/event "
+                f"{r['deepspan']['mb_per_s']:.0f} MB/s; babeltrace2 dummy "
+                f"{r['babeltrace2_dummy']['ns_per_event']:.0f} ns/event "
+                f"{r['babeltrace2_dummy']['mb_per_s']:.0f} MB/s: x{r['speedup_vs_babeltrace2_dummy']:.1f} (CPU), "
+                f"x{r['speedup_vs_babeltrace2_dummy_wall']:.1f} (wall)")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
