@@ -15,7 +15,10 @@ and `babeltrace2 DIR -c sink.utils.counter` on the same traces, made here:
     enough, each copy shifted in time by a multiple of 2^32 ns beyond the
     end of the previous one, so every stream stays ordered (packet
     timestamps and the 64-bit timestamps of extended event headers are
-    patched; compact 27-bit timestamps keep their low bits).
+    patched; compact 32-bit timestamps keep their low bits). Extended
+    headers are found with deepspan's ctfdump example (`cargo build
+    --release -p deepspan-ctf --examples`); the copy is checked against
+    babeltrace2's event count.
 
 Each tool runs N times, interleaved; the figures are the median wall time
 and the median CPU time (user + system, steadier on a shared machine), and
@@ -24,7 +27,8 @@ and bench/out/ctf.json.
 
 Needs lttng-tools, liblttng-ust-dev, a C compiler and babeltrace2, and the
 release binary (`cargo build --release -p deepspan`; DEEPSPAN_BIN_DIR
-overrides the folder holding it).
+overrides the folder holding it). `--ust-trace DIR` times an existing trace
+(e.g. one kept with `--keep`) instead of recording one.
 """
 
 import argparse
@@ -278,6 +282,8 @@ def main():
     ap.add_argument("--blocking", action="store_true",
                     help="UST channel with an infinite blocking timeout: nothing is discarded")
     ap.add_argument("--keep", metavar="DIR", help="keep the recorded traces in DIR")
+    ap.add_argument("--ust-trace", metavar="DIR",
+                    help="time this UST trace (e.g. one kept by --keep) instead of recording one")
     ap.add_argument("--only", choices=["ust", "kernel"], action="append")
     args = ap.parse_args()
     if not DEEPSPAN.exists():
@@ -292,7 +298,10 @@ def main():
     Path(parent).mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix="deepspan-ctf-bench-")
     try:
-        if "ust" in only:
+        if "ust" in only and args.ust_trace:
+            log(f"(a) LTTng-UST trace {args.ust_trace}")
+            results["ust"] = throughput(Path(args.ust_trace), args.repeats)
+        elif "ust" in only:
             log("(a) LTTng-UST trace (jaeger_ust)")
             trace, emitted = record_ust(tmp, args.trace_mb, args.subbuf_mb, args.num_subbuf, args.blocking)
             res = throughput(trace, args.repeats)

@@ -9,7 +9,8 @@
 use deepspan_model::{Fields, Value};
 
 use crate::layout::{
-    align_up, Field, IntNode, Node, Op, SeqNode, VariantNode, MAX_EMPTY_ELEMENTS, SCOPES,
+    align_up, Field, Fixed, IntNode, Node, Op, Plan, ReadKind, SeqNode, VariantNode,
+    MAX_EMPTY_ELEMENTS, SCOPES,
 };
 
 /// A decoding failure at a bit offset of the buffer being decoded.
@@ -144,7 +145,7 @@ impl<'a> Cursor<'a> {
         let start = (self.pos / 8) as usize;
         let end = (self.end / 8) as usize;
         let data: &'a [u8] = self.data;
-        match data[start..end].iter().position(|&b| b == 0) {
+        match find_nul(&data[start..end]) {
             Some(len) => {
                 self.pos = ((start + len + 1) * 8) as u64;
                 Ok(&data[start..start + len])
@@ -155,6 +156,117 @@ impl<'a> Cursor<'a> {
                 short: true,
             }),
         }
+    }
+}
+
+/// CTF 8: an N-bit clock field replaces the low N bits of the clock; a
+/// value below the previous low bits means exactly one wrap-around.
+#[inline(always)]
+pub(crate) fn next_clock(clock: u64, v: u64, size: u8) -> u64 {
+    if size >= 64 {
+        return v;
+    }
+    let mask = (1u64 << size) - 1;
+    let next = (clock & !mask) | v;
+    if v < clock & mask {
+        next.wrapping_add(1u64 << size)
+    } else {
+        next
+    }
+}
+
+/// Position of the first NUL byte, eight bytes at a time.
+#[inline]
+pub(crate) fn find_nul(b: &[u8]) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let mut i = 0;
+    while i + 8 <= b.len() {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[i..i + 8]);
+        let x = u64::from_le_bytes(w);
+        let z = x.wrapping_sub(LO) & !x & HI;
+        if z != 0 {
+            return Some(i + (z.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    b[i..].iter().position(|&c| c == 0).map(|p| i + p)
+}
+
+/// Reads an integer at bit `bit` of `data`, known to lie inside it.
+#[inline(always)]
+fn read_at(data: &[u8], bit: u64, kind: ReadKind, size: u8, be: bool) -> u64 {
+    let at = (bit >> 3) as usize;
+    match kind {
+        ReadKind::Bytes(1) => data[at] as u64,
+        ReadKind::Bytes(2) => {
+            let b = [data[at], data[at + 1]];
+            if be {
+                u16::from_be_bytes(b) as u64
+            } else {
+                u16::from_le_bytes(b) as u64
+            }
+        }
+        ReadKind::Bytes(4) => {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&data[at..at + 4]);
+            if be {
+                u32::from_be_bytes(b) as u64
+            } else {
+                u32::from_le_bytes(b) as u64
+            }
+        }
+        ReadKind::Bytes(_) => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&data[at..at + 8]);
+            if be {
+                u64::from_be_bytes(b)
+            } else {
+                u64::from_le_bytes(b)
+            }
+        }
+        ReadKind::Bits => read_bits(data, bit, size, be),
+    }
+}
+
+/// Any integer of 1..=64 bits at any bit offset (CTF 4.1.5 bit layout),
+/// known to lie inside `data`.
+#[inline]
+pub(crate) fn read_bits(data: &[u8], bit: u64, size: u8, be: bool) -> u64 {
+    let at = (bit >> 3) as usize;
+    let shift = (bit & 7) as u32;
+    let bits = size as u32;
+    let n = (shift + bits).div_ceil(8) as usize;
+    // Common case: eight bytes readable, value within them.
+    if shift + bits <= 64 && at + 8 <= data.len() {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&data[at..at + 8]);
+        let mask = if bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        return if be {
+            (u64::from_be_bytes(b) >> (64 - shift - bits)) & mask
+        } else {
+            (u64::from_le_bytes(b) >> shift) & mask
+        };
+    }
+    let b = &data[at..at + n];
+    let mut wide: u128 = 0;
+    let mask: u128 = (1u128 << bits) - 1;
+    if be {
+        for &x in b {
+            wide = wide << 8 | x as u128;
+        }
+        let low = n as u32 * 8 - shift - bits;
+        ((wide >> low) & mask) as u64
+    } else {
+        for (i, &x) in b.iter().enumerate() {
+            wide |= (x as u128) << (8 * i);
+        }
+        ((wide >> shift) & mask) as u64
     }
 }
 
@@ -224,17 +336,8 @@ impl Walker {
     /// CTF 8: an N-bit clock field replaces the low N bits of the clock; a
     /// value below the previous low bits means exactly one wrap-around.
     #[inline]
-    fn update_clock(&mut self, v: u64, size: u8) {
-        if size >= 64 {
-            self.clock = v;
-            return;
-        }
-        let mask = (1u64 << size) - 1;
-        let mut next = (self.clock & !mask) | v;
-        if v < self.clock & mask {
-            next = next.wrapping_add(1u64 << size);
-        }
-        self.clock = next;
+    pub(crate) fn update_clock(&mut self, v: u64, size: u8) {
+        self.clock = next_clock(self.clock, v, size);
     }
 
     fn select<'n>(&self, v: &'n VariantNode, cur: &Cursor) -> R<&'n Field> {
@@ -262,6 +365,88 @@ impl Walker {
         Ok(raw)
     }
 
+    /// Moves over a [`Fixed`] run: one bounds check, then direct reads.
+    #[inline(always)]
+    pub fn fixed(&mut self, f: &Fixed, scope: u8, cur: &mut Cursor) -> R<()> {
+        let start = align_up(cur.pos, f.align);
+        let end = start.and_then(|s| s.checked_add(f.bits));
+        let (Some(start), Some(end)) = (start, end) else {
+            return self.run(&f.steps, scope, cur);
+        };
+        if end > cur.end {
+            // Short data: step by step, for the exact error.
+            return self.run(&f.steps, scope, cur);
+        }
+        self.fixed_ints(f, cur.data, start);
+        cur.pos = end;
+        Ok(())
+    }
+
+    /// [`Walker::run_plan`] for the fast path's shapes it does not cover
+    /// itself: false on anything unusual (short data, an error), which the
+    /// caller then decodes again step by step for the exact error.
+    #[inline]
+    pub fn plan_ok(
+        &mut self,
+        plan: &Plan,
+        ops: &[Op],
+        scope: u8,
+        data: &[u8],
+        pos: &mut u64,
+        end: u64,
+    ) -> bool {
+        let mut cur = Cursor::new(data, *pos, end);
+        let ok = self.run_plan(plan, ops, scope, &mut cur).is_ok();
+        *pos = cur.pos;
+        ok
+    }
+
+    /// The integers of a run starting at `start`, known to lie in `data`.
+    #[inline(always)]
+    fn fixed_ints(&mut self, f: &Fixed, data: &[u8], start: u64) {
+        for i in &f.ints {
+            let raw = read_at(data, start + i.off, i.read, i.size, i.be);
+            if let Some(s) = self.slots[i.scope as usize].get_mut(i.slot as usize) {
+                *s = if i.signed {
+                    sign_extend(raw, i.size) as u64
+                } else {
+                    raw
+                };
+            }
+            if i.clock {
+                self.update_clock(raw, i.size);
+            }
+            if i.event_id {
+                self.event_id = Some(raw);
+            }
+        }
+    }
+
+    /// Runs a scope's program by its [`Plan`] (same effect as
+    /// [`Walker::run`] on its steps).
+    #[inline(always)]
+    pub fn run_plan(&mut self, plan: &Plan, ops: &[Op], scope: u8, cur: &mut Cursor) -> R<()> {
+        match plan {
+            Plan::Nothing => Ok(()),
+            Plan::Fixed(f) => self.fixed(f, scope, cur),
+            Plan::Tagged(t) => {
+                self.fixed(&t.head, scope, cur)?;
+                let tag = self.slot(scope, t.tag_slot);
+                for &(lo, hi, i) in &t.select {
+                    if lo <= tag && tag <= hi {
+                        return match t.options.get(i as usize) {
+                            Some(Some(f)) => self.fixed(f, scope, cur),
+                            Some(None) => Ok(()),
+                            None => cur.fail(format!("variant tag value {tag} selects no option")),
+                        };
+                    }
+                }
+                cur.fail(format!("variant tag value {tag} selects no option"))
+            }
+            Plan::Steps(_) | Plan::Ops => self.run(ops, scope, cur),
+        }
+    }
+
     /// Runs a scope's walking program: moves over its data keeping slots
     /// and clock up to date (same effect as [`Walker::walk`] on its root).
     pub fn run(&mut self, ops: &[Op], scope: u8, cur: &mut Cursor) -> R<()> {
@@ -269,6 +454,7 @@ impl Walker {
             match op {
                 Op::Align(a) => cur.align(*a)?,
                 Op::Skip(bits) => cur.skip(*bits)?,
+                Op::Fixed(f) => self.fixed(f, scope, cur)?,
                 Op::Int(i) => {
                     self.int(i, scope, cur)?;
                 }

@@ -2,8 +2,11 @@
 //! the typed model.
 
 use std::cell::RefCell;
+use std::cell::UnsafeCell;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Arc;
 
 use deepspan_model::{
     BlockRq, Comm, Event, EventKind, Fields, Packet as NetPacket, SchedSwitch, Tid, Timestamped,
@@ -12,8 +15,9 @@ use deepspan_model::{
 
 use crate::decode::{sign_extend, Cursor, Walker};
 use crate::layout::{self, align_up, Node};
-use crate::metadata::{EventClass, Known};
-use crate::stream::Packet;
+use crate::metadata::{EventClass, Known, NO_PARAM, P};
+use crate::share::PacketRef;
+use crate::stream::{Chunk, Packet};
 
 /// An event of a CTF trace.
 ///
@@ -24,28 +28,27 @@ use crate::stream::Packet;
 /// joining with spans that carry monotonic timestamps.
 ///
 /// Fields are decoded only when asked for ([`CtfEvent::fields`]), then kept.
+///
+/// A small handle (16 bytes, moved cheaply through the merge): what was
+/// decoded of the event is record `idx` of a chunk of records, which it
+/// shares with the events decoded with it (and which keeps the bytes of
+/// the packet alive).
 pub struct CtfEvent {
-    ts: u64,
-    ticks: u64,
-    cpu: u32,
-    tid: Option<Tid>,
-    /// (prev_tid, next_tid) of a sched_switch, for tid inference.
-    pub(crate) switch: Option<(Tid, Tid)>,
-    class: Arc<EventClass>,
-    packet: Arc<Packet>,
-    /// Bit offsets in the packet of the event header and of the payload
-    /// (before its alignment).
-    start: u64,
-    payload_at: u64,
-    /// Boxed: keeps the event small while it moves through the merge.
-    decoded: OnceLock<Box<Decoded>>,
+    chunk: PacketRef<Chunk>,
+    idx: u32,
 }
+
+const PAYLOAD_FAR: u32 = u32::MAX;
 
 /// A payload field value as the typed mapping needs it.
 enum Raw<'a> {
     Int(i64),
     UInt(u64),
+    /// A character array read raw, up to its first NUL.
     Text(&'a [u8]),
+    /// A string (or a character array of a payload without fixed layout):
+    /// what its decoded value would be before lossy UTF-8 conversion.
+    Str(&'a [u8]),
     Value(&'a Value),
 }
 
@@ -85,10 +88,10 @@ pub enum SpanSync {
 impl std::fmt::Debug for CtfEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CtfEvent")
-            .field("ts", &self.ts)
+            .field("ts", &self.ts())
             .field("name", &self.name())
-            .field("cpu", &self.cpu)
-            .field("tid", &self.tid)
+            .field("cpu", &self.cpu())
+            .field("tid", &self.tid_opt())
             .field("fields", self.fields())
             .finish()
     }
@@ -96,7 +99,7 @@ impl std::fmt::Debug for CtfEvent {
 
 impl Timestamped for CtfEvent {
     fn timestamp(&self) -> u64 {
-        self.ts
+        self.ts()
     }
 }
 
@@ -150,60 +153,190 @@ fn rwbs_text(v: &Value) -> [u8; 8] {
     out
 }
 
-impl CtfEvent {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
+/// What is known of an event once decoded (see `StreamEvents::fill`). It
+/// belongs to the one [`CtfEvent`] made of it.
+pub(crate) struct Record {
+    ts: u64,
+    ticks: u64,
+    /// The event class (kept alive by the window, which holds the stream
+    /// class, which holds its event classes).
+    class: NonNull<EventClass>,
+    /// Bit offset in the window of the event header.
+    start: u64,
+    cpu: u32,
+    /// Bit offset of the payload (before its alignment) from `start`;
+    /// [`PAYLOAD_FAR`] when it does not fit (then found again on demand).
+    payload_delta: u32,
+    /// Written only through `&mut CtfEvent` (tid inference).
+    tid: UnsafeCell<Option<Tid>>,
+    /// The decoded fields once asked for (a `Box<Decoded>`), else null;
+    /// freed with the event.
+    decoded: AtomicPtr<Decoded>,
+}
+
+// SAFETY: `class` points into an immutable `EventClass` (Send + Sync);
+// `tid` is written only by the owner of the one event made of the record
+// (through `&mut`), `decoded` is published atomically.
+unsafe impl Send for Record {}
+unsafe impl Sync for Record {}
+
+impl Record {
+    #[inline(always)]
+    pub fn ts(&self) -> u64 {
+        self.ts
+    }
+
+    #[inline(always)]
+    pub fn new(
         ts: u64,
         ticks: u64,
         cpu: u32,
         tid: Option<Tid>,
-        switch: Option<(Tid, Tid)>,
-        class: Arc<EventClass>,
-        packet: Arc<Packet>,
+        class: &EventClass,
         start: u64,
         payload_at: u64,
-    ) -> CtfEvent {
-        CtfEvent {
+    ) -> Record {
+        Record {
             ts,
             ticks,
-            cpu,
-            tid,
-            switch,
-            class,
-            packet,
+            class: NonNull::from(class),
             start,
-            payload_at,
-            decoded: OnceLock::new(),
+            cpu,
+            payload_delta: payload_delta(start, payload_at),
+            tid: UnsafeCell::new(tid),
+            decoded: AtomicPtr::new(std::ptr::null_mut()),
         }
+    }
+}
+
+#[inline(always)]
+fn payload_delta(start: u64, payload_at: u64) -> u32 {
+    match u32::try_from(payload_at - start) {
+        Ok(d) if d != PAYLOAD_FAR => d,
+        _ => PAYLOAD_FAR,
+    }
+}
+
+impl Drop for CtfEvent {
+    #[inline]
+    fn drop(&mut self) {
+        let decoded = &self.rec().decoded;
+        let p = decoded.load(Ordering::Relaxed);
+        if !p.is_null() {
+            decoded.store(std::ptr::null_mut(), Ordering::Relaxed);
+            // SAFETY: set once from Box::into_raw, owned by this event,
+            // which no one else can see any more.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+impl CtfEvent {
+    /// The event of record `idx` of `chunk`.
+    ///
+    /// # Safety
+    /// Record `idx` must be initialized, and no other event made of it.
+    #[inline(always)]
+    pub(crate) unsafe fn from_chunk(chunk: PacketRef<Chunk>, idx: u32) -> CtfEvent {
+        CtfEvent { chunk, idx }
+    }
+
+    #[inline(always)]
+    fn rec(&self) -> &Record {
+        // SAFETY: initialized before this event was made (see `from_chunk`).
+        unsafe { self.chunk.get().record(self.idx) }
+    }
+
+    /// Bit offset in the packet of the payload (before its alignment).
+    fn payload_at(&self) -> u64 {
+        let r = self.rec();
+        if r.payload_delta != PAYLOAD_FAR {
+            return r.start + r.payload_delta as u64;
+        }
+        // Headers and contexts over 512 MiB: walk them again.
+        let p = self.packet();
+        let mut w = Walker::new();
+        w.slots[layout::PACKET_HEADER as usize].clone_from(&p.info.header_slots);
+        w.slots[layout::PACKET_CONTEXT as usize].clone_from(&p.info.context_slots);
+        let mut cur = Cursor::new(&p.data, r.start, p.content_bits);
+        let scopes = [
+            (p.info.stream.event_header.as_ref(), layout::EVENT_HEADER),
+            (
+                p.info.stream.event_context.as_ref(),
+                layout::STREAM_EVENT_CONTEXT,
+            ),
+            (self.class().context.as_ref(), layout::EVENT_CONTEXT),
+        ];
+        for (scope, id) in scopes {
+            if let Some(s) = scope {
+                w.reserve(id, s.slots);
+                if w.run(&s.ops, id, &mut cur).is_err() {
+                    break;
+                }
+            }
+        }
+        cur.pos
+    }
+
+    /// (prev_tid, next_tid) when the payload has both (sched_switch), for
+    /// tid inference.
+    pub(crate) fn switch(&self) -> Option<(Tid, Tid)> {
+        let (prev, next) = self.class().switch_fields?;
+        let tid = |i| match self.raw_at(i)? {
+            Raw::Int(v) => Some(v as Tid),
+            Raw::UInt(v) => Some(v as Tid),
+            Raw::Value(v) => as_i64(v).map(|v| v as Tid),
+            _ => None,
+        };
+        Some((tid(prev)?, tid(next)?))
+    }
+
+    #[inline(always)]
+    fn packet(&self) -> &Packet {
+        &self.chunk.get().window
+    }
+
+    #[inline(always)]
+    fn class(&self) -> &EventClass {
+        // SAFETY: the class lives in an `Arc` held by the stream class,
+        // which the window holds, which the chunk holds, which this event
+        // holds; it is never modified after the metadata is compiled.
+        unsafe { self.rec().class.as_ref() }
+    }
+
+    #[inline(always)]
+    fn tid_opt(&self) -> Option<Tid> {
+        // SAFETY: written only through `&mut self` (see `Record::tid`).
+        unsafe { *self.rec().tid.get() }
     }
 
     /// Nanoseconds since the Unix epoch (clock offset applied).
     #[inline]
     pub fn ts(&self) -> u64 {
-        self.ts
+        self.rec().ts
     }
 
     /// The trace clock value in nanoseconds, without the offset (for LTTng,
     /// CLOCK_MONOTONIC of the recording host).
     #[inline]
     pub fn monotonic_ns(&self) -> u64 {
-        let meta = &self.packet.trace.meta;
+        let meta = &self.packet().info.trace.meta;
         meta.clocks
-            .get(self.packet.stream.clock)
-            .map_or(self.ticks, |c| c.ticks_to_ns(self.ticks))
+            .get(self.packet().info.stream.clock)
+            .map_or(self.rec().ticks, |c| c.ticks_to_ns(self.rec().ticks))
     }
 
     /// The raw clock value in clock ticks (`babeltrace2 --clock-cycles`).
     #[inline]
     pub fn clock_ticks(&self) -> u64 {
-        self.ticks
+        self.rec().ticks
     }
 
     /// CPU from the packet context `cpu_id`, or the `perf_cpu` field of
     /// perf-converted traces; 0 when the trace records neither.
     #[inline]
     pub fn cpu(&self) -> u32 {
-        self.cpu
+        self.rec().cpu
     }
 
     /// Thread id: the `tid` (else `vtid`) context field, the `perf_tid`
@@ -211,60 +344,85 @@ impl CtfEvent {
     /// [`crate::TraceInfo::tid_inferred`]); -1 when unknown.
     #[inline]
     pub fn tid(&self) -> Tid {
-        self.tid.unwrap_or(-1)
+        self.tid_opt().unwrap_or(-1)
     }
 
     pub(crate) fn tid_known(&self) -> bool {
-        self.tid.is_some()
+        self.tid_opt().is_some()
     }
 
     pub(crate) fn set_tid(&mut self, tid: Tid) {
-        self.tid = Some(tid);
+        // SAFETY: `&mut self`: no one else looks at this event's record.
+        unsafe { *self.rec().tid.get() = Some(tid) };
     }
 
     /// The event name as declared in the metadata (`sched_switch`,
     /// `jaeger_ust:start_span`, `sched:sched_switch` for perf).
     #[inline]
     pub fn name(&self) -> &str {
-        &self.class.name
+        &self.class().name
     }
 
     /// The shared name, cheap to keep.
     pub fn name_arc(&self) -> &Arc<str> {
-        &self.class.name
+        &self.class().name
     }
 
     /// Event class id within its stream class.
     pub fn event_id(&self) -> u64 {
-        self.class.id
+        self.class().id
     }
 
     pub fn loglevel(&self) -> Option<i64> {
-        self.class.loglevel
+        self.class().loglevel
     }
 
     /// Index of the trace in [`crate::CtfTrace::traces`].
     pub fn trace_index(&self) -> usize {
-        self.packet.trace.index
+        self.packet().info.trace.index
     }
 
     /// Stream class id.
     pub fn stream_id(&self) -> u64 {
-        self.packet.stream.id
+        self.packet().info.stream.id
     }
 
     /// Stream instance id from the packet header (LTTng), when present.
     pub fn stream_instance(&self) -> Option<u64> {
-        self.packet.instance
+        self.packet().info.instance
     }
 
     /// File holding the event and byte offset of its header there.
     pub fn source(&self) -> (&Path, u64) {
-        (&self.packet.path, self.packet.offset + self.start / 8)
+        (
+            &self.packet().info.path,
+            self.packet().offset() + self.rec().start / 8,
+        )
     }
 
     fn decoded(&self) -> &Decoded {
-        self.decoded.get_or_init(|| Box::new(self.decode()))
+        let decoded = &self.rec().decoded;
+        let p = decoded.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: set once from Box::into_raw, freed only on drop.
+            return unsafe { &*p };
+        }
+        let fresh = Box::into_raw(Box::new(self.decode()));
+        match decoded.compare_exchange(
+            std::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: just published; freed only on drop.
+            Ok(_) => unsafe { &*fresh },
+            Err(other) => {
+                // Another thread decoded it first: keep theirs.
+                // SAFETY: `fresh` was never shared; `other` as above.
+                drop(unsafe { Box::from_raw(fresh) });
+                unsafe { &*other }
+            }
+        }
     }
 
     /// Payload fields in declaration order, names without the leading
@@ -283,7 +441,7 @@ impl CtfEvent {
 
     /// Packet context fields (`timestamp_begin`, `content_size`, `cpu_id`...).
     pub fn packet_context(&self) -> &Fields {
-        &self.packet.context
+        &self.packet().info.context
     }
 
     /// A payload field by (flattened) name.
@@ -304,7 +462,7 @@ impl CtfEvent {
 
     /// The label of a top-level enumeration payload field's current value.
     pub fn enum_label(&self, name: &str) -> Option<&str> {
-        let payload = self.class.payload.as_ref()?;
+        let payload = self.class().payload.as_ref()?;
         let f = payload.fields().iter().find(|f| &*f.name == name)?;
         let Node::Enum(int, ranges) = &f.node else {
             return None;
@@ -337,30 +495,30 @@ impl CtfEvent {
     }
 
     fn decode_with(&self, w: &mut Walker) -> Decoded {
-        let p = &self.packet;
+        let p = self.packet();
         let field_count = |s: Option<&crate::layout::Scope>| s.map_or(0, |s| s.fields().len());
         let mut out = Decoded {
             context: Fields::with_capacity(
-                field_count(p.stream.event_context.as_ref())
-                    + field_count(self.class.context.as_ref()),
+                field_count(p.info.stream.event_context.as_ref())
+                    + field_count(self.class().context.as_ref()),
             ),
-            fields: Fields::with_capacity(field_count(self.class.payload.as_ref())),
+            fields: Fields::with_capacity(field_count(self.class().payload.as_ref())),
         };
         for (scope, values) in [
-            (layout::PACKET_HEADER, &p.header_slots),
-            (layout::PACKET_CONTEXT, &p.context_slots),
+            (layout::PACKET_HEADER, &p.info.header_slots),
+            (layout::PACKET_CONTEXT, &p.info.context_slots),
         ] {
             let slots = &mut w.slots[scope as usize];
             slots.clear();
             slots.extend_from_slice(values);
         }
-        let mut cur = Cursor::new(&p.data, self.start, p.content_bits);
+        let mut cur = Cursor::new(&p.data, self.rec().start, p.content_bits);
         let _ = (|| {
-            if let Some(h) = &p.stream.event_header {
+            if let Some(h) = &p.info.stream.event_header {
                 w.reserve(layout::EVENT_HEADER, h.slots);
                 w.run(&h.ops, layout::EVENT_HEADER, &mut cur)?;
             }
-            if let Some(c) = &p.stream.event_context {
+            if let Some(c) = &p.info.stream.event_context {
                 w.reserve(layout::STREAM_EVENT_CONTEXT, c.slots);
                 w.flatten(
                     &c.root,
@@ -369,11 +527,11 @@ impl CtfEvent {
                     &mut out.context,
                 )?;
             }
-            if let Some(c) = &self.class.context {
+            if let Some(c) = &self.class().context {
                 w.reserve(layout::EVENT_CONTEXT, c.slots);
                 w.flatten(&c.root, layout::EVENT_CONTEXT, &mut cur, &mut out.context)?;
             }
-            if let Some(c) = &self.class.payload {
+            if let Some(c) = &self.class().payload {
                 w.reserve(layout::PAYLOAD, c.slots);
                 w.flatten(&c.root, layout::PAYLOAD, &mut cur, &mut out.fields)?;
             }
@@ -382,43 +540,41 @@ impl CtfEvent {
         out
     }
 
-    fn get(&self, names: &[&str]) -> Option<&Value> {
-        names.iter().find_map(|n| self.field(n))
-    }
-
-    /// A top-level payload field read straight from the packet when the
-    /// payload has a fixed layout (most kernel events), else from
-    /// [`CtfEvent::fields`]: typed mapping then costs no allocation.
-    fn raw(&self, names: &[&str]) -> Option<Raw<'_>> {
-        if let Some(p) = &self.class.payload {
-            if p.offsets.is_some() {
-                let i = names
-                    .iter()
-                    .find_map(|n| p.fields().iter().position(|f| &*f.name == *n))?;
-                return self.raw_at(i);
-            }
+    /// A top-level payload field the typed mapping reads, straight from
+    /// the packet (found by name once per event class): typed mapping then
+    /// costs no allocation.
+    fn raw(&self, p: P) -> Option<Raw<'_>> {
+        match self.class().params.get(p as usize) {
+            Some(&i) if i != NO_PARAM => self.raw_at(i as usize),
+            _ => None,
         }
-        self.get(names).map(Raw::Value)
     }
 
     /// Field `i` of the payload (see [`CtfEvent::raw`]).
     fn raw_at(&self, i: usize) -> Option<Raw<'_>> {
-        let p = self.class.payload.as_ref()?;
+        let p = self.class().payload.as_ref()?;
         let f = p.fields().get(i)?;
         let Some(offsets) = &p.offsets else {
+            if let Some(r) = self.locate(i) {
+                return r;
+            }
             return self
                 .fields()
                 .iter()
                 .find(|(n, _)| *n == f.path)
                 .map(|(_, v)| Raw::Value(v));
         };
-        let start = align_up(self.payload_at, p.root.align())?.checked_add(*offsets.get(i)?)?;
-        let data = &self.packet.data[..];
-        let mut cur = Cursor::new(data, start, self.packet.content_bits);
+        let start = align_up(self.payload_at(), p.root_align)?.checked_add(*offsets.get(i)?)?;
+        let packet = self.packet();
+        let data = &packet.data[..];
         match &f.node {
             Node::Int(n) | Node::Enum(n, _) => {
-                cur.align(n.align).ok()?;
-                let v = cur.read(n.size, n.be).ok()?;
+                // Offsets of a fixed layout are aligned already.
+                let end = packet.content_bits.min(data.len() as u64 * 8);
+                if start.checked_add(n.size as u64)? > end {
+                    return None;
+                }
+                let v = crate::decode::read_bits(data, start, n.size, n.be);
                 Some(if n.signed {
                     Raw::Int(sign_extend(v, n.size))
                 } else {
@@ -428,7 +584,7 @@ impl CtfEvent {
             Node::Array(a) if a.text && start % 8 == 0 && a.elem.align() <= 8 => {
                 let from = (start / 8) as usize;
                 let end = from.checked_add(a.len as usize)?;
-                let bytes = data.get(from..end.min((self.packet.content_bits / 8) as usize))?;
+                let bytes = data.get(from..end.min((self.packet().content_bits / 8) as usize))?;
                 let upto = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
                 Some(Raw::Text(&bytes[..upto]))
             }
@@ -440,27 +596,100 @@ impl CtfEvent {
         }
     }
 
-    fn int(&self, names: &[&str]) -> Option<i64> {
-        match self.raw(names)? {
+    /// Field `i` of a payload without fixed layout, found by walking the
+    /// fields before it when they are simple (integers, floats, strings,
+    /// fixed-size arrays and structs): Some(value or None when it has no
+    /// scalar value), or None when it cannot be found that way.
+    fn locate(&self, i: usize) -> Option<Option<Raw<'_>>> {
+        let p = self.class().payload.as_ref()?;
+        let packet = self.packet();
+        let data = &packet.data[..];
+        let end = packet.content_bits.min(data.len() as u64 * 8);
+        let mut pos = align_up(self.payload_at(), p.root_align)?;
+        let fits = |pos: u64, bits: u64| pos.checked_add(bits).filter(|e| *e <= end);
+        for (j, f) in p.fields().iter().enumerate().take(i + 1) {
+            let here = j == i;
+            match &f.node {
+                Node::Int(n) | Node::Enum(n, _) => {
+                    pos = align_up(pos, n.align)?;
+                    let next = fits(pos, n.size as u64)?;
+                    if here {
+                        let v = Cursor::new(data, pos, end).read(n.size, n.be).ok()?;
+                        return Some(Some(if n.signed {
+                            Raw::Int(sign_extend(v, n.size))
+                        } else {
+                            Raw::UInt(v)
+                        }));
+                    }
+                    pos = next;
+                }
+                Node::Float { double, align, .. } => {
+                    pos = align_up(pos, *align)?;
+                    pos = fits(pos, if *double { 64 } else { 32 })?;
+                    if here {
+                        return Some(None);
+                    }
+                }
+                Node::Str => {
+                    pos = align_up(pos, 8)?;
+                    let from = (pos / 8) as usize;
+                    let n = crate::decode::find_nul(data.get(from..(end / 8) as usize)?)?;
+                    if here {
+                        return Some(Some(Raw::Str(&data[from..from + n])));
+                    }
+                    pos = ((from + n + 1) * 8) as u64;
+                }
+                Node::Array(a) if a.skip.is_some() => {
+                    pos = align_up(pos, a.elem.align())?;
+                    let bits = a.skip?;
+                    let next = fits(pos, bits)?;
+                    if here {
+                        if !(a.text && pos % 8 == 0 && a.elem.align() <= 8) {
+                            return None;
+                        }
+                        let from = (pos / 8) as usize;
+                        let bytes = data.get(from..from + a.len as usize)?;
+                        let upto = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+                        return Some(Some(Raw::Str(&bytes[..upto])));
+                    }
+                    pos = next;
+                }
+                Node::Struct(s) if s.skip.is_some() && !here => {
+                    pos = align_up(pos, s.align)?;
+                    pos = fits(pos, s.skip?)?;
+                }
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    fn int(&self, p: P) -> Option<i64> {
+        match self.raw(p)? {
             Raw::Int(i) => Some(i),
             Raw::UInt(u) => Some(u as i64),
             Raw::Value(v) => as_i64(v),
-            Raw::Text(_) => None,
+            Raw::Text(_) | Raw::Str(_) => None,
         }
     }
 
-    fn comm(&self, names: &[&str]) -> Option<Comm> {
-        match self.raw(names)? {
+    fn comm(&self, p: P) -> Option<Comm> {
+        match self.raw(p)? {
             Raw::Text(b) => Some(Comm::from_bytes(b)),
+            // As the decoded (lossy UTF-8) string would give it.
+            Raw::Str(b) => Some(match std::str::from_utf8(b) {
+                Ok(_) => Comm::from_bytes(b),
+                Err(_) => Comm::from_bytes(String::from_utf8_lossy(b).as_bytes()),
+            }),
             Raw::Value(Value::Str(s)) => Some(Comm::from_bytes(s.as_bytes())),
             Raw::Value(Value::Bytes(b)) => Some(Comm::from_bytes(b)),
             _ => None,
         }
     }
 
-    fn text(&self, names: &[&str]) -> Option<Arc<str>> {
-        match self.raw(names)? {
-            Raw::Text(b) => Some(Arc::from(String::from_utf8_lossy(b).as_ref())),
+    fn text(&self, p: P) -> Option<Arc<str>> {
+        match self.raw(p)? {
+            Raw::Text(b) | Raw::Str(b) => Some(Arc::from(String::from_utf8_lossy(b).as_ref())),
             Raw::Value(Value::Str(s)) => Some(Arc::from(s.as_str())),
             _ => None,
         }
@@ -482,108 +711,109 @@ impl CtfEvent {
 
     fn wakeup(&self) -> Option<Wakeup> {
         Some(Wakeup {
-            tid: self.int(&["tid", "pid"])? as Tid,
-            comm: self.comm(&["comm"])?,
-            prio: self.int(&["prio"])? as i32,
-            target_cpu: self.int(&["target_cpu"]).unwrap_or(-1) as i32,
+            tid: self.int(P::Tid)? as Tid,
+            comm: self.comm(P::Comm)?,
+            prio: self.int(P::Prio)? as i32,
+            target_cpu: self.int(P::TargetCpu).unwrap_or(-1) as i32,
         })
     }
 
     fn block_rq(&self) -> Option<BlockRq> {
         Some(BlockRq {
-            dev: self.int(&["dev"])? as u32,
-            sector: self.int(&["sector"])? as u64,
-            nr_sector: self.int(&["nr_sector"])? as u32,
-            rwbs: match self.raw(&["rwbs"]) {
+            dev: self.int(P::Dev)? as u32,
+            sector: self.int(P::Sector)? as u64,
+            nr_sector: self.int(P::NrSector)? as u32,
+            rwbs: match self.raw(P::Rwbs) {
                 Some(Raw::Int(v)) => rwbs_text(&Value::Int(v)),
                 Some(Raw::UInt(v)) => rwbs_text(&Value::UInt(v)),
-                Some(Raw::Text(b)) => {
+                Some(Raw::Text(b) | Raw::Str(b)) => {
                     rwbs_text(&Value::Str(String::from_utf8_lossy(b).into_owned()))
                 }
                 Some(Raw::Value(v)) => rwbs_text(v),
                 None => [0; 8],
             },
-            error: self.int(&["error", "errors"]).unwrap_or(0) as i32,
+            error: self.int(P::Error).unwrap_or(0) as i32,
         })
     }
 
     fn net_packet(&self) -> Option<NetPacket> {
         Some(NetPacket {
-            skbaddr: self.int(&["skbaddr"])? as u64,
-            len: self.int(&["len"])? as u32,
-            dev: self.text(&["name", "dev"]).unwrap_or_else(|| Arc::from("")),
+            skbaddr: self.int(P::Skbaddr)? as u64,
+            len: self.int(P::Len)? as u32,
+            dev: self.text(P::NameDev).unwrap_or_else(|| Arc::from("")),
         })
     }
 
     /// The typed kind, or `None` when the fields do not have the expected
     /// shape (the event then maps to [`EventKind::Other`]).
+    #[inline(never)]
     fn kind(&self) -> Option<EventKind> {
-        let k = match &self.class.known {
+        let k = match &self.class().known {
             Known::Other | Known::SpanStart | Known::SpanEnd => return None,
             Known::SchedSwitch => EventKind::SchedSwitch(SchedSwitch {
-                prev_comm: self.comm(&["prev_comm"])?,
-                prev_tid: self.int(&["prev_tid", "prev_pid"])? as Tid,
-                prev_prio: self.int(&["prev_prio"])? as i32,
-                prev_state: self.int(&["prev_state"])?,
-                next_comm: self.comm(&["next_comm"])?,
-                next_tid: self.int(&["next_tid", "next_pid"])? as Tid,
-                next_prio: self.int(&["next_prio"])? as i32,
+                prev_comm: self.comm(P::PrevComm)?,
+                prev_tid: self.int(P::PrevTid)? as Tid,
+                prev_prio: self.int(P::PrevPrio)? as i32,
+                prev_state: self.int(P::PrevState)?,
+                next_comm: self.comm(P::NextComm)?,
+                next_tid: self.int(P::NextTid)? as Tid,
+                next_prio: self.int(P::NextPrio)? as i32,
             }),
             Known::SchedWaking => EventKind::SchedWaking(self.wakeup()?),
             Known::SchedWakeup => EventKind::SchedWakeup(self.wakeup()?),
             Known::SchedWakeupNew => EventKind::SchedWakeupNew(self.wakeup()?),
             Known::SchedProcessFork => EventKind::SchedProcessFork {
-                parent_tid: self.int(&["parent_tid", "parent_pid"])? as Tid,
-                parent_comm: self.comm(&["parent_comm"])?,
-                child_tid: self.int(&["child_tid", "child_pid"])? as Tid,
-                child_comm: self.comm(&["child_comm"])?,
+                parent_tid: self.int(P::ParentTid)? as Tid,
+                parent_comm: self.comm(P::ParentComm)?,
+                child_tid: self.int(P::ChildTid)? as Tid,
+                child_comm: self.comm(P::ChildComm)?,
             },
             Known::SchedProcessExec => EventKind::SchedProcessExec {
-                tid: self.int(&["tid", "pid"])? as Tid,
-                old_tid: self.int(&["old_tid", "old_pid"])? as Tid,
-                filename: self.text(&["filename"])?,
+                tid: self.int(P::Tid)? as Tid,
+                old_tid: self.int(P::OldTid)? as Tid,
+                filename: self.text(P::Filename)?,
             },
             Known::SchedProcessExit => EventKind::SchedProcessExit {
-                tid: self.int(&["tid", "pid"])? as Tid,
-                comm: self.comm(&["comm"])?,
-                prio: self.int(&["prio"])? as i32,
+                tid: self.int(P::Tid)? as Tid,
+                comm: self.comm(P::Comm)?,
+                prio: self.int(P::Prio)? as i32,
             },
             Known::SchedProcessFree => EventKind::SchedProcessFree {
-                tid: self.int(&["tid", "pid"])? as Tid,
-                comm: self.comm(&["comm"])?,
-                prio: self.int(&["prio"])? as i32,
+                tid: self.int(P::Tid)? as Tid,
+                comm: self.comm(P::Comm)?,
+                prio: self.int(P::Prio)? as i32,
             },
             Known::SchedMigrateTask => EventKind::SchedMigrateTask {
-                tid: self.int(&["tid", "pid"])? as Tid,
-                comm: self.comm(&["comm"])?,
-                prio: self.int(&["prio"])? as i32,
-                orig_cpu: self.int(&["orig_cpu"])? as i32,
-                dest_cpu: self.int(&["dest_cpu"])? as i32,
+                tid: self.int(P::Tid)? as Tid,
+                comm: self.comm(P::Comm)?,
+                prio: self.int(P::Prio)? as i32,
+                orig_cpu: self.int(P::OrigCpu)? as i32,
+                dest_cpu: self.int(P::DestCpu)? as i32,
             },
             Known::IrqHandlerEntry => EventKind::IrqHandlerEntry {
-                irq: self.int(&["irq"])? as i32,
-                name: self.text(&["name"]).unwrap_or_else(|| Arc::from("")),
+                irq: self.int(P::Irq)? as i32,
+                name: self.text(P::Name).unwrap_or_else(|| Arc::from("")),
             },
             Known::IrqHandlerExit => EventKind::IrqHandlerExit {
-                irq: self.int(&["irq"])? as i32,
-                ret: self.int(&["ret"])? as i32,
+                irq: self.int(P::Irq)? as i32,
+                ret: self.int(P::Ret)? as i32,
             },
             Known::SoftirqRaise => EventKind::SoftirqRaise {
-                vec: self.int(&["vec"])? as u32,
+                vec: self.int(P::Vec)? as u32,
             },
             Known::SoftirqEntry => EventKind::SoftirqEntry {
-                vec: self.int(&["vec"])? as u32,
+                vec: self.int(P::Vec)? as u32,
             },
             Known::SoftirqExit => EventKind::SoftirqExit {
-                vec: self.int(&["vec"])? as u32,
+                vec: self.int(P::Vec)? as u32,
             },
             Known::HrtimerExpireEntry => EventKind::HrtimerExpireEntry {
-                hrtimer: self.int(&["hrtimer"])? as u64,
-                function: self.int(&["function"]).unwrap_or(0) as u64,
-                now: self.int(&["now"]).unwrap_or(0),
+                hrtimer: self.int(P::Hrtimer)? as u64,
+                function: self.int(P::Function).unwrap_or(0) as u64,
+                now: self.int(P::Now).unwrap_or(0),
             },
             Known::HrtimerExpireExit => EventKind::HrtimerExpireExit {
-                hrtimer: self.int(&["hrtimer"])? as u64,
+                hrtimer: self.int(P::Hrtimer)? as u64,
             },
             Known::BlockRqInsert => EventKind::BlockRqInsert(self.block_rq()?),
             Known::BlockRqIssue => EventKind::BlockRqIssue(self.block_rq()?),
@@ -602,12 +832,12 @@ impl CtfEvent {
             Known::SysExit(name) => EventKind::SysExit {
                 id: -1,
                 name: Some(name.clone()),
-                ret: self.int(&["ret"]).unwrap_or(0),
+                ret: self.int(P::Ret).unwrap_or(0),
             },
             Known::SysExitUnnamed => EventKind::SysExit {
                 id: -1,
                 name: None,
-                ret: self.int(&["ret"])?,
+                ret: self.int(P::Ret)?,
             },
             Known::SysUnknown => {
                 let mut args = [0u64; 6];
@@ -617,7 +847,7 @@ impl CtfEvent {
                     }
                 }
                 EventKind::SysEnter {
-                    id: self.int(&["id"]).unwrap_or(-1),
+                    id: self.int(P::Id).unwrap_or(-1),
                     name: None,
                     args,
                 }
@@ -632,13 +862,20 @@ impl CtfEvent {
     /// timestamps; use [`CtfEvent::monotonic_ns`] to join with spans that
     /// carry CLOCK_MONOTONIC. Events without a typed form (and typed events
     /// with unexpected fields) become [`EventKind::Other`] with the full name.
+    #[inline]
     pub fn to_event(&self) -> Event {
-        let kind = self.kind().unwrap_or_else(|| EventKind::Other {
-            name: self.class.name.clone(),
+        // Inlined into the caller for the common untyped case, so that the
+        // event is built in place.
+        let kind = match self.class().known {
+            Known::Other | Known::SpanStart | Known::SpanEnd => None,
+            _ => self.kind(),
+        };
+        let kind = kind.unwrap_or_else(|| EventKind::Other {
+            name: self.class().name.clone(),
         });
         Event {
-            ts: self.ts,
-            cpu: self.cpu,
+            ts: self.ts(),
+            cpu: self.cpu(),
             tid: self.tid(),
             kind,
         }
@@ -651,7 +888,7 @@ impl CtfEvent {
         let u = |n: &str| self.field(n).and_then(as_u64);
         let ctx = |n: &str| self.context_field(n).and_then(as_i64).map(|v| v as i32);
         let trace_id = || Some((u("trace_id_high")? as u128) << 64 | u("trace_id_low")? as u128);
-        match self.class.known {
+        match self.class().known {
             Known::SpanStart => Some(SpanSync::Start {
                 trace_id: trace_id()?,
                 span_id: u("span_id")?,
@@ -663,7 +900,7 @@ impl CtfEvent {
                 start_time: u("start_time")?,
                 vtid: ctx("vtid"),
                 vpid: ctx("vpid"),
-                ts: self.ts,
+                ts: self.ts(),
             }),
             Known::SpanEnd => Some(SpanSync::End {
                 trace_id: trace_id()?,
@@ -671,7 +908,7 @@ impl CtfEvent {
                 duration: u("duration")?,
                 vtid: ctx("vtid"),
                 vpid: ctx("vpid"),
-                ts: self.ts,
+                ts: self.ts(),
             }),
             _ => None,
         }

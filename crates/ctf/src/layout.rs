@@ -27,6 +27,8 @@ pub(crate) const MAX_NODES: usize = 1 << 20;
 /// An array of zero-size elements costs nothing to skip but one value per
 /// element to materialize; more than this is not a real trace.
 pub(crate) const MAX_EMPTY_ELEMENTS: u64 = 1 << 16;
+/// The slot of an integer nobody reads (decoding only moves over it).
+pub(crate) const NO_SLOT: u32 = u32::MAX;
 /// Bounds the recursion of compiling and decoding.
 const MAX_NODE_DEPTH: u32 = 200;
 
@@ -211,18 +213,29 @@ pub(crate) struct Scope {
     pub slots: u32,
     /// The root as a flat program for [`crate::decode::Walker::run`].
     pub ops: Vec<Op>,
+    /// The same program specialised by shape, for
+    /// [`crate::decode::Walker::run_plan`].
+    pub plan: Plan,
+    /// Slots read within the scope (variant tags, sequence lengths) or by
+    /// the reader.
+    pub read: Vec<bool>,
     /// When the root has a fixed layout: the bit offset of each top-level
     /// field from the (aligned) root start, for direct field reads.
     pub offsets: Option<Vec<u64>>,
+    /// The root's alignment.
+    pub root_align: u32,
 }
 
 /// One step of the walking program: the layout tree flattened so that the
 /// hot loop neither recurses into structs nor re-checks what is fixed.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Op {
     Align(u32),
     Skip(u64),
     Int(IntNode),
+    /// A run of the three steps above with a fixed layout from its aligned
+    /// start: one bounds check, then direct reads.
+    Fixed(Box<Fixed>),
     Str,
     Variant(Box<VariantOps>),
     /// An array that must be walked element by element.
@@ -233,7 +246,7 @@ pub(crate) enum Op {
     Seq(Box<SeqOps>),
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct VariantOps {
     pub tag: SlotRef,
     pub tag_signed: bool,
@@ -241,7 +254,7 @@ pub(crate) struct VariantOps {
     pub options: Vec<Vec<Op>>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct SeqOps {
     pub len: SlotRef,
     pub len_signed: bool,
@@ -249,6 +262,341 @@ pub(crate) struct SeqOps {
     /// (size, stride) in bits when elements can be skipped arithmetically.
     pub fixed: Option<(u64, u64)>,
     pub elem: Vec<Op>,
+}
+
+/// How an integer of a [`Fixed`] run is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadKind {
+    /// Whole bytes at a byte boundary: 1, 2, 4 or 8 of them.
+    Bytes(u8),
+    /// Anything else (bit fields, odd sizes, unknown byte alignment).
+    Bits,
+}
+
+/// An integer of a [`Fixed`] run (the [`IntNode`] flattened).
+#[derive(Clone, Debug)]
+pub(crate) struct FixedInt {
+    /// Bit offset from the aligned start of the run.
+    pub off: u64,
+    /// The slot's dynamic scope (runs of several scopes are fused, see
+    /// [`ClassFast`]).
+    pub scope: u8,
+    pub slot: u32,
+    pub size: u8,
+    pub read: ReadKind,
+    pub be: bool,
+    pub signed: bool,
+    pub clock: bool,
+    pub event_id: bool,
+}
+
+/// Consecutive alignments, skips and integers whose offsets from the
+/// run's aligned start do not depend on the data.
+#[derive(Clone, Debug)]
+pub(crate) struct Fixed {
+    pub align: u32,
+    pub bits: u64,
+    pub ints: Vec<FixedInt>,
+    /// The run as separate steps: rerun when the data is too short, so that
+    /// the error names the very field that does not fit.
+    pub steps: Vec<Op>,
+}
+
+impl Fixed {
+    fn start(op: &Op) -> Option<Fixed> {
+        let mut f = Fixed {
+            align: match op {
+                Op::Align(a) => *a,
+                Op::Int(i) => i.align,
+                Op::Skip(_) => 1,
+                _ => return None,
+            },
+            bits: 0,
+            ints: Vec::new(),
+            steps: Vec::new(),
+        };
+        f.absorb(op).then_some(f)
+    }
+
+    /// Appends `op` when its offset from the run start is fixed.
+    fn absorb(&mut self, op: &Op) -> bool {
+        let bits = match op {
+            Op::Align(a) if *a <= self.align => align_up(self.bits, *a),
+            Op::Skip(n) => self.bits.checked_add(*n),
+            Op::Int(i) if i.align <= self.align => {
+                let Some(off) = align_up(self.bits, i.align) else {
+                    return false;
+                };
+                let bytes =
+                    matches!(i.size, 8 | 16 | 32 | 64) && off % 8 == 0 && self.align % 8 == 0;
+                let end = off.checked_add(i.size as u64);
+                if end.is_some() && (i.slot != NO_SLOT || i.clock || i.event_id) {
+                    self.ints.push(FixedInt {
+                        off,
+                        scope: 0,
+                        slot: i.slot,
+                        size: i.size,
+                        read: if bytes {
+                            ReadKind::Bytes(i.size / 8)
+                        } else {
+                            ReadKind::Bits
+                        },
+                        be: i.be,
+                        signed: i.signed,
+                        clock: i.clock,
+                        event_id: i.event_id,
+                    });
+                }
+                end
+            }
+            _ => None,
+        };
+        match bits {
+            Some(b) => {
+                self.bits = b;
+                self.steps.push(op.clone());
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Turns runs of [`Op::Align`], [`Op::Skip`] and [`Op::Int`] into
+/// [`Op::Fixed`], at every level.
+fn fuse(ops: Vec<Op>) -> Vec<Op> {
+    fn close(run: Option<Fixed>, out: &mut Vec<Op>) {
+        if let Some(mut f) = run {
+            if matches!(f.steps[..], [Op::Align(_) | Op::Skip(_)]) {
+                out.extend(f.steps.pop());
+            } else {
+                out.push(Op::Fixed(Box::new(f)));
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(ops.len());
+    let mut run: Option<Fixed> = None;
+    for op in ops {
+        let op = match op {
+            Op::Variant(mut v) => {
+                v.options = std::mem::take(&mut v.options)
+                    .into_iter()
+                    .map(fuse)
+                    .collect();
+                Op::Variant(v)
+            }
+            Op::Array { len, elem } => Op::Array {
+                len,
+                elem: fuse(elem),
+            },
+            Op::Seq(mut s) => {
+                s.elem = fuse(std::mem::take(&mut s.elem));
+                Op::Seq(s)
+            }
+            other => other,
+        };
+        if let Some(f) = run.as_mut() {
+            if f.absorb(&op) {
+                continue;
+            }
+        }
+        match Fixed::start(&op) {
+            Some(f) => {
+                close(run.replace(f), &mut out);
+            }
+            None => {
+                close(run.take(), &mut out);
+                out.push(op);
+            }
+        }
+    }
+    close(run, &mut out);
+    out
+}
+
+fn set_scope(ops: &mut [Op], scope: u8) {
+    for op in ops {
+        match op {
+            Op::Fixed(f) => f.ints.iter_mut().for_each(|i| i.scope = scope),
+            Op::Variant(v) => v.options.iter_mut().for_each(|o| set_scope(o, scope)),
+            Op::Array { elem, .. } => set_scope(elem, scope),
+            Op::Seq(s) => set_scope(&mut s.elem, scope),
+            _ => {}
+        }
+    }
+}
+
+/// The stream event context, event context and payload of one event class
+/// as one program of fixed runs and strings, adjacent runs merged across
+/// scopes: most events then take one or two bounds checks.
+#[derive(Debug)]
+pub(crate) struct ClassFast {
+    pub steps: Vec<Step>,
+    /// Where the payload starts (before its own alignment): at step
+    /// `payload_step`, `payload_off` bits after its aligned start, or
+    /// (None) where the step starts, before its alignment.
+    pub payload_step: usize,
+    pub payload_off: Option<u64>,
+}
+
+impl ClassFast {
+    /// None when a scope has another shape than fixed runs and strings.
+    pub fn new(
+        stream_context: Option<&Scope>,
+        context: Option<&Scope>,
+        payload: Option<&Scope>,
+    ) -> Option<ClassFast> {
+        fn steps_of(scope: Option<&Scope>) -> Option<Vec<Step>> {
+            let Some(s) = scope else {
+                return Some(Vec::new());
+            };
+            match &s.plan {
+                Plan::Nothing => Some(Vec::new()),
+                Plan::Fixed(f) => Some(vec![Step::Fixed(f.clone())]),
+                Plan::Steps(steps) => Some(steps.clone()),
+                Plan::Tagged(_) | Plan::Ops => None,
+            }
+        }
+        let mut out = ClassFast {
+            steps: Vec::new(),
+            payload_step: 0,
+            payload_off: None,
+        };
+        for step in steps_of(stream_context)?
+            .into_iter()
+            .chain(steps_of(context)?)
+        {
+            out.push(step);
+        }
+        out.payload_step = usize::MAX;
+        for (i, step) in steps_of(payload)?.into_iter().enumerate() {
+            let before = out.steps.last().map(|s| match s {
+                Step::Fixed(f) => f.bits,
+                Step::Str => 0,
+            });
+            let merged = out.push(step);
+            if i == 0 {
+                // The payload starts where the last run ended, or with
+                // its own step.
+                match (merged, before) {
+                    (true, Some(bits)) => {
+                        out.payload_step = out.steps.len() - 1;
+                        out.payload_off = Some(bits);
+                    }
+                    _ => out.payload_step = out.steps.len() - 1,
+                }
+            }
+        }
+        if out.payload_step == usize::MAX {
+            // No payload step: it starts where everything ends.
+            out.payload_step = out.steps.len();
+            out.payload_off = None;
+        }
+        Some(out)
+    }
+
+    /// Appends a step; true when it was merged into the last run.
+    fn push(&mut self, step: Step) -> bool {
+        if let (Some(Step::Fixed(a)), Step::Fixed(b)) = (self.steps.last_mut(), &step) {
+            if b.align <= a.align {
+                if let Some(off) = align_up(a.bits, b.align) {
+                    if let Some(bits) = off.checked_add(b.bits) {
+                        a.ints.extend(b.ints.iter().map(|i| FixedInt {
+                            off: i.off + off,
+                            ..i.clone()
+                        }));
+                        a.bits = bits;
+                        a.steps.clear();
+                        return true;
+                    }
+                }
+            }
+        }
+        self.steps.push(step);
+        false
+    }
+}
+
+/// A scope's program by shape, so that the common shapes decode without
+/// interpreting steps.
+#[derive(Debug)]
+pub(crate) enum Plan {
+    Nothing,
+    Fixed(Fixed),
+    /// LTTng's compact and large event headers: a fixed run holding an
+    /// unsigned tag, then a variant on that tag whose options are fixed
+    /// runs (or empty).
+    Tagged(Box<Tagged>),
+    /// Fixed runs and strings.
+    Steps(Vec<Step>),
+    /// Anything else: run [`Scope::ops`].
+    Ops,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Step {
+    Fixed(Fixed),
+    Str,
+}
+
+#[derive(Debug)]
+pub(crate) struct Tagged {
+    pub head: Fixed,
+    pub tag_slot: u32,
+    /// (lo, hi, option) on the unsigned tag value.
+    pub select: Vec<(u64, u64, u32)>,
+    pub options: Vec<Option<Fixed>>,
+}
+
+fn as_fixed(ops: &[Op]) -> Option<Option<Fixed>> {
+    match ops {
+        [] => Some(None),
+        [Op::Fixed(f)] => Some(Some((**f).clone())),
+        [op @ (Op::Align(_) | Op::Skip(_))] => Some(Fixed::start(op)),
+        _ => None,
+    }
+}
+
+fn plan_of(ops: &[Op], scope: u8) -> Plan {
+    if ops.is_empty() {
+        return Plan::Nothing;
+    }
+    if let Some(Some(f)) = as_fixed(ops) {
+        return Plan::Fixed(f);
+    }
+    let steps: Option<Vec<Step>> = ops
+        .iter()
+        .map(|op| match op {
+            Op::Str => Some(Step::Str),
+            op => as_fixed(std::slice::from_ref(op))?.map(Step::Fixed),
+        })
+        .collect();
+    if let Some(steps) = steps {
+        return Plan::Steps(steps);
+    }
+    if let [Op::Fixed(head), Op::Variant(v)] = ops {
+        let tag_here =
+            v.tag.scope == scope && !v.tag_signed && head.ints.iter().any(|i| i.slot == v.tag.slot);
+        let options: Option<Vec<Option<Fixed>>> = v.options.iter().map(|o| as_fixed(o)).collect();
+        if let (true, Some(options)) = (tag_here, options) {
+            let select = v
+                .select
+                .iter()
+                .filter_map(|&(lo, hi, i)| {
+                    let lo = lo.max(0);
+                    let hi = hi.min(u64::MAX as i128);
+                    (lo <= hi).then_some((lo as u64, hi as u64, i))
+                })
+                .collect();
+            return Plan::Tagged(Box::new(Tagged {
+                head: (**head).clone(),
+                tag_slot: v.tag.slot,
+                select,
+                options,
+            }));
+        }
+    }
+    Plan::Ops
 }
 
 fn push_op(out: &mut Vec<Op>, op: Op) {
@@ -260,14 +608,38 @@ fn push_op(out: &mut Vec<Op>, op: Op) {
     }
 }
 
-fn ops_of(node: &Node) -> Vec<Op> {
+/// Which integers may be skipped instead of decoded: in the payload (no
+/// later scope refers to it), those whose slot nobody reads.
+#[derive(Clone, Copy)]
+struct Unread<'a>(Option<&'a [bool]>);
+
+impl Unread<'_> {
+    fn skips(&self, i: &IntNode) -> bool {
+        match self.0 {
+            Some(read) => {
+                !(read.get(i.slot as usize).copied().unwrap_or(false) || i.clock || i.event_id)
+            }
+            None => false,
+        }
+    }
+}
+
+fn ops_of(node: &Node, unread: Unread<'_>) -> Vec<Op> {
     let mut v = Vec::new();
-    build_ops(node, &mut v);
+    build_ops(node, &mut v, unread);
     v
 }
 
-fn build_ops(node: &Node, out: &mut Vec<Op>) {
+fn build_ops(node: &Node, out: &mut Vec<Op>, unread: Unread<'_>) {
     match node {
+        // Still an integer step (same errors on short data), without a slot.
+        Node::Int(i) | Node::Enum(i, _) if unread.skips(i) => push_op(
+            out,
+            Op::Int(IntNode {
+                slot: NO_SLOT,
+                ..i.clone()
+            }),
+        ),
         Node::Int(i) | Node::Enum(i, _) => push_op(out, Op::Int(i.clone())),
         Node::Float { double, align, .. } => {
             push_op(out, Op::Align(*align));
@@ -278,7 +650,10 @@ fn build_ops(node: &Node, out: &mut Vec<Op>) {
             push_op(out, Op::Align(s.align));
             match s.skip {
                 Some(bits) => push_op(out, Op::Skip(bits)),
-                None => s.fields.iter().for_each(|f| build_ops(&f.node, out)),
+                None => s
+                    .fields
+                    .iter()
+                    .for_each(|f| build_ops(&f.node, out, unread)),
             }
         }
         Node::Variant(v) => push_op(
@@ -287,7 +662,7 @@ fn build_ops(node: &Node, out: &mut Vec<Op>) {
                 tag: v.tag,
                 tag_signed: v.tag_signed,
                 select: v.select.clone(),
-                options: v.options.iter().map(|f| ops_of(&f.node)).collect(),
+                options: v.options.iter().map(|f| ops_of(&f.node, unread)).collect(),
             })),
         ),
         Node::Array(a) => {
@@ -299,7 +674,7 @@ fn build_ops(node: &Node, out: &mut Vec<Op>) {
                     out,
                     Op::Array {
                         len: a.len,
-                        elem: ops_of(&a.elem),
+                        elem: ops_of(&a.elem, unread),
                     },
                 ),
             }
@@ -316,7 +691,7 @@ fn build_ops(node: &Node, out: &mut Vec<Op>) {
                     len_signed: s.len_signed,
                     align,
                     fixed,
-                    elem: ops_of(&s.elem),
+                    elem: ops_of(&s.elem, unread),
                 })),
             );
         }
@@ -324,6 +699,52 @@ fn build_ops(node: &Node, out: &mut Vec<Op>) {
 }
 
 impl Scope {
+    /// Stops fixed runs from storing integers no one reads: not read within
+    /// the scope nor from a later one (`cross`: (scope, slot) pairs). Clock
+    /// and event id integers still act, without a slot.
+    pub fn prune_stores(&mut self, id: u8, cross: &[(u8, u32)]) {
+        fn prune(ops: &mut [Op], needed: &dyn Fn(u32) -> bool) {
+            for op in ops {
+                match op {
+                    Op::Fixed(f) => {
+                        for i in &mut f.ints {
+                            if i.slot != NO_SLOT && !needed(i.slot) {
+                                i.slot = NO_SLOT;
+                            }
+                        }
+                        f.ints
+                            .retain(|i| i.slot != NO_SLOT || i.clock || i.event_id);
+                    }
+                    Op::Variant(v) => v.options.iter_mut().for_each(|o| prune(o, needed)),
+                    Op::Array { elem, .. } => prune(elem, needed),
+                    Op::Seq(s) => prune(&mut s.elem, needed),
+                    _ => {}
+                }
+            }
+        }
+        let read = &self.read;
+        let needed = |slot: u32| {
+            read.get(slot as usize).copied().unwrap_or(false) || cross.contains(&(id, slot))
+        };
+        prune(&mut self.ops, &needed);
+        self.plan = plan_of(&self.ops, id);
+    }
+
+    /// The largest alignment (bits) anywhere in the scope.
+    pub fn max_align(&self) -> u32 {
+        fn walk(n: &Node) -> u32 {
+            let inner = match n {
+                Node::Struct(s) => s.fields.iter().map(|f| walk(&f.node)).max(),
+                Node::Variant(v) => v.options.iter().map(|f| walk(&f.node)).max(),
+                Node::Array(a) => Some(walk(&a.elem)),
+                Node::Sequence(s) => Some(walk(&s.elem)),
+                _ => None,
+            };
+            n.align().max(inner.unwrap_or(1))
+        }
+        walk(&self.root)
+    }
+
     pub fn fields(&self) -> &[Field] {
         match &self.root {
             Node::Struct(s) => &s.fields,
@@ -352,6 +773,8 @@ pub(crate) struct Env<'a> {
     pub clock_known: &'a dyn Fn(&str) -> bool,
     /// Node budget shared by all scopes of a trace.
     pub budget: &'a std::cell::Cell<usize>,
+    /// Slots read from a later scope (scope, slot), collected here.
+    pub cross: &'a std::cell::RefCell<Vec<(u8, u32)>>,
 }
 
 struct Compiler<'a> {
@@ -401,12 +824,21 @@ pub(crate) fn compile_scope(
         }
     }
     root.finalize(&c.read);
-    let ops = ops_of(&root);
+    let unread = Unread((scope == PAYLOAD).then_some(&c.read[..]));
+    let mut ops = fuse(ops_of(&root, unread));
+    set_scope(&mut ops, scope);
+    let plan = plan_of(&ops, scope);
+    if std::env::var_os("CTF_DEBUG_PLAN").is_some() {
+        eprintln!("scope {scope}: ops {ops:?}\n  plan {plan:?}");
+    }
     let offsets = fixed_offsets(&root);
     Ok(Scope {
+        root_align: root.align(),
         root,
         slots: c.slots,
         ops,
+        plan,
+        read: c.read,
         offsets,
     })
 }
@@ -752,6 +1184,9 @@ impl Compiler<'_> {
             _ => Target::Other,
         };
         if let Target::Int { r, .. } = &target {
+            if s != scope {
+                self.env.cross.borrow_mut().push((s, r.slot));
+            }
             if s == scope {
                 let slot = r.slot as usize;
                 if self.read.len() <= slot {

@@ -1,14 +1,15 @@
 //! The `metadata` stream: plain text or packetized (CTF 7.1), parsed with
 //! [`crate::tsdl`] and compiled into per-stream and per-event layouts.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::layout::{self, compile_scope, Env, Scope};
+use crate::fast::{ClassSteps, HeaderFast};
+use crate::layout::{self, compile_scope, ClassFast, Env, Node, Scope};
 use crate::tsdl::{self, EnvIr, OrderSpec, ParseError, TypeIr};
 
 const METADATA_MAGIC: u32 = 0x75D1_1D57;
@@ -80,6 +81,60 @@ impl Clock {
         }
     }
 }
+
+/// Declares the payload fields the typed mapping reads ([`P`]), each by
+/// its names in order of preference.
+macro_rules! params {
+    ($($id:ident = [$($n:literal),+];)*) => {
+        /// A payload field the typed mapping reads.
+        #[derive(Clone, Copy, Debug)]
+        #[repr(u8)]
+        pub(crate) enum P { $($id),* }
+        /// Names of each [`P`], in order of preference.
+        pub(crate) const PARAM_NAMES: &[&[&str]] = &[$(&[$($n),+]),*];
+    };
+}
+
+params! {
+    Tid = ["tid", "pid"];
+    Comm = ["comm"];
+    Prio = ["prio"];
+    TargetCpu = ["target_cpu"];
+    Dev = ["dev"];
+    Sector = ["sector"];
+    NrSector = ["nr_sector"];
+    Rwbs = ["rwbs"];
+    Error = ["error", "errors"];
+    Skbaddr = ["skbaddr"];
+    Len = ["len"];
+    NameDev = ["name", "dev"];
+    PrevComm = ["prev_comm"];
+    PrevTid = ["prev_tid", "prev_pid"];
+    PrevPrio = ["prev_prio"];
+    PrevState = ["prev_state"];
+    NextComm = ["next_comm"];
+    NextTid = ["next_tid", "next_pid"];
+    NextPrio = ["next_prio"];
+    ParentTid = ["parent_tid", "parent_pid"];
+    ParentComm = ["parent_comm"];
+    ChildTid = ["child_tid", "child_pid"];
+    ChildComm = ["child_comm"];
+    OldTid = ["old_tid", "old_pid"];
+    Filename = ["filename"];
+    OrigCpu = ["orig_cpu"];
+    DestCpu = ["dest_cpu"];
+    Irq = ["irq"];
+    Name = ["name"];
+    Ret = ["ret"];
+    Vec = ["vec"];
+    Hrtimer = ["hrtimer"];
+    Function = ["function"];
+    Now = ["now"];
+    Id = ["id"];
+}
+
+/// No such field.
+pub(crate) const NO_PARAM: u16 = u16::MAX;
 
 /// Typed events the reader maps; decided once per event class from its name.
 #[derive(Clone, Debug, PartialEq)]
@@ -189,8 +244,14 @@ pub(crate) struct EventClass {
     /// Payload slots the reader needs while iterating.
     pub perf_cpu: Option<u32>,
     pub perf_tid: Option<u32>,
-    pub prev_tid: Option<u32>,
-    pub next_tid: Option<u32>,
+    /// Stream event context, event context and payload as one program,
+    /// when their shapes allow it.
+    pub fast: Option<ClassSteps>,
+    /// Top-level payload field index of each [`P`] ([`NO_PARAM`]: none).
+    pub params: Box<[u16]>,
+    /// Payload field indices of prev_tid and next_tid (sched_switch; see
+    /// `CtfEvent::switch`).
+    pub switch_fields: Option<(usize, usize)>,
 }
 
 pub(crate) struct StreamClass {
@@ -198,11 +259,21 @@ pub(crate) struct StreamClass {
     pub packet_context: Option<Scope>,
     pub event_header: Option<Scope>,
     pub event_context: Option<Scope>,
-    /// Event classes by id: dense table for small ids, map otherwise.
-    dense: Vec<Option<Arc<EventClass>>>,
-    sparse: HashMap<u64, Arc<EventClass>>,
+    /// The event classes, in declaration order ([`StreamClass::event`]
+    /// gives an index in it).
+    pub classes: Vec<Arc<EventClass>>,
+    /// Indices in `classes` by id, plus one (0: no such id): dense table
+    /// for small ids, map otherwise.
+    dense: Vec<u32>,
+    sparse: HashMap<u64, u32>,
     /// The only event class, for streams whose header has no id.
-    pub single: Option<Arc<EventClass>>,
+    pub single: Option<u32>,
+    /// The classes by id for small ids (the fast path's lookup).
+    by_id: Vec<Option<Arc<EventClass>>>,
+    /// The event header the fast way.
+    pub header_fast: HeaderFast,
+    /// Most slots any event class uses in its context and its payload.
+    pub class_slots: (u32, u32),
     /// Index in [`TraceMeta::clocks`] of the clock event timestamps use.
     pub clock: usize,
     /// Stream event context slots of thread identity fields.
@@ -211,20 +282,35 @@ pub(crate) struct StreamClass {
 }
 
 impl StreamClass {
+    /// The index in [`StreamClass::classes`] of event class `id`.
     #[inline]
-    pub fn event(&self, id: u64) -> Option<&Arc<EventClass>> {
-        if let Some(slot) = self.dense.get(id as usize) {
-            return slot.as_ref();
+    pub fn event(&self, id: u64) -> Option<u32> {
+        match self.dense.get(id as usize) {
+            Some(0) => None,
+            Some(i) => Some(i - 1),
+            None => self.sparse.get(&id).copied(),
         }
-        self.sparse.get(&id)
+    }
+
+    /// Event class `id` (the fast path: small ids, or with no id the
+    /// only class).
+    #[inline(always)]
+    pub fn class_of(&self, id: Option<u64>) -> Option<&EventClass> {
+        match id {
+            Some(id) => match self.by_id.get(id as usize) {
+                Some(c) => c.as_deref(),
+                None => Some(&*self.classes[self.event(id)? as usize]),
+            },
+            None => Some(&*self.classes[self.single? as usize]),
+        }
     }
 
     pub fn events(&self) -> impl Iterator<Item = &Arc<EventClass>> {
-        self.dense.iter().flatten().chain(self.sparse.values())
+        self.classes.iter()
     }
 
     pub fn event_count(&self) -> usize {
-        self.events().count()
+        self.classes.len()
     }
 }
 
@@ -238,6 +324,8 @@ pub(crate) struct TraceMeta {
     /// Kernel-domain trace (LTTng kernel, perf): kernel event names map to
     /// typed events.
     pub kernel: bool,
+    /// The largest alignment (bits) of any field of any scope.
+    pub max_align: u32,
     /// The raw TSDL text (for diagnostics and tools).
     pub text: String,
 }
@@ -404,6 +492,26 @@ fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
+/// Where the typed mapping finds a field known by `names`: the first name
+/// a top-level payload field has. Without a fixed layout, fields are found
+/// by flattened path, which no struct has (its members have `a.b` paths).
+fn param_index(payload: Option<&Scope>, names: &[&str]) -> u16 {
+    let Some(p) = payload else {
+        return NO_PARAM;
+    };
+    let fixed = p.offsets.is_some();
+    names
+        .iter()
+        .find_map(|n| {
+            p.fields()
+                .iter()
+                .position(|f| &*f.name == *n && (fixed || !matches!(f.node, Node::Struct(_))))
+        })
+        .and_then(|i| u16::try_from(i).ok())
+        .filter(|i| *i != NO_PARAM)
+        .unwrap_or(NO_PARAM)
+}
+
 fn small(v: i128, what: &str, at: usize) -> Result<u64, ParseError> {
     u64::try_from(v).map_err(|_| ParseError::new(at, format!("{what} {v} is out of range")))
 }
@@ -425,12 +533,14 @@ fn make_env<'a>(
     uppers: [Option<&'a Scope>; layout::SCOPES],
     clock_known: &'a dyn Fn(&str) -> bool,
     budget: &'a Cell<usize>,
+    cross: &'a RefCell<Vec<(u8, u32)>>,
 ) -> Env<'a> {
     Env {
         native_be,
         uppers,
         clock_known,
         budget,
+        cross,
     }
 }
 
@@ -493,7 +603,13 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
         Some(t) => Some(compile_scope(
             t,
             layout::PACKET_HEADER,
-            &make_env(big_endian, uppers, clock_known, &budget),
+            &make_env(
+                big_endian,
+                uppers,
+                clock_known,
+                &budget,
+                &RefCell::default(),
+            ),
             &[],
             trace.offset,
         )?),
@@ -582,6 +698,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
     let mut implicit_clock = false;
     let mut streams = Vec::new();
     for (s, sid) in stream_irs {
+        let cross = RefCell::new(Vec::new());
         let compile_opt = |t: &Option<Rc<TypeIr>>,
                            scope: u8,
                            up: [Option<&Scope>; layout::SCOPES],
@@ -590,7 +707,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
                 Some(t) => compile_scope(
                     t,
                     scope,
-                    &make_env(big_endian, up, clock_known, &budget),
+                    &make_env(big_endian, up, clock_known, &budget, &cross),
                     read,
                     s.offset,
                 )
@@ -619,7 +736,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
             &s.event_context,
             layout::STREAM_EVENT_CONTEXT,
             up,
-            &["tid", "vtid", "pid", "vpid"],
+            &["tid", "vtid"],
         )?;
         up[layout::STREAM_EVENT_CONTEXT as usize] = event_context.as_ref();
 
@@ -636,7 +753,8 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
         };
 
         let events_ir = by_stream.remove(&sid).unwrap_or_default();
-        let mut dense: Vec<Option<Arc<EventClass>>> = Vec::new();
+        let mut classes: Vec<EventClass> = Vec::new();
+        let mut dense: Vec<u32> = Vec::new();
         let mut sparse = HashMap::new();
         let single_event = events_ir.len() == 1;
         let mut only = None;
@@ -657,21 +775,18 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
                 .context
                 .as_ref()
                 .map(|t| {
-                    let env = make_env(big_endian, up, clock_known, &budget);
+                    let env = make_env(big_endian, up, clock_known, &budget, &cross);
                     compile_scope(t, layout::EVENT_CONTEXT, &env, &[], e.offset)
                 })
                 .transpose()?;
             up[layout::EVENT_CONTEXT as usize] = context.as_ref();
             let known = known(&name, kernel);
-            let mut read: Vec<&str> = vec!["perf_cpu", "perf_tid"];
-            if known == Known::SchedSwitch {
-                read.extend(["prev_tid", "next_tid", "prev_pid", "next_pid"]);
-            }
+            let read: Vec<&str> = vec!["perf_cpu", "perf_tid"];
             let payload = e
                 .fields
                 .as_ref()
                 .map(|t| {
-                    let env = make_env(big_endian, up, clock_known, &budget);
+                    let env = make_env(big_endian, up, clock_known, &budget, &cross);
                     compile_scope(t, layout::PAYLOAD, &env, &read, e.offset)
                 })
                 .transpose()?;
@@ -680,29 +795,47 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
                     .as_ref()
                     .and_then(|p| names.iter().find_map(|n| p.int_slot(n).map(|(s, _)| s)))
             };
-            let class = Arc::new(EventClass {
+            let field_index = |names: &[&str]| {
+                let p = payload.as_ref()?;
+                names.iter().find_map(|n| {
+                    let (slot, _) = p.int_slot(n)?;
+                    p.fields().iter().position(
+                        |f| matches!(&f.node, Node::Int(i) | Node::Enum(i, _) if i.slot == slot),
+                    )
+                })
+            };
+            let switch_fields =
+                field_index(&["prev_tid", "prev_pid"]).zip(field_index(&["next_tid", "next_pid"]));
+            let params = PARAM_NAMES
+                .iter()
+                .map(|names| param_index(payload.as_ref(), names))
+                .collect();
+            let class = EventClass {
                 id,
+                params,
+                fast: None,
+                switch_fields,
                 loglevel: e.loglevel.and_then(|l| i64::try_from(l).ok()),
                 perf_cpu: slot(&["perf_cpu"]),
                 perf_tid: slot(&["perf_tid"]),
-                prev_tid: slot(&["prev_tid", "prev_pid"]),
-                next_tid: slot(&["next_tid", "next_pid"]),
                 name,
                 context,
                 payload,
                 known,
-            });
+            };
+            let index = classes.len() as u32;
             if single_event {
-                only = Some(class.clone());
+                only = Some(index);
             }
+            classes.push(class);
             let duplicate = if id < 1 << 16 {
                 let i = id as usize;
                 if dense.len() <= i {
-                    dense.resize(i + 1, None);
+                    dense.resize(i + 1, 0);
                 }
-                dense[i].replace(class).is_some()
+                std::mem::replace(&mut dense[i], index + 1) != 0
             } else {
-                sparse.insert(id, class).is_some()
+                sparse.insert(id, index).is_some()
             };
             if duplicate {
                 return Err(ParseError::new(
@@ -711,18 +844,74 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
                 ));
             }
         }
+        // Fixed runs store only what someone reads, now that every
+        // reference into the stream's scopes is known.
+        let cross = cross.into_inner();
+        let mut event_header = event_header;
+        let mut event_context = event_context;
+        for (scope, id) in [
+            (&mut event_header, layout::EVENT_HEADER),
+            (&mut event_context, layout::STREAM_EVENT_CONTEXT),
+        ] {
+            if let Some(sc) = scope {
+                sc.prune_stores(id, &cross);
+            }
+        }
+        let classes: Vec<Arc<EventClass>> = classes
+            .into_iter()
+            .map(|mut c| {
+                for (scope, id) in [
+                    (&mut c.context, layout::EVENT_CONTEXT),
+                    (&mut c.payload, layout::PAYLOAD),
+                ] {
+                    if let Some(sc) = scope {
+                        sc.prune_stores(id, &cross);
+                    }
+                }
+                c.fast = ClassFast::new(
+                    event_context.as_ref(),
+                    c.context.as_ref(),
+                    c.payload.as_ref(),
+                )
+                .as_ref()
+                .map(ClassSteps::of);
+                Arc::new(c)
+            })
+            .collect();
         let ctx_slot = |n: &str| {
             event_context
                 .as_ref()
                 .and_then(|c| c.int_slot(n).map(|(s, _)| s))
         };
+        let slots = |s: &Option<Scope>| s.as_ref().map_or(0, |s| s.slots);
+        let class_slots = classes.iter().fold((0, 0), |(c, p), e| {
+            (c.max(slots(&e.context)), p.max(slots(&e.payload)))
+        });
+        let header_fast = match &event_header {
+            Some(h) => {
+                let tag_elsewhere = match &h.plan {
+                    layout::Plan::Tagged(t) => cross.contains(&(layout::EVENT_HEADER, t.tag_slot)),
+                    _ => false,
+                };
+                HeaderFast::of(&h.plan, tag_elsewhere)
+            }
+            None => HeaderFast::Nothing,
+        };
+        let by_id = dense
+            .iter()
+            .map(|&i| i.checked_sub(1).map(|i| classes[i as usize].clone()))
+            .collect();
         streams.push(Arc::new(StreamClass {
             id: sid,
+            by_id,
+            header_fast,
+            class_slots,
             ctx_tid: ctx_slot("tid"),
             ctx_vtid: ctx_slot("vtid"),
             packet_context,
             event_header,
             event_context,
+            classes,
             dense,
             sparse,
             single: only,
@@ -732,7 +921,23 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
     if implicit_clock {
         clocks.push(Clock::implicit());
     }
+    let align = |s: &Option<Scope>| s.as_ref().map_or(1, Scope::max_align);
+    let max_align = streams
+        .iter()
+        .flat_map(|s| {
+            [&s.packet_context, &s.event_header, &s.event_context]
+                .into_iter()
+                .map(align)
+                .chain(
+                    s.classes
+                        .iter()
+                        .flat_map(|c| [align(&c.context), align(&c.payload)]),
+                )
+                .collect::<Vec<_>>()
+        })
+        .fold(align(&packet_header), u32::max);
     Ok(TraceMeta {
+        max_align,
         uuid,
         packet_header,
         env: env_values,

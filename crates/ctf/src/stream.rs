@@ -1,23 +1,34 @@
 //! Packets and streams: reads one stream (possibly spread over rotated
 //! files) packet by packet and yields its events in order.
 //!
-//! Memory is one packet per stream: a packet is read whole (CTF packets are
-//! bounded by the tracer's sub-buffer size), its events are decoded lazily
-//! and share it through an `Arc`. The buffer is reused when no event of the
-//! previous packet is still alive.
+//! Memory stays bounded whatever the trace size: a packet is read in
+//! windows (a few MiB mapped from the file, or 256 KiB read, or more for an
+//! event larger than that), and events hold only the window they come from.
+//! Decoding runs in batches ([`StreamEvents::fill`]) over a fast path for
+//! the common layouts ([`crate::fast`]) into a chunk of small records; an
+//! event is a handle on its record, and the chunk is reference counted
+//! without an atomic operation per event ([`crate::share`]). Anything the
+//! fast path does not cover is decoded step by step, which also reports
+//! errors exactly. Buffers and record arrays are reused once no event
+//! holds them any more.
 
+use std::cell::UnsafeCell;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use deepspan_model::{Fields, Tid, Value};
 
 use crate::decode::{Cursor, DecodeError, Walker};
 use crate::error::{Error, Result};
-use crate::event::CtfEvent;
+use crate::event::{CtfEvent, Record};
+use crate::fast::{Cx, HeaderFast};
 use crate::layout::{self, Scope};
-use crate::metadata::{StreamClass, TraceMeta};
+use crate::metadata::{EventClass, StreamClass, TraceMeta};
+use crate::share::Owner;
 
 const CTF_MAGIC: u64 = 0xC1FC_1FC1;
 /// First read of a packet: enough for any real header and context.
@@ -41,7 +52,8 @@ impl Source {
 
 /// An open source with a sequential read position.
 enum Reader {
-    File(File),
+    /// The file, its length when opened, and the read position.
+    File(File, u64, u64),
     Memory(Arc<[u8]>, usize),
 }
 
@@ -51,22 +63,41 @@ impl Reader {
             Source::File(p) => {
                 let f = File::open(p).map_err(|e| Error::io(p, e))?;
                 let len = f.metadata().map_err(|e| Error::io(p, e))?.len();
-                Ok((Reader::File(f), len))
+                Ok((Reader::File(f, len, 0), len))
             }
             Source::Memory { data, .. } => Ok((Reader::Memory(data.clone(), 0), data.len() as u64)),
+        }
+    }
+
+    fn pos(&self) -> u64 {
+        match self {
+            Reader::File(_, _, pos) => *pos,
+            Reader::Memory(_, pos) => *pos as u64,
+        }
+    }
+
+    /// `len` bytes at `offset` without copying them, when the source
+    /// allows (see [`Bytes::Map`]); the read position does not move.
+    fn map(&self, offset: u64, len: u64, opts: &ReadOptions) -> Option<Bytes> {
+        match self {
+            Reader::File(f, file_len, _) if opts.map && offset.checked_add(len)? <= *file_len => {
+                map_file(f, offset, len)
+            }
+            _ => None,
         }
     }
 
     /// Appends exactly `n` bytes to `buf`.
     fn read_into(&mut self, buf: &mut Vec<u8>, n: usize, path: &Path) -> Result<()> {
         match self {
-            Reader::File(f) => {
+            Reader::File(f, _, pos) => {
                 // read_to_end fills spare capacity without zeroing it first.
                 buf.reserve(n);
                 let got = f
                     .take(n as u64)
                     .read_to_end(buf)
                     .map_err(|e| Error::io(path, e))?;
+                *pos += got as u64;
                 if got < n {
                     let e = std::io::Error::new(
                         std::io::ErrorKind::UnexpectedEof,
@@ -247,9 +278,8 @@ fn read_preamble(
     }
 }
 
-/// One decoded packet, shared by its events.
-pub(crate) struct Packet {
-    pub data: Vec<u8>,
+/// What the events of a packet share besides its bytes.
+pub(crate) struct PacketInfo {
     pub path: Arc<Path>,
     /// Offset of the packet in its file.
     pub offset: u64,
@@ -259,8 +289,266 @@ pub(crate) struct Packet {
     pub header_slots: Vec<u64>,
     pub context_slots: Vec<u64>,
     pub context: Fields,
-    pub content_bits: u64,
     pub cpu: Option<u32>,
+}
+
+/// A window of a packet's bytes, shared by the events decoded from it.
+///
+/// Bit positions of events are counted from `data[0]`: the window starts
+/// at a multiple of the trace's largest alignment, so alignment computed
+/// from there is the same as from the packet start.
+pub(crate) struct Packet {
+    pub data: Bytes,
+    /// Where `data` goes back when the window is dropped.
+    pub pool: Arc<Pool>,
+    /// Byte offset of `data[0]` in the packet.
+    pub base: u64,
+    /// End of the packet's events in this window, in bits from `data[0]`
+    /// (at most `data.len() * 8`).
+    pub content_bits: u64,
+    pub info: Arc<PacketInfo>,
+}
+
+/// Records per chunk.
+pub(crate) const CHUNK: usize = 4096;
+/// Events decoded per call of [`StreamEvents::fill`].
+const BATCH: usize = 256;
+
+/// The records of (up to [`CHUNK`]) events of one window, shared by those
+/// events: the unit of reference counting (see [`crate::share`]).
+pub(crate) struct Chunk {
+    pub window: Arc<Packet>,
+    records: Box<[RecordCell]>,
+    /// Where `records` goes back when the chunk is dropped.
+    pool: Arc<RecordPool>,
+}
+
+/// One record, written once (before any event refers to it), then read.
+pub(crate) struct RecordCell(UnsafeCell<MaybeUninit<Record>>);
+
+// SAFETY: a record is written once, by the stream reader, before the event
+// made of it exists; afterwards it is accessed through that event only (see
+// `Record`).
+unsafe impl Sync for RecordCell {}
+
+impl Chunk {
+    /// # Safety
+    /// Record `i` must be initialized.
+    #[inline(always)]
+    pub unsafe fn record(&self, i: u32) -> &Record {
+        (*self.records.get_unchecked(i as usize).0.get()).assume_init_ref()
+    }
+
+    /// # Safety
+    /// Record `i` (below [`CHUNK`]) must not be initialized, nor referred
+    /// to.
+    #[inline(always)]
+    unsafe fn init(&self, i: u32, r: Record) {
+        debug_assert!((i as usize) < self.records.len());
+        (*self.records.get_unchecked(i as usize).0.get()).write(r);
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // Records own nothing once their events are gone (see `CtfEvent`'s
+        // drop): no record needs dropping.
+        self.pool.give(std::mem::take(&mut self.records));
+    }
+}
+
+/// Spare record arrays of a stream (see [`Pool`]).
+#[derive(Default)]
+pub(crate) struct RecordPool(Mutex<Vec<Box<[RecordCell]>>>);
+
+impl RecordPool {
+    fn take(&self) -> Box<[RecordCell]> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut p| p.pop())
+            .unwrap_or_else(|| {
+                (0..CHUNK)
+                    .map(|_| RecordCell(UnsafeCell::new(MaybeUninit::uninit())))
+                    .collect()
+            })
+    }
+
+    fn give(&self, v: Box<[RecordCell]>) {
+        if v.len() != CHUNK {
+            return;
+        }
+        if let Ok(mut p) = self.0.lock() {
+            if p.len() < Pool::KEEP {
+                p.push(v);
+            }
+        }
+    }
+}
+
+/// Spare window buffers of a stream: a window is usually freed when the
+/// last of its events is dropped, after the reader has moved on; its
+/// buffer then serves again instead of new memory (which the system would
+/// have to zero and map, page by page).
+#[derive(Default)]
+pub(crate) struct Pool(Mutex<Vec<Vec<u8>>>);
+
+impl Pool {
+    const KEEP: usize = 4;
+
+    fn take(&self) -> Vec<u8> {
+        let mut v = self
+            .0
+            .lock()
+            .ok()
+            .and_then(|mut p| p.pop())
+            .unwrap_or_default();
+        v.clear();
+        v
+    }
+
+    fn give(&self, v: Vec<u8>) {
+        if v.capacity() == 0 {
+            return;
+        }
+        if let Ok(mut p) = self.0.lock() {
+            if p.len() < Self::KEEP {
+                p.push(v);
+            }
+        }
+    }
+}
+
+impl Drop for Packet {
+    fn drop(&mut self) {
+        if let Bytes::Heap(v) = &mut self.data {
+            self.pool.give(std::mem::take(v));
+        }
+    }
+}
+
+/// The bytes of a window: read into memory, or mapped from the file.
+pub(crate) enum Bytes {
+    Heap(Vec<u8>),
+    /// Mapped read-only (like babeltrace2 does): the decoder reads the
+    /// page cache directly instead of a copy of it. The file must not be
+    /// truncated while mapped (the process would get SIGBUS, as with
+    /// babeltrace2); LTTng never truncates a trace file it writes.
+    Map(Mapping),
+}
+
+pub(crate) struct Mapping {
+    /// The mapping (page aligned) and its length.
+    base: NonNull<std::ffi::c_void>,
+    map_len: usize,
+    /// Where the window starts in it, and its length.
+    delta: usize,
+    len: usize,
+}
+
+// SAFETY: a read-only private mapping, like an immutable byte slice.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `map_file` with this address and length.
+        #[cfg(unix)]
+        unsafe {
+            libc::munmap(self.base.as_ptr(), self.map_len)
+        };
+    }
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    #[inline(always)]
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Heap(v) => v,
+            // SAFETY: [delta, delta + len) lies in the mapping, which lives
+            // as long as `self`.
+            Bytes::Map(m) => unsafe {
+                std::slice::from_raw_parts(m.base.as_ptr().cast::<u8>().add(m.delta), m.len)
+            },
+        }
+    }
+}
+
+/// Maps `len` bytes of `f` at `offset` (within the file), populating the
+/// page tables at once; None when mapping is not possible.
+#[cfg(unix)]
+fn map_file(f: &File, offset: u64, len: u64) -> Option<Bytes> {
+    use std::os::unix::io::AsRawFd;
+    if len == 0 {
+        return None;
+    }
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let populate = libc::MAP_POPULATE;
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let populate = 0;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let page = u64::try_from(page).ok().filter(|p| p.is_power_of_two())?;
+    let start = offset & !(page - 1);
+    let delta = (offset - start) as usize;
+    let len = usize::try_from(len).ok()?;
+    let map_len = len.checked_add(delta)?;
+    let at = libc::off_t::try_from(start).ok()?;
+    // SAFETY: a fresh read-only private mapping of a file we hold open;
+    // nothing else refers to that address range.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | populate,
+            f.as_raw_fd(),
+            at,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    Some(Bytes::Map(Mapping {
+        base: NonNull::new(p)?,
+        map_len,
+        delta,
+        len,
+    }))
+}
+
+#[cfg(not(unix))]
+fn map_file(_: &File, _: u64, _: u64) -> Option<Bytes> {
+    None
+}
+
+/// Bytes ahead of the decoding position that the fast path asks the CPU
+/// to fetch.
+const PREFETCH_AHEAD: usize = 4096;
+
+#[inline(always)]
+fn prefetch(data: &[u8], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if at < data.len() {
+        // SAFETY: a hint on an address inside `data`; it cannot fault.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(
+                data.as_ptr().add(at).cast::<i8>(),
+                std::arch::x86_64::_MM_HINT_T0,
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, at);
+}
+
+impl Packet {
+    /// File offset of `data[0]`.
+    pub fn offset(&self) -> u64 {
+        self.info.offset + self.base
+    }
 }
 
 /// A trace as the stream readers need it.
@@ -304,13 +592,78 @@ pub(crate) struct StreamSpec {
     pub files: Vec<Source>,
 }
 
+/// Bytes read per window of a packet: the reading buffer and the data being
+/// decoded stay in the CPU caches (a larger event gets a larger window).
+const WINDOW: u64 = 256 << 10;
+/// Bytes mapped per window of a packet, when mapped.
+const MAP_WINDOW: u64 = 4 << 20;
+
+/// How a stream is read: window sizes, and whether files are mapped.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadOptions {
+    pub window: u64,
+    pub map_window: u64,
+    pub map: bool,
+    /// Read packets whole, in one window.
+    pub whole: bool,
+}
+
+impl Default for ReadOptions {
+    fn default() -> ReadOptions {
+        ReadOptions {
+            window: WINDOW,
+            map_window: MAP_WINDOW,
+            map: true,
+            whole: false,
+        }
+    }
+}
+
+impl ReadOptions {
+    fn window_bytes(&self, reader: &Reader) -> u64 {
+        match reader {
+            Reader::File(..) if self.map => self.map_window,
+            _ => self.window,
+        }
+        .max(1)
+    }
+}
+
+/// The packet being read by a [`StreamEvents`].
+struct Current {
+    info: Arc<PacketInfo>,
+    /// End of the packet's events, in bits from the packet start.
+    content_bits: u64,
+}
+
 /// Iterator over the events of one stream.
 pub(crate) struct StreamEvents {
     spec: StreamSpec,
     next_file: usize,
-    reader: Option<(Reader, u64, u64, Arc<Path>)>, // reader, file length, position, path
+    /// Reader, file length, offset of the next packet, path.
+    reader: Option<(Reader, u64, u64, Arc<Path>)>,
+    current: Option<Current>,
+    /// The current window.
     packet: Option<Arc<Packet>>,
+    /// Records of the current window's decoded events: `filled` of them
+    /// so far, handed out as events up to `popped`.
+    chunk: Option<Owner<Chunk>>,
+    filled: u32,
+    popped: u32,
+    /// End of the events in the current window, in bits from its start
+    /// (0 without a window).
+    content_bits: u64,
+    /// Largest alignment of the trace in bytes (windows start at multiples
+    /// of it); 0 when too large for windows: packets are then read whole.
+    window_align: u64,
+    opts: ReadOptions,
+    /// Nanoseconds to add to clock ticks for absolute time, when the
+    /// stream's clock is the common 1 GHz one with an offset in range.
+    fast_offset: Option<u64>,
+    /// Position in the window, in bits (after the events decoded so far).
     pos: u64,
+    pool: Arc<Pool>,
+    records: Arc<RecordPool>,
     walker: Walker,
     prev_discarded: Option<u64>,
     prev_end_ns: Option<u64>,
@@ -319,13 +672,25 @@ pub(crate) struct StreamEvents {
 }
 
 impl StreamEvents {
-    pub fn new(spec: StreamSpec, lost: Arc<Mutex<LostLog>>) -> StreamEvents {
+    pub fn new(spec: StreamSpec, lost: Arc<Mutex<LostLog>>, opts: ReadOptions) -> StreamEvents {
+        let align = (spec.trace.meta.max_align as u64).div_ceil(8).max(1);
+        let whole = opts.whole || align > WINDOW / 16;
         StreamEvents {
             spec,
             next_file: 0,
             reader: None,
+            current: None,
             packet: None,
+            content_bits: 0,
+            window_align: if whole { 0 } else { align },
+            opts,
+            fast_offset: None,
             pos: 0,
+            chunk: None,
+            filled: 0,
+            popped: 0,
+            pool: Arc::default(),
+            records: Arc::default(),
             walker: Walker::new(),
             prev_discarded: None,
             prev_end_ns: None,
@@ -336,20 +701,16 @@ impl StreamEvents {
 
     #[inline]
     fn abs_ns(&self, stream: &StreamClass, ticks: u64) -> u64 {
-        let t = &self.spec.trace;
-        let offset = t.offsets_ns.get(stream.clock).copied().unwrap_or(0);
-        match t.meta.clocks.get(stream.clock) {
-            // The common case (1 GHz clock, offset within u64): no i128.
-            Some(c) if c.freq == 1_000_000_000 && (0..=u64::MAX as i128).contains(&offset) => {
-                (offset as u64).saturating_add(ticks)
-            }
-            Some(c) => (offset + c.ticks_to_ns(ticks) as i128).clamp(0, u64::MAX as i128) as u64,
-            None => (offset + ticks as i128).clamp(0, u64::MAX as i128) as u64,
-        }
+        abs_ns(&self.spec.trace, stream, ticks)
     }
 
-    /// Loads the next packet; false at the end of the stream.
+    /// Loads the first window of the next packet; false at the end of the
+    /// stream.
     fn load_packet(&mut self) -> Result<bool> {
+        // Reuse the previous window's buffer when no event holds it.
+        self.content_bits = 0;
+        self.end_window();
+        let mut data = self.pool.take();
         loop {
             if self.reader.is_none() {
                 let Some(src) = self.spec.files.get(self.next_file) else {
@@ -358,6 +719,7 @@ impl StreamEvents {
                 self.next_file += 1;
                 let (r, len) = Reader::open(src)?;
                 self.reader = Some((r, len, 0, Arc::from(src.path())));
+                self.current = None;
             }
             let Some((reader, len, pos, path)) = self.reader.as_mut() else {
                 continue;
@@ -367,12 +729,12 @@ impl StreamEvents {
                 continue;
             }
             let (len, offset, path) = (*len, *pos, path.clone());
+            self.current = None;
+            if reader.pos() != offset {
+                // The previous packet was not read to its end.
+                rewind(reader, &path, offset)?;
+            }
             let remaining = len - offset;
-            // Reuse the previous packet's buffer when no event holds it.
-            let mut data = match self.packet.take().map(Arc::try_unwrap) {
-                Some(Ok(p)) => p.data,
-                _ => Vec::new(),
-            };
             let meta = &self.spec.trace.meta;
             let pre = read_preamble(
                 meta,
@@ -410,14 +772,26 @@ impl StreamEvents {
                     ),
                 ));
             }
-            if (data.len() as u64) > packet_bytes {
-                // The first read went past this packet: rewind the reader.
-                data.truncate(packet_bytes as usize);
-                rewind(reader, &path, offset + packet_bytes)?;
+            // The first window: whole packet, or up to a window of its
+            // content.
+            let want = if self.window_align == 0 {
+                packet_bytes
             } else {
-                let more = (packet_bytes - data.len() as u64) as usize;
+                content_bits.div_ceil(8).min(self.opts.window_bytes(reader))
+            };
+            let bytes = if (data.len() as u64) > packet_bytes {
+                // The first read went past this packet.
+                data.truncate(packet_bytes as usize);
+                Bytes::Heap(data)
+            } else if let Some(map) = reader.map(offset, want.max(data.len() as u64), &self.opts) {
+                self.pool.give(data);
+                map
+            } else {
+                let want = want.max(data.len() as u64);
+                let more = (want - data.len() as u64) as usize;
                 reader.read_into(&mut data, more, &path)?;
-            }
+                Bytes::Heap(data)
+            };
             if let Some((_, _, pos, _)) = self.reader.as_mut() {
                 *pos = offset + packet_bytes;
             }
@@ -434,9 +808,15 @@ impl StreamEvents {
                 }
             }
             self.account_lost(&pre, &stream, &path);
-            self.pos = pre.events_at;
-            self.packet = Some(Arc::new(Packet {
-                data,
+            self.fast_offset = self.clock_fast_offset(&stream);
+            // The fast path does not reserve slots per event.
+            let w = &mut self.walker;
+            let slots = |s: &Option<Scope>| s.as_ref().map_or(0, |s| s.slots);
+            w.reserve(layout::EVENT_HEADER, slots(&stream.event_header));
+            w.reserve(layout::STREAM_EVENT_CONTEXT, slots(&stream.event_context));
+            w.reserve(layout::EVENT_CONTEXT, stream.class_slots.0);
+            w.reserve(layout::PAYLOAD, stream.class_slots.1);
+            let info = Arc::new(PacketInfo {
                 path,
                 offset,
                 stream,
@@ -445,11 +825,113 @@ impl StreamEvents {
                 header_slots: self.walker.slots[layout::PACKET_HEADER as usize].clone(),
                 context_slots: self.walker.slots[layout::PACKET_CONTEXT as usize].clone(),
                 context: pre.context,
-                content_bits,
                 cpu: pre.cpu,
-            }));
+            });
+            self.current = Some(Current {
+                info: info.clone(),
+                content_bits,
+            });
+            self.set_window(bytes, 0, info);
+            self.pos = pre.events_at;
             return Ok(true);
         }
+    }
+
+    fn set_window(&mut self, data: Bytes, base: u64, info: Arc<PacketInfo>) {
+        let content = self.current.as_ref().map_or(0, |c| c.content_bits);
+        let content_bits = content.saturating_sub(base * 8).min(data.len() as u64 * 8);
+        self.content_bits = content_bits;
+        self.end_window();
+        self.packet = Some(Arc::new(Packet {
+            data,
+            pool: self.pool.clone(),
+            base,
+            content_bits,
+            info,
+        }));
+    }
+
+    /// Leaves the current window (all its events handed out): its chunk of
+    /// records and the window itself live on as long as events hold them.
+    fn end_window(&mut self) {
+        debug_assert!(self.popped == self.filled);
+        self.chunk = None;
+        self.filled = 0;
+        self.popped = 0;
+        self.packet = None;
+    }
+
+    /// Makes room for a record in the current chunk (a new chunk of the
+    /// current window when there is none or it is full); false without a
+    /// window.
+    #[inline]
+    fn chunk_room(&mut self) -> bool {
+        if self.chunk.is_some() && (self.filled as usize) < CHUNK {
+            return true;
+        }
+        let Some(window) = &self.packet else {
+            return false;
+        };
+        debug_assert!(self.popped == self.filled);
+        self.chunk = Some(Owner::new(Chunk {
+            window: window.clone(),
+            records: self.records.take(),
+            pool: self.records.clone(),
+        }));
+        self.filled = 0;
+        self.popped = 0;
+        true
+    }
+
+    /// Whether the current window holds the rest of the packet's events.
+    fn window_is_last(&self) -> bool {
+        match (&self.current, &self.packet) {
+            (Some(c), Some(w)) => (w.base + w.data.len() as u64) * 8 >= c.content_bits,
+            _ => true,
+        }
+    }
+
+    /// Moves the window on so that it starts at the event at `self.pos`
+    /// and holds more data: at least [`WINDOW`] bytes, or twice what was
+    /// left (for an event longer than the window), or up to the end of
+    /// the packet's content.
+    fn next_window(&mut self) -> Result<()> {
+        let (Some(c), Some(old)) = (self.current.as_mut(), self.packet.take()) else {
+            return Ok(());
+        };
+        let Some((reader, _, _, path)) = self.reader.as_mut() else {
+            return Ok(());
+        };
+        let w = &*old;
+        let at = w.base * 8 + self.pos;
+        let base = at / 8 / self.window_align * self.window_align;
+        let keep = ((base - w.base) as usize).min(w.data.len());
+        let tail = w.data.len() - keep;
+        let content_bytes = c.content_bits.div_ceil(8);
+        let want = (self.opts.window_bytes(reader).max(2 * tail as u64)).min(content_bytes - base);
+        let info = w.info.clone();
+        let data = match reader.map(info.offset + base, want, &self.opts) {
+            Some(map) => map,
+            None => {
+                let mut data = self.pool.take();
+                data.reserve(want as usize);
+                data.extend_from_slice(&w.data[keep..]);
+                // The rest, from the end of the old window.
+                let from = info.offset + w.base + w.data.len() as u64;
+                if reader.pos() != from {
+                    rewind(reader, path, from)?;
+                }
+                let more = (want - tail as u64) as usize;
+                reader.read_into(&mut data, more, path)?;
+                Bytes::Heap(data)
+            }
+        };
+        // Back to the pool now if no event holds it, else when the last
+        // one is dropped.
+        drop(old);
+        self.pos = at - base * 8;
+        self.set_window(data, base, info);
+        Ok(())
     }
 
     fn account_lost(&mut self, pre: &Preamble, stream: &StreamClass, path: &Arc<Path>) {
@@ -484,89 +966,327 @@ impl StreamEvents {
         self.prev_end_ns = end_ns.or(self.prev_end_ns);
     }
 
+    /// See [`StreamEvents::fast_offset`].
+    fn clock_fast_offset(&self, stream: &StreamClass) -> Option<u64> {
+        let t = &self.spec.trace;
+        let offset = t.offsets_ns.get(stream.clock).copied().unwrap_or(0);
+        match t.meta.clocks.get(stream.clock) {
+            Some(c) if c.freq == 1_000_000_000 && (0..=u64::MAX as i128).contains(&offset) => {
+                Some(offset as u64)
+            }
+            _ => None,
+        }
+    }
+
+    /// The scopes after the event header one by one, for event classes
+    /// without a [`crate::layout::ClassFast`] program.
+    #[inline(never)]
+    fn scopes_ok(
+        w: &mut Walker,
+        context: Option<&Scope>,
+        class: &EventClass,
+        data: &[u8],
+        pos: &mut u64,
+        end: u64,
+    ) -> Option<u64> {
+        let mut ok = match context {
+            Some(c) => w.plan_ok(
+                &c.plan,
+                &c.ops,
+                layout::STREAM_EVENT_CONTEXT,
+                data,
+                pos,
+                end,
+            ),
+            None => true,
+        };
+        ok = ok
+            && match &class.context {
+                Some(c) => w.plan_ok(&c.plan, &c.ops, layout::EVENT_CONTEXT, data, pos, end),
+                None => true,
+            };
+        let payload_at = *pos;
+        ok = ok
+            && match &class.payload {
+                Some(c) => w.plan_ok(&c.plan, &c.ops, layout::PAYLOAD, data, pos, end),
+                None => true,
+            };
+        ok.then_some(payload_at)
+    }
+
+    /// The next decoded event waiting in the chunk.
+    #[inline(always)]
+    pub fn pop(&mut self) -> Option<(CtfEvent, u64)> {
+        if self.popped >= self.filled {
+            return None;
+        }
+        let idx = self.popped;
+        self.popped += 1;
+        let owner = self.chunk.as_mut()?;
+        // SAFETY: records below `filled` are initialized; each is popped
+        // once.
+        let ts = unsafe { owner.get().record(idx).ts() };
+        Some((unsafe { CtfEvent::from_chunk(owner.share(), idx) }, ts))
+    }
+
+    /// Decodes up to [`BATCH`] events of the current window into its chunk
+    /// of records, the fast way: a tight loop over the scopes' plans. Stops
+    /// before the first event that does not decode without trouble (end of
+    /// window, short data, an error), which [`StreamEvents::next_event`]
+    /// then decodes the careful way. False when not one event was decoded.
+    #[inline(never)]
+    fn fill(&mut self) -> bool {
+        if self.pos >= self.content_bits || !self.chunk_room() {
+            return false;
+        }
+        // A handle of its own on the window, so that the header decoder
+        // can be chosen once for the whole batch.
+        let Some(packet) = self.packet.clone() else {
+            return false;
+        };
+        let stream = &*packet.info.stream;
+        match (&stream.event_header, &stream.header_fast) {
+            (Some(_), HeaderFast::Lttng(l)) => {
+                self.fill_with(&packet, |cx, _, data, pos, end| l.run(cx, data, pos, end))
+            }
+            (None, _) => self.fill_with(&packet, |_, _, _, _, _| true),
+            (Some(h), HeaderFast::Generic) => self.fill_with(&packet, |cx, w, data, pos, end| {
+                // The generic plan works on the walker itself.
+                w.clock = cx.clock;
+                w.event_id = None;
+                std::mem::swap(&mut w.slots, cx.slots);
+                let ok = w.plan_ok(&h.plan, &h.ops, layout::EVENT_HEADER, data, pos, end);
+                std::mem::swap(&mut w.slots, cx.slots);
+                cx.clock = w.clock;
+                cx.event_id = w.event_id;
+                ok
+            }),
+            (Some(_), hf) => {
+                self.fill_with(&packet, |cx, _, data, pos, end| hf.run(cx, data, pos, end))
+            }
+        }
+    }
+
+    /// [`StreamEvents::fill`] with a given event header decoder.
+    #[inline(always)]
+    fn fill_with(
+        &mut self,
+        packet: &Packet,
+        header: impl Fn(&mut Cx, &mut Walker, &[u8], &mut u64, u64) -> bool,
+    ) -> bool {
+        let Some(chunk) = self.chunk.as_ref() else {
+            return false;
+        };
+        let chunk = chunk.get();
+        let first = self.filled;
+        let last = (first as usize + BATCH).min(CHUNK) as u32;
+        let mut filled = first;
+        let data = &packet.data[..];
+        let info = &*packet.info;
+        let stream = &*info.stream;
+        let end = self.content_bits.min(data.len() as u64 * 8);
+        let w = &mut self.walker;
+        let trace = &*self.spec.trace;
+        let fast_offset = self.fast_offset;
+        let context = stream.event_context.as_ref();
+        let packet_cpu = info.cpu.unwrap_or(0);
+        let ctx_tid = stream.ctx_tid.or(stream.ctx_vtid);
+        let mut pos = self.pos;
+        let mut slots = std::mem::take(&mut w.slots);
+        let mut clock = w.clock;
+        while pos < end && filled < last {
+            let start = pos;
+            prefetch(data, (pos / 8) as usize + PREFETCH_AHEAD);
+            prefetch(data, (pos / 8) as usize + PREFETCH_AHEAD + 64);
+            // Clock and event id in registers, slots out of the walker.
+            let mut cx = Cx {
+                clock,
+                event_id: None,
+                slots: &mut slots,
+            };
+            let ok = header(&mut cx, w, data, &mut pos, end);
+            let Some(class) = ok.then(|| stream.class_of(cx.event_id)).flatten() else {
+                pos = start;
+                break;
+            };
+            let payload_at = match &class.fast {
+                Some(fast) => fast.run(&mut cx, data, &mut pos, end),
+                None => {
+                    w.clock = cx.clock;
+                    w.event_id = cx.event_id;
+                    std::mem::swap(&mut w.slots, &mut slots);
+                    let p = Self::scopes_ok(w, context, class, data, &mut pos, end);
+                    std::mem::swap(&mut w.slots, &mut slots);
+                    cx = Cx {
+                        clock: w.clock,
+                        event_id: w.event_id,
+                        slots: &mut slots,
+                    };
+                    p
+                }
+            };
+            let Some(payload_at) = payload_at.filter(|_| pos != start) else {
+                pos = start;
+                break;
+            };
+            let ticks = cx.clock;
+            clock = ticks;
+            let slot =
+                |scope: u8, s: u32| slots[scope as usize].get(s as usize).copied().unwrap_or(0);
+            let cpu = match class.perf_cpu {
+                None => packet_cpu,
+                Some(s) => slot(layout::PAYLOAD, s) as u32,
+            };
+            let tid = match (ctx_tid, class.perf_tid) {
+                (Some(s), _) => Some(slot(layout::STREAM_EVENT_CONTEXT, s) as Tid),
+                (None, Some(s)) => Some(slot(layout::PAYLOAD, s) as Tid),
+                (None, None) => None,
+            };
+            let ts = match fast_offset {
+                Some(offset) => offset.saturating_add(ticks),
+                None => abs_ns(trace, stream, ticks),
+            };
+            // SAFETY: record `filled` is not initialized yet, and no event
+            // refers to it.
+            unsafe {
+                chunk.init(
+                    filled,
+                    Record::new(ts, ticks, cpu, tid, class, start, payload_at),
+                )
+            };
+            filled += 1;
+        }
+        w.slots = slots;
+        w.clock = clock;
+        self.pos = pos;
+        self.filled = filled;
+        filled > first
+    }
+
     fn next_event(&mut self) -> Result<Option<CtfEvent>> {
         loop {
-            let packet = match &self.packet {
-                Some(p) if self.pos < p.content_bits => p,
-                _ => {
+            if let Some((e, _)) = self.pop() {
+                return Ok(Some(e));
+            }
+            if self.fill() {
+                continue;
+            }
+            if self.pos >= self.content_bits {
+                if self.window_is_last() {
                     if !self.load_packet()? {
                         return Ok(None);
                     }
-                    continue;
+                } else {
+                    self.next_window()?;
                 }
-            };
-            let start = self.pos;
-            let stream = &packet.stream;
-            let w = &mut self.walker;
-            let mut cur = Cursor::new(&packet.data, start, packet.content_bits);
-            let at =
-                |e: DecodeError| Error::data(&packet.path, packet.offset + e.bit / 8, e.message);
-            w.event_id = None;
-            walk_scope(
-                w,
-                stream.event_header.as_ref(),
-                layout::EVENT_HEADER,
-                &mut cur,
-            )
-            .map_err(at)?;
-            walk_scope(
-                w,
-                stream.event_context.as_ref(),
-                layout::STREAM_EVENT_CONTEXT,
-                &mut cur,
-            )
-            .map_err(at)?;
-            let class = match w.event_id {
-                Some(id) => stream.event(id).ok_or_else(|| {
-                    Error::data(
-                        &packet.path,
-                        packet.offset + start / 8,
-                        format!("unknown event id {id} in stream {}", stream.id),
-                    )
-                })?,
-                None => stream.single.as_ref().ok_or_else(|| {
-                    Error::data(
-                        &packet.path,
-                        packet.offset + start / 8,
-                        "event header without id in a stream with several event classes",
-                    )
-                })?,
-            };
-            walk_scope(w, class.context.as_ref(), layout::EVENT_CONTEXT, &mut cur).map_err(at)?;
-            let payload_at = cur.pos;
-            walk_scope(w, class.payload.as_ref(), layout::PAYLOAD, &mut cur).map_err(at)?;
-            if cur.pos == start {
-                return Err(Error::data(
-                    &packet.path,
-                    packet.offset + start / 8,
-                    "event of zero length (forbidden by CTF)",
-                ));
+                continue;
             }
-            self.pos = cur.pos;
-            let ticks = w.clock;
-            let slot = |scope, s: Option<u32>| s.map(|s| w.slot(scope, s));
-            let cpu = slot(layout::PAYLOAD, class.perf_cpu)
-                .map(|c| c as u32)
-                .or(packet.cpu)
-                .unwrap_or(0);
-            let tid = slot(layout::STREAM_EVENT_CONTEXT, stream.ctx_tid)
-                .or(slot(layout::STREAM_EVENT_CONTEXT, stream.ctx_vtid))
-                .or(slot(layout::PAYLOAD, class.perf_tid))
-                .map(|t| t as Tid);
-            let switch = match (
-                slot(layout::PAYLOAD, class.prev_tid),
-                slot(layout::PAYLOAD, class.next_tid),
-            ) {
-                (Some(p), Some(n)) => Some((p as Tid, n as Tid)),
-                _ => None,
-            };
-            let ts = self.abs_ns(stream, ticks);
-            let class = class.clone();
-            let packet = packet.clone();
-            return Ok(Some(CtfEvent::new(
-                ts, ticks, cpu, tid, switch, class, packet, start, payload_at,
-            )));
+            let clock0 = self.walker.clock;
+            match self.slow_event() {
+                Ok(e) => return Ok(Some(e)),
+                Err(e) if e.short && !self.window_is_last() => {
+                    // The event continues past the window: move it on.
+                    self.walker.clock = clock0;
+                    self.next_window()?;
+                }
+                Err(e) => {
+                    let at = self.packet.as_ref().map_or(0, |p| p.offset());
+                    let path = match &self.current {
+                        Some(c) => c.info.path.to_path_buf(),
+                        None => PathBuf::new(),
+                    };
+                    return Err(Error::data(&path, at + e.bit / 8, e.message));
+                }
+            }
         }
+    }
+
+    /// Decodes the event at `self.pos` of the window step by step, for
+    /// the exact error; the bit offset of an error is from the window start.
+    fn slow_event(&mut self) -> Result<CtfEvent, DecodeError> {
+        let no_packet = || DecodeError {
+            bit: 0,
+            message: "no packet".into(),
+            short: false,
+        };
+        if !self.chunk_room() {
+            return Err(no_packet());
+        }
+        let Some(packet) = self.packet.as_deref() else {
+            return Err(no_packet());
+        };
+        let start = self.pos;
+        let info = &*packet.info;
+        let stream = &*info.stream;
+        let w = &mut self.walker;
+        let mut cur = Cursor::new(&packet.data, start, packet.content_bits);
+        let fail = |message: String| DecodeError {
+            bit: start,
+            message,
+            short: false,
+        };
+        w.event_id = None;
+        walk_scope(
+            w,
+            stream.event_header.as_ref(),
+            layout::EVENT_HEADER,
+            &mut cur,
+        )?;
+        walk_scope(
+            w,
+            stream.event_context.as_ref(),
+            layout::STREAM_EVENT_CONTEXT,
+            &mut cur,
+        )?;
+        let index = match w.event_id {
+            Some(id) => stream
+                .event(id)
+                .ok_or_else(|| fail(format!("unknown event id {id} in stream {}", stream.id)))?,
+            None => stream.single.ok_or_else(|| {
+                fail("event header without id in a stream with several event classes".into())
+            })?,
+        };
+        let class = &stream.classes[index as usize];
+        walk_scope(w, class.context.as_ref(), layout::EVENT_CONTEXT, &mut cur)?;
+        let payload_at = cur.pos;
+        walk_scope(w, class.payload.as_ref(), layout::PAYLOAD, &mut cur)?;
+        if cur.pos == start {
+            return Err(fail("event of zero length (forbidden by CTF)".into()));
+        }
+        let end = cur.pos;
+        let ticks = w.clock;
+        let slot = |scope, s: Option<u32>| s.map(|s| w.slot(scope, s));
+        let cpu = slot(layout::PAYLOAD, class.perf_cpu)
+            .map(|c| c as u32)
+            .or(info.cpu)
+            .unwrap_or(0);
+        let tid = slot(layout::STREAM_EVENT_CONTEXT, stream.ctx_tid)
+            .or(slot(layout::STREAM_EVENT_CONTEXT, stream.ctx_vtid))
+            .or(slot(layout::PAYLOAD, class.perf_tid))
+            .map(|t| t as Tid);
+        let ts = abs_ns(&self.spec.trace, stream, ticks);
+        self.pos = end;
+        let record = Record::new(ts, ticks, cpu, tid, class, start, payload_at);
+        let Some(chunk) = self.chunk.as_ref() else {
+            return Err(no_packet());
+        };
+        // SAFETY: record `filled` is not initialized yet (chunk_room), and
+        // no event refers to it.
+        unsafe { chunk.get().init(self.filled, record) };
+        self.filled += 1;
+        self.pop().map(|(e, _)| e).ok_or_else(no_packet)
+    }
+}
+
+fn abs_ns(t: &TraceShared, stream: &StreamClass, ticks: u64) -> u64 {
+    let offset = t.offsets_ns.get(stream.clock).copied().unwrap_or(0);
+    match t.meta.clocks.get(stream.clock) {
+        // The common case (1 GHz clock, offset within u64): no i128.
+        Some(c) if c.freq == 1_000_000_000 && (0..=u64::MAX as i128).contains(&offset) => {
+            (offset as u64).saturating_add(ticks)
+        }
+        Some(c) => (offset + c.ticks_to_ns(ticks) as i128).clamp(0, u64::MAX as i128) as u64,
+        None => (offset + ticks as i128).clamp(0, u64::MAX as i128) as u64,
     }
 }
 
@@ -576,10 +1296,12 @@ fn clock_mapped_begin(c: &Scope) -> bool {
 
 fn rewind(reader: &mut Reader, path: &Path, to: u64) -> Result<()> {
     match reader {
-        Reader::File(f) => f
-            .seek(SeekFrom::Start(to))
-            .map(|_| ())
-            .map_err(|e| Error::io(path, e)),
+        Reader::File(f, _, pos) => {
+            f.seek(SeekFrom::Start(to))
+                .map_err(|e| Error::io(path, e))?;
+            *pos = to;
+            Ok(())
+        }
         Reader::Memory(_, pos) => {
             *pos = to as usize;
             Ok(())
@@ -596,7 +1318,7 @@ fn walk_scope(
 ) -> Result<(), DecodeError> {
     if let Some(s) = scope {
         w.reserve(id, s.slots);
-        w.run(&s.ops, id, cur)?;
+        w.run_plan(&s.plan, &s.ops, id, cur)?;
     }
     Ok(())
 }

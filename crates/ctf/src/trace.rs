@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use deepspan_model::{Merge, Tid};
+use deepspan_model::{Tid, Timestamped};
 
 use crate::error::{Error, Result};
 use crate::event::CtfEvent;
 use crate::metadata::{parse_metadata, read_metadata, Clock, EnvValue, TraceMeta};
 use crate::stream::{
-    first_preamble, scan_lost, LostEvents, LostLog, Source, StreamEvents, StreamSpec, TraceShared,
+    first_preamble, scan_lost, LostEvents, LostLog, ReadOptions, Source, StreamEvents, StreamSpec,
+    TraceShared,
 };
 
 /// Folders deeper than this below the opened one are not searched (also
@@ -178,16 +179,22 @@ impl CtfTrace {
     /// time each. A decoding error is returned in place and ends the stream
     /// it comes from; the other streams go on.
     pub fn events(&self) -> Events {
+        self.events_with(ReadOptions::default())
+    }
+
+    pub(crate) fn events_with(&self, opts: ReadOptions) -> Events {
         let lost = Arc::new(Mutex::new(LostLog::default()));
         let inputs = self
             .streams
             .iter()
-            .map(|s| StreamEvents::new(s.clone(), lost.clone()))
+            .map(|s| StreamEvents::new(s.clone(), lost.clone(), opts))
             .collect();
+        let infer: Vec<bool> = self.traces.iter().map(|t| t.shared.tid_inferred).collect();
         Events {
             merge: Merge::new(inputs),
-            infer: self.traces.iter().map(|t| t.shared.tid_inferred).collect(),
-            cpu_tid: vec![HashMap::new(); self.traces.len()],
+            any_infer: infer.iter().any(|&i| i),
+            infer,
+            cpu_tid: (0..self.traces.len()).map(|_| CpuTids::default()).collect(),
             lost,
         }
     }
@@ -240,11 +247,227 @@ fn find_traces(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<()> {
 
 /// Time-ordered events of a [`CtfTrace`]; see [`CtfTrace::events`].
 pub struct Events {
-    merge: Merge<StreamEvents, CtfEvent, Error>,
+    merge: Merge,
     infer: Vec<bool>,
+    any_infer: bool,
     /// Per trace: the thread last switched in on each CPU.
-    cpu_tid: Vec<HashMap<u32, Tid>>,
+    cpu_tid: Vec<CpuTids>,
     lost: Arc<Mutex<LostLog>>,
+}
+
+/// The thread last switched in on each CPU of a trace.
+#[derive(Default)]
+struct CpuTids {
+    small: Vec<Option<Tid>>,
+    large: HashMap<u32, Tid>,
+}
+
+impl CpuTids {
+    const SMALL: u32 = 4096;
+
+    fn get(&self, cpu: u32) -> Option<Tid> {
+        if cpu < Self::SMALL {
+            self.small.get(cpu as usize).copied().flatten()
+        } else {
+            self.large.get(&cpu).copied()
+        }
+    }
+
+    fn set(&mut self, cpu: u32, tid: Tid) {
+        if cpu < Self::SMALL {
+            let i = cpu as usize;
+            if self.small.len() <= i {
+                self.small.resize(i + 1, None);
+            }
+            self.small[i] = Some(tid);
+        } else {
+            self.large.insert(cpu, tid);
+        }
+    }
+}
+
+/// K-way merge of the streams on (timestamp, stream index): stable, one
+/// pending event per stream. The stream that gave the last event stays
+/// current as long as its next event still comes first, which costs one
+/// comparison; the heap holds the other streams' heads.
+///
+/// An error from a stream is handed out as soon as that stream is polled,
+/// and the stream is not polled again; nothing decoded before it is lost.
+struct Merge {
+    inputs: Vec<StreamEvents>,
+    /// The next event of each stream, and its timestamp.
+    heads: Vec<Option<CtfEvent>>,
+    keys: Vec<u64>,
+    /// Min-heap of (timestamp, stream) of every pending head except the
+    /// current one.
+    heap: Vec<(u64, usize)>,
+    current: Option<usize>,
+    failed: Vec<bool>,
+    /// Streams not polled yet (first poll is lazy so that an error of any
+    /// stream surfaces through `next`).
+    unprimed: Vec<usize>,
+}
+
+impl Merge {
+    fn new(inputs: Vec<StreamEvents>) -> Merge {
+        let n = inputs.len();
+        Merge {
+            inputs,
+            heads: (0..n).map(|_| None).collect(),
+            keys: vec![0; n],
+            heap: Vec::with_capacity(n),
+            current: None,
+            failed: vec![false; n],
+            unprimed: (0..n).rev().collect(),
+        }
+    }
+
+    /// Polls stream `idx` into its head slot.
+    #[inline(always)]
+    fn pull(&mut self, idx: usize) -> Result<()> {
+        match self.inputs[idx].pop() {
+            Some((e, ts)) => {
+                self.keys[idx] = ts;
+                self.heads[idx] = Some(e);
+                Ok(())
+            }
+            None => self.pull_slow(idx),
+        }
+    }
+
+    #[inline(never)]
+    fn pull_slow(&mut self, idx: usize) -> Result<()> {
+        if self.failed[idx] {
+            return Ok(());
+        }
+        match self.inputs[idx].next() {
+            Some(Ok(e)) => {
+                self.keys[idx] = e.timestamp();
+                self.heads[idx] = Some(e);
+                Ok(())
+            }
+            Some(Err(e)) => {
+                self.failed[idx] = true;
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Result<CtfEvent>> {
+        if !self.unprimed.is_empty() {
+            if let Err(e) = self.prime() {
+                return Some(Err(e));
+            }
+        }
+        let (cur, item) = loop {
+            let cur = match self.current {
+                Some(c) => c,
+                None => self.heap_pop()?.1,
+            };
+            match self.heads[cur].take() {
+                Some(item) => break (cur, item),
+                None => self.current = None,
+            }
+        };
+        if let Err(e) = self.pull(cur) {
+            // Hand out the error now; the good event comes on the next call.
+            self.keys[cur] = item.timestamp();
+            self.heads[cur] = Some(item);
+            self.current = Some(cur);
+            return Some(Err(e));
+        }
+        self.choose(cur);
+        Some(Ok(item))
+    }
+
+    /// After stream `cur` gave an event: which stream comes next. It stays
+    /// current while its head still comes first (ties: lower stream first).
+    #[inline(always)]
+    fn choose(&mut self, cur: usize) {
+        if self.heads[cur].is_none() {
+            self.current = None;
+            return;
+        }
+        let key = (self.keys[cur], cur);
+        match self.heap.first() {
+            Some(&top) if top < key => {
+                self.current = Some(top.1);
+                self.heap_replace_top(key);
+            }
+            _ => self.current = Some(cur),
+        }
+    }
+
+    fn heap_push(&mut self, key: (u64, usize)) {
+        let h = &mut self.heap;
+        h.push(key);
+        let mut i = h.len() - 1;
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if h[parent] <= h[i] {
+                break;
+            }
+            h.swap(parent, i);
+            i = parent;
+        }
+    }
+
+    fn heap_pop(&mut self) -> Option<(u64, usize)> {
+        let last = self.heap.pop()?;
+        if self.heap.is_empty() {
+            return Some(last);
+        }
+        let top = self.heap[0];
+        self.heap_replace_top(last);
+        Some(top)
+    }
+
+    /// Replaces the smallest key by `key` and restores the heap order.
+    #[inline(always)]
+    fn heap_replace_top(&mut self, key: (u64, usize)) {
+        let h = &mut self.heap;
+        let n = h.len();
+        let mut i = 0;
+        loop {
+            let l = 2 * i + 1;
+            if l >= n {
+                break;
+            }
+            let c = if l + 1 < n && h[l + 1] < h[l] {
+                l + 1
+            } else {
+                l
+            };
+            if key <= h[c] {
+                break;
+            }
+            h[i] = h[c];
+            i = c;
+        }
+        h[i] = key;
+    }
+
+    #[cold]
+    fn prime(&mut self) -> Result<()> {
+        while let Some(idx) = self.unprimed.pop() {
+            self.pull(idx)?;
+            if self.heads[idx].is_some() {
+                self.heap_push((self.keys[idx], idx));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl Iterator for Merge {
+    type Item = Result<CtfEvent>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        Merge::next(self)
+    }
 }
 
 impl Events {
@@ -266,27 +489,41 @@ impl Events {
 impl Iterator for Events {
     type Item = Result<CtfEvent>;
 
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let mut event = match self.merge.next()? {
             Ok(e) => e,
             Err(e) => return Some(Err(e)),
         };
-        let t = event.trace_index();
+        if self.any_infer {
+            self.infer_tid(&mut event);
+        }
+        Some(Ok(event))
+    }
+}
+
+impl Events {
+    #[inline(never)]
+    fn infer_tid(&mut self, event: &mut CtfEvent) {
+        let t = if self.infer.len() == 1 {
+            0
+        } else {
+            event.trace_index()
+        };
         if self.infer.get(t).copied().unwrap_or(false) && !event.tid_known() {
             let cpus = &mut self.cpu_tid[t];
             // A sched_switch runs in the context of the task switched out.
-            let current = match event.switch {
+            let current = match event.switch() {
                 Some((prev, next)) => {
-                    cpus.insert(event.cpu(), next);
+                    cpus.set(event.cpu(), next);
                     Some(prev)
                 }
-                None => cpus.get(&event.cpu()).copied(),
+                None => cpus.get(event.cpu()),
             };
             if let Some(tid) = current {
                 event.set_tid(tid);
             }
         }
-        Some(Ok(event))
     }
 }
 
@@ -392,6 +629,163 @@ impl std::fmt::Debug for TraceInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn corpus(rel: &str) -> PathBuf {
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/testdata/kernel/ctf"
+        ))
+        .join(rel)
+    }
+
+    /// Everything observable about each event (and errors), in order.
+    fn observe(trace: &CtfTrace, opts: ReadOptions) -> Vec<String> {
+        let mut events = trace.events_with(opts);
+        // Kept alive till the end: windows and chunks must outlive the
+        // reader's moving on.
+        let all: Vec<Result<CtfEvent>> = events.by_ref().collect();
+        let mut out: Vec<String> = all
+            .iter()
+            .map(|e| match e {
+                Ok(e) => format!(
+                    "{} {} {} {} {} {:?} {:?} {:?} {:?} {:?} {:?}",
+                    e.ts(),
+                    e.clock_ticks(),
+                    e.cpu(),
+                    e.tid(),
+                    e.name(),
+                    e.fields(),
+                    e.context(),
+                    e.packet_context(),
+                    e.source(),
+                    e.to_event(),
+                    e.span_sync()
+                ),
+                Err(e) => format!("error: {e}"),
+            })
+            .collect();
+        out.push(format!(
+            "lost {} {:?}",
+            events.lost_events(),
+            events.lost_event_records()
+        ));
+        out
+    }
+
+    /// Read options that put window boundaries everywhere: tiny windows
+    /// (events straddle them and windows grow), mapped or read.
+    fn window_options() -> Vec<ReadOptions> {
+        let o = |window, map_window, map| ReadOptions {
+            window,
+            map_window,
+            map,
+            whole: false,
+        };
+        vec![
+            ReadOptions::default(),
+            o(1, 1, false),
+            o(64, 64, false),
+            o(1000, 1000, false),
+            o(64, 7, true),
+            o(64, 5000, true),
+        ]
+    }
+
+    fn whole() -> ReadOptions {
+        ReadOptions {
+            whole: true,
+            map: false,
+            ..ReadOptions::default()
+        }
+    }
+
+    #[test]
+    fn windows_and_chunks_decode_like_whole_packets() {
+        for rel in [
+            "bug446190/trace",
+            "lttng-tracefile-rotation",
+            "multi-domains",
+            "perf-taskset2/trace",
+            "flipping-endianness/trace",
+        ] {
+            let trace = CtfTrace::open(corpus(rel)).unwrap();
+            let expected = observe(&trace, whole());
+            assert!(expected.len() > 1, "{rel}");
+            for opts in window_options() {
+                let got = observe(&trace, opts);
+                assert_eq!(got.len(), expected.len(), "{rel} {opts:?}");
+                for (g, e) in got.iter().zip(&expected) {
+                    assert_eq!(g, e, "{rel} {opts:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn merge_orders_like_the_model_merge() {
+        for rel in [
+            "bug446190/trace",
+            "lttng-tracefile-rotation",
+            "multi-domains",
+            "perf-taskset2/trace",
+        ] {
+            let trace = CtfTrace::open(corpus(rel)).unwrap();
+            let lost = Arc::new(Mutex::new(LostLog::default()));
+            let inputs: Vec<StreamEvents> = trace
+                .streams
+                .iter()
+                .map(|s| StreamEvents::new(s.clone(), lost.clone(), ReadOptions::default()))
+                .collect();
+            let key = |e: &CtfEvent| (e.ts(), e.source().0.to_path_buf(), e.source().1);
+            let expected: Vec<_> = deepspan_model::Merge::new(inputs)
+                .map(|e| key(&e.unwrap()))
+                .collect();
+            let got: Vec<_> = Merge::new(
+                trace
+                    .streams
+                    .iter()
+                    .map(|s| StreamEvents::new(s.clone(), lost.clone(), ReadOptions::default()))
+                    .collect(),
+            )
+            .map(|e| key(&e.unwrap()))
+            .collect();
+            assert_eq!(got, expected, "{rel}");
+        }
+    }
+
+    #[test]
+    fn windows_report_errors_like_whole_packets() {
+        let dir = corpus("lttng-tracefile-rotation/kernel");
+        let metadata = std::fs::read(dir.join("metadata")).unwrap();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file() && !p.ends_with("metadata"))
+            .collect();
+        files.sort();
+        let stream = std::fs::read(&files[0]).unwrap();
+        let len = stream.len();
+        // Truncations and byte flips all over the first packets.
+        let mut cases = Vec::new();
+        for cut in (0..len.min(6000)).step_by(97) {
+            cases.push(stream[..cut].to_vec());
+        }
+        for at in (40..len.min(6000)).step_by(61) {
+            let mut s = stream.clone();
+            s[at] ^= 0xA5;
+            cases.push(s);
+        }
+        for data in cases {
+            let trace = match CtfTrace::from_memory(&metadata, vec![data]) {
+                Ok(t) => t,
+                Err(_) => continue,
+            };
+            let expected = observe(&trace, whole());
+            for opts in window_options() {
+                assert_eq!(observe(&trace, opts), expected, "{opts:?}");
+            }
+        }
+    }
 
     #[test]
     fn rotated_file_names() {
