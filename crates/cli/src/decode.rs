@@ -3,12 +3,14 @@
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{Record, Schema, TraceDat};
 use deepspan_model::Value;
+use rustc_hash::FxHashMap;
 use serde_json::{json, Map, Value as Json};
 
 use crate::progress;
@@ -141,7 +143,10 @@ fn summary(trace: &TraceDat, limit: Option<u64>, out: &mut impl Write) -> Result
 }
 
 fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
-    let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
+    // Every event class shares one interned name, so counting by the name's
+    // address keeps string comparisons out of the per-event loop; names are
+    // joined by text at the end (two traces may intern the same name twice).
+    let mut by_class: FxHashMap<usize, (Arc<str>, u64)> = FxHashMap::default();
     let mut events = 0u64;
     let bar = progress::spinner("decoding CTF");
     let mut stream = trace.events();
@@ -151,19 +156,18 @@ fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Re
         }
         let event = event?;
         std::hint::black_box(event.to_event());
-        // Names repeat: look up before allocating a key.
-        match by_name.get_mut(event.name()) {
-            Some(count) => *count += 1,
-            None => {
-                by_name.insert(event.name().to_string(), 1);
-            }
-        }
+        let name = event.name_arc();
+        by_class.entry(Arc::as_ptr(name) as *const u8 as usize).or_insert_with(|| (name.clone(), 0)).1 += 1;
         events += 1;
         if events % 65_536 == 0 {
             bar.set_message(format!("{events} events"));
         }
     }
     bar.finish_and_clear();
+    let mut by_name: BTreeMap<&str, u64> = BTreeMap::new();
+    for (name, count) in by_class.values() {
+        *by_name.entry(name).or_default() += count;
+    }
     let doc = json!({
         "format": "CTF 1.8",
         "events": events,
