@@ -5,16 +5,13 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::{
-    aggregate, analyze_requests, build_model, ActivationInput, Arch, Input, OperationSummary,
+    aggregate, analyze_requests, ActivationInput, OperationSummary,
     RequestAnalysis, SpanIdx, SpanInput, StateBuilder, SyncSource, ThreadWork,
 };
-use deepspan_ftrace::{CpuRecords, Schema, TraceDat};
 use deepspan_model::Tid;
 use deepspan_spans::activity::ActivityOptions;
 use deepspan_spans::clock::span_mono_exact;
@@ -23,6 +20,7 @@ use deepspan_store::report::Report;
 use deepspan_store::tables::{self, thread_label, CriticalPathWriter, KernelContext, PathContext};
 use deepspan_store::{json, AnalysisResults, RequestRecord, SpanMeta, Staging};
 
+use crate::kernel_input::KernelTrace;
 use crate::progress;
 
 #[derive(Args)]
@@ -110,10 +108,9 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     if !run.is_dir() {
         bail!("{} is not a run folder", run.display());
     }
-    let trace_path = kernel_trace(run)?;
-    let trace = TraceDat::open(&trace_path)
-        .with_context(|| format!("cannot read the kernel trace {}", trace_path.display()))?;
-    let arch = Arch::from_uname(trace.uname().unwrap_or(""));
+    let kernel_trace = KernelTrace::open_run(run)?;
+    let trace_path = kernel_trace.path().to_path_buf();
+    let arch = kernel_trace.arch();
     let mut notes: Vec<String> = Vec::new();
 
     // Spans first: they decide whether the model needs its graph.
@@ -129,31 +126,13 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             None
         }
     };
-    // Kernel model, decoding each CPU on its own thread.
-    let bar = progress::bytes_bar(trace.cpu_data_bytes(), "decoding");
-    let read = Arc::new(AtomicU64::new(0));
-    let streams = (0..trace.cpus())
-        .map(|cpu| {
-            Ok(CpuStream::new(
-                trace.cpu_records(cpu)?,
-                trace.schema().clone(),
-                read.clone(),
-            ))
-        })
-        .collect::<Result<Vec<_>, deepspan_ftrace::Error>>()
-        .with_context(|| format!("cannot read {}", trace_path.display()))?;
-    let total = trace.cpu_data_bytes();
     // The execution graph is for critical paths: without spans, none.
     let builder = if spans.is_empty() {
         StateBuilder::without_graph()
     } else {
         StateBuilder::new()
     };
-    let (model, lost) = build_model(builder, streams, &mut |_| {
-        bar.set_position(read.load(Ordering::Relaxed).min(total));
-    })
-    .with_context(|| format!("cannot decode {}", trace_path.display()))?;
-    bar.finish_and_clear();
+    let (model, lost) = kernel_trace.build_model(builder)?;
     timings.phase("decode and kernel model");
     let events = model.stats().events;
     let lost_events = lost.total();
@@ -311,96 +290,6 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     Ok(())
 }
 
-/// The run's kernel trace.
-fn kernel_trace(run: &Path) -> Result<PathBuf> {
-    let dat = run.join("kernel").join("trace.dat");
-    if dat.is_file() {
-        return Ok(dat);
-    }
-    if run.join("kernel").join("metadata").is_file() || run.join("metadata").is_file() {
-        bail!(
-            "{}: the kernel trace is CTF; analysing CTF is not built yet",
-            run.display()
-        );
-    }
-    bail!(
-        "{} has no kernel trace (kernel/trace.dat): record one with `deepspan record -o {} -- CMD`",
-        run.display(),
-        run.display()
-    )
-}
-
-/// One CPU's records as model input, with the reader's lost-event reports
-/// turned into markers at the first record after the loss.
-struct CpuStream {
-    records: CpuRecords,
-    schema: Arc<Schema>,
-    lost: u64,
-    last_ts: u64,
-    pending: Option<deepspan_ftrace::Record>,
-    /// Bytes of records read, shared with the progress display.
-    read: Arc<AtomicU64>,
-    local_read: u64,
-}
-
-impl CpuStream {
-    fn new(records: CpuRecords, schema: Arc<Schema>, read: Arc<AtomicU64>) -> CpuStream {
-        CpuStream {
-            records,
-            schema,
-            lost: 0,
-            last_ts: 0,
-            pending: None,
-            read,
-            local_read: 0,
-        }
-    }
-}
-
-impl Iterator for CpuStream {
-    type Item = Result<Input, deepspan_ftrace::Error>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if let Some(r) = self.pending.take() {
-            return Some(Ok(Input::Event(r.to_event(&self.schema))));
-        }
-        let next = self.records.next();
-        let lost = self.records.lost_events();
-        let cpu = self.records.cpu();
-        match next {
-            Some(Ok(r)) => {
-                // Record header and payload; counted locally, published in
-                // steps, so the shared counter is not a hot spot.
-                self.local_read += r.payload.len() as u64 + 4;
-                if self.local_read >= 1 << 20 {
-                    self.read.fetch_add(self.local_read, Ordering::Relaxed);
-                    self.local_read = 0;
-                }
-                self.last_ts = r.ts;
-                if lost > self.lost {
-                    let count = lost - self.lost;
-                    self.lost = lost;
-                    let ts = r.ts;
-                    self.pending = Some(r);
-                    return Some(Ok(Input::Lost { cpu, ts, count }));
-                }
-                Some(Ok(Input::Event(r.to_event(&self.schema))))
-            }
-            Some(Err(e)) => Some(Err(e)),
-            None if lost > self.lost => {
-                // Lost after the last record we have.
-                let count = lost - self.lost;
-                self.lost = lost;
-                Some(Ok(Input::Lost {
-                    cpu,
-                    ts: self.last_ts,
-                    count,
-                }))
-            }
-            None => None,
-        }
-    }
-}
 
 fn read_spans(run: &Path, notes: &mut Vec<String>) -> Result<Vec<Span>> {
     let mut reader = deepspan_spans::read_run_spans(run)

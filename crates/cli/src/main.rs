@@ -3,6 +3,8 @@
 
 mod analyze;
 mod decode;
+mod import_ctf;
+mod kernel_input;
 mod progress;
 mod receive;
 mod record;

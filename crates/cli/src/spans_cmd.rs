@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use deepspan_spans::{
-    critical_path::critical_path_report_with, group_traces, import_file, import_into_run,
+    critical_path::critical_path_report_with, group_traces, import_file, import_into_run_with_ust,
     CriticalPathOptions, CriticalPathReport, Format,
 };
+
+use crate::import_ctf;
 
 /// Warnings printed per command before they are summarised.
 const MAX_WARNINGS_SHOWN: usize = 20;
@@ -18,7 +20,8 @@ const MAX_WARNINGS_SHOWN: usize = 20;
 #[command(after_help = "Examples:
   deepspan import -o run2 --jaeger trace.json
   deepspan import -o run2 spans.otlp.json zipkin.json     # formats recognised
-  deepspan import -o run1 --otlp collector-export.jsonl   # spans into a recorded run")]
+  deepspan import -o run1 --otlp collector-export.jsonl   # spans into a recorded run
+  deepspan import -o run3 --ctf ~/lttng-traces/session-1/ --jaeger trace.json   # the paper's setup")]
 pub struct ImportArgs {
     /// Run folder to import into (created if needed; existing spans are kept).
     #[arg(short = 'o', long = "output")]
@@ -32,29 +35,37 @@ pub struct ImportArgs {
     /// Zipkin v2 JSON file.
     #[arg(long = "zipkin", value_name = "FILE")]
     zipkin: Vec<PathBuf>,
-    /// LTTng CTF kernel trace folder (not built yet).
+    /// LTTng CTF trace folder (a session's output: kernel and/or ust
+    /// traces), copied into the run as its kernel trace (`kernel/ctf/`;
+    /// hard links when on the same file system). `jaeger_ust` span events in
+    /// it become spans, or give the imported spans with the same ids their
+    /// thread and trace times.
     #[arg(long = "ctf", value_name = "DIR")]
-    ctf: Vec<PathBuf>,
+    ctf: Option<PathBuf>,
     /// Span files in any of these formats, recognised by content.
     #[arg(value_name = "FILE")]
     files: Vec<PathBuf>,
 }
 
 pub fn import(args: ImportArgs) -> Result<()> {
-    if !args.ctf.is_empty() {
-        bail!("importing CTF kernel traces (--ctf) is not built yet");
-    }
     // (file, the format the user said it is)
     let mut inputs: Vec<(PathBuf, Option<Expected>)> = Vec::new();
     inputs.extend(args.otlp.into_iter().map(|p| (p, Some(Expected::Otlp))));
     inputs.extend(args.jaeger.into_iter().map(|p| (p, Some(Expected::Jaeger))));
     inputs.extend(args.zipkin.into_iter().map(|p| (p, Some(Expected::Zipkin))));
     inputs.extend(args.files.into_iter().map(|p| (p, None)));
-    if inputs.is_empty() {
-        bail!("nothing to import: give span files (--otlp, --jaeger, --zipkin or plain paths)");
+    if inputs.is_empty() && args.ctf.is_none() {
+        bail!("nothing to import: give span files (--otlp, --jaeger, --zipkin or plain paths) or an LTTng trace (--ctf DIR)");
+    }
+    let mut ust_spans = Vec::new();
+    if let Some(dir) = &args.ctf {
+        ust_spans = import_ctf::import(dir, &args.output)?;
+        if inputs.is_empty() && ust_spans.is_empty() {
+            return Ok(());
+        }
     }
     let paths: Vec<PathBuf> = inputs.iter().map(|(p, _)| p.clone()).collect();
-    let result = import_into_run(&paths, &args.output)
+    let result = import_into_run_with_ust(&paths, ust_spans, &args.output)
         .with_context(|| format!("nothing imported into {}", args.output.display()))?;
     // Formats are recognised by content; a file given as another format is a
     // mistake worth stopping for (the user may have swapped files).
@@ -76,6 +87,17 @@ pub fn import(args: ImportArgs) -> Result<()> {
     for (path, format, spans) in &result.inputs {
         writeln!(out, "{}: {spans} spans ({})", path.display(), format.name())?;
         total += spans;
+    }
+    if result.ust_matched > 0 {
+        writeln!(
+            out,
+            "{} of them took their thread and trace times from jaeger_ust events",
+            result.ust_matched
+        )?;
+    }
+    if result.ust_added > 0 {
+        writeln!(out, "{} spans known only from jaeger_ust events", result.ust_added)?;
+        total += result.ust_added;
     }
     writeln!(out, "imported {total} spans into {}", result.file.display())?;
     print_warnings(&result.warnings);

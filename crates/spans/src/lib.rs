@@ -20,6 +20,7 @@ mod jaeger;
 pub mod model;
 mod otlp;
 pub mod store;
+pub mod ust;
 mod zipkin;
 
 use std::path::{Path, PathBuf};
@@ -212,6 +213,10 @@ pub struct RunImport {
     pub file: PathBuf,
     /// (input, format, span count) per input.
     pub inputs: Vec<(PathBuf, Format, usize)>,
+    /// Spans of the inputs given sync fields by LTTng-UST span events.
+    pub ust_matched: usize,
+    /// Spans known only from LTTng-UST span events, written as well.
+    pub ust_added: usize,
     pub warnings: Vec<String>,
 }
 
@@ -219,6 +224,17 @@ pub struct RunImport {
 /// storage: one new `spans/otlp-NNN.pb`, one record per input. Nothing is
 /// written unless every input parses.
 pub fn import_into_run(inputs: &[PathBuf], run_dir: &Path) -> Result<RunImport, Error> {
+    import_into_run_with_ust(inputs, Vec::new(), run_dir)
+}
+
+/// [`import_into_run`], with spans from LTTng-UST span events
+/// ([`ust::spans_from_events`]): file spans with the same ids take their
+/// sync fields, the others are written as one more record.
+pub fn import_into_run_with_ust(
+    inputs: &[PathBuf],
+    mut ust_spans: Vec<Span>,
+    run_dir: &Path,
+) -> Result<RunImport, Error> {
     let mut imports = Vec::with_capacity(inputs.len());
     for p in inputs {
         imports.push((p.clone(), import_file(p)?));
@@ -227,12 +243,19 @@ pub fn import_into_run(inputs: &[PathBuf], run_dir: &Path) -> Result<RunImport, 
     let mut out = RunImport {
         file: writer.path().to_path_buf(),
         inputs: Vec::new(),
+        ust_matched: 0,
+        ust_added: 0,
         warnings: Vec::new(),
     };
     for (p, mut imp) in imports {
+        out.ust_matched += ust::apply_to(&mut imp.spans, &mut ust_spans);
         writer.append(&imp.spans)?;
         out.inputs.push((p, imp.format, imp.spans.len()));
         out.warnings.append(&mut imp.warnings);
+    }
+    if !ust_spans.is_empty() {
+        writer.append(&ust_spans)?;
+        out.ust_added = ust_spans.len();
     }
     writer.flush()?;
     Ok(out)

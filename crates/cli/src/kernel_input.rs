@@ -1,0 +1,277 @@
+//! The run's kernel trace as model input: a trace.dat (one stream per CPU,
+//! decoded in parallel) or an LTTng CTF folder (one merged stream).
+//!
+//! Both give `deepspan_analysis::Input` items in the model's time domain:
+//! CLOCK_MONOTONIC ns for trace.dat (`trace_clock=mono`), the CTF clock's
+//! absolute ns (offset applied, i.e. close to the Unix epoch) for CTF. Spans
+//! imported with a CTF trace carry sync times in that same CTF domain.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use deepspan_analysis::{build_model, Arch, Input, KernelModel, LostEvents, StateBuilder};
+use deepspan_ctf::CtfTrace;
+use deepspan_ftrace::{CpuRecords, Schema, TraceDat};
+
+use crate::progress;
+
+/// Where `deepspan import --ctf` puts a CTF trace inside a run.
+pub const RUN_CTF_DIR: &str = "kernel/ctf";
+
+pub enum KernelTrace {
+    TraceDat { path: PathBuf, trace: TraceDat },
+    Ctf { path: PathBuf, trace: CtfTrace },
+}
+
+impl KernelTrace {
+    /// Opens the run's kernel trace: `kernel/trace.dat`, else the CTF folder
+    /// `kernel/ctf/`.
+    pub fn open_run(run: &Path) -> Result<KernelTrace> {
+        let dat = run.join("kernel").join("trace.dat");
+        if dat.is_file() {
+            let trace = TraceDat::open(&dat)
+                .with_context(|| format!("cannot read the kernel trace {}", dat.display()))?;
+            return Ok(KernelTrace::TraceDat { path: dat, trace });
+        }
+        let ctf = run.join(RUN_CTF_DIR);
+        if ctf.is_dir() {
+            let trace = CtfTrace::open(&ctf)
+                .with_context(|| format!("cannot read the CTF kernel trace {}", ctf.display()))?;
+            if !trace.traces().iter().any(|t| t.is_kernel()) {
+                bail!(
+                    "{}: the CTF folder holds no kernel trace (only {}), so there is nothing to build thread states from",
+                    ctf.display(),
+                    domains(&trace)
+                );
+            }
+            return Ok(KernelTrace::Ctf { path: ctf, trace });
+        }
+        bail!(
+            "{} has no kernel trace (kernel/trace.dat or kernel/ctf/): record one with `deepspan record -o {} -- CMD`, or import an LTTng trace with `deepspan import -o {} --ctf DIR`",
+            run.display(),
+            run.display(),
+            run.display()
+        )
+    }
+
+    pub fn path(&self) -> &Path {
+        match self {
+            KernelTrace::TraceDat { path, .. } | KernelTrace::Ctf { path, .. } => path,
+        }
+    }
+
+    /// The system call table to name numbered system calls with (CTF
+    /// events name theirs).
+    pub fn arch(&self) -> Arch {
+        match self {
+            KernelTrace::TraceDat { trace, .. } => Arch::from_uname(trace.uname().unwrap_or("")),
+            KernelTrace::Ctf { .. } => Arch::from_uname(""),
+        }
+    }
+
+    /// Decodes the trace into `builder`, with a progress bar.
+    pub fn build_model(&self, builder: StateBuilder) -> Result<(KernelModel, LostEvents)> {
+        match self {
+            KernelTrace::TraceDat { path, trace } => {
+                let total = trace.cpu_data_bytes();
+                let bar = progress::bytes_bar(total, "decoding");
+                let read = Arc::new(AtomicU64::new(0));
+                let streams = (0..trace.cpus())
+                    .map(|cpu| {
+                        Ok(CpuStream::new(
+                            trace.cpu_records(cpu)?,
+                            trace.schema().clone(),
+                            read.clone(),
+                        ))
+                    })
+                    .collect::<Result<Vec<_>, deepspan_ftrace::Error>>()
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                let built = build_model(builder, streams, &mut |_| {
+                    bar.set_position(read.load(Ordering::Relaxed).min(total));
+                })
+                .with_context(|| format!("cannot decode {}", path.display()));
+                bar.finish_and_clear();
+                built
+            }
+            KernelTrace::Ctf { path, trace } => {
+                let bar = progress::spinner("decoding CTF");
+                let built = build_model(builder, vec![CtfStream::new(trace)], &mut |n| {
+                    bar.set_message(format!("{n} events"));
+                })
+                .with_context(|| format!("cannot decode {}", path.display()));
+                bar.finish_and_clear();
+                built
+            }
+        }
+    }
+}
+
+fn domains(trace: &CtfTrace) -> String {
+    let names: Vec<&str> = trace
+        .traces()
+        .iter()
+        .map(|t| t.domain().unwrap_or("unknown domain"))
+        .collect();
+    names.join(", ")
+}
+
+/// One CPU's records as model input, with the reader's lost-event reports
+/// turned into markers at the first record after the loss.
+struct CpuStream {
+    records: CpuRecords,
+    schema: Arc<Schema>,
+    lost: u64,
+    last_ts: u64,
+    pending: Option<deepspan_ftrace::Record>,
+    /// Bytes of records read, shared with the progress display.
+    read: Arc<AtomicU64>,
+    local_read: u64,
+}
+
+impl CpuStream {
+    fn new(records: CpuRecords, schema: Arc<Schema>, read: Arc<AtomicU64>) -> CpuStream {
+        CpuStream {
+            records,
+            schema,
+            lost: 0,
+            last_ts: 0,
+            pending: None,
+            read,
+            local_read: 0,
+        }
+    }
+}
+
+impl Iterator for CpuStream {
+    type Item = Result<Input, deepspan_ftrace::Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(r) = self.pending.take() {
+            return Some(Ok(Input::Event(r.to_event(&self.schema))));
+        }
+        let next = self.records.next();
+        let lost = self.records.lost_events();
+        let cpu = self.records.cpu();
+        match next {
+            Some(Ok(r)) => {
+                // Record header and payload; counted locally, published in
+                // steps, so the shared counter is not a hot spot.
+                self.local_read += r.payload.len() as u64 + 4;
+                if self.local_read >= 1 << 20 {
+                    self.read.fetch_add(self.local_read, Ordering::Relaxed);
+                    self.local_read = 0;
+                }
+                self.last_ts = r.ts;
+                if lost > self.lost {
+                    let count = lost - self.lost;
+                    self.lost = lost;
+                    let ts = r.ts;
+                    self.pending = Some(r);
+                    return Some(Ok(Input::Lost { cpu, ts, count }));
+                }
+                Some(Ok(Input::Event(r.to_event(&self.schema))))
+            }
+            Some(Err(e)) => Some(Err(e)),
+            None if lost > self.lost => {
+                // Lost after the last record we have.
+                let count = lost - self.lost;
+                self.lost = lost;
+                Some(Ok(Input::Lost {
+                    cpu,
+                    ts: self.last_ts,
+                    count,
+                }))
+            }
+            None => None,
+        }
+    }
+}
+
+/// The kernel traces of a CTF folder, merged, as model input. User-space
+/// traces are left out (their span events are imported as spans). Packets
+/// that report discarded events become `Lost` markers on their stream's
+/// CPU, placed at an event read shortly after the report (the reader's loss
+/// list is looked at every [`LOSS_CHECK_EVERY`] events: it sits behind a lock).
+struct CtfStream {
+    events: deepspan_ctf::Events,
+    kernel: Vec<bool>,
+    lost_reports: usize,
+    /// Items to hand out before reading on, popped from the back.
+    pending: Vec<Input>,
+    read: u64,
+    last_ts: u64,
+    done: bool,
+}
+
+const LOSS_CHECK_EVERY: u64 = 256;
+
+impl CtfStream {
+    fn new(trace: &CtfTrace) -> CtfStream {
+        CtfStream {
+            events: trace.events(),
+            kernel: trace.traces().iter().map(|t| t.is_kernel()).collect(),
+            lost_reports: 0,
+            pending: Vec::new(),
+            read: 0,
+            last_ts: 0,
+            done: false,
+        }
+    }
+
+    /// Queues markers for the loss reports that came in since the last
+    /// call, at `ts` (never before an event already handed out).
+    fn queue_losses(&mut self, ts: u64) {
+        let records = self.events.lost_event_records();
+        for r in &records[self.lost_reports.min(records.len())..] {
+            if self.kernel.get(r.trace).copied().unwrap_or(false) {
+                self.pending.push(Input::Lost {
+                    cpu: r.stream_instance.unwrap_or(0) as u32,
+                    ts,
+                    count: r.count,
+                });
+            }
+        }
+        self.lost_reports = records.len();
+    }
+}
+
+impl Iterator for CtfStream {
+    type Item = Result<Input, deepspan_ctf::Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(i) = self.pending.pop() {
+                return Some(Ok(i));
+            }
+            if self.done {
+                return None;
+            }
+            let next = self.events.next();
+            self.read += 1;
+            let event = match next {
+                None => {
+                    self.done = true;
+                    self.queue_losses(self.last_ts);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+                Some(Ok(e)) => e,
+            };
+            let kernel = self.kernel.get(event.trace_index()).copied().unwrap_or(false);
+            if kernel {
+                self.last_ts = event.ts();
+                self.pending.push(Input::Event(event.to_event()));
+            }
+            if self.read % LOSS_CHECK_EVERY == 0 {
+                // Markers are pushed above the event they were noticed at,
+                // so they come out before it.
+                self.queue_losses(self.last_ts);
+            }
+        }
+    }
+}
