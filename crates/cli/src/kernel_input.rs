@@ -7,7 +7,7 @@
 //! imported with a CTF trace carry sync times in that same CTF domain.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -97,9 +97,28 @@ impl KernelTrace {
             }
             KernelTrace::Ctf { path, trace } => {
                 let bar = progress::spinner("decoding CTF");
-                let built = build_model(builder, vec![CtfStream::new(trace)], &mut |n| {
-                    bar.set_message(format!("{n} events"));
-                })
+                let mut progress = |n| bar.set_message(format!("{n} events"));
+                let kernel: Arc<[bool]> = trace.traces().iter().map(|t| t.is_kernel()).collect();
+                let built = match trace.stream_events() {
+                    Some(readers) => {
+                        let claimed = Arc::new(AtomicUsize::new(0));
+                        let streams = readers
+                            .into_iter()
+                            .map(|reader| CtfStreamReader {
+                                lost: reader.lost_log(),
+                                reader,
+                                kernel: kernel.clone(),
+                                claimed: claimed.clone(),
+                                pending: Vec::new(),
+                                read: 0,
+                                last_ts: 0,
+                                done: false,
+                            })
+                            .collect();
+                        build_model(builder, streams, &mut progress)
+                    }
+                    None => build_model(builder, vec![CtfStream::new(trace)], &mut progress),
+                }
                 .with_context(|| format!("cannot decode {}", path.display()));
                 bar.finish_and_clear();
                 built
@@ -271,6 +290,84 @@ impl Iterator for CtfStream {
                 // Markers are pushed above the event they were noticed at,
                 // so they come out before it.
                 self.queue_losses(self.last_ts);
+            }
+        }
+    }
+}
+
+/// One stream of a CTF folder (see [`deepspan_ctf::CtfTrace::stream_events`])
+/// as model input, decoded on its own thread; only kernel traces' events
+/// are kept. The loss reports of all streams sit in one shared log: each
+/// report becomes a marker once, in the stream whose reader claims it
+/// first, at that stream's current time.
+struct CtfStreamReader {
+    reader: deepspan_ctf::StreamReader,
+    lost: deepspan_ctf::LostLogHandle,
+    kernel: Arc<[bool]>,
+    /// Reports of the shared log already turned into markers.
+    claimed: Arc<AtomicUsize>,
+    pending: Vec<Input>,
+    read: u64,
+    last_ts: u64,
+    done: bool,
+}
+
+impl CtfStreamReader {
+    fn claim_losses(&mut self) {
+        let reports = self.lost.reports();
+        let from = self.claimed.load(Ordering::Acquire);
+        if reports <= from
+            || self
+                .claimed
+                .compare_exchange(from, reports, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        for r in self.lost.records().get(from..reports).unwrap_or_default() {
+            if self.kernel.get(r.trace).copied().unwrap_or(false) {
+                self.pending.push(Input::Lost {
+                    cpu: r.stream_instance.unwrap_or(0) as u32,
+                    ts: self.last_ts,
+                    count: r.count,
+                });
+            }
+        }
+    }
+}
+
+impl Iterator for CtfStreamReader {
+    type Item = Result<Input, deepspan_ctf::Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(i) = self.pending.pop() {
+                return Some(Ok(i));
+            }
+            if self.done {
+                return None;
+            }
+            self.read += 1;
+            let event = match self.reader.next() {
+                None => {
+                    self.done = true;
+                    self.claim_losses();
+                    continue;
+                }
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+                Some(Ok(e)) => e,
+            };
+            if self.kernel.get(event.trace_index()).copied().unwrap_or(false) {
+                self.last_ts = event.ts();
+                self.pending.push(Input::Event(event.to_event()));
+            }
+            if self.read % LOSS_CHECK_EVERY == 0 {
+                // Markers are pushed above the event they were noticed at,
+                // so they come out before it.
+                self.claim_losses();
             }
         }
     }

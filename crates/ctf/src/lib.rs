@@ -69,7 +69,7 @@ pub use error::{Error, Result};
 pub use event::{CtfEvent, SpanSync};
 pub use metadata::{Clock, EnvValue};
 pub use stream::LostEvents;
-pub use trace::{CtfTrace, Events, TraceInfo};
+pub use trace::{CtfTrace, Events, LostLogHandle, StreamReader, TraceInfo};
 
 /// Events and traces can move to (and be shared with) other threads.
 #[allow(dead_code)]
@@ -78,4 +78,5 @@ fn assert_send_sync() {
     check::<CtfEvent>();
     check::<CtfTrace>();
     check::<Events>();
+    check::<StreamReader>();
 }

@@ -1,7 +1,7 @@
 //! Opening a folder of traces and iterating over all their events in time
 //! order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -199,6 +199,38 @@ impl CtfTrace {
         }
     }
 
+    /// The events of each stream on its own, in the stream's time order,
+    /// for readers that decode streams in parallel and merge by
+    /// [`CtfEvent::ts`] (ties: lower index first, as [`CtfTrace::events`]
+    /// does). `None` when that would give other events than `events()`:
+    /// a trace whose thread ids are inferred from context switches must
+    /// have one stream per CPU (one channel), because a stream sees only
+    /// its own switches.
+    pub fn stream_events(&self) -> Option<Vec<StreamReader>> {
+        let mut channels: HashMap<usize, HashSet<String>> = HashMap::new();
+        for s in &self.streams {
+            if s.trace.tid_inferred {
+                let file = s.files.first().map(|f| f.path().to_path_buf()).unwrap_or_default();
+                channels.entry(s.trace.index).or_default().insert(channel_of(&file));
+            }
+        }
+        if channels.values().any(|c| c.len() > 1) {
+            return None;
+        }
+        let lost = Arc::new(Mutex::new(LostLog::default()));
+        Some(
+            self.streams
+                .iter()
+                .map(|s| StreamReader {
+                    events: StreamEvents::new(s.clone(), lost.clone(), ReadOptions::default()),
+                    infer: s.trace.tid_inferred,
+                    cpu_tid: CpuTids::default(),
+                    lost: lost.clone(),
+                })
+                .collect(),
+        )
+    }
+
     /// Total events the tracer discarded, from the packet contexts' counters
     /// (reads only packet headers).
     pub fn lost_events(&self) -> Result<u64> {
@@ -243,6 +275,80 @@ fn find_traces(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `channel0_3` (or rotated `channel0_3_12`) → `channel0`: the channel a
+/// per-CPU stream file belongs to.
+fn channel_of(path: &Path) -> String {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let name = rotation_base(path).unwrap_or_else(|| name.to_string());
+    match name.rsplit_once('_') {
+        Some((base, cpu)) if !cpu.is_empty() && cpu.bytes().all(|b| b.is_ascii_digit()) => base.to_string(),
+        _ => name,
+    }
+}
+
+/// The events of one stream; see [`CtfTrace::stream_events`].
+pub struct StreamReader {
+    events: StreamEvents,
+    infer: bool,
+    cpu_tid: CpuTids,
+    lost: Arc<Mutex<LostLog>>,
+}
+
+impl StreamReader {
+    /// The discarded-event log shared by all readers of one
+    /// [`CtfTrace::stream_events`] call; it outlives the readers.
+    pub fn lost_log(&self) -> LostLogHandle {
+        LostLogHandle(self.lost.clone())
+    }
+}
+
+/// Discarded events reported by the packets read so far; see
+/// [`StreamReader::lost_log`].
+#[derive(Clone)]
+pub struct LostLogHandle(Arc<Mutex<LostLog>>);
+
+impl LostLogHandle {
+    pub fn total(&self) -> u64 {
+        self.0.lock().map(|l| l.total).unwrap_or(0)
+    }
+
+    /// Where the events were lost, packet by packet.
+    pub fn records(&self) -> Vec<LostEvents> {
+        self.0.lock().map(|l| l.records.clone()).unwrap_or_default()
+    }
+
+    /// Number of reports, cheaper than [`LostLogHandle::records`].
+    pub fn reports(&self) -> usize {
+        self.0.lock().map(|l| l.records.len()).unwrap_or(0)
+    }
+}
+
+impl Iterator for StreamReader {
+    type Item = Result<CtfEvent>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut event = match self.events.next()? {
+            Ok(e) => e,
+            Err(e) => return Some(Err(e)),
+        };
+        if self.infer && !event.tid_known() {
+            // A sched_switch runs in the context of the task switched out.
+            let current = match event.switch() {
+                Some((prev, next)) => {
+                    self.cpu_tid.set(event.cpu(), next);
+                    Some(prev)
+                }
+                None => self.cpu_tid.get(event.cpu()),
+            };
+            if let Some(tid) = current {
+                event.set_tid(tid);
+            }
+        }
+        Some(Ok(event))
+    }
 }
 
 /// Time-ordered events of a [`CtfTrace`]; see [`CtfTrace::events`].

@@ -8,6 +8,8 @@
 
 mod event;
 mod merge;
+mod parallel;
 
 pub use event::{softirq, BlockRq, Comm, Event, EventKind, Fields, Packet, SchedSwitch, Tid, Value, Wakeup};
 pub use merge::{Merge, Timestamped};
+pub use parallel::merge_parallel;
