@@ -3,14 +3,14 @@
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use deepspan_ctf::{CtfTrace, StreamReader};
+use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{Record, Schema, TraceDat};
-use deepspan_model::{merge_parallel, Timestamped, Value};
-use rustc_hash::{FxHashMap, FxHashSet};
+use deepspan_model::Value;
+use rustc_hash::FxHashMap;
 use serde_json::{json, Map, Value as Json};
 
 use crate::progress;
@@ -143,105 +143,12 @@ fn summary(trace: &TraceDat, limit: Option<u64>, out: &mut impl Write) -> Result
 }
 
 fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
-    let bar = progress::spinner("decoding CTF");
-    let (events, lost_events, by_name) = match trace.stream_events() {
-        // All events, streams decoded in parallel: the typed decode on the
-        // streams' threads, the merge and the counts here.
-        Some(streams) if limit.is_none() => {
-            let lost = streams.first().map(|s| s.lost_log());
-            let names: Arc<Mutex<FxHashMap<usize, Arc<str>>>> = Arc::default();
-            let typed: Vec<TypedStream> = streams
-                .into_iter()
-                .map(|reader| TypedStream {
-                    reader,
-                    seen: FxHashSet::default(),
-                    names: names.clone(),
-                })
-                .collect();
-            let mut counts: FxHashMap<usize, u64> = FxHashMap::default();
-            let mut events = 0u64;
-            merge_parallel(typed, &mut |t: Typed| {
-                *counts.entry(t.class).or_default() += 1;
-                events += 1;
-                if events % 65_536 == 0 {
-                    bar.set_message(format!("{events} events"));
-                }
-            })?;
-            let names = names.lock().map_err(|_| anyhow!("a decoding thread panicked"))?;
-            let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
-            for (class, count) in counts {
-                *by_name.entry(names[&class].to_string()).or_default() += count;
-            }
-            (events, lost.map_or(0, |l| l.total()), by_name)
-        }
-        _ => count_sequentially(trace, limit, &bar)?,
-    };
-    bar.finish_and_clear();
-    let doc = json!({
-        "format": "CTF 1.8",
-        "events": events,
-        "lost_events": lost_events,
-        "by_name": by_name,
-    });
-    serde_json::to_writer_pretty(&mut *out, &doc)?;
-    writeln!(out)?;
-    Ok(())
-}
-
-/// An event's time and class (the address of its interned name), once its
-/// typed form was built. Only these cross threads: typed events carry
-/// shared names whose reference counts would bounce between CPUs.
-struct Typed {
-    ts: u64,
-    class: usize,
-}
-
-impl Timestamped for Typed {
-    fn timestamp(&self) -> u64 {
-        self.ts
-    }
-}
-
-/// One stream's events, typed on the stream's own thread (as an analysis
-/// pays for); each class's name is registered once per stream.
-struct TypedStream {
-    reader: StreamReader,
-    seen: FxHashSet<usize>,
-    names: Arc<Mutex<FxHashMap<usize, Arc<str>>>>,
-}
-
-impl Iterator for TypedStream {
-    type Item = Result<Typed, deepspan_ctf::Error>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let e = match self.reader.next()? {
-            Ok(e) => e,
-            Err(err) => return Some(Err(err)),
-        };
-        let name = e.name_arc();
-        let class = Arc::as_ptr(name) as *const u8 as usize;
-        if self.seen.insert(class) {
-            if let Ok(mut names) = self.names.lock() {
-                names.entry(class).or_insert_with(|| name.clone());
-            }
-        }
-        std::hint::black_box(e.to_event());
-        Some(Ok(Typed { ts: e.ts(), class }))
-    }
-}
-
-/// The merged reader on one thread: for `--limit`, and for traces whose
-/// streams cannot be read on their own.
-fn count_sequentially(
-    trace: &CtfTrace,
-    limit: Option<u64>,
-    bar: &indicatif::ProgressBar,
-) -> Result<(u64, u64, BTreeMap<String, u64>)> {
     // Every event class shares one interned name, so counting by the name's
     // address keeps string comparisons out of the per-event loop; names are
     // joined by text at the end (two traces may intern the same name twice).
     let mut by_class: FxHashMap<usize, (Arc<str>, u64)> = FxHashMap::default();
     let mut events = 0u64;
+    let bar = progress::spinner("decoding CTF");
     let mut stream = trace.events();
     while let Some(event) = stream.next() {
         if limit.is_some_and(|l| events >= l) {
@@ -256,11 +163,20 @@ fn count_sequentially(
             bar.set_message(format!("{events} events"));
         }
     }
-    let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
+    bar.finish_and_clear();
+    let mut by_name: BTreeMap<&str, u64> = BTreeMap::new();
     for (name, count) in by_class.values() {
-        *by_name.entry(name.to_string()).or_default() += count;
+        *by_name.entry(name).or_default() += count;
     }
-    Ok((events, stream.lost_events(), by_name))
+    let doc = json!({
+        "format": "CTF 1.8",
+        "events": events,
+        "lost_events": stream.lost_events(),
+        "by_name": by_name,
+    });
+    serde_json::to_writer_pretty(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(())
 }
 
 fn ctf_lines(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
