@@ -42,7 +42,7 @@ use crate::critical::Piece;
 use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
 use crate::merge::{join_adjacent, merge_paths};
-use crate::state::{KernelModel, SyscallInterval, ThreadState, NO_CPU};
+use crate::state::{BlockReason, KernelModel, SyscallInterval, ThreadState, NO_CPU};
 use crate::syscalls::{syscall_name, Arch};
 
 /// Index of a span in the slice given to [`analyze_requests`].
@@ -287,6 +287,7 @@ fn analyze_group(
         .iter()
         .map(|&r| home_segments(&spans[r as usize]))
         .collect();
+    let served = served_by(model, group, &homes);
     let mut ranges: HashMap<Tid, Vec<(u64, u64)>> = HashMap::new();
     for seg in homes.iter().flatten() {
         ranges.entry(seg.2).or_default().push((seg.0, seg.1));
@@ -414,6 +415,7 @@ fn analyze_group(
                         &out.request_of,
                         work,
                         Owner { request: r, home },
+                        &served,
                         base,
                         scratch,
                         &mut pieces,
@@ -628,6 +630,90 @@ fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
     out
 }
 
+/// Which requests each thread served: a request's own thread was waiting
+/// (BLOCKED or NETWORK) and this thread ended the wait by waking it — the
+/// server of a connection, a worker of a queue. Only used for threads
+/// without spans of their own.
+#[derive(Default)]
+struct Served {
+    /// Per thread: `(start, end, request)` sorted by start (may overlap).
+    by_tid: FastMap<Tid, Vec<(u64, u64, SpanIdx)>>,
+    /// Longest interval, to bound the lookups.
+    longest: u64,
+}
+
+fn served_by(model: &KernelModel, group: &[SpanIdx], homes: &[Vec<(u64, u64, Tid)>]) -> Served {
+    let mut out = Served::default();
+    for (n, home) in homes.iter().enumerate() {
+        for &(a, b, tid) in home {
+            let Some(th) = model.thread(tid) else {
+                continue;
+            };
+            for st in th.states_in(a, b) {
+                let waker = match st.state {
+                    ThreadState::Blocked(BlockReason::Thread(w))
+                    | ThreadState::Blocked(BlockReason::Loopback(w)) => w,
+                    _ => continue,
+                };
+                let (x, y) = (st.start.max(a), st.end.min(b));
+                if waker != tid && y > x {
+                    out.by_tid.entry(waker).or_default().push((x, y, group[n]));
+                    out.longest = out.longest.max(y - x);
+                }
+            }
+        }
+    }
+    for v in out.by_tid.values_mut() {
+        v.sort_unstable();
+    }
+    out
+}
+
+impl Served {
+    /// Appends to `out`, time-ordered and not overlapping, the parts of
+    /// `[start, end)` in which `tid` served a request: `request` itself
+    /// wherever it did, else the earliest other one.
+    fn during(
+        &self,
+        tid: Tid,
+        start: u64,
+        end: u64,
+        request: SpanIdx,
+        out: &mut Vec<(u64, u64, SpanIdx)>,
+    ) {
+        let Some(v) = self.by_tid.get(&tid) else {
+            return;
+        };
+        let first = v.partition_point(|x| x.0.saturating_add(self.longest) <= start);
+        let hits: Vec<(u64, u64, SpanIdx)> = v[first..]
+            .iter()
+            .take_while(|x| x.0 < end)
+            .filter(|x| x.1 > start)
+            .map(|&(a, b, r)| (a.max(start), b.min(end), r))
+            .collect();
+        if hits.is_empty() {
+            return;
+        }
+        let mut cuts: Vec<u64> = hits.iter().flat_map(|h| [h.0, h.1]).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        for w in cuts.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let here = |h: &&(u64, u64, SpanIdx)| h.0 <= a && b <= h.1;
+            let chosen = hits
+                .iter()
+                .filter(here)
+                .find(|h| h.2 == request)
+                .or_else(|| hits.iter().find(here));
+            let Some(&(_, _, r)) = chosen else { continue };
+            match out.last_mut() {
+                Some(last) if last.1 == a && last.2 == r => last.1 = b,
+                _ => out.push((a, b, r)),
+            }
+        }
+    }
+}
+
 /// Splits a merged-graph piece by what its thread worked for and by system
 /// call, and gives each part to the request or to the request it waited for.
 #[allow(clippy::too_many_arguments)]
@@ -637,6 +723,7 @@ fn attribute(
     request_of: &[SpanIdx],
     work: &dyn ThreadWork,
     owner: Owner,
+    served: &Served,
     base: RequestPiece,
     scratch: &mut Scratch,
     out: &mut Vec<RequestPiece>,
@@ -646,6 +733,11 @@ fn attribute(
     let thread = model.thread(tid);
     scratch.work.clear();
     work.work_during(tid, base.start, base.end, &mut scratch.work);
+    if scratch.work.is_empty() {
+        // A thread without spans works for the request whose thread waits
+        // for it (a database backend for its client).
+        served.during(tid, base.start, base.end, request, &mut scratch.work);
+    }
     let syscalls: &[SyscallInterval] = match thread {
         Some(t) => scratch.overlapping(
             (Hint::Syscalls, tid.into()),
