@@ -225,6 +225,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             let mut paths = CriticalPathWriter::create(&staging.file(tables::CRITICAL_PATH))?;
             let mut records = Vec::new();
             let mut failed: Option<deepspan_store::Error> = None;
+            let mut diagnosing = std::time::Duration::ZERO;
             let bar = progress::count_bar(0, "critical paths");
             let analysis = analyze_requests(
                 &model,
@@ -241,13 +242,21 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
                         }
                     }
                     // Diagnosed while the pieces are at hand.
+                    let clock = std::time::Instant::now();
                     let d = diagnose(&diagnosis, &path);
+                    diagnosing += clock.elapsed();
                     let mut rec = RequestRecord::new(&model, arch, &lost, path, false);
                     rec.diagnosis = d;
                     records.push(rec);
                 },
             );
             bar.finish_and_clear();
+            if timings.on {
+                eprintln!(
+                    "deepspan: timing: diagnoses (within the critical paths): {:.3} s",
+                    diagnosing.as_secs_f64()
+                );
+            }
             if let Some(e) = failed {
                 return Err(e.into());
             }
