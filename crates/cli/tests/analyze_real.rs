@@ -180,7 +180,10 @@ fn diagnosis(report: &Value) -> &Value {
             c["ns"].as_u64().expect("culprit ns")
         })
         .collect();
-    assert!(ns.windows(2).all(|w| w[0] >= w[1]), "not biggest first: {d}");
+    assert!(
+        ns.windows(2).all(|w| w[0] >= w[1]),
+        "not biggest first: {d}"
+    );
     d
 }
 
@@ -405,7 +408,10 @@ fn cpu_cgroup_quota_shows_as_preempted() {
     let process = &d["culprits"][0];
     assert_eq!(process["kind"], "process", "{d}");
     assert!(process["pid"].as_i64().is_some(), "{d}");
-    assert!(d["evidence"]["throttled_ns"].as_u64().unwrap() > 300_000_000, "{d}");
+    assert!(
+        d["evidence"]["throttled_ns"].as_u64().unwrap() > 300_000_000,
+        "{d}"
+    );
 }
 
 #[test]
@@ -438,8 +444,14 @@ fn o_direct_read_waits_on_the_block_device() {
     assert_eq!(d["cause"], "disk", "{d}\n{text}");
     let miss = d["evidence"]["page_cache_miss_ratio"].as_f64().unwrap();
     assert!(miss > 0.9, "page-cache miss ratio {miss}: {d}");
-    assert!(d["evidence"]["read_bytes"].as_u64().unwrap() >= 16 << 20, "{d}");
-    assert!(d["evidence"]["queue_depth_max"].as_u64().unwrap() >= 1, "{d}");
+    assert!(
+        d["evidence"]["read_bytes"].as_u64().unwrap() >= 16 << 20,
+        "{d}"
+    );
+    assert!(
+        d["evidence"]["queue_depth_max"].as_u64().unwrap() >= 1,
+        "{d}"
+    );
     // The reader itself filled the queue.
     let reader = report["critical_path"]
         .as_array()
@@ -490,7 +502,10 @@ fn sleep_is_timer() {
         serde_json::from_slice(&std::fs::read(case.run.join("analysis/requests.json")).unwrap())
             .unwrap();
     let entry = &requests["requests"][0];
-    assert!(entry["baseline_ns"].is_null() && entry["anomalous"] == false, "{entry}");
+    assert!(
+        entry["baseline_ns"].is_null() && entry["anomalous"] == false,
+        "{entry}"
+    );
     assert_eq!(entry["diagnosis"], *d);
 
     // By trace id too, and the same answer.
@@ -724,9 +739,16 @@ impl Postgres {
         let initdb = format!("{PG_BIN}/initdb");
         check(
             "initdb",
-            as_postgres(&[&initdb, "-D", data.to_str().unwrap(), "-A", "trust", "--no-sync"])
-                .output()
-                .expect("run initdb"),
+            as_postgres(&[
+                &initdb,
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "--no-sync",
+            ])
+            .output()
+            .expect("run initdb"),
         );
         let pg = Postgres { dir, port };
         let options = format!(
