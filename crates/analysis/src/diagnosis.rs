@@ -33,7 +33,7 @@ use deepspan_model::{Comm, Tid};
 
 use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
-use crate::request::{RequestPath, RequestPiece, SpanIdx, SpanInput, ThreadWork};
+use crate::request::{home_segments, RequestPath, RequestPiece, SpanIdx, SpanInput, ThreadWork};
 use crate::state::{BlockPhase, BlockReason, KernelModel, SyscallInterval, ThreadState};
 use crate::syscalls::{syscall_name, Arch};
 
@@ -295,6 +295,38 @@ impl<'a> DiagnosisContext<'a> {
             .find(|&w| self.pid(w).unwrap_or(w) != home_pid && !self.has_span_at(w, t))
     }
 
+    /// The thread `home` waits for at `t`: the one that ends its wait.
+    fn waker_at(&self, home: Tid, t: u64) -> Option<Tid> {
+        match self.model.thread(home)?.state_at(t)?.state {
+            ThreadState::Blocked(BlockReason::Thread(w))
+            | ThreadState::Blocked(BlockReason::Loopback(w)) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// The server working for `request` at `t`: the thread without spans,
+    /// in another process, that ends the request's thread's next wait on a
+    /// thread from `t` on (its database backend, which holds its locks
+    /// while the request's thread does something else).
+    fn server_of(&self, request: SpanIdx, t: u64) -> Option<Tid> {
+        let span = self.spans.get(request as usize)?;
+        let home = home_segments(span);
+        let &(_, end, tid) = home.iter().find(|h| h.1 > t)?;
+        let th = self.model.thread(tid)?;
+        let pid = self.pid(tid).unwrap_or(tid);
+        th.states_in(t, end).iter().find_map(|s| match s.state {
+            ThreadState::Blocked(BlockReason::Thread(w))
+            | ThreadState::Blocked(BlockReason::Loopback(w))
+                if s.end > t
+                    && self.pid(w).unwrap_or(w) != pid
+                    && !self.has_span_at(w, s.end.saturating_sub(1)) =>
+            {
+                Some(w)
+            }
+            _ => None,
+        })
+    }
+
     fn disk(&self) -> &DiskIndex {
         self.disk.get_or_init(|| DiskIndex::new(self.model))
     }
@@ -527,8 +559,15 @@ fn other_request<'p>(
         let d = p.duration();
         // The process in between (a server working for the other request),
         // else the thread's own.
+        let mid = p.start + d / 2;
         let through = match (home_at(path, p.start), p.tid) {
-            (Some(h), Some(t)) => ctx.via(h, t, p.start + d / 2).or(Some(t)),
+            (Some(h), Some(t)) => ctx
+                .via(h, t, mid)
+                // The request's own server is not the one working for the
+                // other request (a timed-out wait of it resumed later).
+                .filter(|&v| Some(v) != ctx.waker_at(h, mid) || v != t)
+                .or_else(|| p.blocked_by.and_then(|y| ctx.server_of(y, mid)))
+                .or(Some(t)),
             (_, t) => t,
         };
         if let Some(tid) = through {

@@ -41,7 +41,7 @@ pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
 pub use request::{
     analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait,
     RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource, ThreadWork,
-    FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, WAKEUP_GRACE_NS,
+    FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, RESUME_GAP_NS, WAKEUP_GRACE_NS,
 };
 pub use state::{
     softirq_name, switch_out, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval,

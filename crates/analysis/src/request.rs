@@ -423,6 +423,7 @@ fn analyze_group(
                 }
             }
             fill_gaps(model, &homes[n], start, end, &mut pieces);
+            resume_timeouts(model, &mut pieces);
         }
         on_path(RequestPath {
             request: r,
@@ -574,7 +575,7 @@ fn within(spans: &[SpanInput], mut span: SpanIdx, request: SpanIdx) -> bool {
 
 /// The threads carrying a request over its lifetime, as `(start, end, tid)`
 /// in time order, non-overlapping.
-fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
+pub(crate) fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
     let Some((start, end)) = span.times else {
         return Vec::new();
     };
@@ -942,6 +943,73 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
         .max_by_key(|&(t, d)| (d, std::cmp::Reverse(t)))
         .map(|(t, _)| t);
     wait
+}
+
+/// Longest time a thread may run between a wait that timed out and the
+/// same wait resumed for the two to count as one wait.
+pub const RESUME_GAP_NS: u64 = 2_000_000;
+
+/// A wait that timed out and was resumed at once in the same system call
+/// (same number and first argument, within [`RESUME_GAP_NS`]; a few other
+/// calls may come between: a PostgreSQL backend's lock wait
+/// woken by its `deadlock_timeout` check, a condition variable waited on
+/// with a timeout in a loop) is one wait: its TIMER piece, and the short
+/// run before the wait resumes, are attributed like the time the resumed
+/// wait waited for (what the path shows next), when a thread ended that
+/// resumed wait. `pieces` are in time order.
+fn resume_timeouts(model: &KernelModel, pieces: &mut [RequestPiece]) {
+    // From the end, so a chain of timeouts takes the final attribution.
+    for i in (0..pieces.len()).rev() {
+        let p = &pieces[i];
+        let (Some(tid), Some(first), EdgeType::Timer) = (p.tid, p.syscall, p.state) else {
+            continue;
+        };
+        let Some(th) = model.thread(tid) else {
+            continue;
+        };
+        // The short run of the same thread that follows on the path.
+        let mut j = i + 1;
+        let mut ran = 0;
+        while let Some(q) = pieces.get(j) {
+            if q.tid != Some(tid) || !matches!(q.state, EdgeType::Running | EdgeType::Preempted) {
+                break;
+            }
+            ran += q.duration();
+            j += 1;
+        }
+        let Some(next) = pieces.get(j) else { continue };
+        if ran > RESUME_GAP_NS {
+            continue;
+        }
+        // The same wait resumed soon after (a few calls may come between:
+        // the timeout's own work), ended by a thread.
+        let calls = th.syscalls();
+        let k = calls.partition_point(|s| s.start <= first.start);
+        let soon = first.end.saturating_add(RESUME_GAP_NS);
+        let woken_by_thread = |call: &SyscallInterval| {
+            th.states_in(call.start, call.end).iter().any(|s| {
+                s.start >= call.start
+                    && matches!(
+                        s.state,
+                        ThreadState::Blocked(BlockReason::Thread(_))
+                            | ThreadState::Blocked(BlockReason::Loopback(_))
+                    )
+            })
+        };
+        let resumed = calls[k..]
+            .iter()
+            .take_while(|s| s.start <= soon)
+            .filter(|s| s.id == first.id && s.arg0 == first.arg0)
+            .find(|s| woken_by_thread(s));
+        if !resumed.is_some_and(|again| next.start <= again.end) {
+            continue;
+        }
+        let (span, blocked_by) = (next.span, next.blocked_by);
+        for q in &mut pieces[i..j] {
+            q.span = span;
+            q.blocked_by = blocked_by;
+        }
+    }
 }
 
 /// Adds UNKNOWN pieces for the time of `[start, end)` no piece covers.

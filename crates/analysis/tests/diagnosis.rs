@@ -554,8 +554,10 @@ fn anomalies_are_well_above_the_median_of_their_operation() {
 /// backend (thread 11, process 11); backend 11 sleeps (pg_sleep) 8..100
 /// holding the row lock, commits at 105 (waking backend 10 from its futex)
 /// and answers Y; backend 10 then answers X. The backends have no spans.
-/// With `loopback`, the answers travel over TCP on `lo`.
-fn row_lock_scenario(loopback: bool) -> (KernelModel, Vec<SpanInput>, Work) {
+/// With `loopback`, the answers travel over TCP on `lo`; with `timeout`,
+/// backend 10's lock wait times out at 50 (PostgreSQL's deadlock check)
+/// and is resumed at once in the same call.
+fn row_lock_scenario(loopback: bool, timeout: bool) -> (KernelModel, Vec<SpanInput>, Work) {
     let mut s = Script::default();
     s.switch(1, 0, 0, 0, 1)
         .switch(1, 1, 0, 0, 2)
@@ -573,6 +575,13 @@ fn row_lock_scenario(loopback: bool) -> (KernelModel, Vec<SpanInput>, Work) {
         .switch(101, 2, 0, 0, 11)
         .exit(102, 2, NANOSLEEP, 0)
         .waking(105, 2, 10);
+    if timeout {
+        s.timer(50, 3, 10)
+            .switch(50, 3, 0, 0, 10)
+            .exit(51, 3, FUTEX, -110)
+            .enter(51, 3, FUTEX, 0x5000)
+            .switch(52, 3, 10, 1, 0);
+    }
     if loopback {
         s.loopback(108, 2, 11, 2);
     } else {
@@ -604,8 +613,8 @@ const ROW_LOCK_PIDS: &[(Tid, Tid)] = &[(1, 1), (2, 1), (10, 10), (11, 11)];
 
 #[test]
 fn a_backend_holding_a_row_lock_for_another_request_blames_that_request() {
-    for loopback in [false, true] {
-        let (model, spans, work) = row_lock_scenario(loopback);
+    for (loopback, timeout) in [(false, false), (true, false), (false, true), (true, true)] {
+        let (model, spans, work) = row_lock_scenario(loopback, timeout);
         if loopback {
             let waits = model.thread(1).unwrap().state_at(50).unwrap().state;
             assert_eq!(waits, ThreadState::Blocked(BlockReason::Loopback(10)));
@@ -615,7 +624,7 @@ fn a_backend_holding_a_row_lock_for_another_request_blames_that_request() {
         assert_eq!(
             x.cause,
             Cause::BlockedByRequest,
-            "loopback {loopback}: {x:#?}\n{path:#?}"
+            "loopback {loopback} timeout {timeout}: {x:#?}\n{path:#?}"
         );
         let by_y: u64 = path
             .pieces
@@ -623,8 +632,15 @@ fn a_backend_holding_a_row_lock_for_another_request_blames_that_request() {
             .filter(|p| p.blocked_by == Some(1))
             .map(|p| p.duration())
             .sum();
-        assert!(by_y >= 89, "{path:#?}");
-        let process = &x.culprits[0];
+        // With the timeout, backend 10's timed-out wait (13..50) is the
+        // resumed wait's, so it counts too (else only 53 would).
+        assert!(by_y >= 89, "timeout {timeout}: {path:#?}");
+        // The backend that held the lock for Y is the main process culprit.
+        let process = x
+            .culprits
+            .iter()
+            .find(|c| c.kind == CulpritKind::Process)
+            .unwrap();
         assert_eq!(
             (process.kind, process.pid, process.comm),
             (CulpritKind::Process, Some(11), Some(comm(11))),
@@ -649,7 +665,7 @@ fn a_backend_holding_a_row_lock_for_another_request_blames_that_request() {
 fn a_backend_no_request_waits_for_works_for_nobody() {
     // Without Y's thread waiting on it, backend 11's sleep is no one's:
     // X is then not blocked by Y (its path shows the backend's TIMER).
-    let (model, mut spans, _) = row_lock_scenario(false);
+    let (model, mut spans, _) = row_lock_scenario(false, false);
     spans[1].times = Some((4, 5));
     let work = Work(vec![(1, 9, 120, 0), (2, 4, 5, 1)]);
     let d = diagnoses(&model, &spans, &work, ROW_LOCK_PIDS);
