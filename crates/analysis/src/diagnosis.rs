@@ -462,9 +462,12 @@ fn process_culprit(ctx: &DiagnosisContext, tid: Tid, at: u64) -> Culprit {
     let pid = ctx.pid(tid);
     let mut c = Culprit::new(CulpritKind::Process, 0);
     c.pid = Some(pid.unwrap_or(tid));
-    // The process's name is its main thread's, when that is known.
+    // The process's name is its main thread's, when that is known, as it
+    // was last seen (a program that names itself does so after it starts).
+    let latest = |t: Tid| ctx.model.thread(t).and_then(|th| th.name());
     c.comm = pid
-        .and_then(|p| ctx.comm(p, at))
+        .and_then(latest)
+        .or_else(|| latest(tid))
         .or_else(|| ctx.comm(tid, at));
     c
 }
@@ -645,7 +648,11 @@ fn preempted<'p>(
                     let mut c = process_culprit(ctx, holder, p.start);
                     // The thread that ran, as the process may have many.
                     c.tid = Some(holder);
-                    c.comm = ctx.comm(holder, p.start).or(c.comm);
+                    c.comm = ctx
+                        .model
+                        .thread(holder)
+                        .and_then(|th| th.name())
+                        .or(c.comm);
                     c
                 },
             );
@@ -989,7 +996,11 @@ fn disk<'p>(
                 |c| c.pid == Some(pid),
                 || {
                     let mut c = process_culprit(ctx, r.tid, r.start);
-                    c.comm = ctx.comm(r.tid, r.start).or(c.comm);
+                    c.comm = ctx
+                        .model
+                        .thread(r.tid)
+                        .and_then(|th| th.name())
+                        .or(c.comm);
                     c
                 },
             );
