@@ -721,6 +721,7 @@ fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64) -> Result<()
                     format!("{k}={:.0}%", f * 100.0)
                 }
                 Some(f) if k == "futex_uaddr" => format!("{k}={:#x}", f as u64),
+                Some(f) if f.fract() != 0.0 => format!("{k}={f:.2}"),
                 _ => format!("{k}={v}"),
             })
             .collect();

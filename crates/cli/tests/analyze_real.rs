@@ -6,7 +6,8 @@
 //! - two requests contending on one lock: the waiter is blocked by the
 //!   holder's request for about the hold time;
 //! - a request in a CPU cgroup with a 1 % quota: PREEMPTED dominates;
-//! - a request reading with O_DIRECT: BLOCK_DEVICE on its path;
+//! - a request reading with O_DIRECT: BLOCK_DEVICE on its path; with a
+//!   process flooding the disk meanwhile, that process is named;
 //! - a request sleeping: TIMER;
 //! - a request pinned to a CPU with two busy processes: PREEMPTED, the
 //!   busy processes named as what ran instead;
@@ -470,6 +471,41 @@ fn o_direct_read_waits_on_the_block_device() {
         .and_then(|(_, p)| p.parse::<i64>().ok())
         .unwrap_or(reader);
     assert_eq!(first["pid"].as_i64(), Some(reader_pid), "{d}");
+}
+
+#[test]
+fn a_process_flooding_the_disk_is_named_for_a_read_that_waits() {
+    if !kernel_or_skip("a_process_flooding_the_disk_is_named_for_a_read_that_waits") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let case = record_case("diskflood", &[]);
+    let report = case.report_json("read");
+    assert_well_formed(&report);
+    let text = case.report_text("read");
+    let d = diagnosis(&report);
+    assert_eq!(d["cause"], "disk", "{d}\n{text}");
+    let first = &d["culprits"][0];
+    assert_eq!(
+        (first["kind"].as_str(), first["comm"].as_str()),
+        (Some("process"), Some("backup")),
+        "{d}\n{text}"
+    );
+    assert_eq!(
+        first["pid"].as_i64().map(|p| p.to_string()).as_deref(),
+        Some(case.id("backup_pid")),
+        "{d}"
+    );
+    // The backup's writes queue up in front of the reads.
+    assert!(
+        d["evidence"]["queue_depth_max"].as_u64().unwrap() >= 2,
+        "{d}"
+    );
+    assert!(
+        d["evidence"]["page_cache_miss_ratio"].as_f64().unwrap() > 0.9,
+        "{d}"
+    );
+    assert!(d["headline"].as_str().unwrap().contains("backup"), "{d}");
 }
 
 #[test]

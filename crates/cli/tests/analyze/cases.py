@@ -17,6 +17,10 @@ Cases:
            (CGROUP_DIR, made by the test) and burns ~15 ms of CPU.
   odirect  request "read" reads 16 MiB with O_DIRECT (no page cache).
   sleep    request "sleep" sleeps 200 ms.
+  diskflood
+           a "backup" process writes 1 MiB blocks with O_DIRECT in a loop;
+           meanwhile request "read" reads 8 MiB with O_DIRECT. The backup's
+           pid goes to ids.json as "backup_pid".
   hog      two busy processes named "cpuhog" pinned to one CPU; request
            "contended", pinned there too, burns 60 ms of CPU. Their pids go
            to ids.json as "hog_pids" ("pid,pid").
@@ -148,6 +152,52 @@ def case_sleep(_args):
         time.sleep(0.2)
 
 
+BACKUP = (
+    "import ctypes, mmap, os, sys\n"
+    "ctypes.CDLL(None).prctl(15, b'backup', 0, 0, 0)\n"
+    "buf = mmap.mmap(-1, 1 << 20)\n"
+    "buf.write(os.urandom(1 << 20))\n"
+    "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)\n"
+    "off = 0\n"
+    "while True:\n"
+    "    os.pwritev(fd, [buf], off)\n"
+    "    off = (off + (1 << 20)) % (64 << 20)\n"
+)
+
+
+def case_diskflood(_args):
+    size = 8 << 20
+    path = os.path.join(OUT, "direct.bin")
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    backup_file = os.path.join(OUT, "backup.img")
+    backup = subprocess.Popen([sys.executable, "-c", BACKUP, backup_file])
+    try:
+        ids["backup_pid"] = str(backup.pid)
+        time.sleep(0.5)  # the backup keeps the disk busy first
+        buf = mmap.mmap(-1, 128 << 10)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            with tracer.start_as_current_span("read") as span:
+                remember("read", span)
+                done = 0
+                while done < size:
+                    n = os.preadv(fd, [buf], done)
+                    if n <= 0:
+                        break
+                    done += n
+        finally:
+            os.close(fd)
+    finally:
+        backup.kill()
+        backup.wait()
+        os.unlink(path)
+        if os.path.exists(backup_file):
+            os.unlink(backup_file)
+
+
 HOG = "import ctypes\nctypes.CDLL(None).prctl(15, b'cpuhog', 0, 0, 0)\nwhile True:\n    pass\n"
 
 
@@ -228,6 +278,7 @@ CASES = {
     "lock": case_lock,
     "cgroup": case_cgroup,
     "odirect": case_odirect,
+    "diskflood": case_diskflood,
     "sleep": case_sleep,
     "hog": case_hog,
     "pgrowlock": case_pgrowlock,
