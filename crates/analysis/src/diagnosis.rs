@@ -815,8 +815,12 @@ struct DiskIndex {
     rqs: Vec<Rq>,
     /// Per device: (ts, requests in flight from then on), in time order.
     depth: FastMap<u32, Vec<(u64, u32)>>,
-    /// Longest time a request was in flight (bounds the lookups).
+    /// Longest time a completed request was in flight (bounds the
+    /// lookups).
     longest: u64,
+    /// Requests never seen completing (in flight to the end of the trace):
+    /// kept apart so they do not widen every lookup.
+    unfinished: Vec<Rq>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -866,12 +870,26 @@ impl DiskIndex {
         // to its end (they were).
         let mut depth: FastMap<u32, Vec<(u64, i32)>> = FastMap::default();
         let mut longest = 0;
-        for r in &rqs {
+        for (r, &done) in rqs.iter().zip(&done) {
             let v = depth.entry(r.dev).or_default();
             v.push((r.start, 1));
             v.push((r.end, -1));
-            longest = longest.max(r.end - r.start);
+            if done {
+                longest = longest.max(r.end - r.start);
+            }
         }
+        let unfinished = rqs
+            .iter()
+            .zip(&done)
+            .filter(|(_, &d)| !d)
+            .map(|(r, _)| *r)
+            .collect();
+        let rqs = rqs
+            .into_iter()
+            .zip(done)
+            .filter(|(_, d)| *d)
+            .map(|(r, _)| r)
+            .collect();
         let depth = depth
             .into_iter()
             .map(|(dev, mut v)| {
@@ -893,6 +911,7 @@ impl DiskIndex {
             rqs,
             depth,
             longest,
+            unfinished,
         }
     }
 
@@ -904,6 +923,7 @@ impl DiskIndex {
         self.rqs[first..]
             .iter()
             .take_while(move |r| r.start < b)
+            .chain(self.unfinished.iter().filter(move |r| r.start < b))
             .filter(move |r| r.end > a)
     }
 

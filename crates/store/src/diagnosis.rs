@@ -78,3 +78,80 @@ pub fn diagnosis_json(d: &Diagnosis, spans: &[SpanMeta]) -> Value {
     m.insert("culprits".into(), culprits_json(d, spans));
     Value::Object(m)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deepspan_analysis::Cause;
+    use deepspan_model::Comm;
+
+    fn meta(span_id: u64, service: &str, operation: &str) -> SpanMeta {
+        SpanMeta {
+            trace_id: 0xabc,
+            span_id,
+            service: service.into(),
+            operation: operation.into(),
+            kind: "server",
+            ..SpanMeta::default()
+        }
+    }
+
+    #[test]
+    fn culprits_carry_only_their_kinds_fields() {
+        let spans = vec![
+            meta(1, "front", "GET /"),
+            meta(2, "front", "call media"),
+            meta(3, "media", "GET /image"),
+        ];
+        let culprit = |kind, ns| Culprit {
+            kind,
+            tid: None,
+            pid: None,
+            comm: None,
+            span: None,
+            downstream: None,
+            name: None,
+            ns,
+        };
+        let d = Diagnosis {
+            cause: Cause::Network,
+            headline: "NETWORK 90%: waiting for [media] GET /image".into(),
+            evidence: vec![("share", 0.9), ("ns", 900.0)],
+            culprits: vec![
+                Culprit {
+                    span: Some(1),
+                    downstream: Some(2),
+                    ..culprit(CulpritKind::Span, 900)
+                },
+                Culprit {
+                    tid: Some(7),
+                    pid: Some(5),
+                    comm: Some(Comm::from_bytes(b"media")),
+                    name: Some("recvfrom".into()),
+                    ..culprit(CulpritKind::Thread, 50)
+                },
+                Culprit {
+                    span: Some(0),
+                    ..culprit(CulpritKind::Request, 10)
+                },
+            ],
+        };
+        let v = diagnosis_json(&d, &spans);
+        assert_eq!(v["cause"], "network");
+        assert_eq!(v["evidence"], serde_json::json!({"share": 0.9, "ns": 900}));
+        // A span culprit is the client span, named by its downstream service.
+        assert_eq!(
+            v["culprits"][0],
+            serde_json::json!({"kind": "span", "trace_id": "00000000000000000000000000000abc",
+                "span_id": "0000000000000002", "service": "media", "operation": "GET /image",
+                "ns": 900})
+        );
+        assert_eq!(
+            v["culprits"][1],
+            serde_json::json!({"kind": "thread", "tid": 7, "pid": 5, "comm": "media",
+                "name": "recvfrom", "ns": 50})
+        );
+        assert_eq!(v["culprits"][2]["operation"], "GET /");
+        assert_eq!(v["culprits"][2]["span_id"], "0000000000000001");
+    }
+}
