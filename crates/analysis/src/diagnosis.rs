@@ -25,6 +25,7 @@
 //! Independently, [`baselines`] and [`is_anomalous`] tell which requests
 //! are outliers of their operation.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::OnceLock;
@@ -188,9 +189,9 @@ pub struct DiagnosisContext<'a> {
     pub model: &'a KernelModel,
     pub arch: Arch,
     pub spans: &'a [SpanInput],
-    /// Thread → process from elsewhere (the recorder's `saved_tgids`), for
-    /// threads the model has no process for.
-    pub pids: &'a HashMap<Tid, Tid>,
+    /// Thread → process: the model's, else the recorder's `saved_tgids`
+    /// (given to [`DiagnosisContext::new`]), merged once.
+    pids: FastMap<Tid, Tid>,
     /// `[service] operation` of a span, for headlines.
     pub label: &'a (dyn Fn(SpanIdx) -> String + Sync),
     /// Which span each thread works for (threads without spans are the
@@ -199,6 +200,8 @@ pub struct DiagnosisContext<'a> {
     /// Client span → its downstream entry span.
     downstream: FastMap<SpanIdx, SpanIdx>,
     disk: OnceLock<DiskIndex>,
+    /// Reused by [`DiagnosisContext::has_span_at`].
+    work_buf: RefCell<Vec<(u64, u64, SpanIdx)>>,
 }
 
 impl<'a> DiagnosisContext<'a> {
@@ -225,23 +228,27 @@ impl<'a> DiagnosisContext<'a> {
                 }
             }
         }
+        let mut all: FastMap<Tid, Tid> = pids.iter().map(|(&t, &p)| (t, p)).collect();
+        for th in model.threads() {
+            if let Some(p) = th.pid {
+                all.insert(th.tid, p);
+            }
+        }
         DiagnosisContext {
             model,
             arch,
             spans,
-            pids,
+            pids: all,
             label,
             work,
             downstream,
             disk: OnceLock::new(),
+            work_buf: RefCell::new(Vec::new()),
         }
     }
 
     fn pid(&self, tid: Tid) -> Option<Tid> {
-        self.model
-            .thread(tid)
-            .and_then(|t| t.pid)
-            .or_else(|| self.pids.get(&tid).copied())
+        self.pids.get(&tid).copied()
     }
 
     fn comm(&self, tid: Tid, at: u64) -> Option<Comm> {
@@ -256,7 +263,8 @@ impl<'a> DiagnosisContext<'a> {
     }
 
     fn has_span_at(&self, tid: Tid, t: u64) -> bool {
-        let mut v = Vec::new();
+        let mut v = self.work_buf.borrow_mut();
+        v.clear();
         self.work.work_during(tid, t, t.saturating_add(1), &mut v);
         !v.is_empty()
     }
@@ -304,27 +312,28 @@ impl<'a> DiagnosisContext<'a> {
         }
     }
 
-    /// The server working for `request` at `t`: the thread without spans,
+    /// The server working for a request (`home`: its threads) at `t`: the
+    /// thread without spans,
     /// in another process, that ends the request's thread's next wait on a
     /// thread from `t` on (its database backend, which holds its locks
     /// while the request's thread does something else).
-    fn server_of(&self, request: SpanIdx, t: u64) -> Option<Tid> {
-        let span = self.spans.get(request as usize)?;
-        let home = home_segments(span);
+    fn server_of(&self, home: &[(u64, u64, Tid)], t: u64) -> Option<Tid> {
         let &(_, end, tid) = home.iter().find(|h| h.1 > t)?;
         let th = self.model.thread(tid)?;
         let pid = self.pid(tid).unwrap_or(tid);
-        th.states_in(t, end).iter().find_map(|s| match s.state {
+        // The next wait on a thread only: a scan to the request's end would
+        // cost its every state, for every piece.
+        let (s, w) = th.states_in(t, end).iter().find_map(|s| match s.state {
             ThreadState::Blocked(BlockReason::Thread(w))
             | ThreadState::Blocked(BlockReason::Loopback(w))
-                if s.end > t
-                    && self.pid(w).unwrap_or(w) != pid
-                    && !self.has_span_at(w, s.end.saturating_sub(1)) =>
+                if s.end > t =>
             {
-                Some(w)
+                Some((s, w))
             }
             _ => None,
-        })
+        })?;
+        (self.pid(w).unwrap_or(w) != pid && !self.has_span_at(w, s.end.saturating_sub(1)))
+            .then_some(w)
     }
 
     fn disk(&self) -> &DiskIndex {
@@ -405,14 +414,14 @@ fn bucket(ctx: &DiagnosisContext, path: &RequestPath, p: &RequestPiece) -> Bucke
         let in_futex = p
             .waiting_in
             .is_some_and(|s| ctx.syscall_base(&s).is_some_and(|n| n.starts_with("futex")));
-        let same_process = match (
+        let same_process = || match (
             p.tid.and_then(|t| ctx.pid(t)),
             home.and_then(|h| ctx.pid(h)),
         ) {
             (Some(a), Some(b)) => a == b,
             _ => false,
         };
-        if in_futex && same_process {
+        if in_futex && same_process() {
             return Bucket::Lock;
         }
     }
@@ -558,6 +567,8 @@ fn other_request<'p>(
     pct: u64,
 ) -> Diagnosis {
     let mut culprits = Vec::new();
+    // Home threads of the other requests, computed once each.
+    let mut homes: Vec<(SpanIdx, Vec<(u64, u64, Tid)>)> = Vec::new();
     for p in pieces {
         let d = p.duration();
         // The process in between (a server working for the other request),
@@ -569,7 +580,18 @@ fn other_request<'p>(
                 // The request's own server is not the one working for the
                 // other request (a timed-out wait of it resumed later).
                 .filter(|&v| Some(v) != ctx.waker_at(h, mid) || v != t)
-                .or_else(|| p.blocked_by.and_then(|y| ctx.server_of(y, mid)))
+                .or_else(|| {
+                    let y = p.blocked_by?;
+                    let i = match homes.iter().position(|h| h.0 == y) {
+                        Some(i) => i,
+                        None => {
+                            let span = ctx.spans.get(y as usize)?;
+                            homes.push((y, home_segments(span)));
+                            homes.len() - 1
+                        }
+                    };
+                    ctx.server_of(&homes[i].1, mid)
+                })
                 .or(Some(t)),
             (_, t) => t,
         };
@@ -618,7 +640,9 @@ fn preempted<'p>(
 ) -> Diagnosis {
     let (mut throttled, mut contended, mut wakeup, mut preempted) = (0u64, 0u64, 0u64, 0u64);
     let mut victims: Vec<Culprit> = Vec::new();
-    let mut runners: Vec<Culprit> = Vec::new();
+    // (thread that had the CPU, ns, first seen at), summed over the pieces
+    // without allocating per piece (pieces can be many).
+    let mut holders: Vec<(Tid, u64, u64)> = Vec::new();
     for p in pieces {
         let d = p.duration();
         preempted += d;
@@ -635,28 +659,29 @@ fn preempted<'p>(
             |c| c.pid == Some(pid),
             || process_culprit(ctx, tid, p.start),
         );
-        for (holder, ns) in ctx.model.preempted_by(tid, p.start, p.end) {
-            if holder <= 0 || holder == tid {
-                continue;
-            }
-            let hpid = ctx.pid(holder).unwrap_or(holder);
-            add_culprit(
-                &mut runners,
-                ns,
-                |c| c.pid == Some(hpid),
-                || {
-                    let mut c = process_culprit(ctx, holder, p.start);
-                    // The thread that ran, as the process may have many.
-                    c.tid = Some(holder);
-                    c.comm = ctx
-                        .model
-                        .thread(holder)
-                        .and_then(|th| th.name())
-                        .or(c.comm);
-                    c
-                },
-            );
-        }
+        add_cpu_holders(ctx.model, tid, p.start, p.end, &mut holders);
+    }
+    // The thread that ran most names its process.
+    holders.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut runners: Vec<Culprit> = Vec::new();
+    for (holder, ns, at) in holders {
+        let hpid = ctx.pid(holder).unwrap_or(holder);
+        add_culprit(
+            &mut runners,
+            ns,
+            |c| c.pid == Some(hpid),
+            || {
+                let mut c = process_culprit(ctx, holder, at);
+                // The thread that ran, as the process may have many.
+                c.tid = Some(holder);
+                c.comm = ctx
+                    .model
+                    .thread(holder)
+                    .and_then(|th| th.name())
+                    .or(c.comm);
+                c
+            },
+        );
     }
     let evidence = vec![
         ("preempted_ns", preempted as f64),
@@ -690,6 +715,40 @@ fn preempted<'p>(
             headline: format!("PREEMPTED {pct}%: CPU taken by {first}{more}"),
             evidence,
             culprits: runners,
+        }
+    }
+}
+
+/// Adds to `holders` the threads that ran on `tid`'s CPU while it was
+/// runnable during `[start, end)` (the idle task left out), as
+/// [`KernelModel::preempted_by`] does, without its allocations.
+fn add_cpu_holders(
+    model: &KernelModel,
+    tid: Tid,
+    start: u64,
+    end: u64,
+    holders: &mut Vec<(Tid, u64, u64)>,
+) {
+    let Some(th) = model.thread(tid) else {
+        return;
+    };
+    for s in th.states_in(start, end) {
+        if !s.state.is_runnable() || s.cpu == crate::state::NO_CPU {
+            continue;
+        }
+        let (a, b) = (s.start.max(start), s.end.min(end));
+        let Some(cpu) = model.cpu(s.cpu) else {
+            continue;
+        };
+        for run in cpu.running_in(a, b) {
+            let d = run.end.min(b).saturating_sub(run.start.max(a));
+            if d == 0 || run.tid <= 0 || run.tid == tid {
+                continue;
+            }
+            match holders.iter_mut().find(|h| h.0 == run.tid) {
+                Some(h) => h.1 += d,
+                None => holders.push((run.tid, d, a)),
+            }
         }
     }
 }
