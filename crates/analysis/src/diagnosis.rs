@@ -341,6 +341,9 @@ impl<'a> DiagnosisContext<'a> {
     }
 }
 
+/// A request's threads over time: `(start, end, tid)`.
+type HomeSegments = Vec<(u64, u64, Tid)>;
+
 /// The buckets of a path's time (module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Bucket {
@@ -568,7 +571,7 @@ fn other_request<'p>(
 ) -> Diagnosis {
     let mut culprits = Vec::new();
     // Home threads of the other requests, computed once each.
-    let mut homes: Vec<(SpanIdx, Vec<(u64, u64, Tid)>)> = Vec::new();
+    let mut homes: Vec<(SpanIdx, HomeSegments)> = Vec::new();
     for p in pieces {
         let d = p.duration();
         // The process in between (a server working for the other request),
