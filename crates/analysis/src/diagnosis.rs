@@ -677,11 +677,7 @@ fn preempted<'p>(
                 let mut c = process_culprit(ctx, holder, at);
                 // The thread that ran, as the process may have many.
                 c.tid = Some(holder);
-                c.comm = ctx
-                    .model
-                    .thread(holder)
-                    .and_then(|th| th.name())
-                    .or(c.comm);
+                c.comm = ctx.model.thread(holder).and_then(|th| th.name()).or(c.comm);
                 c
             },
         );
@@ -1078,11 +1074,7 @@ fn disk<'p>(
                 |c| c.pid == Some(pid),
                 || {
                     let mut c = process_culprit(ctx, r.tid, r.start);
-                    c.comm = ctx
-                        .model
-                        .thread(r.tid)
-                        .and_then(|th| th.name())
-                        .or(c.comm);
+                    c.comm = ctx.model.thread(r.tid).and_then(|th| th.name()).or(c.comm);
                     c
                 },
             );
