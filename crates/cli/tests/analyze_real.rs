@@ -860,11 +860,14 @@ fn row_lock(mode: &str) {
     );
     let request = culprits(d, "request")[0];
     assert_eq!(request["span_id"], holder_id, "{mode}: {d}");
+    // The holder waits for nobody's lock; at most for the Python GIL the
+    // waiter's thread holds for a moment once both are woken.
     let holder = case.report_json("holder");
-    assert_eq!(
-        summed(&holder, |row| !row["blocked_by_request"].is_null()),
-        0,
-        "{mode}: {holder}"
+    let holder_blocked = summed(&holder, |row| !row["blocked_by_request"].is_null());
+    assert!(
+        holder_blocked * 20 < duration(&holder),
+        "{mode}: the holder blocked {:.1} ms: {holder}",
+        ms(holder_blocked)
     );
 }
 
