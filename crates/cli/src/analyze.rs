@@ -699,12 +699,12 @@ fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64) -> Result<()
     };
     let anomaly = match r.details.baseline_ns {
         Some(b) if r.details.anomalous => format!(
-            "ANOMALOUS: {:.1}x its operation's median {}",
+            "ANOMALOUS, {:.1}x the median {}",
             duration as f64 / b.max(1) as f64,
             human_ns(b)
         ),
         Some(b) => format!("normal: its operation's median is {}", human_ns(b)),
-        None => "no baseline (fewer than 3 requests of its operation)".to_string(),
+        None => "no baseline: < 3 requests of its operation".to_string(),
     };
     writeln!(
         out,
@@ -765,9 +765,9 @@ fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64) -> Result<()
         let ns = c["ns"].as_u64().unwrap_or(0);
         writeln!(
             out,
-            "  culprit {:<8} {:<52}{:>10}",
+            "  culprit {:<8} {:<51}{:>10}",
             field("kind").unwrap_or_default(),
-            fit(&who.join(", "), 52),
+            fit(&who.join(", "), 51),
             human_ns(ns)
         )?;
     }
@@ -784,7 +784,7 @@ fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize) -> Result<(
     print_diagnosis(out, r, duration)?;
     writeln!(
         out,
-        "\n  trace {}  {}  sync: {}  lost events: {}",
+        "\n  trace {} {}  sync: {}  lost events: {}",
         q.trace_id,
         human_ns(duration),
         r.details.sync,
