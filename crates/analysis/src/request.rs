@@ -21,7 +21,13 @@
 //!    working for at that time ([`ThreadWork`]): the request itself (or a
 //!    span inside it), or another request X — the request was then *blocked
 //!    by request X* (the thread it depended on, its own included, was busy
-//!    for X). Waiting pieces are split at system-call boundaries (what the
+//!    for X). A thread without spans works for the request whose own
+//!    thread it woke at the end of a wait covering that time (a database
+//!    backend for its client's request: `Served`). A TIMER piece whose
+//!    wait is resumed at once in the same call and then ended by a thread
+//!    is attributed like what follows it (`resume_timeouts`: PostgreSQL's
+//!    deadlock check in a row-lock wait). Waiting pieces are split at
+//!    system-call boundaries (what the
 //!    thread waited in; a RUNNING stretch stays whole), pieces of other
 //!    threads say what the request's own thread was waiting in, and
 //!    runnable pieces say who had the CPU ([`CpuWait`]).
