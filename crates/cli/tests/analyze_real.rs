@@ -291,10 +291,13 @@ fn lock_contention_blames_the_holder() {
     );
     let holder = case.report_json("holder");
     assert_well_formed(&holder);
-    assert_eq!(
-        summed(&holder, |row| !row["blocked_by_request"].is_null()),
-        0,
-        "{holder}"
+    // Blocked by nobody's lock; at most a moment for the Python GIL the
+    // waiter's thread holds once woken.
+    let holder_blocked = summed(&holder, |row| !row["blocked_by_request"].is_null());
+    assert!(
+        holder_blocked * 20 < duration(&holder),
+        "the holder blocked {:.1} ms: {holder}",
+        ms(holder_blocked)
     );
 
     // Diagnosis: a lock of the process, held by the holder's thread for the
