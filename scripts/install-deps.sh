@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 
 # trace-cmd and babeltrace2 are test oracles; lttng-tools/liblttng-ust-dev
 # record the user-space CTF traces the CTF tests compare against; strace
-# counts the Python SDK's system calls; python3-venv is not needed (the
-# machine's own Python gets the SDK as an editable install).
-debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace)
+# counts the Python SDK's system calls; postgresql-15 serves the row-lock
+# diagnosis test (a throwaway cluster per test); python3-venv is not needed
+# (the machine's own Python gets the SDK as an editable install).
+debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace postgresql-15)
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
@@ -26,6 +27,12 @@ fi
 if ! python3 -c "import deepspan_otel, opentelemetry.exporter.otlp.proto.http, pytest" 2>/dev/null; then
   echo "installing the deepspan-otel Python SDK (editable) with its test extras"
   python3 -m pip install -q --disable-pip-version-check -e "sdk/python[test]"
+fi
+
+# The PostgreSQL client of the row-lock diagnosis test.
+if ! python3 -c "import psycopg2" 2>/dev/null; then
+  echo "installing psycopg2-binary (PostgreSQL client for the diagnosis tests)"
+  python3 -m pip install -q --disable-pip-version-check psycopg2-binary
 fi
 
 if ! command -v cargo >/dev/null; then

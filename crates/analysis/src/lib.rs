@@ -15,8 +15,12 @@
 //!   path, each piece attributed to the request or to the request it was
 //!   blocked by (seed 000, section 3.4); [`summarize`] and [`aggregate`]
 //!   tell where the time went, per request and per operation (section 3.5).
+//! - [`diagnose`] names the cause of a request's waiting, with evidence and
+//!   culprits (seed 001's top-down method); [`baselines`] and
+//!   [`is_anomalous`] flag the outliers of each operation.
 
 mod critical;
+mod diagnosis;
 mod fxhash;
 mod graph;
 mod input;
@@ -27,19 +31,23 @@ mod summary;
 mod syscalls;
 
 pub use critical::{critical_path_of, pieces_of, CriticalPath, Piece};
+pub use diagnosis::{
+    baselines, diagnose, is_anomalous, Cause, Culprit, CulpritKind, Diagnosis, DiagnosisContext,
+    ANOMALY_FACTOR, ANOMALY_MIN_EXCESS_NS, HEADLINE_MAX, MAX_CULPRITS, MIN_BASELINE_REQUESTS,
+};
 pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Worker};
 pub use input::{build_model, Input, LostEvents};
 pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
 pub use request::{
     analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait,
     RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource, ThreadWork,
-    FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, WAKEUP_GRACE_NS,
+    FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, RESUME_GAP_NS, WAKEUP_GRACE_NS,
 };
 pub use state::{
-    softirq_name, switch_out, BlockReason, CpuHistory, CpuInterval, InitialStatus, Interrupt,
-    InterruptInterval, KernelModel, LostRange, ModelStats, StateBuilder, StateInterval, SwitchOut,
-    SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, MAX_CPUS, NO_CPU,
-    PENDING_WAKING_WINDOW_NS,
+    softirq_name, switch_out, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval,
+    InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange, ModelStats, StateBuilder,
+    StateInterval, SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, MAX_CPUS,
+    NO_CPU, PENDING_WAKING_WINDOW_NS,
 };
 pub use summary::{
     aggregate, summarize, OperationRow, OperationSummary, RequestSummary, SummaryRow,

@@ -21,7 +21,13 @@
 //!    working for at that time ([`ThreadWork`]): the request itself (or a
 //!    span inside it), or another request X — the request was then *blocked
 //!    by request X* (the thread it depended on, its own included, was busy
-//!    for X). Waiting pieces are split at system-call boundaries (what the
+//!    for X). A thread without spans works for the request whose own
+//!    thread it woke at the end of a wait covering that time (a database
+//!    backend for its client's request: `Served`). A TIMER piece whose
+//!    wait is resumed at once in the same call and then ended by a thread
+//!    is attributed like what follows it (`resume_timeouts`: PostgreSQL's
+//!    deadlock check in a row-lock wait). Waiting pieces are split at
+//!    system-call boundaries (what the
 //!    thread waited in; a RUNNING stretch stays whole), pieces of other
 //!    threads say what the request's own thread was waiting in, and
 //!    runnable pieces say who had the CPU ([`CpuWait`]).
@@ -42,7 +48,7 @@ use crate::critical::Piece;
 use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
 use crate::merge::{join_adjacent, merge_paths};
-use crate::state::{KernelModel, SyscallInterval, ThreadState, NO_CPU};
+use crate::state::{BlockReason, KernelModel, SyscallInterval, ThreadState, NO_CPU};
 use crate::syscalls::{syscall_name, Arch};
 
 /// Index of a span in the slice given to [`analyze_requests`].
@@ -287,6 +293,7 @@ fn analyze_group(
         .iter()
         .map(|&r| home_segments(&spans[r as usize]))
         .collect();
+    let served = served_by(model, group, &homes);
     let mut ranges: HashMap<Tid, Vec<(u64, u64)>> = HashMap::new();
     for seg in homes.iter().flatten() {
         ranges.entry(seg.2).or_default().push((seg.0, seg.1));
@@ -414,6 +421,7 @@ fn analyze_group(
                         &out.request_of,
                         work,
                         Owner { request: r, home },
+                        &served,
                         base,
                         scratch,
                         &mut pieces,
@@ -421,6 +429,7 @@ fn analyze_group(
                 }
             }
             fill_gaps(model, &homes[n], start, end, &mut pieces);
+            resume_timeouts(model, &mut pieces);
         }
         on_path(RequestPath {
             request: r,
@@ -572,7 +581,7 @@ fn within(spans: &[SpanInput], mut span: SpanIdx, request: SpanIdx) -> bool {
 
 /// The threads carrying a request over its lifetime, as `(start, end, tid)`
 /// in time order, non-overlapping.
-fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
+pub(crate) fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
     let Some((start, end)) = span.times else {
         return Vec::new();
     };
@@ -628,6 +637,90 @@ fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
     out
 }
 
+/// Which requests each thread served: a request's own thread was waiting
+/// (BLOCKED or NETWORK) and this thread ended the wait by waking it — the
+/// server of a connection, a worker of a queue. Only used for threads
+/// without spans of their own.
+#[derive(Default)]
+struct Served {
+    /// Per thread: `(start, end, request)` sorted by start (may overlap).
+    by_tid: FastMap<Tid, Vec<(u64, u64, SpanIdx)>>,
+    /// Longest interval, to bound the lookups.
+    longest: u64,
+}
+
+fn served_by(model: &KernelModel, group: &[SpanIdx], homes: &[Vec<(u64, u64, Tid)>]) -> Served {
+    let mut out = Served::default();
+    for (n, home) in homes.iter().enumerate() {
+        for &(a, b, tid) in home {
+            let Some(th) = model.thread(tid) else {
+                continue;
+            };
+            for st in th.states_in(a, b) {
+                let waker = match st.state {
+                    ThreadState::Blocked(BlockReason::Thread(w))
+                    | ThreadState::Blocked(BlockReason::Loopback(w)) => w,
+                    _ => continue,
+                };
+                let (x, y) = (st.start.max(a), st.end.min(b));
+                if waker != tid && y > x {
+                    out.by_tid.entry(waker).or_default().push((x, y, group[n]));
+                    out.longest = out.longest.max(y - x);
+                }
+            }
+        }
+    }
+    for v in out.by_tid.values_mut() {
+        v.sort_unstable();
+    }
+    out
+}
+
+impl Served {
+    /// Appends to `out`, time-ordered and not overlapping, the parts of
+    /// `[start, end)` in which `tid` served a request: `request` itself
+    /// wherever it did, else the earliest other one.
+    fn during(
+        &self,
+        tid: Tid,
+        start: u64,
+        end: u64,
+        request: SpanIdx,
+        out: &mut Vec<(u64, u64, SpanIdx)>,
+    ) {
+        let Some(v) = self.by_tid.get(&tid) else {
+            return;
+        };
+        let first = v.partition_point(|x| x.0.saturating_add(self.longest) <= start);
+        let hits: Vec<(u64, u64, SpanIdx)> = v[first..]
+            .iter()
+            .take_while(|x| x.0 < end)
+            .filter(|x| x.1 > start)
+            .map(|&(a, b, r)| (a.max(start), b.min(end), r))
+            .collect();
+        if hits.is_empty() {
+            return;
+        }
+        let mut cuts: Vec<u64> = hits.iter().flat_map(|h| [h.0, h.1]).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        for w in cuts.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let here = |h: &&(u64, u64, SpanIdx)| h.0 <= a && b <= h.1;
+            let chosen = hits
+                .iter()
+                .filter(here)
+                .find(|h| h.2 == request)
+                .or_else(|| hits.iter().find(here));
+            let Some(&(_, _, r)) = chosen else { continue };
+            match out.last_mut() {
+                Some(last) if last.1 == a && last.2 == r => last.1 = b,
+                _ => out.push((a, b, r)),
+            }
+        }
+    }
+}
+
 /// Splits a merged-graph piece by what its thread worked for and by system
 /// call, and gives each part to the request or to the request it waited for.
 #[allow(clippy::too_many_arguments)]
@@ -637,6 +730,7 @@ fn attribute(
     request_of: &[SpanIdx],
     work: &dyn ThreadWork,
     owner: Owner,
+    served: &Served,
     base: RequestPiece,
     scratch: &mut Scratch,
     out: &mut Vec<RequestPiece>,
@@ -646,6 +740,11 @@ fn attribute(
     let thread = model.thread(tid);
     scratch.work.clear();
     work.work_during(tid, base.start, base.end, &mut scratch.work);
+    if scratch.work.is_empty() {
+        // A thread without spans works for the request whose thread waits
+        // for it (a database backend for its client).
+        served.during(tid, base.start, base.end, request, &mut scratch.work);
+    }
     let syscalls: &[SyscallInterval] = match thread {
         Some(t) => scratch.overlapping(
             (Hint::Syscalls, tid.into()),
@@ -850,6 +949,73 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
         .max_by_key(|&(t, d)| (d, std::cmp::Reverse(t)))
         .map(|(t, _)| t);
     wait
+}
+
+/// Longest time a thread may run between a wait that timed out and the
+/// same wait resumed for the two to count as one wait.
+pub const RESUME_GAP_NS: u64 = 2_000_000;
+
+/// A wait that timed out and was resumed at once in the same system call
+/// (same number and first argument, within [`RESUME_GAP_NS`]; a few other
+/// calls may come between: a PostgreSQL backend's lock wait
+/// woken by its `deadlock_timeout` check, a condition variable waited on
+/// with a timeout in a loop) is one wait: its TIMER piece, and the short
+/// run before the wait resumes, are attributed like the time the resumed
+/// wait waited for (what the path shows next), when a thread ended that
+/// resumed wait. `pieces` are in time order.
+fn resume_timeouts(model: &KernelModel, pieces: &mut [RequestPiece]) {
+    // From the end, so a chain of timeouts takes the final attribution.
+    for i in (0..pieces.len()).rev() {
+        let p = &pieces[i];
+        let (Some(tid), Some(first), EdgeType::Timer) = (p.tid, p.syscall, p.state) else {
+            continue;
+        };
+        let Some(th) = model.thread(tid) else {
+            continue;
+        };
+        // The short run of the same thread that follows on the path.
+        let mut j = i + 1;
+        let mut ran = 0;
+        while let Some(q) = pieces.get(j) {
+            if q.tid != Some(tid) || !matches!(q.state, EdgeType::Running | EdgeType::Preempted) {
+                break;
+            }
+            ran += q.duration();
+            j += 1;
+        }
+        let Some(next) = pieces.get(j) else { continue };
+        if ran > RESUME_GAP_NS {
+            continue;
+        }
+        // The same wait resumed soon after (a few calls may come between:
+        // the timeout's own work), ended by a thread.
+        let calls = th.syscalls();
+        let k = calls.partition_point(|s| s.start <= first.start);
+        let soon = first.end.saturating_add(RESUME_GAP_NS);
+        let woken_by_thread = |call: &SyscallInterval| {
+            th.states_in(call.start, call.end).iter().any(|s| {
+                s.start >= call.start
+                    && matches!(
+                        s.state,
+                        ThreadState::Blocked(BlockReason::Thread(_))
+                            | ThreadState::Blocked(BlockReason::Loopback(_))
+                    )
+            })
+        };
+        let resumed = calls[k..]
+            .iter()
+            .take_while(|s| s.start <= soon)
+            .filter(|s| s.id == first.id && s.arg0 == first.arg0)
+            .find(|s| woken_by_thread(s));
+        if !resumed.is_some_and(|again| next.start <= again.end) {
+            continue;
+        }
+        let (span, blocked_by) = (next.span, next.blocked_by);
+        for q in &mut pieces[i..j] {
+            q.span = span;
+            q.blocked_by = blocked_by;
+        }
+    }
 }
 
 /// Adds UNKNOWN pieces for the time of `[start, end)` no piece covers.

@@ -22,7 +22,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use deepspan_model::{softirq, Comm, Event, EventKind, Fields, SchedSwitch, Tid, Value, Wakeup};
+use deepspan_model::{
+    softirq, BlockRq, Comm, Event, EventKind, Fields, SchedSwitch, Tid, Value, Wakeup,
+};
 
 use crate::fxhash::FastMap;
 use crate::graph::{EdgeType, Graph, VertexId};
@@ -73,6 +75,11 @@ pub enum BlockReason {
     BlockDevice,
     /// NET_RX/NET_TX softirq, or packet reception before the wake-up.
     Network,
+    /// A packet this thread sent over the loopback device, received in a
+    /// NET_RX softirq that ran in the sender's context (local TCP/UDP):
+    /// NETWORK, with a wake-up edge to the sender, as a matched cross-host
+    /// packet would have.
+    Loopback(Tid),
     /// SCHED softirq or irq 0.
     Interrupted,
     /// Inter-processor interrupt.
@@ -99,7 +106,7 @@ impl ThreadState {
                 | BlockReason::Softirq(_) => EdgeType::Blocked,
                 BlockReason::Timer => EdgeType::Timer,
                 BlockReason::BlockDevice => EdgeType::BlockDevice,
-                BlockReason::Network => EdgeType::Network,
+                BlockReason::Network | BlockReason::Loopback(_) => EdgeType::Network,
                 BlockReason::Interrupted => EdgeType::Interrupted,
                 BlockReason::Ipi => EdgeType::Ipi,
                 BlockReason::UserInput => EdgeType::UserInput,
@@ -411,6 +418,35 @@ impl CpuHistory {
     }
 }
 
+/// Which step of a block request's life a [`BlockIo`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockPhase {
+    /// Put in the I/O scheduler's queue (`block_rq_insert`).
+    Insert,
+    /// Sent to the device driver (`block_rq_issue`).
+    Issue,
+    /// Done by the device (`block_rq_complete`).
+    Complete,
+}
+
+/// One block-layer request event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockIo {
+    pub ts: u64,
+    pub phase: BlockPhase,
+    /// Kernel `dev_t` (major << 20 | minor).
+    pub dev: u32,
+    pub sector: u64,
+    pub nr_sector: u32,
+    /// `rwbs` has `W`.
+    pub write: bool,
+    /// The thread current when the event fired: for insert and issue of
+    /// synchronous I/O, the thread the request was made for (or a kernel
+    /// worker: writeback, kblockd); for completion, whatever was
+    /// interrupted.
+    pub tid: Tid,
+}
+
 /// A time range in which events were lost on one CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LostRange {
@@ -469,6 +505,7 @@ pub struct StateBuilder {
     stats: ModelStats,
     /// False: no execution graph (see [`StateBuilder::without_graph`]).
     graph_on: bool,
+    block_io: Vec<BlockIo>,
 }
 
 struct ThreadRec {
@@ -502,6 +539,10 @@ struct CpuRec {
     /// the last switch: that thread's wake-ups are I/O completions.
     thread_block: bool,
     thread_packet: bool,
+    /// The thread that queued a packet on the loopback device since the
+    /// last switch (in thread context): a NET_RX softirq run in its
+    /// context then delivers its packets.
+    loopback_sender: Option<Tid>,
 }
 
 #[derive(Clone, Copy)]
@@ -511,6 +552,8 @@ struct Frame {
     start: u64,
     block: bool,
     packet: bool,
+    /// A packet of the loopback device was received in this frame.
+    loopback: bool,
 }
 
 const NO_WORKER: u32 = u32::MAX;
@@ -629,6 +672,7 @@ impl StateBuilder {
             last_ts: 0,
             stats: ModelStats::default(),
             graph_on: true,
+            block_io: Vec::new(),
         }
     }
 
@@ -728,18 +772,30 @@ impl StateBuilder {
             EventKind::SysExit { id, name, ret } => {
                 self.sys_exit(ts, cpu, *id, name.as_ref(), *ret)
             }
-            EventKind::BlockRqComplete(_) => {
+            EventKind::BlockRqInsert(rq) => self.block_io(ts, ev.tid, BlockPhase::Insert, rq),
+            EventKind::BlockRqIssue(rq) => self.block_io(ts, ev.tid, BlockPhase::Issue, rq),
+            EventKind::BlockRqComplete(rq) => {
+                self.block_io(ts, ev.tid, BlockPhase::Complete, rq);
                 let c = self.cpu_mut(cpu);
                 match c.stack.last_mut() {
                     Some(f) => f.block = true,
                     None => c.thread_block = true,
                 }
             }
-            EventKind::NetifReceiveSkb(_) => {
+            EventKind::NetifReceiveSkb(p) => {
                 let c = self.cpu_mut(cpu);
                 match c.stack.last_mut() {
-                    Some(f) => f.packet = true,
+                    Some(f) => {
+                        f.packet = true;
+                        f.loopback |= &*p.dev == "lo";
+                    }
                     None => c.thread_packet = true,
+                }
+            }
+            EventKind::NetDevQueue(p) if &*p.dev == "lo" => {
+                let c = self.cpu_mut(cpu);
+                if c.stack.is_empty() {
+                    c.loopback_sender = c.current.filter(|&t| t > 0);
                 }
             }
             _ => {}
@@ -887,7 +943,20 @@ impl StateBuilder {
             stats: self.stats,
             start,
             end,
+            block_io: self.block_io,
         }
+    }
+
+    fn block_io(&mut self, ts: u64, tid: Tid, phase: BlockPhase, rq: &BlockRq) {
+        self.block_io.push(BlockIo {
+            ts,
+            phase,
+            dev: rq.dev,
+            sector: rq.sector,
+            nr_sector: rq.nr_sector,
+            write: rq.rwbs.contains(&b'W'),
+            tid,
+        });
     }
 
     fn clock(&mut self, ts: u64) -> u64 {
@@ -983,6 +1052,7 @@ impl StateBuilder {
             }
             c.thread_block = false;
             c.thread_packet = false;
+            c.loopback_sender = None;
         }
         let c = self.cpu_mut(cpu);
         c.current = Some(tid);
@@ -1160,6 +1230,24 @@ impl StateBuilder {
         c.since = ts;
         c.thread_block = false;
         c.thread_packet = false;
+        c.loopback_sender = None;
+    }
+
+    /// The thread whose loopback packet wakes a thread from `cpu` now: a
+    /// NET_RX softirq that interrupted that very thread, right after it
+    /// queued packets on `lo`, and received a loopback packet.
+    fn loopback_sender(&self, cpu: u32) -> Option<Tid> {
+        let c = self.cpus.get(cpu as usize)?;
+        let sender = c.loopback_sender?;
+        match c.stack.as_slice() {
+            [f] if f.kind == Interrupt::Softirq(softirq::NET_RX)
+                && f.loopback
+                && c.current == Some(sender) =>
+            {
+                Some(sender)
+            }
+            _ => None,
+        }
     }
 
     /// Who (or what) wakes a thread from `cpu` now.
@@ -1241,7 +1329,12 @@ impl StateBuilder {
             .ok()
             .filter(|&c| c < MAX_CPUS)
             .unwrap_or(NO_CPU);
-        let waker = self.waker(cpu, ev_tid);
+        let mut waker = self.waker(cpu, ev_tid);
+        if matches!(waker, Waker::Context(BlockReason::Network)) {
+            if let Some(sender) = self.loopback_sender(cpu).filter(|&x| x != w.tid) {
+                waker = Waker::Context(BlockReason::Loopback(sender));
+            }
+        }
         if matches!(waker, Waker::Thread(x) if x == w.tid) {
             self.stats.spurious_wakeups += 1;
             return;
@@ -1284,7 +1377,7 @@ impl StateBuilder {
                     o.state = ThreadState::Blocked(reason);
                 }
                 self.transition(t, ts, ThreadState::WaitCpu, target_cpu);
-                if let Waker::Thread(x) = waker {
+                if let Waker::Thread(x) | Waker::Context(BlockReason::Loopback(x)) = waker {
                     self.link(x, t, ts);
                 }
             }
@@ -1354,6 +1447,7 @@ impl StateBuilder {
             start: ts,
             block: false,
             packet: false,
+            loopback: false,
         });
     }
 
@@ -1475,9 +1569,16 @@ pub struct KernelModel {
     stats: ModelStats,
     start: u64,
     end: u64,
+    block_io: Vec<BlockIo>,
 }
 
 impl KernelModel {
+    /// Block-layer request events (`block_rq_insert`/`issue`/`complete`),
+    /// in time order.
+    pub fn block_io(&self) -> &[BlockIo] {
+        &self.block_io
+    }
+
     /// First and last event timestamps.
     pub fn time_range(&self) -> (u64, u64) {
         (self.start, self.end)

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::{
-    aggregate, analyze_requests, ActivationInput, OperationSummary,
-    RequestAnalysis, SpanIdx, SpanInput, StateBuilder, SyncSource, ThreadWork,
+    aggregate, analyze_requests, baselines, diagnose, is_anomalous, ActivationInput,
+    DiagnosisContext, OperationSummary, RequestAnalysis, SpanIdx, SpanInput, StateBuilder,
+    SyncSource, ThreadWork,
 };
 use deepspan_model::Tid;
 use deepspan_spans::activity::ActivityOptions;
@@ -185,6 +186,13 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         spans: &metas,
     };
     let work = Work::new(&activity, &index);
+    let span_label = |s: SpanIdx| {
+        metas
+            .get(s as usize)
+            .map(|m| m.operation_label())
+            .unwrap_or_default()
+    };
+    let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
     // The kernel tables need no spans: written on threads of their own while
     // the requests are analysed and their paths written as they come.
     let (states, syscalls, requests) = std::thread::scope(|scope| {
@@ -196,6 +204,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             let mut paths = CriticalPathWriter::create(&staging.file(tables::CRITICAL_PATH))?;
             let mut records = Vec::new();
             let mut failed: Option<deepspan_store::Error> = None;
+            let mut diagnosing = std::time::Duration::ZERO;
             let bar = progress::count_bar(0, "critical paths");
             let analysis = analyze_requests(
                 &model,
@@ -211,10 +220,22 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
                             failed = Some(e);
                         }
                     }
-                    records.push(RequestRecord::new(&model, arch, &lost, path, false));
+                    // Diagnosed while the pieces are at hand.
+                    let clock = std::time::Instant::now();
+                    let d = diagnose(&diagnosis, &path);
+                    diagnosing += clock.elapsed();
+                    let mut rec = RequestRecord::new(&model, arch, &lost, path, false);
+                    rec.diagnosis = d;
+                    records.push(rec);
                 },
             );
             bar.finish_and_clear();
+            if timings.on {
+                eprintln!(
+                    "deepspan: timing: diagnoses (within the critical paths): {:.3} s",
+                    diagnosing.as_secs_f64()
+                );
+            }
             if let Some(e) = failed {
                 return Err(e.into());
             }
@@ -241,6 +262,18 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             r.path.request,
         )
     });
+    // Outliers of their operation.
+    let key = |r: &deepspan_store::RequestRecord| {
+        let m = &metas[r.path.request as usize];
+        (m.service.as_str(), m.operation.as_str())
+    };
+    let base = baselines(records.iter().map(|r| (key(r), r.path.duration())));
+    let base: Vec<Option<u64>> = records.iter().map(|r| base.get(&key(r)).copied()).collect();
+    for (r, b) in records.iter_mut().zip(base) {
+        r.baseline_ns = b;
+        r.anomalous = is_anomalous(r.path.duration(), b);
+    }
+    timings.phase("diagnoses");
     sync_notes(
         &records,
         clock.as_ref(),
@@ -271,6 +304,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         &results,
     )?;
     tables::write_operation_summary(&staging.file(tables::OPERATION_SUMMARY), &results)?;
+    tables::write_diagnoses(&staging.file(tables::DIAGNOSES), &results)?;
     json::write_requests_json(&staging.file(json::REQUESTS_JSON), &results)?;
     let dir = staging.commit()?;
     timings.phase("request tables");
@@ -452,44 +486,53 @@ fn read_tgids(run: &Path) -> HashMap<Tid, Tid> {
         .collect()
 }
 
-/// Prints the slowest requests (`r.requests` is slowest first) and their
-/// top cause, in 80 columns.
+/// Prints the slowest requests (`r.requests` is slowest first) with their
+/// diagnosis (cause and share, `!` marking an anomaly, the headline under
+/// it), in 80 columns.
 fn print_slowest(out: &mut impl Write, r: &AnalysisResults, top: usize) -> Result<()> {
     if r.requests.is_empty() {
         writeln!(out, "No requests: the run has no spans (send them to the run's OTLP receiver, or `deepspan import`).")?;
         return Ok(());
     }
+    let anomalous = r.requests.iter().filter(|x| x.anomalous).count();
     writeln!(
         out,
-        "Slowest requests ({} of {}):",
+        "Slowest requests ({} of {}; {anomalous} anomalous, marked !):",
         top.min(r.requests.len()),
         r.requests.len()
     )?;
     writeln!(
         out,
-        "{:>10}  {:<16}  {:<20}  top cause",
+        "{:>10}   {:<16}  {:<20}  cause",
         "duration", "request", "operation"
     )?;
     for rec in r.requests.iter().take(top) {
-        let (p, s) = (&rec.path, &rec.summary);
+        let p = &rec.path;
         let meta = &r.spans[p.request as usize];
-        let cause = match (p.sync, s.by_state.first()) {
-            (SyncSource::None, _) => "no kernel path (sync: none)".to_string(),
-            (_, Some(row)) => format!(
-                "{:>3.0}% {}",
-                row.ns as f64 * 100.0 / s.total_ns.max(1) as f64,
-                deepspan_store::cause_label(row, r.spans)
-            ),
-            (_, None) => "-".to_string(),
+        let cause = match (&rec.diagnosis, p.sync) {
+            (Some(d), _) => {
+                let share = d
+                    .evidence
+                    .iter()
+                    .find(|e| e.0 == "share")
+                    .map_or(0.0, |e| e.1);
+                format!("{} {:.0}%", d.cause.name(), share * 100.0)
+            }
+            (None, SyncSource::None) => "no kernel path (sync: none)".to_string(),
+            (None, _) => "-".to_string(),
         };
         writeln!(
             out,
-            "{:>10}  {:016x}  {:<20}  {}",
+            "{:>10} {} {:016x}  {:<20}  {}",
             human_ns(p.duration()),
+            if rec.anomalous { '!' } else { ' ' },
             meta.span_id,
             fit(&meta.operation_label(), 20),
-            fit(&cause, 26)
+            fit(&cause, 25)
         )?;
+        if let Some(d) = &rec.diagnosis {
+            writeln!(out, "  {}", fit(&d.headline, 78))?;
+        }
     }
     Ok(())
 }
@@ -537,15 +580,100 @@ pub fn report(args: ReportArgs) -> Result<()> {
     Ok(())
 }
 
-/// The text report: a breakdown like seed 000's Fig. 16, then the path.
+/// The diagnosis block of the text report: cause and headline, whether the
+/// request is an outlier, the evidence and the culprits.
+fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64) -> Result<()> {
+    let Some(d) = &r.diagnosis else {
+        return Ok(());
+    };
+    let anomaly = match r.details.baseline_ns {
+        Some(b) if r.details.anomalous => format!(
+            "ANOMALOUS, {:.1}x the median {}",
+            duration as f64 / b.max(1) as f64,
+            human_ns(b)
+        ),
+        Some(b) => format!("normal: its operation's median is {}", human_ns(b)),
+        None => "no baseline: < 3 requests of its operation".to_string(),
+    };
+    writeln!(
+        out,
+        "Diagnosis: {}  ({anomaly})",
+        d["cause"].as_str().unwrap_or("?")
+    )?;
+    writeln!(out, "  {}", fit(d["headline"].as_str().unwrap_or(""), 78))?;
+    if let Some(ev) = d["evidence"].as_object() {
+        let items: Vec<String> = ev
+            .iter()
+            .map(|(k, v)| match v.as_f64() {
+                Some(f) if k.ends_with("_ns") || k == "ns" => format!("{k}={}", human_ns(f as u64)),
+                Some(f) if k == "share" || k.ends_with("_ratio") => {
+                    format!("{k}={:.0}%", f * 100.0)
+                }
+                Some(f) if k == "futex_uaddr" => format!("{k}={:#x}", f as u64),
+                Some(f) if f.fract() != 0.0 => format!("{k}={f:.2}"),
+                _ => format!("{k}={v}"),
+            })
+            .collect();
+        // Wrapped at 80 columns.
+        let mut line = String::from("  evidence:");
+        for item in items {
+            if line.chars().count() + 1 + item.chars().count() > 80 {
+                writeln!(out, "{line}")?;
+                line = String::from("   ");
+            }
+            line.push(' ');
+            line.push_str(&item);
+        }
+        writeln!(out, "{line}")?;
+    }
+    for c in d["culprits"].as_array().into_iter().flatten().take(5) {
+        let field = |k: &str| {
+            c.get(k)
+                .map(|v| v.to_string().trim_matches('"').to_string())
+        };
+        let mut who = Vec::new();
+        if let Some(comm) = field("comm") {
+            who.push(comm);
+        }
+        if let Some(t) = field("tid") {
+            who.push(format!("tid {t}"));
+        }
+        if let Some(p) = field("pid") {
+            who.push(format!("pid {p}"));
+        }
+        if let Some(s) = field("span_id") {
+            who.push(format!(
+                "{s} [{}] {}",
+                field("service").unwrap_or_default(),
+                field("operation").unwrap_or_default()
+            ));
+        }
+        if let Some(n) = field("name") {
+            who.push(n);
+        }
+        let ns = c["ns"].as_u64().unwrap_or(0);
+        writeln!(
+            out,
+            "  culprit {:<8} {:<51}{:>10}",
+            field("kind").unwrap_or_default(),
+            fit(&who.join(", "), 51),
+            human_ns(ns)
+        )?;
+    }
+    Ok(())
+}
+
+/// The text report: the diagnosis, a breakdown like seed 000's Fig. 16,
+/// then the path.
 fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize) -> Result<()> {
     let q = &r.request;
     let duration = q.end_ns.saturating_sub(q.start_ns);
     let title = format!("Request {}  [{}] {}", q.span_id, q.service, q.operation);
     writeln!(out, "{}", fit(&title, 80))?;
+    print_diagnosis(out, r, duration)?;
     writeln!(
         out,
-        "  trace {}  {}  sync: {}  lost events: {}",
+        "\n  trace {} {}  sync: {}  lost events: {}",
         q.trace_id,
         human_ns(duration),
         r.details.sync,

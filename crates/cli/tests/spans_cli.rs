@@ -127,7 +127,8 @@ fn import_refuses_a_file_given_as_another_format_and_writes_nothing() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read the CTF trace somewhere"), "{err}");
 }
 
 /// (span name, section start µs, section end µs)

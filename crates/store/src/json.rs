@@ -52,6 +52,9 @@ struct RequestJson {
     totals: TotalsJson,
     causes: Vec<CauseJson>,
     syscalls: Vec<SyscallJson>,
+    baseline_ns: Option<u64>,
+    anomalous: bool,
+    diagnosis: Option<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -174,6 +177,12 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
                     ns: *ns,
                 })
                 .collect(),
+            baseline_ns: rec.baseline_ns,
+            anomalous: rec.anomalous,
+            diagnosis: rec
+                .diagnosis
+                .as_ref()
+                .map(|d| crate::diagnosis::diagnosis_json(d, r.spans)),
         });
     }
     let operations = r

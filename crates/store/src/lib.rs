@@ -3,8 +3,10 @@
 //! - Parquet tables (one file each, documented in ARCHITECTURE.md, "Analysis
 //!   tables"), readable by DuckDB, pandas, Spark or ClickHouse without
 //!   deepspan: [`tables`] writes them from the analysis results;
-//! - `requests.json`: the requests, slowest first, with their top causes,
-//!   and the operations, for the UI and scripts ([`json`]);
+//! - `requests.json`: the requests, slowest first, with their top causes
+//!   and diagnoses, and the operations, for the UI and scripts ([`json`]);
+//! - [`diagnosis`]: a request's diagnosis as the JSON object of the
+//!   diagnosis contract (also stored in the `diagnoses` table);
 //! - [`report`]: one request read back (critical path, summary) for
 //!   `deepspan report`.
 //!
@@ -12,6 +14,7 @@
 //! swapped in only when complete ([`Staging`]), so a reader never sees a
 //! half-written analysis and a failed run leaves the previous one intact.
 
+pub mod diagnosis;
 mod error;
 pub mod json;
 pub mod report;
@@ -21,8 +24,8 @@ pub mod tables;
 use std::path::{Path, PathBuf};
 
 use deepspan_analysis::{
-    Arch, KernelModel, LostEvents, OperationSummary, RequestPath, RequestSummary, SpanIdx,
-    SummaryRow,
+    Arch, Diagnosis, KernelModel, LostEvents, OperationSummary, RequestPath, RequestSummary,
+    SpanIdx, SummaryRow,
 };
 
 pub use error::Error;
@@ -87,6 +90,13 @@ pub struct RequestRecord {
     pub totals: tables::RequestTotals,
     /// Kernel events lost during the request.
     pub lost_events: u64,
+    /// What the request mostly waited for (`None` without a kernel path).
+    pub diagnosis: Option<Diagnosis>,
+    /// Median duration of its `[service] operation` (at least
+    /// `deepspan_analysis::MIN_BASELINE_REQUESTS` requests).
+    pub baseline_ns: Option<u64>,
+    /// Well above the baseline (`deepspan_analysis::is_anomalous`).
+    pub anomalous: bool,
 }
 
 impl RequestRecord {
@@ -109,6 +119,9 @@ impl RequestRecord {
             summary,
             totals,
             lost_events,
+            diagnosis: None,
+            baseline_ns: None,
+            anomalous: false,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::table::{read_rows, Cell};
-use crate::tables::{CRITICAL_PATH, REQUESTS, REQUEST_SUMMARY, REQUEST_SYSCALLS};
+use crate::tables::{CRITICAL_PATH, DIAGNOSES, REQUESTS, REQUEST_SUMMARY, REQUEST_SYSCALLS};
 use crate::{Error, ANALYSIS_DIR};
 
 #[derive(Clone, Debug, Serialize)]
@@ -17,6 +17,9 @@ pub struct Report {
     pub critical_path: Vec<ReportPiece>,
     pub summary: Vec<ReportSummaryRow>,
     pub lost_events: u64,
+    /// The diagnosis object of the contract (`cause`, `headline`,
+    /// `evidence`, `culprits`); null without a kernel path.
+    pub diagnosis: Option<serde_json::Value>,
     #[serde(skip)]
     pub details: ReportDetails,
 }
@@ -78,6 +81,9 @@ pub struct ReportDetails {
     pub syscalls: Vec<(String, u64)>,
     /// `[service] operation` of the requests this one was blocked by.
     pub blockers: HashMap<String, String>,
+    /// From the `diagnoses` table (absent in analyses made before it).
+    pub anomalous: bool,
+    pub baseline_ns: Option<u64>,
 }
 
 fn get<'a>(row: &'a [(String, Cell)], name: &str) -> &'a Cell {
@@ -230,6 +236,29 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
         .iter()
         .map(|r| (string(r, "syscall").unwrap_or_default(), uint(r, "ns")))
         .collect();
+    let (mut diagnosis, mut anomalous, mut baseline_ns) = (None, false, None);
+    let diagnoses_path = dir.join(DIAGNOSES);
+    if diagnoses_path.is_file() {
+        if let Some(row) = read_rows(&diagnoses_path, |r| ours(r))?.first() {
+            anomalous = get(row, "anomalous").as_bool().unwrap_or(false);
+            baseline_ns = get(row, "baseline_ns").as_u64();
+            if let Some(cause) = string(row, "cause") {
+                let parse = |name: &str| -> Result<serde_json::Value, Error> {
+                    let text = string(row, name).unwrap_or_else(|| "null".into());
+                    serde_json::from_str(&text).map_err(|e| Error::Json {
+                        path: diagnoses_path.clone(),
+                        source: e,
+                    })
+                };
+                diagnosis = Some(serde_json::json!({
+                    "cause": cause,
+                    "headline": string(row, "headline").unwrap_or_default(),
+                    "evidence": parse("evidence_json")?,
+                    "culprits": parse("culprits_json")?,
+                }));
+            }
+        }
+    }
     let blockers = summary
         .iter()
         .filter_map(|s| s.blocked_by_request.clone())
@@ -247,7 +276,10 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
         critical_path,
         summary,
         lost_events: uint(chosen, "lost_events"),
+        diagnosis,
         details: ReportDetails {
+            anomalous,
+            baseline_ns,
             sync: string(chosen, "sync").unwrap_or_default(),
             truncated: get(chosen, "truncated").as_bool().unwrap_or(false),
             syscalls,

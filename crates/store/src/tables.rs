@@ -24,6 +24,7 @@ pub const CRITICAL_PATH: &str = "critical_path.parquet";
 pub const REQUEST_SUMMARY: &str = "request_summary.parquet";
 pub const REQUEST_SYSCALLS: &str = "request_syscalls.parquet";
 pub const OPERATION_SUMMARY: &str = "operation_summary.parquet";
+pub const DIAGNOSES: &str = "diagnoses.parquet";
 
 use Kind::{Bool, Str, F64, I32, I64, U64};
 
@@ -126,6 +127,17 @@ pub const REQUEST_SYSCALLS_COLUMNS: &[Column] = &[
     Column::new("syscall", Str),
     Column::new("ns", I64),
     Column::new("share", F64),
+];
+
+pub const DIAGNOSES_COLUMNS: &[Column] = &[
+    Column::new("trace_id", Str),
+    Column::new("span_id", Str),
+    Column::new("anomalous", Bool),
+    Column::nullable("baseline_ns", I64),
+    Column::nullable("cause", Str),
+    Column::nullable("headline", Str),
+    Column::nullable("evidence_json", Str),
+    Column::nullable("culprits_json", Str),
 ];
 
 pub const OPERATION_SUMMARY_COLUMNS: &[Column] = &[
@@ -232,6 +244,9 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
             w.opt_i32((s.cpu != deepspan_analysis::NO_CPU).then_some(s.cpu as i32));
             let (waker, detail) = match s.state {
                 ThreadState::Blocked(BlockReason::Thread(t)) => (Some(t), None),
+                ThreadState::Blocked(BlockReason::Loopback(t)) => {
+                    (Some(t), Some("loopback packet".to_string()))
+                }
                 ThreadState::Blocked(BlockReason::Irq(irq)) => (
                     None,
                     Some(
@@ -547,6 +562,34 @@ pub fn write_request_summaries(
         }
     }
     Ok((w.finish()?, ws.finish()?))
+}
+
+/// One row per request: anomaly flag, baseline and diagnosis (cause,
+/// headline; evidence and culprits as JSON text, as in `requests.json`).
+pub fn write_diagnoses(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
+    let mut w = TableWriter::create(path, DIAGNOSES_COLUMNS)?;
+    for rec in r.requests {
+        let Some(span) = r.span(rec.path.request) else {
+            continue;
+        };
+        w.str(&trace_hex(span.trace_id));
+        w.str(&span_hex(span.span_id));
+        w.bool(rec.anomalous);
+        w.opt_u64(rec.baseline_ns);
+        let d = rec.diagnosis.as_ref();
+        w.opt_str(d.map(|d| d.cause.name()));
+        w.opt_str(d.map(|d| d.headline.as_str()));
+        w.opt_str(
+            d.map(|d| crate::diagnosis::evidence_json(d).to_string())
+                .as_deref(),
+        );
+        w.opt_str(
+            d.map(|d| crate::diagnosis::culprits_json(d, r.spans).to_string())
+                .as_deref(),
+        );
+        w.end_row()?;
+    }
+    w.finish()
 }
 
 /// Per operation (`service`, `operation`): time per (state, thread name,

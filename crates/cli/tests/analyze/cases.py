@@ -17,11 +17,26 @@ Cases:
            (CGROUP_DIR, made by the test) and burns ~15 ms of CPU.
   odirect  request "read" reads 16 MiB with O_DIRECT (no page cache).
   sleep    request "sleep" sleeps 200 ms.
+  diskflood
+           a "backup" process writes 1 MiB blocks with O_DIRECT in a loop;
+           meanwhile request "read" reads 8 MiB with O_DIRECT. The backup's
+           pid goes to ids.json as "backup_pid".
+  hog      two busy processes named "cpuhog" pinned to one CPU; request
+           "contended", pinned there too, burns 60 ms of CPU. Their pids go
+           to ids.json as "hog_pids" ("pid,pid").
+  pgrowlock PORT MODE
+           PostgreSQL on 127.0.0.1:PORT (user postgres, trust): request
+           "holder" updates row 1 of table t and keeps its transaction open
+           300 ms (MODE server: SELECT pg_sleep in the backend; client:
+           time.sleep in Python) before committing; request "waiter" updates
+           the same row meanwhile and waits for the row lock. The backends'
+           pids go to ids.json as "holder_backend" and "waiter_backend".
 """
 
 import json
 import mmap
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -137,7 +152,137 @@ def case_sleep(_args):
         time.sleep(0.2)
 
 
-CASES = {"lock": case_lock, "cgroup": case_cgroup, "odirect": case_odirect, "sleep": case_sleep}
+BACKUP = (
+    "import ctypes, mmap, os, sys\n"
+    "ctypes.CDLL(None).prctl(15, b'backup', 0, 0, 0)\n"
+    "buf = mmap.mmap(-1, 1 << 20)\n"
+    "buf.write(os.urandom(1 << 20))\n"
+    "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)\n"
+    "off = 0\n"
+    "while True:\n"
+    "    os.pwritev(fd, [buf], off)\n"
+    "    off = (off + (1 << 20)) % (64 << 20)\n"
+)
+
+
+def case_diskflood(_args):
+    size = 8 << 20
+    path = os.path.join(OUT, "direct.bin")
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    backup_file = os.path.join(OUT, "backup.img")
+    backup = subprocess.Popen([sys.executable, "-c", BACKUP, backup_file])
+    try:
+        ids["backup_pid"] = str(backup.pid)
+        time.sleep(0.5)  # the backup keeps the disk busy first
+        buf = mmap.mmap(-1, 128 << 10)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            with tracer.start_as_current_span("read") as span:
+                remember("read", span)
+                done = 0
+                while done < size:
+                    n = os.preadv(fd, [buf], done)
+                    if n <= 0:
+                        break
+                    done += n
+        finally:
+            os.close(fd)
+    finally:
+        backup.kill()
+        backup.wait()
+        os.unlink(path)
+        if os.path.exists(backup_file):
+            os.unlink(backup_file)
+
+
+HOG = "import ctypes\nctypes.CDLL(None).prctl(15, b'cpuhog', 0, 0, 0)\nwhile True:\n    pass\n"
+
+
+def case_hog(_args):
+    cpu = max(os.sched_getaffinity(0))
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)]
+    try:
+        for h in hogs:
+            os.sched_setaffinity(h.pid, {cpu})
+        ids["hog_pids"] = ",".join(str(h.pid) for h in hogs)
+        time.sleep(0.3)  # both spinning before the request starts
+
+        def work():
+            os.sched_setaffinity(0, {cpu})  # this thread only
+            with tracer.start_as_current_span("contended") as span:
+                remember("contended", span)
+                burn(0.06)
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def case_pgrowlock(args):
+    import psycopg2
+
+    port, mode = int(args[0]), args[1]
+
+    def connect():
+        return psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres")
+
+    setup = connect()
+    setup.autocommit = True
+    with setup.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS t (id int PRIMARY KEY, v int)")
+        cur.execute("INSERT INTO t VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
+    setup.close()
+    holder_conn, waiter_conn = connect(), connect()
+    ids["holder_backend"] = str(holder_conn.get_backend_pid())
+    ids["waiter_backend"] = str(waiter_conn.get_backend_pid())
+    locked = threading.Event()
+
+    def holder():
+        with tracer.start_as_current_span("holder") as span:
+            remember("holder", span)
+            with holder_conn.cursor() as cur:
+                cur.execute("UPDATE t SET v = v + 1 WHERE id = 1")
+                locked.set()
+                if mode == "server":
+                    cur.execute("SELECT pg_sleep(0.3)")
+                else:
+                    time.sleep(0.3)
+            holder_conn.commit()
+
+    def waiter():
+        locked.wait()
+        time.sleep(0.02)
+        with tracer.start_as_current_span("waiter") as span:
+            remember("waiter", span)
+            with waiter_conn.cursor() as cur:
+                cur.execute("UPDATE t SET v = v + 1 WHERE id = 1")
+            waiter_conn.commit()
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=waiter)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    holder_conn.close()
+    waiter_conn.close()
+
+
+CASES = {
+    "lock": case_lock,
+    "cgroup": case_cgroup,
+    "odirect": case_odirect,
+    "diskflood": case_diskflood,
+    "sleep": case_sleep,
+    "hog": case_hog,
+    "pgrowlock": case_pgrowlock,
+}
 
 if __name__ == "__main__":
     case, OUT = sys.argv[1], sys.argv[2]
