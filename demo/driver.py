@@ -81,9 +81,11 @@ class Shop:
         for i in range(IMAGES):
             with open(os.path.join(images, f"img-{i}.bin"), "wb") as f:
                 f.write(os.urandom(IMAGE_BYTES))
-        self.inventory, inv_port = self.service("inventory", "--dsn", self.pg.dsn)
+        self.supplier, sup_port = self.service("supplier")
+        supplier = f"http://127.0.0.1:{sup_port}"
+        self.inventory, inv_port = self.service("inventory", "--dsn", self.pg.dsn, "--supplier", supplier)
         self.pricing, pri_port = self.service("pricing", affinity=self.pricing_cpus)
-        media_args = ["--images", images]
+        media_args = ["--images", images, "--supplier", supplier]
         media_host = "127.0.0.1"
         if self.media_link:
             media_host = self.media_link.far_addr
@@ -113,7 +115,7 @@ class Shop:
         return proc
 
     def stop_services(self):
-        for p in (self.front, self.media, self.pricing, self.inventory):
+        for p in (self.front, self.media, self.pricing, self.inventory, self.supplier):
             status = p.stop()
             if status not in (0, None):
                 raise RuntimeError(f"{p.name} exited with status {status}; log:\n{p.log_tail()}")

@@ -80,6 +80,7 @@ def inventory(args, provider):
             pool.putconn(conn)
 
     router = web.Router()
+    supplier = Supplier(args.supplier, provider)
 
     @router.route("GET", "/stock")
     def stock(q):
@@ -110,14 +111,15 @@ def inventory(args, provider):
     @router.route("POST", "/restock")
     def restock(q):
         # An operator's restock: the row stays locked while the supplier
-        # confirms (hold_ms), so concurrent reservations of the item wait.
+        # confirms (it takes hold_ms), so concurrent reservations of the
+        # item wait.
         item, hold_ms = int_arg(q, "id"), int_arg(q, "hold_ms")
 
         def work(cur):
             cur.execute("SELECT pg_backend_pid()")
             web.record_role("holder", pg_backend_pid=cur.fetchone()[0], item=item)
             cur.execute("UPDATE items SET stock = stock + 100 WHERE id = %s", (item,))
-            time.sleep(hold_ms / 1000)
+            supplier.confirm(hold_ms)
             return {"id": item, "restocked": 100}
 
         return transaction(work)
@@ -156,6 +158,7 @@ def media(args, provider):
 
     index.update(scan())
     router = web.Router()
+    supplier = Supplier(args.supplier, provider)
 
     @router.route("GET", "/image")
     def image(q):
@@ -180,7 +183,7 @@ def media(args, provider):
         web.record_role("holder", tid=threading.get_native_id())
         with index_lock:
             fresh = scan()
-            time.sleep(hold_ms / 1000)
+            supplier.confirm(hold_ms)
             index.clear()
             index.update(fresh)
         return {"images": len(fresh), "digest": hashlib.sha1(repr(sorted(fresh)).encode()).hexdigest()}
@@ -190,6 +193,35 @@ def media(args, provider):
         options["bind"] = lambda make: in_netns(args.netns, make)
         options["host"] = args.host
     return router, options
+
+
+class Supplier:
+    """The outside partner (stock supplier, upstream image store) that
+    operators' requests wait for: an HTTP call that takes `ms`."""
+
+    def __init__(self, url, provider):
+        import requests
+        from opentelemetry.instrumentation.requests import RequestsInstrumentor
+
+        RequestsInstrumentor().instrument(tracer_provider=provider)
+        self.url, self.requests = url, requests
+
+    def confirm(self, ms):
+        r = self.requests.get(f"{self.url}/confirm?ms={ms}", timeout=60)
+        if r.status_code != 200:
+            raise HttpError(500, f"supplier answered {r.status_code}")
+
+
+def supplier(args, provider):
+    router = web.Router()
+
+    @router.route("GET", "/confirm")
+    def confirm(q):
+        # A partner's API: answers after its own processing time.
+        time.sleep(int_arg(q, "ms") / 1000)
+        return {"confirmed": True}
+
+    return router, {}
 
 
 CLONE_NEWNET = 0x40000000
@@ -215,7 +247,7 @@ def in_netns(netns_path, make):
         os.close(target)
 
 
-SERVICES = {"front": front, "inventory": inventory, "pricing": pricing, "media": media}
+SERVICES = {"front": front, "inventory": inventory, "pricing": pricing, "media": media, "supplier": supplier}
 
 
 def main():
@@ -227,6 +259,7 @@ def main():
     p.add_argument("--pricing", help="front: base URL of pricing")
     p.add_argument("--media", help="front: base URL of media")
     p.add_argument("--dsn", help="inventory: libpq connection string")
+    p.add_argument("--supplier", help="inventory, media: base URL of the supplier")
     p.add_argument("--rounds", type=int, default=40, help="pricing: work per request")
     p.add_argument("--images", help="media: folder of img-N.bin files")
     p.add_argument("--netns", help="media: listen in this network namespace (a /run/netns path)")
