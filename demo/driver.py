@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import faults, procs  # noqa: E402
 from harness.cleanup import Cleanup, Interrupted  # noqa: E402
 from harness.postgres import Postgres  # noqa: E402
+from harness.stale import cleanup_stale  # noqa: E402
 
 BASELINE_S = 4.0
 LOAD_S = 11.0
@@ -81,11 +82,9 @@ class Shop:
         for i in range(IMAGES):
             with open(os.path.join(images, f"img-{i}.bin"), "wb") as f:
                 f.write(os.urandom(IMAGE_BYTES))
-        self.supplier, sup_port = self.service("supplier")
-        supplier = f"http://127.0.0.1:{sup_port}"
-        self.inventory, inv_port = self.service("inventory", "--dsn", self.pg.dsn, "--supplier", supplier)
+        self.inventory, inv_port = self.service("inventory", "--dsn", self.pg.dsn)
         self.pricing, pri_port = self.service("pricing", affinity=self.pricing_cpus)
-        media_args = ["--images", images, "--supplier", supplier]
+        media_args = ["--images", images]
         media_host = "127.0.0.1"
         if self.media_link:
             media_host = self.media_link.far_addr
@@ -115,7 +114,7 @@ class Shop:
         return proc
 
     def stop_services(self):
-        for p in (self.front, self.media, self.pricing, self.inventory, self.supplier):
+        for p in (self.front, self.media, self.pricing, self.inventory):
             status = p.stop()
             if status not in (0, None):
                 raise RuntimeError(f"{p.name} exited with status {status}; log:\n{p.log_tail()}")
@@ -243,7 +242,7 @@ class CpuHog(Scenario):
 
 class Lock(Scenario):
     name = "lock"
-    description = "media's /reindex holds the image index lock for 1.5 s"
+    description = "media's /reindex holds the image index lock for 1.5 s of CPU work"
     cause = "lock_contention"
 
     def inject(self, shop):
@@ -329,6 +328,7 @@ SCENARIOS = {s.name: s for s in (CpuCgroup, CpuHog, Lock, DbRowLock, Disk, Netwo
 
 
 def run(args, cleanup):
+    cleanup_stale(lambda msg: print(f"demo: {msg}", file=sys.stderr))
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     work = tempfile.mkdtemp(prefix=f"deepspan-demo-{os.getpid()}-", dir=args.work_root)

@@ -8,6 +8,4 @@ deepspan_otel. `python3 -m shop.service NAME` runs one of them.
              synchronous worker.
 - media:     product images read from local files, without keeping them in
              the page cache (they are large and rarely read twice).
-- supplier:  an outside partner's API (slow on purpose) that operators'
-             requests (restock, re-index) wait for.
 """

@@ -80,7 +80,6 @@ def inventory(args, provider):
             pool.putconn(conn)
 
     router = web.Router()
-    supplier = Supplier(args.supplier, provider)
 
     @router.route("GET", "/stock")
     def stock(q):
@@ -110,16 +109,16 @@ def inventory(args, provider):
 
     @router.route("POST", "/restock")
     def restock(q):
-        # An operator's restock: the row stays locked while the supplier
-        # confirms (it takes hold_ms), so concurrent reservations of the
-        # item wait.
+        # An operator's restock: the delivery is audited (hold_ms of CPU
+        # work) inside the transaction, after the UPDATE, so the row stays
+        # locked and concurrent reservations of the item wait.
         item, hold_ms = int_arg(q, "id"), int_arg(q, "hold_ms")
 
         def work(cur):
             cur.execute("SELECT pg_backend_pid()")
             web.record_role("holder", pg_backend_pid=cur.fetchone()[0], item=item)
             cur.execute("UPDATE items SET stock = stock + 100 WHERE id = %s", (item,))
-            supplier.confirm(hold_ms)
+            checksum_for(hold_ms)
             return {"id": item, "restocked": 100}
 
         return transaction(work)
@@ -158,7 +157,6 @@ def media(args, provider):
 
     index.update(scan())
     router = web.Router()
-    supplier = Supplier(args.supplier, provider)
 
     @router.route("GET", "/image")
     def image(q):
@@ -176,14 +174,14 @@ def media(args, provider):
 
     @router.route("POST", "/reindex")
     def reindex(q):
-        # An operator's re-index: the index stays locked while every image is
-        # re-validated with the upstream store (hold_ms), so image requests
+        # An operator's re-index: the index stays locked while the images'
+        # checksums are verified (hold_ms of CPU work), so image requests
         # wait for the lock.
         hold_ms = int_arg(q, "hold_ms")
         web.record_role("holder", tid=threading.get_native_id())
         with index_lock:
             fresh = scan()
-            supplier.confirm(hold_ms)
+            checksum_for(hold_ms)
             index.clear()
             index.update(fresh)
         return {"images": len(fresh), "digest": hashlib.sha1(repr(sorted(fresh)).encode()).hexdigest()}
@@ -195,33 +193,17 @@ def media(args, provider):
     return router, options
 
 
-class Supplier:
-    """The outside partner (stock supplier, upstream image store) that
-    operators' requests wait for: an HTTP call that takes `ms`."""
-
-    def __init__(self, url, provider):
-        import requests
-        from opentelemetry.instrumentation.requests import RequestsInstrumentor
-
-        RequestsInstrumentor().instrument(tracer_provider=provider)
-        self.url, self.requests = url, requests
-
-    def confirm(self, ms):
-        r = self.requests.get(f"{self.url}/confirm?ms={ms}", timeout=60)
-        if r.status_code != 200:
-            raise HttpError(500, f"supplier answered {r.status_code}")
-
-
-def supplier(args, provider):
-    router = web.Router()
-
-    @router.route("GET", "/confirm")
-    def confirm(q):
-        # A partner's API: answers after its own processing time.
-        time.sleep(int_arg(q, "ms") / 1000)
-        return {"confirmed": True}
-
-    return router, {}
+def checksum_for(ms):
+    """CPU-bound work for `ms` milliseconds: SHA-256 over 8 MiB blocks
+    (hashlib releases the GIL while it hashes, so the process's other
+    threads are not held up by the GIL, only by what the caller locked).
+    A time budget, not an amount, so the fault lasts as long on any CPU."""
+    block = bytes(8 << 20)
+    deadline = time.monotonic() + ms / 1000
+    digest = b""
+    while time.monotonic() < deadline:
+        digest = hashlib.sha256(block).digest()
+    return digest.hex()
 
 
 CLONE_NEWNET = 0x40000000
@@ -247,7 +229,7 @@ def in_netns(netns_path, make):
         os.close(target)
 
 
-SERVICES = {"front": front, "inventory": inventory, "pricing": pricing, "media": media, "supplier": supplier}
+SERVICES = {"front": front, "inventory": inventory, "pricing": pricing, "media": media}
 
 
 def main():
@@ -259,7 +241,6 @@ def main():
     p.add_argument("--pricing", help="front: base URL of pricing")
     p.add_argument("--media", help="front: base URL of media")
     p.add_argument("--dsn", help="inventory: libpq connection string")
-    p.add_argument("--supplier", help="inventory, media: base URL of the supplier")
     p.add_argument("--rounds", type=int, default=40, help="pricing: work per request")
     p.add_argument("--images", help="media: folder of img-N.bin files")
     p.add_argument("--netns", help="media: listen in this network namespace (a /run/netns path)")

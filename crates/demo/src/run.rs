@@ -21,6 +21,12 @@ use crate::check::{check, Expected, Verdict};
 /// The scenarios, in the order `all` runs them.
 pub const SCENARIOS: &[&str] = &["cpu-cgroup", "cpu-hog", "lock", "db-row-lock", "disk", "network"];
 
+/// How long one scenario's recording may take (the driver's own timeline is
+/// about 25 s) before it is stopped as hung.
+const RECORD_TIMEOUT: Duration = Duration::from_secs(240);
+/// How long its analysis may take.
+const ANALYZE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Set when the run was stopped by SIGINT/SIGTERM.
 #[derive(Debug)]
 pub struct Interrupted(pub i32);
@@ -167,7 +173,7 @@ pub fn run_scenario(
             }
         }
     });
-    let status = wait_forwarding(&mut child, signals, &mut |_| {
+    let status = wait_forwarding(&mut child, signals, RECORD_TIMEOUT, &mut |_| {
         while let Ok(p) = rx.try_recv() {
             progress(&p);
         }
@@ -176,6 +182,14 @@ pub fn run_scenario(
     if let Some(sig) = signals.received() {
         return Err(Interrupted(sig).into());
     }
+    let Some(status) = status else {
+        bail!(
+            "scenario {name}: still running after {} s, stopped; the end of {}:\n{}",
+            RECORD_TIMEOUT.as_secs(),
+            log_path.display(),
+            tail(&log_path, 25)
+        );
+    };
     if !status.success() {
         bail!(
             "scenario {name}: recording the driver failed ({status}); the end of {}:\n{}",
@@ -193,10 +207,13 @@ pub fn run_scenario(
         .stdout(std::fs::File::create(run_dir.join("demo/analyze.txt"))?)
         .stderr(log.try_clone()?);
     let mut child = analyze.spawn().context("run deepspan analyze")?;
-    let status = wait_forwarding(&mut child, signals, &mut |_| {})?;
+    let status = wait_forwarding(&mut child, signals, ANALYZE_TIMEOUT, &mut |_| {})?;
     if let Some(sig) = signals.received() {
         return Err(Interrupted(sig).into());
     }
+    let Some(status) = status else {
+        bail!("scenario {name}: deepspan analyze still running after {} s, stopped", ANALYZE_TIMEOUT.as_secs());
+    };
     if !status.success() {
         bail!("scenario {name}: deepspan analyze failed ({status}):\n{}", tail(&log_path, 25));
     }
@@ -221,22 +238,36 @@ pub fn check_run(run_dir: &Path) -> Result<Verdict> {
 }
 
 /// Waits for `child`, passing SIGINT/SIGTERM on to it (once) and calling
-/// `tick` every 100 ms.
+/// `tick` every 100 ms. After `timeout` the child gets SIGTERM (it cleans up
+/// as on a signal) and, once it has exited, `None` is returned.
 fn wait_forwarding(
     child: &mut Child,
     signals: &Signals,
+    timeout: Duration,
     tick: &mut dyn FnMut(()),
-) -> Result<std::process::ExitStatus> {
+) -> Result<Option<std::process::ExitStatus>> {
+    let deadline = Instant::now() + timeout;
     let mut forwarded = false;
+    let mut timed_out = false;
     loop {
         if let Some(status) = child.try_wait()? {
             tick(());
-            return Ok(status);
+            return Ok((!timed_out).then_some(status));
         }
-        if let (Some(sig), false) = (signals.received(), forwarded) {
+        let sig = signals.received().or_else(|| {
+            (Instant::now() > deadline).then(|| {
+                timed_out = true;
+                libc::SIGTERM
+            })
+        });
+        if let (Some(sig), false) = (sig, forwarded) {
             // SAFETY: kill has no memory-safety preconditions.
             unsafe { libc::kill(child.id() as i32, sig) };
             forwarded = true;
+        }
+        if timed_out && Instant::now() > deadline + Duration::from_secs(60) {
+            // It did not stop on SIGTERM either.
+            let _ = child.kill();
         }
         tick(());
         std::thread::sleep(Duration::from_millis(100));
