@@ -366,12 +366,19 @@ def run(args, cleanup):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=sorted(SCENARIOS))
-    p.add_argument("--out", required=True, help="folder for expected.json, roles and logs")
+    p.add_argument("scenario", nargs="?", choices=sorted(SCENARIOS))
+    p.add_argument("--out", help="folder for expected.json, roles and logs")
+    p.add_argument("--cleanup", action="store_true",
+                   help="only remove what drivers killed by SIGKILL left behind (done anyway at every start)")
     p.add_argument("--load-seconds", type=float, default=LOAD_S)
     p.add_argument("--work-root", default="/var/tmp",
                    help="where the work folder (database, images, backup file) goes: a real disk")
     args = p.parse_args()
+    if args.cleanup:
+        cleanup_stale(lambda msg: print(f"demo: {msg}"))
+        return
+    if not args.scenario or not args.out:
+        p.error("a scenario and --out are needed (or --cleanup)")
     cleanup = Cleanup()
     cleanup.install_signal_handlers()
     status = 1

@@ -239,3 +239,52 @@ fn ctrl_c_during_the_cgroup_fault_removes_the_cgroup_and_everything() {
         })
     });
 }
+
+#[test]
+fn a_driver_killed_with_sigkill_is_cleaned_up_by_the_next_one() {
+    if !kernel_or_skip("a_driver_killed_with_sigkill") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let before = leftovers();
+    let mut child = demo()
+        .args(["--scenario", "network", "--format", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("run deepspan demo");
+    // The driver's pid is in its namespace's name: deepspan-demo-<pid>.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let driver: i32 = loop {
+        let mine = &names_in("/run/netns", "deepspan-demo-") - &before.netns;
+        if let Some(pid) = mine.iter().find_map(|n| n["deepspan-demo-".len()..].parse().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no network namespace of the driver within 90 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Once PostgreSQL runs (the services start after it).
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(driver, libc::SIGKILL) };
+    let status = child.wait().expect("wait for deepspan demo");
+    assert!(!status.success(), "the demo cannot succeed without its driver");
+    let left = leftovers();
+    assert!(
+        left.netns.len() > before.netns.len() && left.work_dirs.len() > before.work_dirs.len(),
+        "a SIGKILLed driver leaves its namespace and work folder: {left:?}"
+    );
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../demo/driver.py"))
+        .arg("--cleanup")
+        .output()
+        .expect("run driver.py --cleanup");
+    assert!(out.status.success(), "driver.py --cleanup: {}", String::from_utf8_lossy(&out.stderr));
+    // The services die with their driver (PR_SET_PDEATHSIG); give them a moment.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !leftovers().processes.is_subset(&before.processes) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_nothing_left(&before);
+}
