@@ -8,13 +8,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use deepspan_demo::{find_demo_dir, run_scenario, Interrupted, RunOptions, Signals, Verdict, SCENARIOS};
+use deepspan_demo::{
+    find_demo_dir, run_scenario, Interrupted, RunOptions, Signals, Verdict, SCENARIOS,
+};
 use serde_json::Value;
 
 use crate::progress;
 
 #[derive(Args)]
-#[command(after_help = "Scenarios (each injects one real fault into the demo shop):
+#[command(
+    after_help = "Scenarios (each injects one real fault into the demo shop):
   cpu-cgroup   pricing in a CPU cgroup with a 1% quota        -> cpu_throttled
   cpu-hog      CPU-bound processes pinned to pricing's CPU    -> cpu_contention
   lock         a request holds media's index lock             -> lock_contention
@@ -23,7 +26,8 @@ use crate::progress;
   network      media behind a rate-limited veth (tc tbf)      -> network
 
 Needs root (kernel tracing, cgroups, network namespaces), PostgreSQL and the
-Python packages of demo/requirements.txt (`make demo` installs them).")]
+Python packages of demo/requirements.txt (`make demo` installs them)."
+)]
 pub struct DemoArgs {
     /// A scenario name, or `all`.
     #[arg(long, default_value = "all")]
@@ -51,7 +55,11 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
     } else if let Some(n) = SCENARIOS.iter().find(|n| **n == args.scenario) {
         vec![*n]
     } else {
-        bail!("unknown scenario {:?}; one of: all, {}", args.scenario, SCENARIOS.join(", "));
+        bail!(
+            "unknown scenario {:?}; one of: all, {}",
+            args.scenario,
+            SCENARIOS.join(", ")
+        );
     };
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -66,19 +74,29 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
             for n in &names {
                 let run = dir.join(n);
                 if run.exists() {
-                    bail!("{} exists already: --keep needs a folder without the scenarios' runs", run.display());
+                    bail!(
+                        "{} exists already: --keep needs a folder without the scenarios' runs",
+                        run.display()
+                    );
                 }
             }
             (dir.canonicalize()?, false)
         }
         None => {
             // On a real disk (/var/tmp): the disk scenario needs one.
-            let dir = PathBuf::from(format!("/var/tmp/deepspan-demo-runs-{}", std::process::id()));
+            let dir = PathBuf::from(format!(
+                "/var/tmp/deepspan-demo-runs-{}",
+                std::process::id()
+            ));
             std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
             (dir, true)
         }
     };
-    let opts = RunOptions { deepspan: exe, demo_dir, python: args.python.clone() };
+    let opts = RunOptions {
+        deepspan: exe,
+        demo_dir,
+        python: args.python.clone(),
+    };
     let signals = Signals::install()?;
     let text = args.format == Format::Text;
     let started = Instant::now();
@@ -89,7 +107,10 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
             if names.len() == 1 { "" } else { "s" }
         );
         println!();
-        println!("{:<12} {:<19} {:<19} {:>9}  result", "scenario", "expected", "found", "anomalous");
+        println!(
+            "{:<12} {:<19} {:<19} {:>9}  result",
+            "scenario", "expected", "found", "anomalous"
+        );
     }
     let mut verdicts: Vec<(Verdict, Option<PathBuf>)> = Vec::new();
     let mut failure = None;
@@ -129,11 +150,16 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
                 .iter()
                 .map(|(v, run)| {
                     let mut j = serde_json::to_value(v).expect("verdicts serialize");
-                    j["run"] = run.as_ref().map_or(Value::Null, |p| p.display().to_string().into());
+                    j["run"] = run
+                        .as_ref()
+                        .map_or(Value::Null, |p| p.display().to_string().into());
                     j
                 })
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "scenarios": scenarios }))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({ "scenarios": scenarios }))?
+            );
         }
         Format::Text => {
             println!();
@@ -144,18 +170,28 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
                 minutes(started.elapsed())
             );
             if let Some(dir) = args.keep.as_ref().filter(|_| !verdicts.is_empty()) {
-                println!("Runs kept in {}: deepspan report {}/SCENARIO --request ID", dir.display(), dir.display());
+                println!(
+                    "Runs kept in {}: deepspan report {}/SCENARIO --request ID",
+                    dir.display(),
+                    dir.display()
+                );
             }
         }
     }
     if let Some(e) = failure {
         if let Some(Interrupted(sig)) = e.downcast_ref::<Interrupted>() {
-            eprintln!("deepspan demo: interrupted; the scenario's processes and resources were removed");
+            eprintln!(
+                "deepspan demo: interrupted; the scenario's processes and resources were removed"
+            );
             return Ok(ExitCode::from(128 + *sig as u8));
         }
         return Err(e);
     }
-    Ok(if ok == verdicts.len() && ok == names.len() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if ok == verdicts.len() && ok == names.len() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Fails early, with what to do, when python3 lacks the demo's packages.
@@ -215,7 +251,11 @@ fn print_verdict(v: &Verdict, elapsed: Duration) {
         None if !v.diagnosis_available => "no diagnosis".into(),
         None => "-".into(),
     };
-    let anomalous = if v.diagnosis_available { format!("{} of {}", v.anomalous, v.targets) } else { "-".into() };
+    let anomalous = if v.diagnosis_available {
+        format!("{} of {}", v.anomalous, v.targets)
+    } else {
+        "-".into()
+    };
     println!(
         "{:<12} {:<19} {:<19} {:>9}  {} ({})",
         v.name,
@@ -231,10 +271,24 @@ fn print_verdict(v: &Verdict, elapsed: Duration) {
             (None, Some(p)) => format!("{p} {:.0}%", r.path_top_share.unwrap_or(0.0) * 100.0),
             (None, None) => String::new(),
         };
-        println!("{}", cut(&format!("  {} [{}] {}: {what}", duration(r.duration_ns), r.service, r.operation), 80));
+        println!(
+            "{}",
+            cut(
+                &format!(
+                    "  {} [{}] {}: {what}",
+                    duration(r.duration_ns),
+                    r.service,
+                    r.operation
+                ),
+                80
+            )
+        );
         let culprits: Vec<String> = r.culprits.iter().map(culprit_label).collect();
         if !culprits.is_empty() {
-            println!("{}", cut(&format!("    culprits: {}", culprits.join(", ")), 80));
+            println!(
+                "{}",
+                cut(&format!("    culprits: {}", culprits.join(", ")), 80)
+            );
         }
     }
     println!(
@@ -243,7 +297,11 @@ fn print_verdict(v: &Verdict, elapsed: Duration) {
             &format!(
                 "  kernel path: {}: {}",
                 v.path_check.detail,
-                if v.path_check.ok { "shown" } else { "NOT SHOWN" }
+                if v.path_check.ok {
+                    "shown"
+                } else {
+                    "NOT SHOWN"
+                }
             ),
             80
         )
@@ -259,11 +317,22 @@ fn culprit_label(c: &Value) -> String {
     let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
     let n = |k: &str| c.get(k).and_then(Value::as_u64);
     let who = match c.get("kind").and_then(Value::as_str).unwrap_or("?") {
-        "process" => format!("{} (pid {})", s("comm"), n("pid").map_or("?".into(), |p| p.to_string())),
-        "thread" => format!("{} (tid {})", s("comm"), n("tid").map_or("?".into(), |p| p.to_string())),
+        "process" => format!(
+            "{} (pid {})",
+            s("comm"),
+            n("pid").map_or("?".into(), |p| p.to_string())
+        ),
+        "thread" => format!(
+            "{} (tid {})",
+            s("comm"),
+            n("tid").map_or("?".into(), |p| p.to_string())
+        ),
         "request" => format!("request {}", s("span_id")),
         "span" => format!("[{}] {}", s("service"), s("operation")),
-        other => format!("{other} {}", c.get("name").and_then(Value::as_str).unwrap_or("")),
+        other => format!(
+            "{other} {}",
+            c.get("name").and_then(Value::as_str).unwrap_or("")
+        ),
     };
     match n("ns") {
         Some(ns) => format!("{who} {}", duration(ns)),

@@ -32,9 +32,15 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 fn demo() -> Command {
     let mut c = deepspan();
     c.arg("demo")
-        .env("DEEPSPAN_DEMO_DIR", Path::new(env!("CARGO_MANIFEST_DIR")).join("../../demo"))
+        .env(
+            "DEEPSPAN_DEMO_DIR",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../demo"),
+        )
         // The demo's services import the SDK of this checkout.
-        .env("PYTHONPATH", Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/python"));
+        .env(
+            "PYTHONPATH",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/python"),
+        );
     c
 }
 
@@ -71,7 +77,9 @@ fn leftovers() -> Leftovers {
         if !pid.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         // The driver, the shop's services, hog and backup, and PostgreSQL
         // (its data folder is in a deepspan-demo-<pid>- work folder).
@@ -86,7 +94,12 @@ fn leftovers() -> Leftovers {
     }
     let dead_instances = names_in(&format!("{TRACEFS}/instances"), "deepspan-")
         .into_iter()
-        .filter(|n| n.split('-').nth(1).and_then(|p| p.parse().ok()).is_some_and(|p: i32| !alive(p)))
+        .filter(|n| {
+            n.split('-')
+                .nth(1)
+                .and_then(|p| p.parse().ok())
+                .is_some_and(|p: i32| !alive(p))
+        })
         .collect();
     Leftovers {
         processes,
@@ -105,14 +118,22 @@ fn leftovers() -> Leftovers {
 /// there before it started.
 fn assert_nothing_left(before: &Leftovers) {
     let after = leftovers();
-    let new = |a: &BTreeSet<String>, b: &BTreeSet<String>| -> Vec<String> { a.difference(b).cloned().collect() };
+    let new = |a: &BTreeSet<String>, b: &BTreeSet<String>| -> Vec<String> {
+        a.difference(b).cloned().collect()
+    };
     let found = [
         ("processes", new(&after.processes, &before.processes)),
         ("cgroups", new(&after.cgroups, &before.cgroups)),
         ("network namespaces", new(&after.netns, &before.netns)),
         ("links", new(&after.links, &before.links)),
-        ("work folders in /var/tmp", new(&after.work_dirs, &before.work_dirs)),
-        ("tracefs instances of dead recorders", new(&after.dead_instances, &before.dead_instances)),
+        (
+            "work folders in /var/tmp",
+            new(&after.work_dirs, &before.work_dirs),
+        ),
+        (
+            "tracefs instances of dead recorders",
+            new(&after.dead_instances, &before.dead_instances),
+        ),
     ];
     let left: Vec<_> = found.iter().filter(|(_, v)| !v.is_empty()).collect();
     assert!(left.is_empty(), "the demo left these behind: {left:#?}");
@@ -133,13 +154,33 @@ fn every_scenario_is_diagnosed_and_nothing_is_left_behind() {
         .stderr(Stdio::inherit())
         .output()
         .expect("run deepspan demo");
-    eprintln!("deepspan demo took {:.0} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "deepspan demo took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     assert_nothing_left(&before);
-    let doc: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("demo output is not JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "demo output is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
     let scenarios = doc["scenarios"].as_array().expect("scenarios array");
-    let names: Vec<&str> = scenarios.iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["cpu-cgroup", "cpu-hog", "lock", "db-row-lock", "disk", "network"]);
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "cpu-cgroup",
+            "cpu-hog",
+            "lock",
+            "db-row-lock",
+            "disk",
+            "network"
+        ]
+    );
     let mut failed = Vec::new();
     for s in scenarios {
         let name = s["name"].as_str().unwrap();
@@ -148,7 +189,10 @@ fn every_scenario_is_diagnosed_and_nothing_is_left_behind() {
         }
         // The fault shows on the kernel critical path of the requests it hit.
         if s["path_check"]["ok"] != true {
-            failed.push(format!("{name}: kernel path: {}", s["path_check"]["detail"]));
+            failed.push(format!(
+                "{name}: kernel path: {}",
+                s["path_check"]["detail"]
+            ));
         }
         if s["diagnosis_available"] == true {
             if s["ok"] != true || s["found_cause"] != s["expected_cause"] {
@@ -161,15 +205,36 @@ fn every_scenario_is_diagnosed_and_nothing_is_left_behind() {
             // Before `deepspan analyze` diagnoses: said plainly, and a failure.
             assert_eq!(s["found_cause"], Value::Null, "{name}");
             assert_eq!(s["ok"], false, "{name}");
-            assert!(s["problems"][0].as_str().unwrap().starts_with("no diagnosis"), "{name}: {s}");
-            eprintln!("{name}: no diagnosis yet; kernel path: {}", s["path_check"]["detail"]);
+            assert!(
+                s["problems"][0]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("no diagnosis"),
+                "{name}: {s}"
+            );
+            eprintln!(
+                "{name}: no diagnosis yet; kernel path: {}",
+                s["path_check"]["detail"]
+            );
         }
         let run = Path::new(s["run"].as_str().expect("kept run"));
-        assert!(run.join("demo/expected.json").is_file() && run.join("analysis/requests.json").is_file());
+        assert!(
+            run.join("demo/expected.json").is_file()
+                && run.join("analysis/requests.json").is_file()
+        );
     }
-    assert!(failed.is_empty(), "scenarios not diagnosed as expected:\n{}", failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "scenarios not diagnosed as expected:\n{}",
+        failed.join("\n")
+    );
     let all_diagnosed = scenarios.iter().all(|s| s["diagnosis_available"] == true);
-    assert_eq!(out.status.success(), all_diagnosed, "exit status {} vs verdicts", out.status);
+    assert_eq!(
+        out.status.success(),
+        all_diagnosed,
+        "exit status {} vs verdicts",
+        out.status
+    );
 }
 
 /// Starts `deepspan demo --scenario NAME` in its own process group, waits
@@ -192,7 +257,10 @@ fn interrupt_during_fault(name: &str, signal: i32, group: bool, fault_active: im
         if let Ok(Some(status)) = child.try_wait() {
             panic!("{name}: the demo ended ({status}) before its fault was seen");
         }
-        assert!(Instant::now() < deadline, "{name}: the fault did not show within 90 s");
+        assert!(
+            Instant::now() < deadline,
+            "{name}: the fault did not show within 90 s"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // SAFETY: kill has no memory-safety preconditions.
@@ -208,7 +276,11 @@ fn interrupt_during_fault(name: &str, signal: i32, group: bool, fault_active: im
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(status.code(), Some(128 + signal), "{name}: exit status {status}");
+    assert_eq!(
+        status.code(),
+        Some(128 + signal),
+        "{name}: exit status {status}"
+    );
     assert_nothing_left(&before);
 }
 
@@ -234,9 +306,12 @@ fn ctrl_c_during_the_cgroup_fault_removes_the_cgroup_and_everything() {
         return;
     }
     interrupt_during_fault("cpu-cgroup", libc::SIGINT, true, || {
-        names_in("/sys/fs/cgroup/cpu", "deepspan-demo-").iter().any(|g| {
-            std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/{g}/tasks")).is_ok_and(|t| !t.trim().is_empty())
-        })
+        names_in("/sys/fs/cgroup/cpu", "deepspan-demo-")
+            .iter()
+            .any(|g| {
+                std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/{g}/tasks"))
+                    .is_ok_and(|t| !t.trim().is_empty())
+            })
     });
 }
 
@@ -258,10 +333,16 @@ fn a_driver_killed_with_sigkill_is_cleaned_up_by_the_next_one() {
     let deadline = Instant::now() + Duration::from_secs(90);
     let driver: i32 = loop {
         let mine = &names_in("/run/netns", "deepspan-demo-") - &before.netns;
-        if let Some(pid) = mine.iter().find_map(|n| n["deepspan-demo-".len()..].parse().ok()) {
+        if let Some(pid) = mine
+            .iter()
+            .find_map(|n| n["deepspan-demo-".len()..].parse().ok())
+        {
             break pid;
         }
-        assert!(Instant::now() < deadline, "no network namespace of the driver within 90 s");
+        assert!(
+            Instant::now() < deadline,
+            "no network namespace of the driver within 90 s"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     // Once PostgreSQL runs (the services start after it).
@@ -269,7 +350,10 @@ fn a_driver_killed_with_sigkill_is_cleaned_up_by_the_next_one() {
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(driver, libc::SIGKILL) };
     let status = child.wait().expect("wait for deepspan demo");
-    assert!(!status.success(), "the demo cannot succeed without its driver");
+    assert!(
+        !status.success(),
+        "the demo cannot succeed without its driver"
+    );
     let left = leftovers();
     assert!(
         left.netns.len() > before.netns.len() && left.work_dirs.len() > before.work_dirs.len(),
@@ -280,7 +364,11 @@ fn a_driver_killed_with_sigkill_is_cleaned_up_by_the_next_one() {
         .arg("--cleanup")
         .output()
         .expect("run driver.py --cleanup");
-    assert!(out.status.success(), "driver.py --cleanup: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "driver.py --cleanup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The services die with their driver (PR_SET_PDEATHSIG); give them a moment.
     let deadline = Instant::now() + Duration::from_secs(20);
     while !leftovers().processes.is_subset(&before.processes) && Instant::now() < deadline {

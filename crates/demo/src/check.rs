@@ -119,7 +119,11 @@ impl<'a> Req<'a> {
     }
 
     fn str(&self, key: &str) -> String {
-        self.v.get(key).and_then(Value::as_str).unwrap_or_default().to_string()
+        self.v
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
     }
 
     fn diagnosis(&self) -> Option<&'a Value> {
@@ -148,7 +152,9 @@ pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
     let t = &expected.target;
     let targets: Vec<&Req> = all
         .iter()
-        .filter(|r| r.service == t.service && t.operation.as_deref().map_or(true, |op| r.operation == op))
+        .filter(|r| {
+            r.service == t.service && t.operation.as_deref().map_or(true, |op| r.operation == op)
+        })
         .filter(|r| r.start < w1 && r.end > w0)
         .collect();
 
@@ -167,9 +173,8 @@ pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
     let mut found_cause = None;
     let mut culprits_found = false;
     if !diagnosis_available {
-        problems.push(
-            "no diagnosis in requests.json (this deepspan analyze does not diagnose)".into(),
-        );
+        problems
+            .push("no diagnosis in requests.json (this deepspan analyze does not diagnose)".into());
     } else if anomalous.is_empty() && !targets.is_empty() {
         problems.push(format!(
             "none of the {} {} requests in the fault window is anomalous",
@@ -213,7 +218,11 @@ pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
         && found_cause.as_deref() == Some(expected.cause.as_str())
         && culprits_found;
 
-    let mut shown: Vec<&Req> = if diagnosis_available { anomalous.clone() } else { slow(&all, &targets) };
+    let mut shown: Vec<&Req> = if diagnosis_available {
+        anomalous.clone()
+    } else {
+        slow(&all, &targets)
+    };
     shown.sort_by(|a, b| b.duration.cmp(&a.duration));
     let top_requests = shown.iter().take(3).map(|r| top_request(r)).collect();
     Verdict {
@@ -257,18 +266,23 @@ fn majority_cause(reqs: &[&Req]) -> Option<String> {
 /// True when every field of `matcher` equals the culprit's (numbers by
 /// value, so `pid: 42` matches `42` and `42.0`).
 fn matches(culprit: &Value, matcher: &serde_json::Map<String, Value>) -> bool {
-    matcher.iter().all(|(k, want)| match (culprit.get(k), want) {
-        (Some(Value::Number(a)), Value::Number(b)) => a.as_f64() == b.as_f64(),
-        (Some(got), want) => got == want,
-        (None, _) => false,
-    })
+    matcher
+        .iter()
+        .all(|(k, want)| match (culprit.get(k), want) {
+            (Some(Value::Number(a)), Value::Number(b)) => a.as_f64() == b.as_f64(),
+            (Some(got), want) => got == want,
+            (None, _) => false,
+        })
 }
 
 /// Targets more than twice their operation's median and 1 ms over it.
 fn slow<'a>(all: &[Req<'a>], targets: &[&'a Req<'a>]) -> Vec<&'a Req<'a>> {
     let mut by_op: HashMap<(&str, &str), Vec<u64>> = HashMap::new();
     for r in all {
-        by_op.entry((r.service, r.operation)).or_default().push(r.duration);
+        by_op
+            .entry((r.service, r.operation))
+            .or_default()
+            .push(r.duration);
     }
     let medians: HashMap<(&str, &str), u64> = by_op
         .into_iter()
@@ -291,7 +305,9 @@ fn path_check(expected: &Expected, all: &[Req], targets: &[&Req]) -> PathCheck {
     let slow = slow(all, targets);
     let p = &expected.path;
     let shows = |r: &Req| -> bool {
-        let Some(c) = r.top_path_cause() else { return false };
+        let Some(c) = r.top_path_cause() else {
+            return false;
+        };
         let num = |k: &str| c.get(k).and_then(Value::as_u64).unwrap_or(0);
         if let Some(id) = &p.blocked_by_request {
             if c.get("blocked_by_request").and_then(Value::as_str) != Some(id.as_str()) {
@@ -337,13 +353,19 @@ fn top_request(r: &Req) -> TopRequest {
         duration_ns: r.duration,
         anomalous: r.v.get("anomalous").and_then(Value::as_bool),
         cause: r.cause().map(str::to_string),
-        headline: d.and_then(|d| d.get("headline")).and_then(Value::as_str).map(str::to_string),
+        headline: d
+            .and_then(|d| d.get("headline"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
         culprits: d
             .and_then(|d| d.get("culprits"))
             .and_then(Value::as_array)
             .map(|a| a.iter().take(3).cloned().collect())
             .unwrap_or_default(),
-        path_top: c.and_then(|c| c.get("label")).and_then(Value::as_str).map(str::to_string),
+        path_top: c
+            .and_then(|c| c.get("label"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
         path_top_share: c.and_then(|c| c.get("share")).and_then(Value::as_f64),
     }
 }

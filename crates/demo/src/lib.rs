@@ -12,4 +12,7 @@ pub mod check;
 pub mod run;
 
 pub use check::{check, Expected, PathCheck, TopRequest, Verdict};
-pub use run::{check_run, find_demo_dir, run_scenario, Interrupted, RunOptions, ScenarioRun, Signals, SCENARIOS};
+pub use run::{
+    check_run, find_demo_dir, run_scenario, Interrupted, RunOptions, ScenarioRun, Signals,
+    SCENARIOS,
+};

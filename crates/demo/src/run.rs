@@ -19,7 +19,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use crate::check::{check, Expected, Verdict};
 
 /// The scenarios, in the order `all` runs them.
-pub const SCENARIOS: &[&str] = &["cpu-cgroup", "cpu-hog", "lock", "db-row-lock", "disk", "network"];
+pub const SCENARIOS: &[&str] = &[
+    "cpu-cgroup",
+    "cpu-hog",
+    "lock",
+    "db-row-lock",
+    "disk",
+    "network",
+];
 
 /// How long one scenario's recording may take (the driver's own timeline is
 /// about 25 s) before it is stopped as hung.
@@ -140,7 +147,8 @@ pub fn run_scenario(
     let started = Instant::now();
     let parent = run_dir.parent().unwrap_or(Path::new("."));
     let log_path = parent.join(format!("{name}.log"));
-    let log = std::fs::File::create(&log_path).with_context(|| format!("create {}", log_path.display()))?;
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("create {}", log_path.display()))?;
 
     progress("recording");
     let mut record = Command::new(&opts.deepspan);
@@ -160,7 +168,9 @@ pub fn run_scenario(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log.try_clone()?);
-    let mut child = record.spawn().with_context(|| format!("run {} record", opts.deepspan.display()))?;
+    let mut child = record
+        .spawn()
+        .with_context(|| format!("run {} record", opts.deepspan.display()))?;
     let (tx, rx) = mpsc::channel();
     let stdout = child.stdout.take().expect("piped stdout");
     let mut log_copy = log.try_clone()?;
@@ -212,13 +222,23 @@ pub fn run_scenario(
         return Err(Interrupted(sig).into());
     }
     let Some(status) = status else {
-        bail!("scenario {name}: deepspan analyze still running after {} s, stopped", ANALYZE_TIMEOUT.as_secs());
+        bail!(
+            "scenario {name}: deepspan analyze still running after {} s, stopped",
+            ANALYZE_TIMEOUT.as_secs()
+        );
     };
     if !status.success() {
-        bail!("scenario {name}: deepspan analyze failed ({status}):\n{}", tail(&log_path, 25));
+        bail!(
+            "scenario {name}: deepspan analyze failed ({status}):\n{}",
+            tail(&log_path, 25)
+        );
     }
     let verdict = check_run(run_dir)?;
-    Ok(ScenarioRun { verdict, run_dir: run_dir.to_path_buf(), elapsed: started.elapsed() })
+    Ok(ScenarioRun {
+        verdict,
+        run_dir: run_dir.to_path_buf(),
+        elapsed: started.elapsed(),
+    })
 }
 
 /// Checks an analysed run folder (RUN/demo/expected.json against
@@ -226,12 +246,14 @@ pub fn run_scenario(
 pub fn check_run(run_dir: &Path) -> Result<Verdict> {
     let expected_path = run_dir.join("demo/expected.json");
     let expected: Expected = serde_json::from_slice(
-        &std::fs::read(&expected_path).with_context(|| format!("read {}", expected_path.display()))?,
+        &std::fs::read(&expected_path)
+            .with_context(|| format!("read {}", expected_path.display()))?,
     )
     .with_context(|| format!("{} is not a scenario expectation", expected_path.display()))?;
     let requests_path = run_dir.join("analysis/requests.json");
     let requests: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(&requests_path).with_context(|| format!("read {}", requests_path.display()))?,
+        &std::fs::read(&requests_path)
+            .with_context(|| format!("read {}", requests_path.display()))?,
     )
     .with_context(|| format!("{} is not JSON", requests_path.display()))?;
     Ok(check(&expected, &requests))

@@ -46,7 +46,9 @@ fn lock_diag(culprit_span: &str) -> Value {
 fn run(extra: Vec<Value>, diagnosed: bool) -> Value {
     let mut reqs: Vec<Value> = (0..10)
         .map(|i| {
-            let d = diagnosed.then(|| json!({"cause": "running", "headline": "", "evidence": {}, "culprits": []}));
+            let d = diagnosed.then(
+                || json!({"cause": "running", "headline": "", "evidence": {}, "culprits": []}),
+            );
             req(100 + i, 3000 + i * 10, 2_000_000, d, running())
         })
         .collect();
@@ -58,8 +60,20 @@ fn run(extra: Vec<Value>, diagnosed: bool) -> Value {
 fn diagnosed_as_expected_with_culprit_is_ok() {
     let r = run(
         vec![
-            req(1, 1500, 500_000_000, Some(lock_diag("00000000000000aa")), blocked()),
-            req(2, 1600, 400_000_000, Some(lock_diag("00000000000000aa")), blocked()),
+            req(
+                1,
+                1500,
+                500_000_000,
+                Some(lock_diag("00000000000000aa")),
+                blocked(),
+            ),
+            req(
+                2,
+                1600,
+                400_000_000,
+                Some(lock_diag("00000000000000aa")),
+                blocked(),
+            ),
         ],
         true,
     );
@@ -67,17 +81,34 @@ fn diagnosed_as_expected_with_culprit_is_ok() {
     assert!(v.ok, "{v:?}");
     assert_eq!(v.found_cause.as_deref(), Some("lock_contention"));
     assert_eq!((v.targets, v.anomalous), (2, 2));
-    assert!(v.path_check.ok && v.path_check.matching == 2, "{:?}", v.path_check);
+    assert!(
+        v.path_check.ok && v.path_check.matching == 2,
+        "{:?}",
+        v.path_check
+    );
     assert_eq!(v.top_requests[0].span_id, format!("{:016x}", 1));
 }
 
 #[test]
 fn wrong_culprit_fails() {
-    let r = run(vec![req(1, 1500, 500_000_000, Some(lock_diag("00000000000000bb")), blocked())], true);
+    let r = run(
+        vec![req(
+            1,
+            1500,
+            500_000_000,
+            Some(lock_diag("00000000000000bb")),
+            blocked(),
+        )],
+        true,
+    );
     let v = check(&expected(), &r);
     assert!(!v.ok);
     assert!(!v.culprits_found);
-    assert!(v.problems.iter().any(|p| p.contains("culprits not named")), "{:?}", v.problems);
+    assert!(
+        v.problems.iter().any(|p| p.contains("culprits not named")),
+        "{:?}",
+        v.problems
+    );
 }
 
 #[test]
@@ -92,9 +123,21 @@ fn wrong_cause_fails() {
 
 #[test]
 fn requests_outside_the_window_or_of_other_operations_are_not_targets() {
-    let mut other = req(3, 1500, 900_000_000, Some(lock_diag("00000000000000aa")), blocked());
+    let mut other = req(
+        3,
+        1500,
+        900_000_000,
+        Some(lock_diag("00000000000000aa")),
+        blocked(),
+    );
     other["operation"] = json!("POST /reindex");
-    let late = req(4, 2500, 900_000_000, Some(lock_diag("00000000000000aa")), blocked());
+    let late = req(
+        4,
+        2500,
+        900_000_000,
+        Some(lock_diag("00000000000000aa")),
+        blocked(),
+    );
     let v = check(&expected(), &run(vec![other, late], true));
     assert_eq!(v.targets, 0);
     assert!(!v.ok);
@@ -102,11 +145,21 @@ fn requests_outside_the_window_or_of_other_operations_are_not_targets() {
 
 #[test]
 fn without_diagnoses_says_so_and_still_checks_the_path() {
-    let r = run(vec![req(1, 1500, 500_000_000, None, blocked()), req(2, 1600, 400_000_000, None, running())], false);
+    let r = run(
+        vec![
+            req(1, 1500, 500_000_000, None, blocked()),
+            req(2, 1600, 400_000_000, None, running()),
+        ],
+        false,
+    );
     let v = check(&expected(), &r);
     assert!(!v.ok && !v.diagnosis_available);
     assert_eq!(v.found_cause, None);
-    assert!(v.problems[0].starts_with("no diagnosis"), "{:?}", v.problems);
+    assert!(
+        v.problems[0].starts_with("no diagnosis"),
+        "{:?}",
+        v.problems
+    );
     assert_eq!((v.path_check.slow, v.path_check.matching), (2, 1));
     assert!(v.path_check.ok, "half of the slow requests is enough");
 }
@@ -116,13 +169,23 @@ fn path_check_fails_when_the_fault_does_not_show() {
     let r = run(vec![req(1, 1500, 500_000_000, None, running())], false);
     let v = check(&expected(), &r);
     assert!(!v.path_check.ok);
-    assert_eq!(v.path_check.detail, "blocked by 00000000000000aa in 0 of 1 slow requests");
+    assert_eq!(
+        v.path_check.detail,
+        "blocked by 00000000000000aa in 0 of 1 slow requests"
+    );
 }
 
 #[test]
 fn culprit_numbers_match_by_value() {
-    let m: serde_json::Map<String, Value> = serde_json::from_value(json!({"comm": "backup", "pid": 42})).unwrap();
-    assert!(matches(&json!({"kind": "process", "comm": "backup", "pid": 42, "ns": 1}), &m));
-    assert!(!matches(&json!({"kind": "process", "comm": "backup", "pid": 43}), &m));
+    let m: serde_json::Map<String, Value> =
+        serde_json::from_value(json!({"comm": "backup", "pid": 42})).unwrap();
+    assert!(matches(
+        &json!({"kind": "process", "comm": "backup", "pid": 42, "ns": 1}),
+        &m
+    ));
+    assert!(!matches(
+        &json!({"kind": "process", "comm": "backup", "pid": 43}),
+        &m
+    ));
     assert!(!matches(&json!({"kind": "process", "comm": "backup"}), &m));
 }
