@@ -152,9 +152,7 @@ pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
     let t = &expected.target;
     let targets: Vec<&Req> = all
         .iter()
-        .filter(|r| {
-            r.service == t.service && t.operation.as_deref().map_or(true, |op| r.operation == op)
-        })
+        .filter(|r| r.service == t.service && t.operation.iter().all(|op| r.operation == op))
         .filter(|r| r.start < w1 && r.end > w0)
         .collect();
 
@@ -223,7 +221,7 @@ pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
     } else {
         slow(&all, &targets)
     };
-    shown.sort_by(|a, b| b.duration.cmp(&a.duration));
+    shown.sort_by_key(|r| std::cmp::Reverse(r.duration));
     let top_requests = shown.iter().take(3).map(|r| top_request(r)).collect();
     Verdict {
         name: expected.scenario.clone(),
