@@ -11,9 +11,14 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace
 
-# Records the demo workload, decodes it and prints what it found.
-demo: build
-	@scripts/demo.sh
+# Runs the demo shop under six injected faults (CPU quota, CPU hog, lock,
+# row lock, disk flood, slow network), records and analyses each run and
+# prints the diagnosis table. Needs root. `make demo DEMO_ARGS="--scenario
+# lock --keep runs"` runs one scenario and keeps its run for `deepspan report`.
+DEMO_ARGS ?=
+demo: deps
+	$(CARGO) build --release -p deepspan
+	"$${CARGO_TARGET_DIR:-target}/release/deepspan" demo $(DEMO_ARGS)
 
 # The whole test suite; kernel tests need root and tracefs, and fail instead
 # of skipping when DEEPSPAN_REQUIRE_KERNEL is set (CI sets it).

@@ -7,10 +7,12 @@ cd "$(dirname "$0")/.."
 
 # trace-cmd and babeltrace2 are test oracles; lttng-tools/liblttng-ust-dev
 # record the user-space CTF traces the CTF tests compare against; strace
-# counts the Python SDK's system calls; postgresql-15 serves the row-lock
-# diagnosis test (a throwaway cluster per test); python3-venv is not needed
-# (the machine's own Python gets the SDK as an editable install).
-debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace postgresql-15)
+# counts the Python SDK's system calls; python3-venv is not needed (the
+# machine's own Python gets the SDK as an editable install). PostgreSQL 15
+# serves the row-lock diagnosis test (a throwaway cluster per test) and the
+# demo (`make demo`, demo/), which also makes network namespaces, veth pairs
+# and tc qdiscs (iproute2).
+debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace postgresql-15 iproute2)
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
@@ -23,16 +25,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The Python SDK (and the OpenTelemetry packages its tests and the demo use).
-if ! python3 -c "import deepspan_otel, opentelemetry.exporter.otlp.proto.http, pytest" 2>/dev/null; then
-  echo "installing the deepspan-otel Python SDK (editable) with its test extras"
-  python3 -m pip install -q --disable-pip-version-check -e "sdk/python[test]"
-fi
-
-# The PostgreSQL client of the row-lock diagnosis test.
-if ! python3 -c "import psycopg2" 2>/dev/null; then
-  echo "installing psycopg2-binary (PostgreSQL client for the diagnosis tests)"
-  python3 -m pip install -q --disable-pip-version-check psycopg2-binary
+# The Python SDK with its test extras, and the demo application's packages
+# (OpenTelemetry instrumentations, psycopg2), in one pip run so that pip
+# picks one consistent set of OpenTelemetry versions.
+python_modules="deepspan_otel, opentelemetry.exporter.otlp.proto.http, pytest, psycopg2, requests"
+python_modules+=", opentelemetry.instrumentation.wsgi, opentelemetry.instrumentation.requests"
+python_modules+=", opentelemetry.instrumentation.psycopg2"
+if ! python3 -c "import $python_modules" 2>/dev/null; then
+  echo "installing the deepspan-otel Python SDK (editable, with test extras) and the demo's packages"
+  python3 -m pip install -q --disable-pip-version-check -e "sdk/python[test]" -r demo/requirements.txt
 fi
 
 if ! command -v cargo >/dev/null; then

@@ -3,6 +3,7 @@
 
 mod analyze;
 mod decode;
+mod demo;
 mod import_ctf;
 mod kernel_input;
 mod progress;
@@ -51,6 +52,10 @@ enum Command {
     Analyze(analyze::AnalyzeArgs),
     /// One request's kernel critical path and summary (after `analyze`).
     Report(analyze::ReportArgs),
+    /// Run the demo shop with injected faults (CPU quota, CPU hog, lock,
+    /// database row lock, disk flood, slow network), record, analyse and
+    /// check that each fault is diagnosed.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +68,7 @@ fn main() -> ExitCode {
         Command::Spans(args) => spans_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Analyze(args) => analyze::run(args).map(|()| ExitCode::SUCCESS),
         Command::Report(args) => analyze::report(args).map(|()| ExitCode::SUCCESS),
+        Command::Demo(args) => demo::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,341 @@
+//! `deepspan demo`: argument parsing and the 80-column diagnosis table over
+//! `deepspan_demo` (which runs and checks the scenarios).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use deepspan_demo::{
+    find_demo_dir, run_scenario, Interrupted, RunOptions, Signals, Verdict, SCENARIOS,
+};
+use serde_json::Value;
+
+use crate::progress;
+
+#[derive(Args)]
+#[command(
+    after_help = "Scenarios (each injects one real fault into the demo shop):
+  cpu-cgroup   pricing in a CPU cgroup with a 1% quota        -> cpu_throttled
+  cpu-hog      CPU-bound processes pinned to pricing's CPU    -> cpu_contention
+  lock         a request holds media's index lock             -> lock_contention
+  db-row-lock  a transaction holds a PostgreSQL row lock      -> blocked_by_request
+  disk         a backup process floods the disk               -> disk
+  network      media behind a rate-limited veth (tc tbf)      -> network
+
+Needs root (kernel tracing, cgroups, network namespaces), PostgreSQL and the
+Python packages of demo/requirements.txt (`make demo` installs them)."
+)]
+pub struct DemoArgs {
+    /// A scenario name, or `all`.
+    #[arg(long, default_value = "all")]
+    scenario: String,
+    /// Keep the runs in DIR (DIR/SCENARIO, for `deepspan report` or the UI);
+    /// by default they are deleted.
+    #[arg(long, value_name = "DIR")]
+    keep: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    /// Python interpreter with the demo's packages.
+    #[arg(long, default_value = "python3")]
+    python: String,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+pub fn run(args: DemoArgs) -> Result<ExitCode> {
+    let names: Vec<&str> = if args.scenario == "all" {
+        SCENARIOS.to_vec()
+    } else if let Some(n) = SCENARIOS.iter().find(|n| **n == args.scenario) {
+        vec![*n]
+    } else {
+        bail!(
+            "unknown scenario {:?}; one of: all, {}",
+            args.scenario,
+            SCENARIOS.join(", ")
+        );
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("deepspan demo needs root: it traces the kernel and makes cgroups and network namespaces");
+    }
+    let exe = std::env::current_exe().context("locate the deepspan executable")?;
+    let demo_dir = find_demo_dir(&exe)?;
+    check_python(&args.python, &demo_dir)?;
+    let (root, temporary) = match &args.keep {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+            for n in &names {
+                let run = dir.join(n);
+                if run.exists() {
+                    bail!(
+                        "{} exists already: --keep needs a folder without the scenarios' runs",
+                        run.display()
+                    );
+                }
+            }
+            (dir.canonicalize()?, false)
+        }
+        None => {
+            // On a real disk (/var/tmp): the disk scenario needs one.
+            let dir = PathBuf::from(format!(
+                "/var/tmp/deepspan-demo-runs-{}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+            (dir, true)
+        }
+    };
+    let opts = RunOptions {
+        deepspan: exe,
+        demo_dir,
+        python: args.python.clone(),
+    };
+    let signals = Signals::install()?;
+    let text = args.format == Format::Text;
+    let started = Instant::now();
+    if text {
+        println!(
+            "deepspan demo: {} scenario{}, each a recording of the shop with one fault",
+            names.len(),
+            if names.len() == 1 { "" } else { "s" }
+        );
+        println!();
+        println!(
+            "{:<12} {:<19} {:<19} {:>9}  result",
+            "scenario", "expected", "found", "anomalous"
+        );
+    }
+    let mut verdicts: Vec<(Verdict, Option<PathBuf>)> = Vec::new();
+    let mut failure = None;
+    for (i, name) in names.iter().enumerate() {
+        let bar = progress::spinner(&format!("[{}/{}] {name}: starting", i + 1, names.len()));
+        let plain = !std::io::stderr().is_terminal();
+        let mut show = |p: &str| {
+            let msg = format!("[{}/{}] {name}: {p}", i + 1, names.len());
+            if plain {
+                eprintln!("{msg}");
+            }
+            bar.set_message(msg);
+            bar.tick();
+        };
+        let result = run_scenario(&opts, name, &root.join(name), &signals, &mut show);
+        bar.finish_and_clear();
+        match result {
+            Ok(run) => {
+                if text {
+                    print_verdict(&run.verdict, run.elapsed);
+                }
+                verdicts.push((run.verdict, (!temporary).then_some(run.run_dir)));
+            }
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    if temporary {
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    let ok = verdicts.iter().filter(|v| v.0.ok).count();
+    match args.format {
+        Format::Json => {
+            let scenarios: Vec<Value> = verdicts
+                .iter()
+                .map(|(v, run)| {
+                    let mut j = serde_json::to_value(v).expect("verdicts serialize");
+                    j["run"] = run
+                        .as_ref()
+                        .map_or(Value::Null, |p| p.display().to_string().into());
+                    j
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({ "scenarios": scenarios }))?
+            );
+        }
+        Format::Text => {
+            println!();
+            println!(
+                "{ok} of {} scenario{} diagnosed as expected in {}",
+                verdicts.len(),
+                if verdicts.len() == 1 { "" } else { "s" },
+                minutes(started.elapsed())
+            );
+            if let Some(dir) = args.keep.as_ref().filter(|_| !verdicts.is_empty()) {
+                println!(
+                    "Runs kept in {}: deepspan report {}/SCENARIO --request ID",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+    if let Some(e) = failure {
+        if let Some(Interrupted(sig)) = e.downcast_ref::<Interrupted>() {
+            eprintln!(
+                "deepspan demo: interrupted; the scenario's processes and resources were removed"
+            );
+            return Ok(ExitCode::from(128 + *sig as u8));
+        }
+        return Err(e);
+    }
+    Ok(if ok == verdicts.len() && ok == names.len() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Fails early, with what to do, when python3 lacks the demo's packages.
+fn check_python(python: &str, demo_dir: &std::path::Path) -> Result<()> {
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import psycopg2, requests, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http, \
+             opentelemetry.instrumentation.wsgi, opentelemetry.instrumentation.requests, \
+             opentelemetry.instrumentation.psycopg2",
+        ])
+        .output()
+        .with_context(|| format!("run {python}"))?;
+    if !out.status.success() {
+        bail!(
+            "{python} lacks the demo's Python packages ({}): `scripts/install-deps.sh` (or `make demo`) \
+             installs them, see {}/requirements.txt",
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("import failed").trim(),
+            demo_dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn minutes(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+fn cut(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(width.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+fn duration(ns: u64) -> String {
+    let ms = ns as f64 / 1e6;
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+/// One table row and the lines under it (each within 80 columns).
+fn print_verdict(v: &Verdict, elapsed: Duration) {
+    let found = match &v.found_cause {
+        Some(c) => c.clone(),
+        None if !v.diagnosis_available => "no diagnosis".into(),
+        None => "-".into(),
+    };
+    let anomalous = if v.diagnosis_available {
+        format!("{} of {}", v.anomalous, v.targets)
+    } else {
+        "-".into()
+    };
+    println!(
+        "{:<12} {:<19} {:<19} {:>9}  {} ({})",
+        v.name,
+        v.expected_cause,
+        found,
+        anomalous,
+        if v.ok { "ok" } else { "FAIL" },
+        minutes(elapsed)
+    );
+    if let Some(r) = v.top_requests.first() {
+        let what = match (&r.headline, &r.path_top) {
+            (Some(h), _) => h.clone(),
+            (None, Some(p)) => format!("{p} {:.0}%", r.path_top_share.unwrap_or(0.0) * 100.0),
+            (None, None) => String::new(),
+        };
+        println!(
+            "{}",
+            cut(
+                &format!(
+                    "  {} [{}] {}: {what}",
+                    duration(r.duration_ns),
+                    r.service,
+                    r.operation
+                ),
+                80
+            )
+        );
+        let culprits: Vec<String> = r.culprits.iter().map(culprit_label).collect();
+        if !culprits.is_empty() {
+            println!(
+                "{}",
+                cut(&format!("    culprits: {}", culprits.join(", ")), 80)
+            );
+        }
+    }
+    println!(
+        "{}",
+        cut(
+            &format!(
+                "  kernel path: {}: {}",
+                v.path_check.detail,
+                if v.path_check.ok {
+                    "shown"
+                } else {
+                    "NOT SHOWN"
+                }
+            ),
+            80
+        )
+    );
+    if !v.ok {
+        for p in &v.problems {
+            println!("{}", cut(&format!("  ! {p}"), 80));
+        }
+    }
+}
+
+fn culprit_label(c: &Value) -> String {
+    let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
+    let n = |k: &str| c.get(k).and_then(Value::as_u64);
+    let who = match c.get("kind").and_then(Value::as_str).unwrap_or("?") {
+        "process" => format!(
+            "{} (pid {})",
+            s("comm"),
+            n("pid").map_or("?".into(), |p| p.to_string())
+        ),
+        "thread" => format!(
+            "{} (tid {})",
+            s("comm"),
+            n("tid").map_or("?".into(), |p| p.to_string())
+        ),
+        "request" => format!("request {}", s("span_id")),
+        "span" => format!("[{}] {}", s("service"), s("operation")),
+        other => format!(
+            "{other} {}",
+            c.get("name").and_then(Value::as_str).unwrap_or("")
+        ),
+    };
+    match n("ns") {
+        Some(ns) => format!("{who} {}", duration(ns)),
+        None => who,
+    }
+}

@@ -1,0 +1,378 @@
+//! Acceptance tests of `deepspan demo` (kernel tests: root, tracefs,
+//! cgroups, network namespaces, PostgreSQL and the demo's Python packages,
+//! which scripts/install-deps.sh installs).
+//!
+//! - every scenario runs end to end; when `deepspan analyze` writes
+//!   diagnoses, each scenario's found cause and culprits must be the
+//!   expected ones; without them (before the diagnosis lands) each fault
+//!   must at least show on the kernel critical path of the slow requests
+//!   it hit, and the output must say that there is no diagnosis;
+//! - nothing is left behind: processes, cgroups, network namespaces, veth
+//!   pairs, PostgreSQL clusters, work folders, tracefs instances; also when
+//!   the demo is stopped by SIGTERM or by a Ctrl-C (SIGINT to its process
+//!   group) in the middle of a fault.
+//!
+//! The tests run one at a time (a lock): they share the machine's CPUs,
+//! disk and names.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{deepspan, kernel_or_skip, TRACEFS};
+use serde_json::Value;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn demo() -> Command {
+    let mut c = deepspan();
+    c.arg("demo")
+        .env(
+            "DEEPSPAN_DEMO_DIR",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../demo"),
+        )
+        // The demo's services import the SDK of this checkout.
+        .env(
+            "PYTHONPATH",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/python"),
+        );
+    c
+}
+
+/// What the demo may leave behind, named so that leftovers can be found.
+#[derive(Debug, PartialEq, Eq)]
+struct Leftovers {
+    processes: BTreeSet<String>,
+    cgroups: BTreeSet<String>,
+    netns: BTreeSet<String>,
+    links: BTreeSet<String>,
+    work_dirs: BTreeSet<String>,
+    dead_instances: BTreeSet<String>,
+}
+
+fn names_in(dir: &str, prefix: &str) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+fn leftovers() -> Leftovers {
+    let mut processes = BTreeSet::new();
+    for pid in names_in("/proc", "") {
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        // The driver, the shop's services, hog and backup, and PostgreSQL
+        // (its data folder is in a deepspan-demo-<pid>- work folder).
+        if cmd.contains("demo/driver.py")
+            || cmd.contains("shop.service")
+            || cmd.contains("shop.loadgen")
+            || cmd.contains("harness.")
+            || cmd.contains("/deepspan-demo-")
+        {
+            processes.insert(format!("{pid}: {}", cmd.trim()));
+        }
+    }
+    let dead_instances = names_in(&format!("{TRACEFS}/instances"), "deepspan-")
+        .into_iter()
+        .filter(|n| {
+            n.split('-')
+                .nth(1)
+                .and_then(|p| p.parse().ok())
+                .is_some_and(|p: i32| !alive(p))
+        })
+        .collect();
+    Leftovers {
+        processes,
+        cgroups: names_in("/sys/fs/cgroup/cpu", "deepspan-demo-")
+            .into_iter()
+            .chain(names_in("/sys/fs/cgroup", "deepspan-demo-"))
+            .collect(),
+        netns: names_in("/run/netns", "deepspan-demo-"),
+        links: names_in("/sys/class/net", "dsd"),
+        work_dirs: names_in("/var/tmp", "deepspan-demo-"),
+        dead_instances,
+    }
+}
+
+/// Fails with the difference when the demo left something that was not
+/// there before it started.
+fn assert_nothing_left(before: &Leftovers) {
+    let after = leftovers();
+    let new = |a: &BTreeSet<String>, b: &BTreeSet<String>| -> Vec<String> {
+        a.difference(b).cloned().collect()
+    };
+    let found = [
+        ("processes", new(&after.processes, &before.processes)),
+        ("cgroups", new(&after.cgroups, &before.cgroups)),
+        ("network namespaces", new(&after.netns, &before.netns)),
+        ("links", new(&after.links, &before.links)),
+        (
+            "work folders in /var/tmp",
+            new(&after.work_dirs, &before.work_dirs),
+        ),
+        (
+            "tracefs instances of dead recorders",
+            new(&after.dead_instances, &before.dead_instances),
+        ),
+    ];
+    let left: Vec<_> = found.iter().filter(|(_, v)| !v.is_empty()).collect();
+    assert!(left.is_empty(), "the demo left these behind: {left:#?}");
+}
+
+#[test]
+fn every_scenario_is_diagnosed_and_nothing_is_left_behind() {
+    if !kernel_or_skip("every_scenario_is_diagnosed_and_nothing_is_left_behind") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let before = leftovers();
+    let keep = tempfile::tempdir_in("/var/tmp").expect("temp dir");
+    let started = Instant::now();
+    let out = demo()
+        .args(["--format", "json", "--keep"])
+        .arg(keep.path())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run deepspan demo");
+    eprintln!(
+        "deepspan demo took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_nothing_left(&before);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "demo output is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    let scenarios = doc["scenarios"].as_array().expect("scenarios array");
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "cpu-cgroup",
+            "cpu-hog",
+            "lock",
+            "db-row-lock",
+            "disk",
+            "network"
+        ]
+    );
+    let mut failed = Vec::new();
+    for s in scenarios {
+        let name = s["name"].as_str().unwrap();
+        for key in ["expected_cause", "found_cause", "top_requests", "ok"] {
+            assert!(s.get(key).is_some(), "{name}: no {key} in {s}");
+        }
+        // The fault shows on the kernel critical path of the requests it hit.
+        if s["path_check"]["ok"] != true {
+            failed.push(format!(
+                "{name}: kernel path: {}",
+                s["path_check"]["detail"]
+            ));
+        }
+        if s["diagnosis_available"] == true {
+            if s["ok"] != true || s["found_cause"] != s["expected_cause"] {
+                failed.push(format!(
+                    "{name}: expected {}, found {} ({})",
+                    s["expected_cause"], s["found_cause"], s["problems"]
+                ));
+            }
+        } else {
+            // Before `deepspan analyze` diagnoses: said plainly, and a failure.
+            assert_eq!(s["found_cause"], Value::Null, "{name}");
+            assert_eq!(s["ok"], false, "{name}");
+            assert!(
+                s["problems"][0]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("no diagnosis"),
+                "{name}: {s}"
+            );
+            eprintln!(
+                "{name}: no diagnosis yet; kernel path: {}",
+                s["path_check"]["detail"]
+            );
+        }
+        let run = Path::new(s["run"].as_str().expect("kept run"));
+        assert!(
+            run.join("demo/expected.json").is_file()
+                && run.join("analysis/requests.json").is_file()
+        );
+    }
+    assert!(
+        failed.is_empty(),
+        "scenarios not diagnosed as expected:\n{}",
+        failed.join("\n")
+    );
+    let all_diagnosed = scenarios.iter().all(|s| s["diagnosis_available"] == true);
+    assert_eq!(
+        out.status.success(),
+        all_diagnosed,
+        "exit status {} vs verdicts",
+        out.status
+    );
+}
+
+/// Starts `deepspan demo --scenario NAME` in its own process group, waits
+/// until `fault_active()` (the fault is in place), sends `signal` (to the
+/// group when `group`, as a terminal's Ctrl-C does) and checks that the
+/// demo stops with 128+signal and removes everything.
+fn interrupt_during_fault(name: &str, signal: i32, group: bool, fault_active: impl Fn() -> bool) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let before = leftovers();
+    let mut child = demo()
+        .args(["--scenario", name, "--format", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .expect("run deepspan demo");
+    let pid = child.id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !fault_active() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{name}: the demo ended ({status}) before its fault was seen");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: the fault did not show within 90 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(if group { -pid } else { pid }, signal) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            panic!("{name}: the demo did not stop within 60 s of the signal");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        status.code(),
+        Some(128 + signal),
+        "{name}: exit status {status}"
+    );
+    assert_nothing_left(&before);
+}
+
+#[test]
+fn sigterm_during_the_network_fault_removes_namespace_link_and_everything() {
+    if !kernel_or_skip("sigterm_during_the_network_fault") {
+        return;
+    }
+    // The qdisc is the fault: a tbf on the far end of the veth.
+    interrupt_during_fault("network", libc::SIGTERM, false, || {
+        names_in("/run/netns", "deepspan-demo-").iter().any(|ns| {
+            Command::new("ip")
+                .args(["netns", "exec", ns, "tc", "qdisc", "show"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("tbf"))
+        })
+    });
+}
+
+#[test]
+fn ctrl_c_during_the_cgroup_fault_removes_the_cgroup_and_everything() {
+    if !kernel_or_skip("ctrl_c_during_the_cgroup_fault") {
+        return;
+    }
+    interrupt_during_fault("cpu-cgroup", libc::SIGINT, true, || {
+        names_in("/sys/fs/cgroup/cpu", "deepspan-demo-")
+            .iter()
+            .any(|g| {
+                std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/{g}/tasks"))
+                    .is_ok_and(|t| !t.trim().is_empty())
+            })
+    });
+}
+
+#[test]
+fn a_driver_killed_with_sigkill_is_cleaned_up_by_the_next_one() {
+    if !kernel_or_skip("a_driver_killed_with_sigkill") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let before = leftovers();
+    let mut child = demo()
+        .args(["--scenario", "network", "--format", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("run deepspan demo");
+    // The driver's pid is in its namespace's name: deepspan-demo-<pid>.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let driver: i32 = loop {
+        let mine = &names_in("/run/netns", "deepspan-demo-") - &before.netns;
+        if let Some(pid) = mine
+            .iter()
+            .find_map(|n| n["deepspan-demo-".len()..].parse().ok())
+        {
+            break pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no network namespace of the driver within 90 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Once PostgreSQL runs (the services start after it).
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(driver, libc::SIGKILL) };
+    let status = child.wait().expect("wait for deepspan demo");
+    assert!(
+        !status.success(),
+        "the demo cannot succeed without its driver"
+    );
+    let left = leftovers();
+    assert!(
+        left.netns.len() > before.netns.len() && left.work_dirs.len() > before.work_dirs.len(),
+        "a SIGKILLed driver leaves its namespace and work folder: {left:?}"
+    );
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../demo/driver.py"))
+        .arg("--cleanup")
+        .output()
+        .expect("run driver.py --cleanup");
+    assert!(
+        out.status.success(),
+        "driver.py --cleanup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The services die with their driver (PR_SET_PDEATHSIG); give them a moment.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !leftovers().processes.is_subset(&before.processes) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_nothing_left(&before);
+}

@@ -1,0 +1,372 @@
+//! The comparison of a run's diagnoses with what its scenario expected.
+//!
+//! The *target* requests are those of the expected service (and operation)
+//! that overlap the fault window. With diagnoses (`deepspan analyze` fills
+//! `diagnosis` and `anomalous` per request), the found cause is the most
+//! frequent cause among the anomalous targets, and every expected culprit
+//! must match a culprit of one of those with the expected cause.
+//!
+//! Independently, the *path check* looks at the kernel critical path
+//! itself (the `causes` of each request, which exist without diagnoses):
+//! the slow targets (more than twice their operation's median and 1 ms
+//! over it) must mostly have the expected state or blocking request on top.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `demo/expected.json`, written by the scenario's driver.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Expected {
+    pub scenario: String,
+    #[serde(default)]
+    pub description: String,
+    /// The expected diagnosis cause (contract names: `cpu_throttled`, …).
+    pub cause: String,
+    pub target: Target,
+    /// CLOCK_MONOTONIC ns while the fault was active.
+    pub window_ns: [u64; 2],
+    /// Each must match (all its fields equal) a culprit of the diagnosis.
+    pub culprits: Vec<serde_json::Map<String, Value>>,
+    /// What the kernel critical path of the slow targets must show.
+    pub path: PathExpectation,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Target {
+    pub service: String,
+    pub operation: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct PathExpectation {
+    /// Path state of the request's top cause (PREEMPTED, NETWORK, …).
+    pub state: Option<String>,
+    /// For PREEMPTED: whether held back (throttled) rather than out-competed.
+    pub throttled: Option<bool>,
+    /// The top cause is time blocked by this request (span id).
+    pub blocked_by_request: Option<String>,
+}
+
+/// One scenario's outcome (the `scenarios` entries of `--format json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Verdict {
+    pub name: String,
+    pub expected_cause: String,
+    /// None when nothing was diagnosed (see `problems`).
+    pub found_cause: Option<String>,
+    /// The slowest target requests (anomalous ones when diagnosed).
+    pub top_requests: Vec<TopRequest>,
+    pub ok: bool,
+    /// Whether requests.json had diagnoses at all.
+    pub diagnosis_available: bool,
+    /// Target requests in the fault window, and how many were anomalous.
+    pub targets: usize,
+    pub anomalous: usize,
+    pub expected_culprits: Vec<serde_json::Map<String, Value>>,
+    pub culprits_found: bool,
+    pub path_check: PathCheck,
+    /// Why the scenario is not ok, in words.
+    pub problems: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TopRequest {
+    pub trace_id: String,
+    pub span_id: String,
+    pub service: String,
+    pub operation: String,
+    pub duration_ns: u64,
+    pub anomalous: Option<bool>,
+    pub cause: Option<String>,
+    pub headline: Option<String>,
+    pub culprits: Vec<Value>,
+    /// The top entry of the request's kernel-path summary, e.g.
+    /// `[1301/pricing] PREEMPTED (throttled)` and its share.
+    pub path_top: Option<String>,
+    pub path_top_share: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PathCheck {
+    pub ok: bool,
+    /// Slow target requests, and how many show the expected path.
+    pub slow: usize,
+    pub matching: usize,
+    pub detail: String,
+}
+
+struct Req<'a> {
+    v: &'a Value,
+    service: &'a str,
+    operation: &'a str,
+    start: u64,
+    end: u64,
+    duration: u64,
+}
+
+impl<'a> Req<'a> {
+    fn parse(v: &'a Value) -> Option<Req<'a>> {
+        Some(Req {
+            v,
+            service: v.get("service")?.as_str()?,
+            operation: v.get("operation")?.as_str()?,
+            start: v.get("start_ns")?.as_u64()?,
+            end: v.get("end_ns")?.as_u64()?,
+            duration: v.get("duration_ns")?.as_u64()?,
+        })
+    }
+
+    fn str(&self, key: &str) -> String {
+        self.v
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn diagnosis(&self) -> Option<&'a Value> {
+        self.v.get("diagnosis").filter(|d| !d.is_null())
+    }
+
+    fn cause(&self) -> Option<&'a str> {
+        self.diagnosis()?.get("cause")?.as_str()
+    }
+
+    fn top_path_cause(&self) -> Option<&'a Value> {
+        self.v.get("causes")?.as_array()?.first()
+    }
+}
+
+/// Compares `requests_json` (a run's `analysis/requests.json`) with
+/// `expected`.
+pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
+    let all: Vec<Req> = requests_json
+        .get("requests")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Req::parse).collect())
+        .unwrap_or_default();
+    let diagnosis_available = all.iter().any(|r| r.v.get("diagnosis").is_some());
+    let [w0, w1] = expected.window_ns;
+    let t = &expected.target;
+    let targets: Vec<&Req> = all
+        .iter()
+        .filter(|r| r.service == t.service && t.operation.iter().all(|op| r.operation == op))
+        .filter(|r| r.start < w1 && r.end > w0)
+        .collect();
+
+    let mut problems = Vec::new();
+    if targets.is_empty() {
+        problems.push(format!(
+            "no {} request overlaps the fault window",
+            target_label(t)
+        ));
+    }
+    let anomalous: Vec<&Req> = targets
+        .iter()
+        .copied()
+        .filter(|r| r.v.get("anomalous").and_then(Value::as_bool) == Some(true))
+        .collect();
+    let mut found_cause = None;
+    let mut culprits_found = false;
+    if !diagnosis_available {
+        problems
+            .push("no diagnosis in requests.json (this deepspan analyze does not diagnose)".into());
+    } else if anomalous.is_empty() && !targets.is_empty() {
+        problems.push(format!(
+            "none of the {} {} requests in the fault window is anomalous",
+            targets.len(),
+            target_label(t)
+        ));
+    } else {
+        found_cause = majority_cause(&anomalous);
+        let with_cause: Vec<&&Req> = anomalous
+            .iter()
+            .filter(|r| r.cause() == Some(expected.cause.as_str()))
+            .collect();
+        let missing: Vec<String> = expected
+            .culprits
+            .iter()
+            .filter(|m| {
+                !with_cause.iter().any(|r| {
+                    r.diagnosis()
+                        .and_then(|d| d.get("culprits"))
+                        .and_then(Value::as_array)
+                        .is_some_and(|cs| cs.iter().any(|c| matches(c, m)))
+                })
+            })
+            .map(|m| Value::Object(m.clone()).to_string())
+            .collect();
+        culprits_found = missing.is_empty();
+        if found_cause.as_deref() != Some(expected.cause.as_str()) {
+            problems.push(format!(
+                "expected cause {}, found {}",
+                expected.cause,
+                found_cause.as_deref().unwrap_or("none")
+            ));
+        }
+        if !missing.is_empty() {
+            problems.push(format!("culprits not named: {}", missing.join(", ")));
+        }
+    }
+
+    let path_check = path_check(expected, &all, &targets);
+    let ok = diagnosis_available
+        && found_cause.as_deref() == Some(expected.cause.as_str())
+        && culprits_found;
+
+    let mut shown: Vec<&Req> = if diagnosis_available {
+        anomalous.clone()
+    } else {
+        slow(&all, &targets)
+    };
+    shown.sort_by_key(|r| std::cmp::Reverse(r.duration));
+    let top_requests = shown.iter().take(3).map(|r| top_request(r)).collect();
+    Verdict {
+        name: expected.scenario.clone(),
+        expected_cause: expected.cause.clone(),
+        found_cause,
+        top_requests,
+        ok,
+        diagnosis_available,
+        targets: targets.len(),
+        anomalous: anomalous.len(),
+        expected_culprits: expected.culprits.clone(),
+        culprits_found,
+        path_check,
+        problems,
+    }
+}
+
+fn target_label(t: &Target) -> String {
+    match &t.operation {
+        Some(op) => format!("[{}] {op}", t.service),
+        None => format!("[{}]", t.service),
+    }
+}
+
+/// The most frequent cause; ties go to the cause with more time.
+fn majority_cause(reqs: &[&Req]) -> Option<String> {
+    let mut by: HashMap<&str, (usize, u64)> = HashMap::new();
+    for r in reqs {
+        if let Some(c) = r.cause() {
+            let e = by.entry(c).or_default();
+            e.0 += 1;
+            e.1 += r.duration;
+        }
+    }
+    let mut v: Vec<_> = by.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    v.first().map(|(c, _)| c.to_string())
+}
+
+/// True when every field of `matcher` equals the culprit's (numbers by
+/// value, so `pid: 42` matches `42` and `42.0`).
+fn matches(culprit: &Value, matcher: &serde_json::Map<String, Value>) -> bool {
+    matcher
+        .iter()
+        .all(|(k, want)| match (culprit.get(k), want) {
+            (Some(Value::Number(a)), Value::Number(b)) => a.as_f64() == b.as_f64(),
+            (Some(got), want) => got == want,
+            (None, _) => false,
+        })
+}
+
+/// Targets more than twice their operation's median and 1 ms over it.
+fn slow<'a>(all: &[Req<'a>], targets: &[&'a Req<'a>]) -> Vec<&'a Req<'a>> {
+    let mut by_op: HashMap<(&str, &str), Vec<u64>> = HashMap::new();
+    for r in all {
+        by_op
+            .entry((r.service, r.operation))
+            .or_default()
+            .push(r.duration);
+    }
+    let medians: HashMap<(&str, &str), u64> = by_op
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_unstable();
+            (k, v[(v.len() - 1) / 2])
+        })
+        .collect();
+    targets
+        .iter()
+        .copied()
+        .filter(|r| {
+            let m = medians[&(r.service, r.operation)];
+            r.duration > m.saturating_mul(2) && r.duration > m + 1_000_000
+        })
+        .collect()
+}
+
+fn path_check(expected: &Expected, all: &[Req], targets: &[&Req]) -> PathCheck {
+    let slow = slow(all, targets);
+    let p = &expected.path;
+    let shows = |r: &Req| -> bool {
+        let Some(c) = r.top_path_cause() else {
+            return false;
+        };
+        let num = |k: &str| c.get(k).and_then(Value::as_u64).unwrap_or(0);
+        if let Some(id) = &p.blocked_by_request {
+            if c.get("blocked_by_request").and_then(Value::as_str) != Some(id.as_str()) {
+                return false;
+            }
+        }
+        if let Some(state) = &p.state {
+            if c.get("state").and_then(Value::as_str) != Some(state.as_str()) {
+                return false;
+            }
+        }
+        match p.throttled {
+            Some(true) => num("throttled_ns") > num("contended_ns"),
+            Some(false) => num("contended_ns") >= num("throttled_ns"),
+            None => true,
+        }
+    };
+    let matching = slow.iter().filter(|r| shows(r)).count();
+    let what = match (&p.state, p.throttled, &p.blocked_by_request) {
+        (_, _, Some(id)) => format!("blocked by {id}"),
+        (Some(s), Some(true), _) => format!("{s} (throttled)"),
+        (Some(s), Some(false), _) => format!("{s} (other threads ran)"),
+        (Some(s), None, _) => s.clone(),
+        (None, _, None) => "anything".into(),
+    };
+    let ok = !slow.is_empty() && matching * 2 >= slow.len();
+    PathCheck {
+        ok,
+        slow: slow.len(),
+        matching,
+        detail: format!("{what} in {matching} of {} slow requests", slow.len()),
+    }
+}
+
+fn top_request(r: &Req) -> TopRequest {
+    let d = r.diagnosis();
+    let c = r.top_path_cause();
+    TopRequest {
+        trace_id: r.str("trace_id"),
+        span_id: r.str("span_id"),
+        service: r.service.to_string(),
+        operation: r.operation.to_string(),
+        duration_ns: r.duration,
+        anomalous: r.v.get("anomalous").and_then(Value::as_bool),
+        cause: r.cause().map(str::to_string),
+        headline: d
+            .and_then(|d| d.get("headline"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        culprits: d
+            .and_then(|d| d.get("culprits"))
+            .and_then(Value::as_array)
+            .map(|a| a.iter().take(3).cloned().collect())
+            .unwrap_or_default(),
+        path_top: c
+            .and_then(|c| c.get("label"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        path_top_share: c.and_then(|c| c.get("share")).and_then(Value::as_f64),
+    }
+}
+
+#[cfg(test)]
+mod tests;

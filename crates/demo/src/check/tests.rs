@@ -1,0 +1,191 @@
+use serde_json::json;
+
+use super::*;
+
+fn expected() -> Expected {
+    serde_json::from_value(json!({
+        "scenario": "lock",
+        "cause": "lock_contention",
+        "target": {"service": "media", "operation": "GET /image"},
+        "window_ns": [1000, 2000],
+        "culprits": [{"kind": "request", "span_id": "00000000000000aa"}],
+        "path": {"blocked_by_request": "00000000000000aa"}
+    }))
+    .unwrap()
+}
+
+/// A request of media GET /image (unless `op` says otherwise).
+fn req(span: u64, start: u64, dur: u64, diag: Option<Value>, top: Value) -> Value {
+    let mut r = json!({
+        "trace_id": "0".repeat(32), "span_id": format!("{span:016x}"),
+        "service": "media", "operation": "GET /image",
+        "start_ns": start, "end_ns": start + dur, "duration_ns": dur,
+        "causes": [top],
+    });
+    if let Some(d) = diag {
+        r["anomalous"] = json!(dur > 10_000_000);
+        r["diagnosis"] = d;
+    }
+    r
+}
+
+fn running() -> Value {
+    json!({"label": "RUNNING", "state": "RUNNING", "ns": 1, "share": 1.0})
+}
+
+fn blocked() -> Value {
+    json!({"label": "blocked", "state": "TIMER", "blocked_by_request": "00000000000000aa", "ns": 1, "share": 0.9})
+}
+
+fn lock_diag(culprit_span: &str) -> Value {
+    json!({"cause": "lock_contention", "headline": "lock", "evidence": {},
+           "culprits": [{"kind": "thread", "tid": 7, "ns": 5}, {"kind": "request", "span_id": culprit_span, "ns": 5}]})
+}
+
+/// Baseline requests (fast, outside the window) plus the given ones.
+fn run(extra: Vec<Value>, diagnosed: bool) -> Value {
+    let mut reqs: Vec<Value> = (0..10)
+        .map(|i| {
+            let d = diagnosed.then(
+                || json!({"cause": "running", "headline": "", "evidence": {}, "culprits": []}),
+            );
+            req(100 + i, 3000 + i * 10, 2_000_000, d, running())
+        })
+        .collect();
+    reqs.extend(extra);
+    json!({"requests": reqs})
+}
+
+#[test]
+fn diagnosed_as_expected_with_culprit_is_ok() {
+    let r = run(
+        vec![
+            req(
+                1,
+                1500,
+                500_000_000,
+                Some(lock_diag("00000000000000aa")),
+                blocked(),
+            ),
+            req(
+                2,
+                1600,
+                400_000_000,
+                Some(lock_diag("00000000000000aa")),
+                blocked(),
+            ),
+        ],
+        true,
+    );
+    let v = check(&expected(), &r);
+    assert!(v.ok, "{v:?}");
+    assert_eq!(v.found_cause.as_deref(), Some("lock_contention"));
+    assert_eq!((v.targets, v.anomalous), (2, 2));
+    assert!(
+        v.path_check.ok && v.path_check.matching == 2,
+        "{:?}",
+        v.path_check
+    );
+    assert_eq!(v.top_requests[0].span_id, format!("{:016x}", 1));
+}
+
+#[test]
+fn wrong_culprit_fails() {
+    let r = run(
+        vec![req(
+            1,
+            1500,
+            500_000_000,
+            Some(lock_diag("00000000000000bb")),
+            blocked(),
+        )],
+        true,
+    );
+    let v = check(&expected(), &r);
+    assert!(!v.ok);
+    assert!(!v.culprits_found);
+    assert!(
+        v.problems.iter().any(|p| p.contains("culprits not named")),
+        "{:?}",
+        v.problems
+    );
+}
+
+#[test]
+fn wrong_cause_fails() {
+    let mut d = lock_diag("00000000000000aa");
+    d["cause"] = json!("timer");
+    let r = run(vec![req(1, 1500, 500_000_000, Some(d), blocked())], true);
+    let v = check(&expected(), &r);
+    assert!(!v.ok);
+    assert_eq!(v.found_cause.as_deref(), Some("timer"));
+}
+
+#[test]
+fn requests_outside_the_window_or_of_other_operations_are_not_targets() {
+    let mut other = req(
+        3,
+        1500,
+        900_000_000,
+        Some(lock_diag("00000000000000aa")),
+        blocked(),
+    );
+    other["operation"] = json!("POST /reindex");
+    let late = req(
+        4,
+        2500,
+        900_000_000,
+        Some(lock_diag("00000000000000aa")),
+        blocked(),
+    );
+    let v = check(&expected(), &run(vec![other, late], true));
+    assert_eq!(v.targets, 0);
+    assert!(!v.ok);
+}
+
+#[test]
+fn without_diagnoses_says_so_and_still_checks_the_path() {
+    let r = run(
+        vec![
+            req(1, 1500, 500_000_000, None, blocked()),
+            req(2, 1600, 400_000_000, None, running()),
+        ],
+        false,
+    );
+    let v = check(&expected(), &r);
+    assert!(!v.ok && !v.diagnosis_available);
+    assert_eq!(v.found_cause, None);
+    assert!(
+        v.problems[0].starts_with("no diagnosis"),
+        "{:?}",
+        v.problems
+    );
+    assert_eq!((v.path_check.slow, v.path_check.matching), (2, 1));
+    assert!(v.path_check.ok, "half of the slow requests is enough");
+}
+
+#[test]
+fn path_check_fails_when_the_fault_does_not_show() {
+    let r = run(vec![req(1, 1500, 500_000_000, None, running())], false);
+    let v = check(&expected(), &r);
+    assert!(!v.path_check.ok);
+    assert_eq!(
+        v.path_check.detail,
+        "blocked by 00000000000000aa in 0 of 1 slow requests"
+    );
+}
+
+#[test]
+fn culprit_numbers_match_by_value() {
+    let m: serde_json::Map<String, Value> =
+        serde_json::from_value(json!({"comm": "backup", "pid": 42})).unwrap();
+    assert!(matches(
+        &json!({"kind": "process", "comm": "backup", "pid": 42, "ns": 1}),
+        &m
+    ));
+    assert!(!matches(
+        &json!({"kind": "process", "comm": "backup", "pid": 43}),
+        &m
+    ));
+    assert!(!matches(&json!({"kind": "process", "comm": "backup"}), &m));
+}
