@@ -99,25 +99,20 @@ impl KernelTrace {
                 let bar = progress::spinner("decoding CTF");
                 let mut progress = |n| bar.set_message(format!("{n} events"));
                 let kernel: Arc<[bool]> = trace.traces().iter().map(|t| t.is_kernel()).collect();
+                let claimed = Arc::new(AtomicUsize::new(0));
                 let built = match trace.stream_events() {
                     Some(readers) => {
-                        let claimed = Arc::new(AtomicUsize::new(0));
-                        let streams = readers
-                            .into_iter()
-                            .map(|reader| CtfStreamReader {
-                                lost: reader.lost_log(),
-                                reader,
-                                kernel: kernel.clone(),
-                                claimed: claimed.clone(),
-                                pending: Vec::new(),
-                                read: 0,
-                                last_ts: 0,
-                                done: false,
-                            })
-                            .collect();
-                        build_model(builder, streams, &mut progress)
+                        let streams = readers.into_iter().map(|r| {
+                            let lost = r.lost_log();
+                            CtfInput::new((r, lost), &kernel, &claimed)
+                        });
+                        build_model(builder, streams.collect(), &mut progress)
                     }
-                    None => build_model(builder, vec![CtfStream::new(trace)], &mut progress),
+                    None => {
+                        let events = trace.events();
+                        let lost = events.lost_log();
+                        build_model(builder, vec![CtfInput::new((events, lost), &kernel, &claimed)], &mut progress)
+                    }
                 }
                 .with_context(|| format!("cannot decode {}", path.display()));
                 bar.finish_and_clear();
@@ -208,15 +203,19 @@ impl Iterator for CpuStream {
     }
 }
 
-/// The kernel traces of a CTF folder, merged, as model input. User-space
-/// traces are left out (their span events are imported as spans). Packets
-/// that report discarded events become `Lost` markers on their stream's
-/// CPU, placed at an event read shortly after the report (the reader's loss
-/// list is looked at every [`LOSS_CHECK_EVERY`] events: it sits behind a lock).
-struct CtfStream {
-    events: deepspan_ctf::Events,
-    kernel: Vec<bool>,
-    lost_reports: usize,
+/// CTF events as model input: one stream of a folder (see
+/// [`deepspan_ctf::CtfTrace::stream_events`]) decoded on its own thread, or
+/// all of them merged when the trace cannot be read per stream. Only kernel
+/// traces' events are kept. The loss reports of all streams sit in one
+/// shared log, looked at every [`LOSS_CHECK_EVERY`] events (it is behind a
+/// lock): each report becomes a marker once, in the input that claims it
+/// first, at that input's current time.
+struct CtfInput<I> {
+    reader: I,
+    lost: deepspan_ctf::LostLogHandle,
+    kernel: Arc<[bool]>,
+    /// Reports of the shared log already turned into markers.
+    claimed: Arc<AtomicUsize>,
     /// Items to hand out before reading on, popped from the back.
     pending: Vec<Input>,
     read: u64,
@@ -226,12 +225,17 @@ struct CtfStream {
 
 const LOSS_CHECK_EVERY: u64 = 256;
 
-impl CtfStream {
-    fn new(trace: &CtfTrace) -> CtfStream {
-        CtfStream {
-            events: trace.events(),
-            kernel: trace.traces().iter().map(|t| t.is_kernel()).collect(),
-            lost_reports: 0,
+impl<I> CtfInput<I> {
+    fn new(
+        (reader, lost): (I, deepspan_ctf::LostLogHandle),
+        kernel: &Arc<[bool]>,
+        claimed: &Arc<AtomicUsize>,
+    ) -> CtfInput<I> {
+        CtfInput {
+            reader,
+            lost,
+            kernel: kernel.clone(),
+            claimed: claimed.clone(),
             pending: Vec::new(),
             read: 0,
             last_ts: 0,
@@ -239,80 +243,6 @@ impl CtfStream {
         }
     }
 
-    /// Queues markers for the loss reports that came in since the last
-    /// call, at `ts` (never before an event already handed out).
-    fn queue_losses(&mut self, ts: u64) {
-        let records = self.events.lost_event_records();
-        for r in &records[self.lost_reports.min(records.len())..] {
-            if self.kernel.get(r.trace).copied().unwrap_or(false) {
-                self.pending.push(Input::Lost {
-                    cpu: r.stream_instance.unwrap_or(0) as u32,
-                    ts,
-                    count: r.count,
-                });
-            }
-        }
-        self.lost_reports = records.len();
-    }
-}
-
-impl Iterator for CtfStream {
-    type Item = Result<Input, deepspan_ctf::Error>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(i) = self.pending.pop() {
-                return Some(Ok(i));
-            }
-            if self.done {
-                return None;
-            }
-            let next = self.events.next();
-            self.read += 1;
-            let event = match next {
-                None => {
-                    self.done = true;
-                    self.queue_losses(self.last_ts);
-                    continue;
-                }
-                Some(Err(e)) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-                Some(Ok(e)) => e,
-            };
-            let kernel = self.kernel.get(event.trace_index()).copied().unwrap_or(false);
-            if kernel {
-                self.last_ts = event.ts();
-                self.pending.push(Input::Event(event.to_event()));
-            }
-            if self.read % LOSS_CHECK_EVERY == 0 {
-                // Markers are pushed above the event they were noticed at,
-                // so they come out before it.
-                self.queue_losses(self.last_ts);
-            }
-        }
-    }
-}
-
-/// One stream of a CTF folder (see [`deepspan_ctf::CtfTrace::stream_events`])
-/// as model input, decoded on its own thread; only kernel traces' events
-/// are kept. The loss reports of all streams sit in one shared log: each
-/// report becomes a marker once, in the stream whose reader claims it
-/// first, at that stream's current time.
-struct CtfStreamReader {
-    reader: deepspan_ctf::StreamReader,
-    lost: deepspan_ctf::LostLogHandle,
-    kernel: Arc<[bool]>,
-    /// Reports of the shared log already turned into markers.
-    claimed: Arc<AtomicUsize>,
-    pending: Vec<Input>,
-    read: u64,
-    last_ts: u64,
-    done: bool,
-}
-
-impl CtfStreamReader {
     fn claim_losses(&mut self) {
         let reports = self.lost.reports();
         let from = self.claimed.load(Ordering::Acquire);
@@ -336,7 +266,10 @@ impl CtfStreamReader {
     }
 }
 
-impl Iterator for CtfStreamReader {
+impl<I> Iterator for CtfInput<I>
+where
+    I: Iterator<Item = Result<deepspan_ctf::CtfEvent, deepspan_ctf::Error>>,
+{
     type Item = Result<Input, deepspan_ctf::Error>;
 
     fn next(&mut self) -> Option<Self::Item> {

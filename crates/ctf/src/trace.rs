@@ -583,6 +583,11 @@ impl Events {
         self.lost.lock().map(|l| l.total).unwrap_or(0)
     }
 
+    /// The discarded-event log of this iteration, shared; it outlives it.
+    pub fn lost_log(&self) -> LostLogHandle {
+        LostLogHandle(self.lost.clone())
+    }
+
     /// Where the discarded events were, packet by packet, so far.
     pub fn lost_event_records(&self) -> Vec<LostEvents> {
         self.lost
