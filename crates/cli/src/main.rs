@@ -7,6 +7,7 @@ mod progress;
 mod receive;
 mod record;
 mod spans_cmd;
+mod ui;
 
 use std::process::ExitCode;
 
@@ -49,6 +50,12 @@ enum Command {
     Analyze(analyze::AnalyzeArgs),
     /// One request's kernel critical path and summary (after `analyze`).
     Report(analyze::ReportArgs),
+    /// Serve the web UI over an analysed run (127.0.0.1:7878 by default).
+    ///
+    /// Views: the requests, one request's span Gantt chart and kernel
+    /// critical path per thread with its summary and diagnosis, the
+    /// requests running at the same time, and CPUs and threads over time.
+    Ui(ui::UiArgs),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +68,7 @@ fn main() -> ExitCode {
         Command::Spans(args) => spans_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Command::Analyze(args) => analyze::run(args).map(|()| ExitCode::SUCCESS),
         Command::Report(args) => analyze::report(args).map(|()| ExitCode::SUCCESS),
+        Command::Ui(args) => ui::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
