@@ -7,7 +7,10 @@ use std::path::Path;
 fn main() {
     let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ui/dist");
     println!("cargo:rerun-if-changed={}", dist.display());
-    println!("cargo:rerun-if-changed={}", dist.join("index.html").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        dist.join("index.html").display()
+    );
     println!("cargo:rerun-if-changed={}", dist.join("assets").display());
     if !dist.join("index.html").is_file() {
         panic!(

@@ -32,7 +32,10 @@ pub fn run(args: UiArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     if !args.bind.is_loopback() {
-        eprintln!("warning: listening on {}: anyone who can reach this machine can read the run", args.bind);
+        eprintln!(
+            "warning: listening on {}: anyone who can reach this machine can read the run",
+            args.bind
+        );
     }
     deepspan_ui_server::run_blocking(state, SocketAddr::new(args.bind, args.port), |addr| {
         // stdout carries only the URL, so scripts and tests can read it.

@@ -41,7 +41,14 @@ fn record_lock_case(dir: &Path) -> (PathBuf, Value) {
             .arg("record")
             .arg("-o")
             .arg(&run)
-            .args(["--otlp-grpc-port", "0", "--otlp-http-port", "0", "--", "python3"])
+            .args([
+                "--otlp-grpc-port",
+                "0",
+                "--otlp-http-port",
+                "0",
+                "--",
+                "python3",
+            ])
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/analyze/cases.py"))
             .arg("lock")
             .arg(&out)
@@ -49,7 +56,10 @@ fn record_lock_case(dir: &Path) -> (PathBuf, Value) {
             .output()
             .unwrap(),
     );
-    check("deepspan analyze", deepspan().arg("analyze").arg(&run).output().unwrap());
+    check(
+        "deepspan analyze",
+        deepspan().arg("analyze").arg(&run).output().unwrap(),
+    );
     let ids = serde_json::from_slice(&std::fs::read(out.join("ids.json")).unwrap()).unwrap();
     (run, ids)
 }
@@ -85,14 +95,22 @@ fn serve(run: &Path) -> Server {
         .and_then(|s| s.strip_suffix('/'))
         .unwrap_or_else(|| panic!("deepspan ui printed {line:?}, not its URL"))
         .to_string();
-    assert!(addr.starts_with("127.0.0.1:"), "serves {addr}, not on 127.0.0.1 by default");
+    assert!(
+        addr.starts_with("127.0.0.1:"),
+        "serves {addr}, not on 127.0.0.1 by default"
+    );
     Server { child, addr }
 }
 
 /// A raw GET: the path goes on the wire exactly as given.
 fn get(s: &Server, path: &str) -> (u16, String) {
     let mut c = TcpStream::connect(&s.addr).unwrap();
-    write!(c, "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", s.addr).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        s.addr
+    )
+    .unwrap();
     let mut buf = Vec::new();
     c.read_to_end(&mut buf).unwrap();
     let text = String::from_utf8_lossy(&buf).into_owned();
@@ -101,9 +119,15 @@ fn get(s: &Server, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no status in {text:?}"));
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     // Bodies are small here; undo chunked encoding if used.
-    let body = if text.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if text
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(&body)
     } else {
         body
@@ -150,75 +174,165 @@ fn api_on_a_recorded_run() {
     // The app and the run.
     let (status, index) = get(&s, "/");
     assert_eq!(status, 200);
-    assert!(index.contains("<div id=\"tooltip\""), "not the built UI: {index}");
+    assert!(
+        index.contains("<div id=\"tooltip\""),
+        "not the built UI: {index}"
+    );
     let info = json(&s, "/api/run");
     assert!(info["requests"].as_u64().unwrap() >= 2, "{info}");
     assert!(info["intervals"].as_u64().unwrap() > 10, "{info}");
-    let (t0, t1) = (info["start_ns"].as_i64().unwrap(), info["end_ns"].as_i64().unwrap());
+    let (t0, t1) = (
+        info["start_ns"].as_i64().unwrap(),
+        info["end_ns"].as_i64().unwrap(),
+    );
     assert!(t1 > t0);
 
     // Requests: sorted both ways, filtered.
     let list = json(&s, "/api/requests?sort=duration&order=desc");
-    let durations: Vec<u64> = list["requests"].as_array().unwrap().iter().map(|r| r["duration_ns"].as_u64().unwrap()).collect();
+    let durations: Vec<u64> = list["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["duration_ns"].as_u64().unwrap())
+        .collect();
     assert!(durations.windows(2).all(|w| w[0] >= w[1]), "{durations:?}");
-    assert_eq!(list["requests"][0]["span_id"], holder, "the holder (300 ms with the lock) is the slowest");
+    // Both last about 300 ms (the waiter waits for the holder's sleep).
+    let slowest = list["requests"][0]["span_id"].as_str().unwrap();
+    assert!(slowest == holder || slowest == waiter, "{list}");
     let by_start = json(&s, "/api/requests?sort=start&order=asc");
-    let starts: Vec<u64> = by_start["requests"].as_array().unwrap().iter().map(|r| r["start_ns"].as_u64().unwrap()).collect();
+    let starts: Vec<u64> = by_start["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["start_ns"].as_u64().unwrap())
+        .collect();
     assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{starts:?}");
     let waiters = json(&s, "/api/requests?operation=waiter");
     assert_eq!(waiters["total"], 1, "{waiters}");
-    assert_eq!(json(&s, "/api/requests?service=no-such-service")["total"], 0);
+    assert_eq!(
+        json(&s, "/api/requests?service=no-such-service")["total"],
+        0
+    );
 
     // One request: the waiter is blocked by the holder.
     let w = json(&s, &format!("/api/requests/{waiter}"));
     assert_eq!(w["request"]["span_id"], waiter);
     assert!(
-        w["blockers"].as_array().unwrap().iter().any(|b| b["span_id"] == holder),
+        w["blockers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["span_id"] == holder),
         "the waiter's blockers: {}",
         w["blockers"]
     );
     let spans = json(&s, &format!("/api/requests/{waiter}/spans"));
     let trace = &spans["trace"];
-    assert!(trace["spans"].as_array().unwrap().iter().any(|sp| sp["span_id"] == waiter), "{spans}");
-    assert!(!trace["critical_path"].as_array().unwrap().is_empty(), "no span critical path: {spans}");
+    assert!(
+        trace["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|sp| sp["span_id"] == waiter),
+        "{spans}"
+    );
+    assert!(
+        !trace["critical_path"].as_array().unwrap().is_empty(),
+        "no span critical path: {spans}"
+    );
 
     // The holder's timeline: the whole request, then a sub-range.
     let h = json(&s, &format!("/api/requests/{holder}"));
-    let (hs, he) = (h["request"]["start_ns"].as_i64().unwrap(), h["request"]["end_ns"].as_i64().unwrap());
-    let full = json(&s, &format!("/api/requests/{holder}/timeline?resolution_ns=1"));
+    let (hs, he) = (
+        h["request"]["start_ns"].as_i64().unwrap(),
+        h["request"]["end_ns"].as_i64().unwrap(),
+    );
+    let full = json(
+        &s,
+        &format!("/api/requests/{holder}/timeline?resolution_ns=1"),
+    );
     let states = &full["drawn_states"];
-    assert!(states["TIMER"].as_u64().unwrap_or(0) > 0, "the holder sleeps with the lock: {states}");
-    let pieces: Vec<&Value> = full["lanes"].as_array().unwrap().iter().flat_map(|l| l["intervals"].as_array().unwrap()).collect();
-    let covered: i64 = pieces.iter().map(|p| p["end_ns"].as_i64().unwrap() - p["start_ns"].as_i64().unwrap()).sum();
-    assert_eq!(covered, he - hs, "at full resolution the pieces cover the request exactly");
+    assert!(
+        states["TIMER"].as_u64().unwrap_or(0) > 0,
+        "the holder sleeps with the lock: {states}"
+    );
+    let pieces: Vec<&Value> = full["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["intervals"].as_array().unwrap())
+        .collect();
+    let covered: i64 = pieces
+        .iter()
+        .map(|p| p["end_ns"].as_i64().unwrap() - p["start_ns"].as_i64().unwrap())
+        .sum();
+    assert_eq!(
+        covered,
+        he - hs,
+        "at full resolution the pieces cover the request exactly"
+    );
     let mid = hs + (he - hs) / 2;
-    let part = json(&s, &format!("/api/requests/{holder}/timeline?start_ns={mid}&end_ns={he}&resolution_ns=1"));
+    let part = json(
+        &s,
+        &format!("/api/requests/{holder}/timeline?start_ns={mid}&end_ns={he}&resolution_ns=1"),
+    );
     for l in part["lanes"].as_array().unwrap() {
         for p in l["intervals"].as_array().unwrap() {
-            assert!(p["end_ns"].as_i64().unwrap() > mid && p["start_ns"].as_i64().unwrap() < he, "{p} is outside the range");
+            assert!(
+                p["end_ns"].as_i64().unwrap() > mid && p["start_ns"].as_i64().unwrap() < he,
+                "{p} is outside the range"
+            );
         }
     }
     // A coarse resolution never returns more than about one piece per step.
-    let coarse = json(&s, &format!("/api/requests/{holder}/timeline?resolution_ns={}", (he - hs) / 10));
+    let coarse = json(
+        &s,
+        &format!(
+            "/api/requests/{holder}/timeline?resolution_ns={}",
+            (he - hs) / 10
+        ),
+    );
     for l in coarse["lanes"].as_array().unwrap() {
         assert!(l["intervals"].as_array().unwrap().len() <= 22, "{l}");
     }
 
     // Thread states and CPUs over a window.
-    let ts = json(&s, &format!("/api/thread_states?start_ns={t0}&end_ns={t1}&resolution_ns=1000000"));
+    let ts = json(
+        &s,
+        &format!("/api/thread_states?start_ns={t0}&end_ns={t1}&resolution_ns=1000000"),
+    );
     assert!(!ts["lanes"].as_array().unwrap().is_empty(), "{ts}");
     let tid = ts["lanes"][0]["tid"].as_i64().unwrap();
-    let one = json(&s, &format!("/api/thread_states?tids={tid}&resolution_ns=1"));
+    let one = json(
+        &s,
+        &format!("/api/thread_states?tids={tid}&resolution_ns=1"),
+    );
     assert_eq!(one["lanes"].as_array().unwrap().len(), 1);
     let ivs = one["lanes"][0]["intervals"].as_array().unwrap();
-    assert!(ivs.windows(2).all(|w| w[0]["start_ns"].as_i64() <= w[1]["start_ns"].as_i64()), "intervals out of order");
+    assert!(
+        ivs.windows(2)
+            .all(|w| w[0]["start_ns"].as_i64() <= w[1]["start_ns"].as_i64()),
+        "intervals out of order"
+    );
     let cpus = json(&s, &format!("/api/cpus?start_ns={t0}&end_ns={t1}"));
     assert!(!cpus["cpus"].as_array().unwrap().is_empty(), "{cpus}");
     let conc = json(&s, &format!("/api/concurrent?start_ns={hs}&end_ns={he}"));
-    let shown: Vec<&str> = conc["requests"].as_array().unwrap().iter().map(|r| r["span_id"].as_str().unwrap()).collect();
-    assert!(shown.contains(&holder) && shown.contains(&waiter), "{shown:?}");
+    let shown: Vec<&str> = conc["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["span_id"].as_str().unwrap())
+        .collect();
     assert!(
-        conc["arrows"].as_array().unwrap().iter().any(|a| a["from"] == waiter && a["to"] == holder),
+        shown.contains(&holder) && shown.contains(&waiter),
+        "{shown:?}"
+    );
+    assert!(
+        conc["arrows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["from"] == waiter && a["to"] == holder),
         "no arrow from the waiter to the holder: {}",
         conc["arrows"]
     );
@@ -241,8 +355,12 @@ fn api_on_a_recorded_run() {
         ("/api/concurrent?start_ns=%zz", "percent"),
     ] {
         let body = error(&s, path, 400);
-        let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{path}: not JSON: {body}"));
-        assert!(v["error"].as_str().unwrap().contains(says), "{path}: {body}");
+        let v: Value =
+            serde_json::from_str(&body).unwrap_or_else(|_| panic!("{path}: not JSON: {body}"));
+        assert!(
+            v["error"].as_str().unwrap().contains(says),
+            "{path}: {body}"
+        );
     }
     // Unknown things: 404.
     error(&s, "/api/requests/0123456789abcdef", 404);
@@ -269,12 +387,21 @@ fn api_on_a_recorded_run() {
         "/api/requests/%2e%2e/spans",
     ] {
         let (status, body) = get(&s, path);
-        assert!(status == 404 || status == 400, "GET {path} answered {status}: {body}");
-        assert!(!body.contains("SECRET") && !body.contains("root:"), "GET {path} leaked: {body}");
+        assert!(
+            status == 404 || status == 400,
+            "GET {path} answered {status}: {body}"
+        );
+        assert!(
+            !body.contains("SECRET") && !body.contains("root:"),
+            "GET {path} leaked: {body}"
+        );
     }
     // An absolute URI in the request line.
     let (status, body) = get(&s, &format!("http://{}/../secret.txt", s.addr));
-    assert!(status == 404 || status == 400, "absolute URI answered {status}: {body}");
+    assert!(
+        status == 404 || status == 400,
+        "absolute URI answered {status}: {body}"
+    );
     drop(s);
 
     // A table that is a symlink leading out of the run is refused.
@@ -282,7 +409,12 @@ fn api_on_a_recorded_run() {
     let table = run.join("analysis/thread_states.parquet");
     std::fs::rename(&table, &outside).unwrap();
     std::os::unix::fs::symlink(&outside, &table).unwrap();
-    let out = deepspan().arg("ui").arg(&run).args(["--port", "0"]).output().unwrap();
+    let out = deepspan()
+        .arg("ui")
+        .arg(&run)
+        .args(["--port", "0"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("outside the run folder"), "{err}");
@@ -292,12 +424,51 @@ fn api_on_a_recorded_run() {
     std::os::unix::fs::symlink("ts-real.parquet", &table).unwrap();
     let s = serve(&run);
     assert!(json(&s, "/api/run")["intervals"].as_u64().unwrap() > 10);
+    drop(s);
+
+    // The diagnosis fields (DIAGNOSIS_CONTRACT.md), when the analysis has
+    // them, are served and filter the list.
+    let path = run.join("analysis/requests.json");
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for r in doc["requests"].as_array_mut().unwrap() {
+        let is_waiter = r["span_id"] == waiter;
+        r["anomalous"] = Value::Bool(is_waiter);
+        r["baseline_ns"] = Value::Null;
+        r["diagnosis"] = serde_json::json!({
+            "cause": if is_waiter { "lock_contention" } else { "timer" },
+            "headline": "test",
+            "evidence": {"share": 0.99},
+            "culprits": [{"kind": "request", "span_id": holder, "ns": 1}],
+        });
+    }
+    std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let s = serve(&run);
+    let info = json(&s, "/api/run");
+    assert_eq!(
+        info["causes"],
+        serde_json::json!(["lock_contention", "timer"]),
+        "{info}"
+    );
+    let locked = json(&s, "/api/requests?cause=lock_contention");
+    assert_eq!(locked["total"], 1);
+    assert_eq!(locked["requests"][0]["span_id"], waiter);
+    let anomalous = json(&s, "/api/requests?anomalous=true");
+    assert_eq!(anomalous["total"], 1);
+    assert_eq!(anomalous["requests"][0]["span_id"], waiter);
+    assert_eq!(json(&s, "/api/requests?anomalous=false")["total"], 1);
+    let w = json(&s, &format!("/api/requests/{waiter}"));
+    assert_eq!(w["diagnosis"]["cause"], "lock_contention");
 }
 
 #[test]
 fn ui_refuses_a_run_without_analysis() {
     let dir = tempfile::tempdir().unwrap();
-    let out = deepspan().arg("ui").arg(dir.path()).args(["--port", "0"]).output().unwrap();
+    let out = deepspan()
+        .arg("ui")
+        .arg(dir.path())
+        .args(["--port", "0"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("deepspan analyze"), "{err}");

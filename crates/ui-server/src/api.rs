@@ -73,18 +73,27 @@ impl Params {
             if !allowed.contains(&k.as_str()) {
                 return Err(ApiError::bad(format!(
                     "unknown parameter {k:?}; this endpoint takes {}",
-                    if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") }
+                    if allowed.is_empty() {
+                        "none".to_string()
+                    } else {
+                        allowed.join(", ")
+                    }
                 )));
             }
             if values.insert(k.clone(), v).is_some() {
-                return Err(ApiError::bad(format!("parameter {k:?} is given more than once")));
+                return Err(ApiError::bad(format!(
+                    "parameter {k:?} is given more than once"
+                )));
             }
         }
         Ok(Params { values })
     }
 
     fn str(&self, name: &str) -> Option<&str> {
-        self.values.get(name).map(String::as_str).filter(|s| !s.is_empty())
+        self.values
+            .get(name)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
     }
 
     fn int(&self, name: &str) -> Result<Option<i64>, ApiError> {
@@ -109,7 +118,9 @@ impl Params {
             .map(|s| match s {
                 "true" | "1" => Ok(true),
                 "false" | "0" => Ok(false),
-                _ => Err(ApiError::bad(format!("{name}: expected true or false, got {s:?}"))),
+                _ => Err(ApiError::bad(format!(
+                    "{name}: expected true or false, got {s:?}"
+                ))),
             })
             .transpose()
     }
@@ -120,7 +131,9 @@ impl Params {
         let start = self.int("start_ns")?.unwrap_or(run.0);
         let end = self.int("end_ns")?.unwrap_or(run.1.max(run.0 + 1));
         if start < 0 {
-            return Err(ApiError::bad(format!("start_ns: must be >= 0, got {start}")));
+            return Err(ApiError::bad(format!(
+                "start_ns: must be >= 0, got {start}"
+            )));
         }
         if end <= start {
             return Err(ApiError::bad(format!(
@@ -146,7 +159,9 @@ fn decode(s: &str) -> Result<String, ApiError> {
                     .get(i + 1..i + 3)
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| ApiError::bad(format!("bad percent-encoding in the query: {s:?}")))?;
+                    .ok_or_else(|| {
+                        ApiError::bad(format!("bad percent-encoding in the query: {s:?}"))
+                    })?;
                 out.push(hex);
                 i += 2;
             }
@@ -177,7 +192,11 @@ pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
             }
         }
     }
-    let services: BTreeSet<&str> = d.requests().iter().filter_map(|r| r["service"].as_str()).collect();
+    let services: BTreeSet<&str> = d
+        .requests()
+        .iter()
+        .filter_map(|r| r["service"].as_str())
+        .collect();
     let causes: BTreeSet<&str> = d
         .requests()
         .iter()
@@ -206,15 +225,31 @@ pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
 pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
     let p = Params::parse(
         q,
-        &["sort", "order", "service", "operation", "cause", "anomalous", "limit", "start_ns", "end_ns"],
+        &[
+            "sort",
+            "order",
+            "service",
+            "operation",
+            "cause",
+            "anomalous",
+            "limit",
+            "start_ns",
+            "end_ns",
+        ],
     )?;
     let sort = p.str("sort").unwrap_or("duration");
     if !["duration", "start"].contains(&sort) {
-        return Err(ApiError::bad(format!("sort: expected duration or start, got {sort:?}")));
+        return Err(ApiError::bad(format!(
+            "sort: expected duration or start, got {sort:?}"
+        )));
     }
-    let order = p.str("order").unwrap_or(if sort == "duration" { "desc" } else { "asc" });
+    let order = p
+        .str("order")
+        .unwrap_or(if sort == "duration" { "desc" } else { "asc" });
     if !["asc", "desc"].contains(&order) {
-        return Err(ApiError::bad(format!("order: expected asc or desc, got {order:?}")));
+        return Err(ApiError::bad(format!(
+            "order: expected asc or desc, got {order:?}"
+        )));
     }
     let limit = p.positive("limit")?.map_or(usize::MAX, |v| v as usize);
     let anomalous = p.bool("anomalous")?;
@@ -227,17 +262,30 @@ pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiRes
             )));
         }
     }
-    let key = if sort == "duration" { "duration_ns" } else { "start_ns" };
+    let key = if sort == "duration" {
+        "duration_ns"
+    } else {
+        "start_ns"
+    };
     let mut list: Vec<&Value> = st
         .data
         .requests()
         .iter()
-        .filter(|r| p.str("service").map_or(true, |v| r["service"].as_str() == Some(v)))
-        .filter(|r| p.str("operation").map_or(true, |v| r["operation"].as_str() == Some(v)))
-        .filter(|r| p.str("cause").map_or(true, |v| r["diagnosis"]["cause"].as_str() == Some(v)))
-        .filter(|r| anomalous.map_or(true, |a| r["anomalous"].as_bool().unwrap_or(false) == a))
-        .filter(|r| from.map_or(true, |f| r["end_ns"].as_i64().unwrap_or(0) > f))
-        .filter(|r| to.map_or(true, |t| r["start_ns"].as_i64().unwrap_or(0) < t))
+        .filter(|r| {
+            p.str("service")
+                .is_none_or(|v| r["service"].as_str() == Some(v))
+        })
+        .filter(|r| {
+            p.str("operation")
+                .is_none_or(|v| r["operation"].as_str() == Some(v))
+        })
+        .filter(|r| {
+            p.str("cause")
+                .is_none_or(|v| r["diagnosis"]["cause"].as_str() == Some(v))
+        })
+        .filter(|r| anomalous.is_none_or(|a| r["anomalous"].as_bool().unwrap_or(false) == a))
+        .filter(|r| from.is_none_or(|f| r["end_ns"].as_i64().unwrap_or(0) > f))
+        .filter(|r| to.is_none_or(|t| r["start_ns"].as_i64().unwrap_or(0) < t))
         .collect();
     list.sort_by_key(|r| r[key].as_u64().unwrap_or(0));
     if order == "desc" {
@@ -265,7 +313,12 @@ fn find_request<'a>(st: &'a AppState, id: &str) -> Result<(&'a Value, String), A
         .iter()
         .filter(|r| r["trace_id"].as_str() == Some(id.as_str()))
         .collect();
-    in_trace.sort_by_key(|r| (!r["parent_span_id"].is_null(), std::cmp::Reverse(r["duration_ns"].as_u64())));
+    in_trace.sort_by_key(|r| {
+        (
+            !r["parent_span_id"].is_null(),
+            std::cmp::Reverse(r["duration_ns"].as_u64()),
+        )
+    });
     let r = in_trace
         .first()
         .ok_or_else(|| ApiError::not_found(format!("no request with span id or trace id {id}")))?;
@@ -301,7 +354,12 @@ pub async fn request(
         .map(|(tid, (comm, ns))| json!({"tid": tid, "comm": comm, "ns": ns, "home": Some(*tid as i64) == home}))
         .collect();
     // The request's own thread first, then by time on the path.
-    thread_list.sort_by_key(|t| (!t["home"].as_bool().unwrap_or(false), std::cmp::Reverse(t["ns"].as_i64())));
+    thread_list.sort_by_key(|t| {
+        (
+            !t["home"].as_bool().unwrap_or(false),
+            std::cmp::Reverse(t["ns"].as_i64()),
+        )
+    });
     let blockers: Vec<Value> = blockers
         .iter()
         .map(|b| match d.request(b) {
@@ -379,13 +437,19 @@ pub async fn request_timeline(
     let p = Params::parse(q, &["start_ns", "end_ns", "resolution_ns"])?;
     let (r, span) = find_request(&st, &id)?;
     let d = &st.data;
-    let req_range = (r["start_ns"].as_i64().unwrap_or(0), r["end_ns"].as_i64().unwrap_or(0));
+    let req_range = (
+        r["start_ns"].as_i64().unwrap_or(0),
+        r["end_ns"].as_i64().unwrap_or(0),
+    );
     let (from, to, res) = p.window(req_range)?;
     let pieces = d.paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
     // One lane per thread; the LOD runs per lane on that thread's pieces.
     let mut by_tid: BTreeMap<i32, Vec<crate::data::Piece>> = BTreeMap::new();
     for piece in pieces {
-        by_tid.entry(piece.tid.unwrap_or(-1)).or_default().push(piece.clone());
+        by_tid
+            .entry(piece.tid.unwrap_or(-1))
+            .or_default()
+            .push(piece.clone());
     }
     let mut lanes = Vec::new();
     let mut truncated = false;
@@ -448,7 +512,9 @@ pub async fn concurrent(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiR
     let mut reqs: Vec<&Value> = d
         .requests()
         .iter()
-        .filter(|r| r["end_ns"].as_i64().unwrap_or(0) > from && r["start_ns"].as_i64().unwrap_or(0) < to)
+        .filter(|r| {
+            r["end_ns"].as_i64().unwrap_or(0) > from && r["start_ns"].as_i64().unwrap_or(0) < to
+        })
         .collect();
     reqs.sort_by_key(|r| r["start_ns"].as_i64());
     let total = reqs.len();
@@ -517,9 +583,11 @@ fn parse_tids(p: &Params) -> Result<Option<Vec<i32>>, ApiError> {
         .map(|s| {
             s.split(',')
                 .map(|t| {
-                    t.trim()
-                        .parse::<i32>()
-                        .map_err(|_| ApiError::bad(format!("tids: expected thread ids separated by commas, got {t:?}")))
+                    t.trim().parse::<i32>().map_err(|_| {
+                        ApiError::bad(format!(
+                            "tids: expected thread ids separated by commas, got {t:?}"
+                        ))
+                    })
                 })
                 .collect()
         })
@@ -537,7 +605,9 @@ pub async fn thread_states(State(st): State<Shared>, RawQuery(q): RawQuery) -> A
     let tids: Vec<i32> = match parse_tids(&p)? {
         Some(t) => {
             if let Some(missing) = t.iter().find(|t| !d.threads.contains_key(t)) {
-                return Err(ApiError::not_found(format!("no thread {missing} in this run")));
+                return Err(ApiError::not_found(format!(
+                    "no thread {missing} in this run"
+                )));
             }
             t
         }
@@ -618,7 +688,9 @@ pub async fn cpus(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult 
         .filter_map(|tid| d.threads.get(tid))
         .map(|t| (t.tid.to_string(), json!({"pid": t.pid, "comm": t.comm})))
         .collect();
-    Ok(Json(json!({"start_ns": from, "end_ns": to, "resolution_ns": res, "cpus": out, "threads": threads})))
+    Ok(Json(
+        json!({"start_ns": from, "end_ns": to, "resolution_ns": res, "cpus": out, "threads": threads}),
+    ))
 }
 
 /// Any other `/api/…` path.

@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
 use deepspan_store::table::{read_rows, Cell};
-use deepspan_store::tables::{
-    CRITICAL_PATH, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES,
-};
+use deepspan_store::tables::{CRITICAL_PATH, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES};
 use deepspan_store::ANALYSIS_DIR;
 use serde_json::Value;
 
@@ -46,7 +44,10 @@ impl RunDir {
             DataError::Missing(format!("cannot open run folder {}: {e}", path.display()))
         })?;
         if !root.is_dir() {
-            return Err(DataError::Missing(format!("{} is not a folder", path.display())));
+            return Err(DataError::Missing(format!(
+                "{} is not a folder",
+                path.display()
+            )));
         }
         let run = RunDir { root };
         let requests = run.root.join(ANALYSIS_DIR).join("requests.json");
@@ -249,7 +250,9 @@ impl Columns {
             .iter()
             .map(|n| {
                 row.iter().position(|(c, _)| c == n).ok_or_else(|| {
-                    DataError::Bad(format!("{table} has no column {n:?}: was it written by this deepspan?"))
+                    DataError::Bad(format!(
+                        "{table} has no column {n:?}: was it written by this deepspan?"
+                    ))
                 })
             })
             .collect::<Result<Vec<_>, _>>()
@@ -269,14 +272,18 @@ impl RunData {
     /// Loads the analysis of `dir`.
     pub fn load(dir: RunDir) -> Result<RunData, DataError> {
         let json_path = dir.analysis("requests.json")?;
-        let requests_json: Value = serde_json::from_slice(
-            &std::fs::read(&json_path)
-                .map_err(|e| DataError::Missing(format!("cannot read {}: {e}", json_path.display())))?,
-        )
-        .map_err(|e| DataError::Bad(format!("{} is not valid JSON: {e}", json_path.display())))?;
+        let requests_json: Value =
+            serde_json::from_slice(&std::fs::read(&json_path).map_err(|e| {
+                DataError::Missing(format!("cannot read {}: {e}", json_path.display()))
+            })?)
+            .map_err(|e| {
+                DataError::Bad(format!("{} is not valid JSON: {e}", json_path.display()))
+            })?;
         let request_index: HashMap<String, usize> = requests_json["requests"]
             .as_array()
-            .ok_or_else(|| DataError::Bad(format!("{} has no \"requests\" list", json_path.display())))?
+            .ok_or_else(|| {
+                DataError::Bad(format!("{} has no \"requests\" list", json_path.display()))
+            })?
             .iter()
             .enumerate()
             .filter_map(|(i, r)| r["span_id"].as_str().map(|s| (s.to_string(), i)))
@@ -299,7 +306,18 @@ impl RunData {
             if cols.is_none() {
                 match Columns::of(
                     row,
-                    &["tid", "pid", "comm", "start_ns", "end_ns", "state", "cpu", "waker_tid", "detail", "syscall"],
+                    &[
+                        "tid",
+                        "pid",
+                        "comm",
+                        "start_ns",
+                        "end_ns",
+                        "state",
+                        "cpu",
+                        "waker_tid",
+                        "detail",
+                        "syscall",
+                    ],
                     THREAD_STATES,
                 ) {
                     Ok(c) => cols = Some(c),
@@ -335,7 +353,9 @@ impl RunData {
             if strings.get(state) == Some("RUNNING") {
                 lane.running_ns += end - start;
                 if cpu >= 0 {
-                    cpus.entry(cpu).or_default().push(CpuSlice { start, end, tid });
+                    cpus.entry(cpu)
+                        .or_default()
+                        .push(CpuSlice { start, end, tid });
                 }
             }
             lane.intervals.push(iv);
@@ -375,7 +395,10 @@ impl RunData {
             };
             let seq = int(r, "seq").unwrap_or(0);
             if let Some(span) = text(r, "span_id") {
-                paths.entry(span.to_string()).or_default().push((seq, piece));
+                paths
+                    .entry(span.to_string())
+                    .or_default()
+                    .push((seq, piece));
             }
             false
         })
@@ -391,17 +414,20 @@ impl RunData {
         let mut summaries: HashMap<String, Vec<Value>> = HashMap::new();
         read_rows(&dir.analysis(REQUEST_SUMMARY)?, |r| {
             if let Some(span) = text(r, "span_id") {
-                summaries.entry(span.to_string()).or_default().push(serde_json::json!({
-                    "state": text(r, "state"),
-                    "tid": int(r, "tid"),
-                    "comm": text(r, "comm"),
-                    "blocked_by_request": text(r, "blocked_by_request"),
-                    "ns": int(r, "ns").unwrap_or(0),
-                    "share": get(r, "share").as_f64().unwrap_or(0.0),
-                    "throttled_ns": int(r, "throttled_ns").unwrap_or(0),
-                    "contended_ns": int(r, "contended_ns").unwrap_or(0),
-                    "wakeup_ns": int(r, "wakeup_ns").unwrap_or(0),
-                }));
+                summaries
+                    .entry(span.to_string())
+                    .or_default()
+                    .push(serde_json::json!({
+                        "state": text(r, "state"),
+                        "tid": int(r, "tid"),
+                        "comm": text(r, "comm"),
+                        "blocked_by_request": text(r, "blocked_by_request"),
+                        "ns": int(r, "ns").unwrap_or(0),
+                        "share": get(r, "share").as_f64().unwrap_or(0.0),
+                        "throttled_ns": int(r, "throttled_ns").unwrap_or(0),
+                        "contended_ns": int(r, "contended_ns").unwrap_or(0),
+                        "wakeup_ns": int(r, "wakeup_ns").unwrap_or(0),
+                    }));
             }
             false
         })
@@ -418,7 +444,7 @@ impl RunData {
         })
         .map_err(store_err)?;
         for v in syscalls.values_mut() {
-            v.sort_by(|a, b| b.1.cmp(&a.1));
+            v.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
         }
         if range.0 > range.1 {
             let t = &requests_json["trace"];
@@ -612,7 +638,8 @@ impl RunSpans {
             .filter_map(|sec| {
                 let span = by_id.get(&sec.span_id.0)?;
                 let (mono_start, _, _) = mono(span)?;
-                let shift = |t: u64| (mono_start as i128 + t as i128 - span.start_ns as i128).max(0) as u64;
+                let shift =
+                    |t: u64| (mono_start as i128 + t as i128 - span.start_ns as i128).max(0) as u64;
                 Some(CriticalSection {
                     span_id: sec.span_id.to_string(),
                     start_ns: shift(sec.start_ns),

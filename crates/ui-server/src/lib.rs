@@ -83,7 +83,9 @@ async fn asset(uri: Uri) -> Response {
     let plain = !rel.contains('%')
         && !rel.contains('\\')
         && !path.starts_with("//")
-        && rel.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != "..");
+        && rel
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..");
     match ASSETS.get_file(rel).filter(|_| plain) {
         Some(f) => {
             // Vite names assets by content hash: they never change.
@@ -93,7 +95,10 @@ async fn asset(uri: Uri) -> Response {
                 "no-cache"
             };
             (
-                [(header::CONTENT_TYPE, content_type(rel)), (header::CACHE_CONTROL, cache)],
+                [
+                    (header::CONTENT_TYPE, content_type(rel)),
+                    (header::CACHE_CONTROL, cache),
+                ],
                 f.contents(),
             )
                 .into_response()
@@ -143,9 +148,9 @@ pub fn run_blocking(
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
-        })?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         ready(listener.local_addr()?);
         serve(listener, state).await
     })

@@ -173,17 +173,28 @@ mod tests {
         assert_eq!(out.len(), 4);
         assert_eq!((out[0].start, out[0].end, out[0].merged), (0, 100, 1));
         // Bucket 10 (ns 100..110): state 1 has 7 ns, state 2 has 1 ns.
-        assert_eq!((out[1].start, out[1].end, out[1].category, out[1].merged), (100, 108, 1, 3));
-        assert_eq!(out[1].index, 3, "the longest interval of the dominant state");
+        assert_eq!(
+            (out[1].start, out[1].end, out[1].category, out[1].merged),
+            (100, 108, 1, 3)
+        );
+        assert_eq!(
+            out[1].index, 3,
+            "the longest interval of the dominant state"
+        );
         assert!((out[1].coverage - 1.0).abs() < 1e-6);
         // Bucket 11 holds one short interval.
-        assert_eq!((out[2].start, out[2].end, out[2].category, out[2].merged), (110, 115, 2, 1));
+        assert_eq!(
+            (out[2].start, out[2].end, out[2].category, out[2].merged),
+            (110, 115, 2, 1)
+        );
         assert_eq!((out[3].start, out[3].end), (115, 300));
     }
 
     #[test]
     fn window_and_resolution_one_keep_everything_overlapping() {
-        let lane: Vec<Iv> = (0..1000).map(|i| Iv(i * 2, i * 2 + 1, (i % 3) as u32)).collect();
+        let lane: Vec<Iv> = (0..1000)
+            .map(|i| Iv(i * 2, i * 2 + 1, (i % 3) as u32))
+            .collect();
         let (out, _) = reduce(&lane, 101, 201, 1, usize::MAX);
         assert_eq!(out.first().unwrap().start, 102);
         assert_eq!(out.last().unwrap().start, 200);
@@ -194,11 +205,16 @@ mod tests {
 
     #[test]
     fn many_short_intervals_reduce_to_about_one_per_pixel() {
-        let lane: Vec<Iv> = (0..200_000).map(|i| Iv(i * 10, i * 10 + 7, (i % 5 == 0) as u32)).collect();
+        let lane: Vec<Iv> = (0..200_000)
+            .map(|i| Iv(i * 10, i * 10 + 7, (i % 5 == 0) as u32))
+            .collect();
         let res = 2_000_000 / 1000; // 1000 pixels
         let (out, _) = reduce(&lane, 0, 2_000_000, res, usize::MAX);
         assert!(out.len() <= 1001, "{} intervals", out.len());
-        assert!(out.iter().all(|d| d.category == 0), "category 0 dominates every bucket");
+        assert!(
+            out.iter().all(|d| d.category == 0),
+            "category 0 dominates every bucket"
+        );
         assert!(out.iter().all(|d| (d.coverage - 0.7).abs() < 0.01));
         let merged: u32 = out.iter().map(|d| d.merged).sum();
         assert_eq!(merged, 200_000, "every interval is accounted for");
@@ -214,7 +230,9 @@ mod tests {
 
     #[test]
     fn buckets_do_not_depend_on_the_window() {
-        let lane: Vec<Iv> = (0..1000).map(|i| Iv(i * 3, i * 3 + 2, (i % 2) as u32)).collect();
+        let lane: Vec<Iv> = (0..1000)
+            .map(|i| Iv(i * 3, i * 3 + 2, (i % 2) as u32))
+            .collect();
         let (a, _) = reduce(&lane, 0, 3000, 50, usize::MAX);
         let (b, _) = reduce(&lane, 1000, 3000, 50, usize::MAX);
         let tail: Vec<&Drawn> = a.iter().filter(|d| d.start >= 1050).collect();
