@@ -91,9 +91,7 @@ fn contains_ctf_metadata(dir: &Path, depth: u32) -> bool {
     }
     depth > 0
         && std::fs::read_dir(dir).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.path().is_dir() && contains_ctf_metadata(&e.path(), depth - 1))
+            entries.flatten().any(|e| e.path().is_dir() && contains_ctf_metadata(&e.path(), depth - 1))
         })
 }
 
@@ -185,10 +183,7 @@ fn ctf_lines(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Resu
         }
         let event = event?;
         let fields = |fields: &deepspan_model::Fields| -> Map<String, Json> {
-            fields
-                .iter()
-                .map(|(name, value)| (name.to_string(), value_json(value.clone())))
-                .collect()
+            fields.iter().map(|(name, value)| (name.to_string(), value_json(value.clone()))).collect()
         };
         let doc = json!({
             "ts": event.ts(),

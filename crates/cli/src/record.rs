@@ -78,18 +78,10 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
         Some(s) => bail!("--duration must be a positive number of seconds, not {s}"),
     };
-    let out = args
-        .output
-        .expect("clap requires --output without --cleanup");
+    let out = args.output.expect("clap requires --output without --cleanup");
     // Listening before the command starts; port 0 becomes the real port in its environment.
     let receiver = (!args.no_otlp)
-        .then(|| {
-            crate::receive::start_run_receiver(
-                &out,
-                Some(args.otlp_grpc_port),
-                Some(args.otlp_http_port),
-            )
-        })
+        .then(|| crate::receive::start_run_receiver(&out, Some(args.otlp_grpc_port), Some(args.otlp_http_port)))
         .transpose()?;
     let bound = |addr: Option<std::net::SocketAddr>, asked: u16| addr.map_or(asked, |a| a.port());
     let options = RecordOptions {
@@ -103,14 +95,8 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         pids: args.pids,
         duration,
         command: args.command,
-        otlp_grpc_port: bound(
-            receiver.as_ref().and_then(|r| r.grpc_addr()),
-            args.otlp_grpc_port,
-        ),
-        otlp_http_port: bound(
-            receiver.as_ref().and_then(|r| r.http_addr()),
-            args.otlp_http_port,
-        ),
+        otlp_grpc_port: bound(receiver.as_ref().and_then(|r| r.grpc_addr()), args.otlp_grpc_port),
+        otlp_http_port: bound(receiver.as_ref().and_then(|r| r.http_addr()), args.otlp_http_port),
     };
     let bar = progress::spinner("starting");
     let summary = deepspan_record::record(&options, &mut |p: &Progress| {
@@ -136,11 +122,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
 }
 
 fn describe(p: &Progress) -> String {
-    format!(
-        "{} recorded, {} lost",
-        human_bytes(p.bytes_written),
-        p.lost_events
-    )
+    format!("{} recorded, {} lost", human_bytes(p.bytes_written), p.lost_events)
 }
 
 fn human_bytes(n: u64) -> String {

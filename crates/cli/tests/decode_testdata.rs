@@ -9,34 +9,19 @@ use common::deepspan;
 use serde_json::Value as Json;
 
 fn testdata(name: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/testdata/kernel/ftrace"
-    ))
-    .join(name)
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ftrace")).join(name)
 }
 
 fn expected_counts(name: &str) -> Json {
     let path = testdata(&format!("{name}.counts.json"));
-    serde_json::from_slice(
-        &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-    .unwrap()
+    serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
 #[test]
 fn summary_matches_trace_cmd_counts() {
     for name in ["sched_load", "example_rtapp"] {
-        let out = deepspan()
-            .arg("decode")
-            .arg(testdata(&format!("{name}.dat")))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = deepspan().arg("decode").arg(testdata(&format!("{name}.dat"))).output().unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
         let expected = expected_counts(name);
         assert_eq!(summary["format"], "trace.dat v6", "{name}");
@@ -54,37 +39,16 @@ fn jsonl_is_time_ordered_and_limited() {
         .args(["--format", "jsonl", "--limit", "500"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let events: Vec<Json> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events: Vec<Json> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(events.len(), 500);
     let expected = expected_counts("sched_load");
     assert_eq!(events[0]["ts"], expected["first_event_ts_ns"]);
-    assert!(events
-        .windows(2)
-        .all(|w| w[0]["ts"].as_u64() <= w[1]["ts"].as_u64()));
-    let switch = events
-        .iter()
-        .find(|e| e["name"] == "sched_switch")
-        .expect("a sched_switch");
-    for key in [
-        "prev_comm",
-        "prev_pid",
-        "prev_state",
-        "next_comm",
-        "next_pid",
-    ] {
-        assert!(
-            switch["fields"].get(key).is_some(),
-            "sched_switch lacks {key}: {switch}"
-        );
+    assert!(events.windows(2).all(|w| w[0]["ts"].as_u64() <= w[1]["ts"].as_u64()));
+    let switch = events.iter().find(|e| e["name"] == "sched_switch").expect("a sched_switch");
+    for key in ["prev_comm", "prev_pid", "prev_state", "next_comm", "next_pid"] {
+        assert!(switch["fields"].get(key).is_some(), "sched_switch lacks {key}: {switch}");
     }
 }
 
@@ -101,19 +65,13 @@ fn bad_input_is_a_clear_error() {
     let out = deepspan().arg("decode").arg(&garbage).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("garbage.dat") && err.contains("offset"),
-        "{err}"
-    );
+    assert!(err.contains("garbage.dat") && err.contains("offset"), "{err}");
 
     let truncated = tmp.path().join("truncated.dat");
     let full = std::fs::read(testdata("sched_load.dat")).unwrap();
     std::fs::write(&truncated, &full[..full.len() / 2]).unwrap();
     let out = deepspan().arg("decode").arg(&truncated).output().unwrap();
-    assert!(
-        !out.status.success(),
-        "a trace cut in half must not decode silently"
-    );
+    assert!(!out.status.success(), "a trace cut in half must not decode silently");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
 
@@ -121,57 +79,26 @@ fn bad_input_is_a_clear_error() {
 /// gave (the corpus's expected.json), and JSON lines come out in time order.
 #[test]
 fn ctf_summary_matches_babeltrace2_counts() {
-    let root = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/testdata/kernel/ctf"
-    ));
+    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ctf"));
     let mut checked = 0;
     for entry in std::fs::read_dir(&root).unwrap() {
         let dir = entry.unwrap().path();
-        let expected: Json =
-            serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
-        let observed = expected["observed"]
-            .get("both")
-            .unwrap_or(&expected["observed"]);
+        let expected: Json = serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        let observed = expected["observed"].get("both").unwrap_or(&expected["observed"]);
         let out = deepspan().arg("decode").arg(&dir).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
         let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(summary["format"], "CTF 1.8");
-        assert_eq!(
-            summary["events"],
-            observed["event_count"],
-            "{}",
-            dir.display()
-        );
+        assert_eq!(summary["events"], observed["event_count"], "{}", dir.display());
         if let Some(by_name) = observed.get("events_per_name") {
             assert_eq!(&summary["by_name"], by_name, "{}", dir.display());
         }
 
-        let out = deepspan()
-            .arg("decode")
-            .arg(&dir)
-            .args(["--format", "jsonl", "--limit", "300"])
-            .output()
-            .unwrap();
-        let events: Vec<Json> = String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(
-            events[0]["ts"],
-            observed["first_event_ts_ns"],
-            "{}",
-            dir.display()
-        );
-        assert!(events
-            .windows(2)
-            .all(|w| w[0]["ts"].as_u64() <= w[1]["ts"].as_u64()));
+        let out = deepspan().arg("decode").arg(&dir).args(["--format", "jsonl", "--limit", "300"]).output().unwrap();
+        let events: Vec<Json> =
+            String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(events[0]["ts"], observed["first_event_ts_ns"], "{}", dir.display());
+        assert!(events.windows(2).all(|w| w[0]["ts"].as_u64() <= w[1]["ts"].as_u64()));
         checked += 1;
     }
     assert_eq!(checked, 5, "the corpus has five CTF folders");

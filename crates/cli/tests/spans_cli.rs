@@ -611,28 +611,20 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
     let trace = deepspan_ftrace::TraceDat::open(&run.join("kernel/trace.dat")).unwrap();
     let schema = trace.schema().clone();
     // Per tid: times it was switched in (true) or out (false), in order.
-    let tids: std::collections::HashSet<i32> =
-        spans.iter().map(|s| s.sync.tid.unwrap() as i32).collect();
+    let tids: std::collections::HashSet<i32> = spans.iter().map(|s| s.sync.tid.unwrap() as i32).collect();
     let mut switches: std::collections::HashMap<i32, Vec<(u64, bool)>> = Default::default();
     for record in trace.records().unwrap() {
         let event = record.unwrap().to_event(&schema);
         if let EventKind::SchedSwitch(sw) = event.kind {
             if tids.contains(&sw.prev_tid) {
-                switches
-                    .entry(sw.prev_tid)
-                    .or_default()
-                    .push((event.ts, false));
+                switches.entry(sw.prev_tid).or_default().push((event.ts, false));
             }
             if tids.contains(&sw.next_tid) {
-                switches
-                    .entry(sw.next_tid)
-                    .or_default()
-                    .push((event.ts, true));
+                switches.entry(sw.next_tid).or_default().push((event.ts, true));
             }
         }
     }
-    let manifest: J =
-        serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+    let manifest: J = serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
     let lost = manifest["lost_events"].as_u64().unwrap();
     let (mut running, mut unseen) = (0, 0);
     for span in spans {
@@ -640,27 +632,12 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
         let start = span.sync.mono_start_ns.unwrap();
         // Held from its start; active from the moment it became current.
         let held = activity.held_at(tid, start + 1);
-        assert!(
-            held.iter().any(|r| r.span_id == span.span_id),
-            "span not held by its thread at {start}"
-        );
-        let first_on = span
-            .sync
-            .activations
-            .iter()
-            .find(|a| a.on)
-            .expect("an activation");
+        assert!(held.iter().any(|r| r.span_id == span.span_id), "span not held by its thread at {start}");
+        let first_on = span.sync.activations.iter().find(|a| a.on).expect("an activation");
         assert_eq!(first_on.tid, tid);
-        let active = activity
-            .active_at(tid, first_on.mono_ns + 1)
-            .expect("span active once current");
-        assert_eq!(
-            active.span_id, span.span_id,
-            "the activity map names another span"
-        );
-        let last = switches
-            .get(&(tid as i32))
-            .and_then(|h| h.iter().rev().find(|(ts, _)| *ts <= start));
+        let active = activity.active_at(tid, first_on.mono_ns + 1).expect("span active once current");
+        assert_eq!(active.span_id, span.span_id, "the activity map names another span");
+        let last = switches.get(&(tid as i32)).and_then(|h| h.iter().rev().find(|(ts, _)| *ts <= start));
         match last {
             Some(&(_, true)) => running += 1,
             Some(&(ts, false)) => panic!(
@@ -672,15 +649,8 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
     }
     // A thread's first switch-in can only be missing if the ring buffer
     // overran (overwrite mode drops the oldest pages), which the run counts.
-    assert!(
-        unseen == 0 || lost > 0,
-        "{unseen} spans on threads never switched in, with no lost events"
-    );
-    assert!(
-        running > spans.len() / 2,
-        "only {running} of {} spans checked against the kernel",
-        spans.len()
-    );
+    assert!(unseen == 0 || lost > 0, "{unseen} spans on threads never switched in, with no lost events");
+    assert!(running > spans.len() / 2, "only {running} of {} spans checked against the kernel", spans.len());
 }
 
 #[test]
@@ -692,14 +662,7 @@ fn record_on_a_busy_otlp_port_names_it_and_the_flags() {
     let out = deepspan()
         .args(["record", "-o"])
         .arg(&run)
-        .args([
-            "--otlp-grpc-port",
-            "0",
-            "--otlp-http-port",
-            &port,
-            "--duration",
-            "1",
-        ])
+        .args(["--otlp-grpc-port", "0", "--otlp-http-port", &port, "--duration", "1"])
         .output()
         .unwrap();
     assert!(!out.status.success());
