@@ -3,29 +3,45 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build bench fuzz clean
+.PHONY: demo test deps build bench fuzz clean ui ui-e2e
 
 deps:
 	@scripts/install-deps.sh
 
-build: deps
+# Where cargo puts binaries (CARGO_TARGET_DIR when set).
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+
+build: deps ui
 	$(CARGO) build --release --workspace
+
+# The web UI (ui/, TypeScript + Vite) is built into ui/dist, which the
+# ui-server crate compiles into the binary: it must exist before cargo runs.
+ui: deps
+	@cd ui && { [ -d node_modules ] && [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }
+	cd ui && npm run --silent build
+
+# End-to-end test of `deepspan ui` in headless Chromium on a real recording;
+# screenshots in $(TARGET_DIR)/ui-e2e.
+ui-e2e: ui
+	$(CARGO) build --release -p deepspan
+	node ui/e2e/e2e.mjs --deepspan $(TARGET_DIR)/release/deepspan --out $(TARGET_DIR)/ui-e2e
 
 # Runs the demo shop under six injected faults (CPU quota, CPU hog, lock,
 # row lock, disk flood, slow network), records and analyses each run and
 # prints the diagnosis table. Needs root. `make demo DEMO_ARGS="--scenario
 # lock --keep runs"` runs one scenario and keeps its run for `deepspan report`.
 DEMO_ARGS ?=
-demo: deps
+demo: deps ui
 	$(CARGO) build --release -p deepspan
-	"$${CARGO_TARGET_DIR:-target}/release/deepspan" demo $(DEMO_ARGS)
+	$(TARGET_DIR)/release/deepspan demo $(DEMO_ARGS)
 
 # The whole test suite; kernel tests need root and tracefs, and fail instead
 # of skipping when DEEPSPAN_REQUIRE_KERNEL is set (CI sets it).
-test: deps
+test: deps ui
 	$(CARGO) build --release -p deepspan -p deepspan-workloads
 	$(CARGO) test --release --workspace --no-fail-fast
 	python3 -m pytest -q sdk/python/tests
+	node ui/e2e/e2e.mjs --deepspan $(TARGET_DIR)/release/deepspan --out $(TARGET_DIR)/ui-e2e
 
 # Benchmarks are timings: run by hand, never part of `make test`.
 bench: build

@@ -36,6 +36,13 @@ if ! python3 -c "import $python_modules" 2>/dev/null; then
   python3 -m pip install -q --disable-pip-version-check -e "sdk/python[test]" -r demo/requirements.txt
 fi
 
+# Node 20+ and npm build the web UI (ui/); its npm packages are installed
+# by `make ui` (npm ci, from ui/package-lock.json).
+if ! command -v npm >/dev/null || ! node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null; then
+  echo "Node.js >= 20 and npm are required to build the web UI (ui/)" >&2
+  exit 1
+fi
+
 if ! command -v cargo >/dev/null; then
   echo "cargo (Rust) is required but not found on PATH" >&2
   exit 1

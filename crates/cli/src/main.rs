@@ -10,6 +10,7 @@ mod progress;
 mod receive;
 mod record;
 mod spans_cmd;
+mod ui;
 
 use std::process::ExitCode;
 
@@ -56,6 +57,12 @@ enum Command {
     /// database row lock, disk flood, slow network), record, analyse and
     /// check that each fault is diagnosed.
     Demo(demo::DemoArgs),
+    /// Serve the web UI over an analysed run (127.0.0.1:7878 by default).
+    ///
+    /// Views: the requests, one request's span Gantt chart and kernel
+    /// critical path per thread with its summary and diagnosis, the
+    /// requests running at the same time, and CPUs and threads over time.
+    Ui(ui::UiArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +76,7 @@ fn main() -> ExitCode {
         Command::Analyze(args) => analyze::run(args).map(|()| ExitCode::SUCCESS),
         Command::Report(args) => analyze::report(args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run(args),
+        Command::Ui(args) => ui::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,46 @@
+//! `deepspan ui RUN`: serves the web UI over a run's analysis.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+#[derive(Args)]
+pub struct UiArgs {
+    /// The run folder (analysed by `deepspan analyze`).
+    pub run: PathBuf,
+    /// TCP port; 0 lets the system pick one (printed).
+    #[arg(long, default_value_t = 7878)]
+    pub port: u16,
+    /// Address to listen on. The default serves this machine only; anything
+    /// else (e.g. 0.0.0.0) exposes the run's data to the network.
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    pub bind: IpAddr,
+}
+
+pub fn run(args: UiArgs) -> Result<()> {
+    let started = Instant::now();
+    let state = deepspan_ui_server::load(&args.run)
+        .with_context(|| format!("cannot serve {}", args.run.display()))?;
+    eprintln!(
+        "loaded {} requests, {} thread-state intervals of {} threads in {:.1} s",
+        state.data.requests().len(),
+        state.data.intervals,
+        state.data.threads.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if !args.bind.is_loopback() {
+        eprintln!(
+            "warning: listening on {}: anyone who can reach this machine can read the run",
+            args.bind
+        );
+    }
+    deepspan_ui_server::run_blocking(state, SocketAddr::new(args.bind, args.port), |addr| {
+        // stdout carries only the URL, so scripts and tests can read it.
+        println!("http://{addr}/");
+        eprintln!("serving {} (ctrl-C stops)", args.run.display());
+    })
+    .context("web server failed")
+}

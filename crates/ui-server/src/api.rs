@@ -1,0 +1,699 @@
+//! The JSON API. Every handler reads the in-memory run ([`RunData`]); no
+//! handler turns a request parameter into a file path, so nothing outside
+//! the run folder can be reached through it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::data::{RunData, RunSpans, NONE};
+use crate::lod::{reduce, Drawn};
+
+/// What every handler sees.
+pub struct AppState {
+    pub data: RunData,
+    pub spans: RunSpans,
+}
+
+pub type Shared = Arc<AppState>;
+
+/// An error answer: a status and a message saying what was wrong.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn bad(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+type ApiResult = Result<Json<Value>, ApiError>;
+
+/// Query parameters, checked: every parameter must be one the endpoint
+/// knows, given once.
+struct Params {
+    values: HashMap<String, String>,
+}
+
+/// Most intervals a lane returns; the LOD keeps real views far below it.
+const LANE_LIMIT: usize = 20_000;
+
+impl Params {
+    fn parse(raw: Option<String>, allowed: &[&str]) -> Result<Params, ApiError> {
+        let mut values = HashMap::new();
+        let raw = raw.unwrap_or_default();
+        for pair in raw.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let k = decode(k)?;
+            let v = decode(v)?;
+            if !allowed.contains(&k.as_str()) {
+                return Err(ApiError::bad(format!(
+                    "unknown parameter {k:?}; this endpoint takes {}",
+                    if allowed.is_empty() {
+                        "none".to_string()
+                    } else {
+                        allowed.join(", ")
+                    }
+                )));
+            }
+            if values.insert(k.clone(), v).is_some() {
+                return Err(ApiError::bad(format!(
+                    "parameter {k:?} is given more than once"
+                )));
+            }
+        }
+        Ok(Params { values })
+    }
+
+    fn str(&self, name: &str) -> Option<&str> {
+        self.values
+            .get(name)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+    }
+
+    fn int(&self, name: &str) -> Result<Option<i64>, ApiError> {
+        self.str(name)
+            .map(|s| {
+                s.parse::<i64>().map_err(|_| {
+                    ApiError::bad(format!("{name}: expected a whole number, got {s:?}"))
+                })
+            })
+            .transpose()
+    }
+
+    fn positive(&self, name: &str) -> Result<Option<i64>, ApiError> {
+        match self.int(name)? {
+            Some(v) if v <= 0 => Err(ApiError::bad(format!("{name}: must be > 0, got {v}"))),
+            v => Ok(v),
+        }
+    }
+
+    fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        self.str(name)
+            .map(|s| match s {
+                "true" | "1" => Ok(true),
+                "false" | "0" => Ok(false),
+                _ => Err(ApiError::bad(format!(
+                    "{name}: expected true or false, got {s:?}"
+                ))),
+            })
+            .transpose()
+    }
+
+    /// `[start_ns, end_ns)` (default: the run) and ns per pixel (default:
+    /// the window over 2000 pixels).
+    fn window(&self, run: (i64, i64)) -> Result<(i64, i64, i64), ApiError> {
+        let start = self.int("start_ns")?.unwrap_or(run.0);
+        let end = self.int("end_ns")?.unwrap_or(run.1.max(run.0 + 1));
+        if start < 0 {
+            return Err(ApiError::bad(format!(
+                "start_ns: must be >= 0, got {start}"
+            )));
+        }
+        if end <= start {
+            return Err(ApiError::bad(format!(
+                "empty time range: end_ns ({end}) must be after start_ns ({start})"
+            )));
+        }
+        let resolution = self
+            .positive("resolution_ns")?
+            .unwrap_or(((end - start) / 2000).max(1));
+        Ok((start, end, resolution))
+    }
+}
+
+fn decode(s: &str) -> Result<String, ApiError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| {
+                        ApiError::bad(format!("bad percent-encoding in the query: {s:?}"))
+                    })?;
+                out.push(hex);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| ApiError::bad(format!("query is not UTF-8: {s:?}")))
+}
+
+fn s(data: &RunData, i: u32) -> Option<&str> {
+    if i == NONE {
+        None
+    } else {
+        data.strings.get(i)
+    }
+}
+
+/// `GET /api/run`: what the run holds.
+pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
+    Params::parse(q, &[])?;
+    let d = &st.data;
+    let mut states: BTreeSet<&str> = BTreeSet::new();
+    for lane in d.threads.values() {
+        for iv in &lane.intervals {
+            if let Some(n) = s(d, iv.state) {
+                states.insert(n);
+            }
+        }
+    }
+    let services: BTreeSet<&str> = d
+        .requests()
+        .iter()
+        .filter_map(|r| r["service"].as_str())
+        .collect();
+    let causes: BTreeSet<&str> = d
+        .requests()
+        .iter()
+        .filter_map(|r| r["diagnosis"]["cause"].as_str())
+        .collect();
+    Ok(Json(json!({
+        "run": d.dir.root().display().to_string(),
+        "trace": d.requests_json["trace"],
+        "notes": d.requests_json["notes"],
+        "operations": d.requests_json["operations"],
+        "requests": d.requests().len(),
+        "threads": d.threads.len(),
+        "cpus": d.cpus.keys().collect::<Vec<_>>(),
+        "intervals": d.intervals,
+        "start_ns": d.range.0,
+        "end_ns": d.range.1,
+        "thread_states": states,
+        "services": services,
+        "causes": causes,
+        "has_diagnosis": d.requests().iter().any(|r| r.get("diagnosis").is_some()),
+        "span_warnings": st.spans.warnings,
+    })))
+}
+
+/// `GET /api/requests`: the requests, filtered and sorted.
+pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
+    let p = Params::parse(
+        q,
+        &[
+            "sort",
+            "order",
+            "service",
+            "operation",
+            "cause",
+            "anomalous",
+            "limit",
+            "start_ns",
+            "end_ns",
+        ],
+    )?;
+    let sort = p.str("sort").unwrap_or("duration");
+    if !["duration", "start"].contains(&sort) {
+        return Err(ApiError::bad(format!(
+            "sort: expected duration or start, got {sort:?}"
+        )));
+    }
+    let order = p
+        .str("order")
+        .unwrap_or(if sort == "duration" { "desc" } else { "asc" });
+    if !["asc", "desc"].contains(&order) {
+        return Err(ApiError::bad(format!(
+            "order: expected asc or desc, got {order:?}"
+        )));
+    }
+    let limit = p.positive("limit")?.map_or(usize::MAX, |v| v as usize);
+    let anomalous = p.bool("anomalous")?;
+    let from = p.int("start_ns")?;
+    let to = p.int("end_ns")?;
+    if let (Some(a), Some(b)) = (from, to) {
+        if b <= a {
+            return Err(ApiError::bad(format!(
+                "empty time range: end_ns ({b}) must be after start_ns ({a})"
+            )));
+        }
+    }
+    let key = if sort == "duration" {
+        "duration_ns"
+    } else {
+        "start_ns"
+    };
+    let mut list: Vec<&Value> = st
+        .data
+        .requests()
+        .iter()
+        .filter(|r| {
+            p.str("service")
+                .is_none_or(|v| r["service"].as_str() == Some(v))
+        })
+        .filter(|r| {
+            p.str("operation")
+                .is_none_or(|v| r["operation"].as_str() == Some(v))
+        })
+        .filter(|r| {
+            p.str("cause")
+                .is_none_or(|v| r["diagnosis"]["cause"].as_str() == Some(v))
+        })
+        .filter(|r| anomalous.is_none_or(|a| r["anomalous"].as_bool().unwrap_or(false) == a))
+        .filter(|r| from.is_none_or(|f| r["end_ns"].as_i64().unwrap_or(0) > f))
+        .filter(|r| to.is_none_or(|t| r["start_ns"].as_i64().unwrap_or(0) < t))
+        .collect();
+    list.sort_by_key(|r| r[key].as_u64().unwrap_or(0));
+    if order == "desc" {
+        list.reverse();
+    }
+    let total = list.len();
+    list.truncate(limit);
+    Ok(Json(json!({ "total": total, "requests": list })))
+}
+
+fn find_request<'a>(st: &'a AppState, id: &str) -> Result<(&'a Value, String), ApiError> {
+    if id.is_empty() || id.len() > 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::bad(format!(
+            "{id:?} is not a request id (a span id: 16 hex digits; or a trace id: 32)"
+        )));
+    }
+    let id = id.to_ascii_lowercase();
+    if let Some(r) = st.data.request(&id) {
+        return Ok((r, id));
+    }
+    // A trace id: its root request, else its longest.
+    let mut in_trace: Vec<&Value> = st
+        .data
+        .requests()
+        .iter()
+        .filter(|r| r["trace_id"].as_str() == Some(id.as_str()))
+        .collect();
+    in_trace.sort_by_key(|r| {
+        (
+            !r["parent_span_id"].is_null(),
+            std::cmp::Reverse(r["duration_ns"].as_u64()),
+        )
+    });
+    let r = in_trace
+        .first()
+        .ok_or_else(|| ApiError::not_found(format!("no request with span id or trace id {id}")))?;
+    let span = r["span_id"].as_str().unwrap_or_default().to_string();
+    Ok((r, span))
+}
+
+/// `GET /api/requests/{id}`: one request, its summary, system calls and
+/// diagnosis, the threads and blocking requests on its path.
+pub async fn request(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult {
+    Params::parse(q, &[])?;
+    let (r, span) = find_request(&st, &id)?;
+    let d = &st.data;
+    let pieces = d.paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
+    let mut threads: BTreeMap<i32, (Option<&str>, i64)> = BTreeMap::new();
+    let mut blockers: BTreeSet<&str> = BTreeSet::new();
+    for p in pieces {
+        if let Some(tid) = p.tid {
+            let e = threads.entry(tid).or_insert((s(d, p.comm), 0));
+            e.1 += p.end - p.start;
+        }
+        if let Some(b) = s(d, p.blocked_by_request) {
+            blockers.insert(b);
+        }
+    }
+    let home = r["tid"].as_i64();
+    let mut thread_list: Vec<Value> = threads
+        .iter()
+        .map(|(tid, (comm, ns))| json!({"tid": tid, "comm": comm, "ns": ns, "home": Some(*tid as i64) == home}))
+        .collect();
+    // The request's own thread first, then by time on the path.
+    thread_list.sort_by_key(|t| {
+        (
+            !t["home"].as_bool().unwrap_or(false),
+            std::cmp::Reverse(t["ns"].as_i64()),
+        )
+    });
+    let blockers: Vec<Value> = blockers
+        .iter()
+        .map(|b| match d.request(b) {
+            Some(x) => json!({"span_id": b, "trace_id": x["trace_id"], "service": x["service"], "operation": x["operation"],
+                               "start_ns": x["start_ns"], "end_ns": x["end_ns"]}),
+            None => json!({"span_id": b}),
+        })
+        .collect();
+    let mut summary = d.summaries.get(&span).cloned().unwrap_or_default();
+    summary.sort_by_key(|v| std::cmp::Reverse(v["ns"].as_i64()));
+    Ok(Json(json!({
+        "request": r,
+        "diagnosis": r.get("diagnosis").cloned().unwrap_or(Value::Null),
+        "summary": summary,
+        "syscalls": d.syscalls.get(&span).map(|v| v.iter().map(|(s, ns)| json!({"syscall": s, "ns": ns})).collect::<Vec<_>>()),
+        "pieces": pieces.len(),
+        "threads": thread_list,
+        "blockers": blockers,
+        "lost_pieces": pieces.iter().filter(|p| p.lost).count(),
+    })))
+}
+
+/// `GET /api/requests/{id}/spans`: the spans of its trace for the Gantt
+/// chart, with the span-level critical path.
+pub async fn request_spans(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult {
+    Params::parse(q, &[])?;
+    let (r, span) = find_request(&st, &id)?;
+    let trace_id = r["trace_id"].as_str().unwrap_or_default();
+    let view = st.spans.trace(trace_id);
+    Ok(Json(json!({
+        "request_span_id": span,
+        "trace": view,
+    })))
+}
+
+fn piece_json(d: &RunData, p: &crate::data::Piece, drawn: &Drawn) -> Value {
+    let mut v = json!({
+        "start_ns": drawn.start,
+        "end_ns": drawn.end,
+        "state": s(d, drawn.category),
+        "n": drawn.merged,
+        "coverage": drawn.coverage,
+        "tid": p.tid,
+        "comm": s(d, p.comm),
+        "blocked_by_request": s(d, p.blocked_by_request),
+    });
+    if drawn.merged == 1 {
+        let o = v.as_object_mut().expect("object");
+        o.insert("syscall".into(), json!(s(d, p.syscall)));
+        o.insert("waiting_in".into(), json!(s(d, p.waiting_in)));
+        o.insert("detail".into(), json!(s(d, p.detail)));
+        o.insert("shared".into(), json!(p.shared));
+        o.insert("lost".into(), json!(p.lost));
+        o.insert("preempted_by_tid".into(), json!(p.preempted_by_tid));
+        o.insert("preempted_by_comm".into(), json!(s(d, p.preempted_by_comm)));
+        o.insert("throttled_ns".into(), json!(p.throttled_ns));
+        o.insert("contended_ns".into(), json!(p.contended_ns));
+        o.insert("wakeup_ns".into(), json!(p.wakeup_ns));
+    }
+    v
+}
+
+/// `GET /api/requests/{id}/timeline?start_ns&end_ns&resolution_ns`: the
+/// request's kernel critical path per thread, reduced for drawing, and the
+/// hand-overs between threads (the arrows).
+pub async fn request_timeline(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult {
+    let p = Params::parse(q, &["start_ns", "end_ns", "resolution_ns"])?;
+    let (r, span) = find_request(&st, &id)?;
+    let d = &st.data;
+    let req_range = (
+        r["start_ns"].as_i64().unwrap_or(0),
+        r["end_ns"].as_i64().unwrap_or(0),
+    );
+    let (from, to, res) = p.window(req_range)?;
+    let pieces = d.paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
+    // One lane per thread; the LOD runs per lane on that thread's pieces.
+    let mut by_tid: BTreeMap<i32, Vec<crate::data::Piece>> = BTreeMap::new();
+    for piece in pieces {
+        by_tid
+            .entry(piece.tid.unwrap_or(-1))
+            .or_default()
+            .push(piece.clone());
+    }
+    let mut lanes = Vec::new();
+    let mut truncated = false;
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    for (tid, lane) in &by_tid {
+        let (drawn, cut) = reduce(lane, from, to, res, LANE_LIMIT);
+        truncated |= cut;
+        for dr in &drawn {
+            *counts.entry(s(d, dr.category).unwrap_or("?")).or_default() += 1;
+        }
+        lanes.push(json!({
+            "tid": tid,
+            "comm": lane.first().and_then(|p| s(d, p.comm)),
+            "intervals": drawn.iter().map(|dr| piece_json(d, &lane[dr.index], dr)).collect::<Vec<_>>(),
+        }));
+    }
+    // Hand-overs: where the path moves from one thread to another. At a
+    // coarse resolution only the first per pixel is kept.
+    let mut arrows = Vec::new();
+    let mut last_at: Option<i64> = None;
+    for w in pieces.windows(2) {
+        let at = w[1].start;
+        if at < from || at >= to || w[0].tid == w[1].tid {
+            continue;
+        }
+        if last_at.is_some_and(|last| at - last < res) {
+            continue;
+        }
+        last_at = Some(at);
+        arrows.push(json!({
+            "at_ns": at,
+            "from_tid": w[0].tid,
+            "to_tid": w[1].tid,
+            "blocked_by_request": s(d, w[1].blocked_by_request),
+        }));
+        if arrows.len() >= LANE_LIMIT {
+            truncated = true;
+            break;
+        }
+    }
+    Ok(Json(json!({
+        "start_ns": from,
+        "end_ns": to,
+        "resolution_ns": res,
+        "lanes": lanes,
+        "arrows": arrows,
+        "truncated": truncated,
+        "drawn_states": counts,
+    })))
+}
+
+/// `GET /api/concurrent?start_ns&end_ns&resolution_ns&limit`: the requests
+/// overlapping a window, each with its critical path, and the arrows from
+/// a request to the requests it was blocked by.
+pub async fn concurrent(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
+    let p = Params::parse(q, &["start_ns", "end_ns", "resolution_ns", "limit"])?;
+    let d = &st.data;
+    let (from, to, res) = p.window(d.range)?;
+    let limit = p.positive("limit")?.map_or(200, |v| v as usize);
+    let mut reqs: Vec<&Value> = d
+        .requests()
+        .iter()
+        .filter(|r| {
+            r["end_ns"].as_i64().unwrap_or(0) > from && r["start_ns"].as_i64().unwrap_or(0) < to
+        })
+        .collect();
+    reqs.sort_by_key(|r| r["start_ns"].as_i64());
+    let total = reqs.len();
+    reqs.truncate(limit);
+    let shown: HashSet<&str> = reqs.iter().filter_map(|r| r["span_id"].as_str()).collect();
+    let mut out = Vec::new();
+    let mut arrows = Vec::new();
+    for r in &reqs {
+        let span = r["span_id"].as_str().unwrap_or_default();
+        let pieces = d.paths.get(span).map(Vec::as_slice).unwrap_or(&[]);
+        let (drawn, _) = reduce(pieces, from, to, res, LANE_LIMIT);
+        let mut last_blocker: Option<(&str, i64)> = None;
+        for piece in pieces {
+            if piece.end <= from || piece.start >= to {
+                continue;
+            }
+            if let Some(b) = s(d, piece.blocked_by_request) {
+                // One arrow per blocking stretch, not per piece.
+                if last_blocker.is_some_and(|(lb, end)| lb == b && end == piece.start) {
+                    last_blocker = Some((b, piece.end));
+                    continue;
+                }
+                last_blocker = Some((b, piece.end));
+                if shown.contains(b) && arrows.len() < LANE_LIMIT {
+                    arrows.push(json!({"from": span, "to": b, "at_ns": piece.start.max(from), "state": s(d, piece.state)}));
+                }
+            }
+        }
+        out.push(json!({
+            "span_id": span,
+            "trace_id": r["trace_id"],
+            "service": r["service"],
+            "operation": r["operation"],
+            "start_ns": r["start_ns"],
+            "end_ns": r["end_ns"],
+            "duration_ns": r["duration_ns"],
+            "anomalous": r.get("anomalous"),
+            "cause": r["diagnosis"]["cause"],
+            "intervals": drawn.iter().map(|dr| piece_json(d, &pieces[dr.index], dr)).collect::<Vec<_>>(),
+        }));
+    }
+    Ok(Json(json!({
+        "start_ns": from,
+        "end_ns": to,
+        "resolution_ns": res,
+        "total": total,
+        "requests": out,
+        "arrows": arrows,
+    })))
+}
+
+/// `GET /api/threads`: every thread with its time on CPU.
+pub async fn threads(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
+    Params::parse(q, &[])?;
+    let list: Vec<Value> = st
+        .data
+        .threads
+        .values()
+        .map(|t| json!({"tid": t.tid, "pid": t.pid, "comm": t.comm, "intervals": t.intervals.len(), "running_ns": t.running_ns}))
+        .collect();
+    Ok(Json(json!({ "threads": list })))
+}
+
+fn parse_tids(p: &Params) -> Result<Option<Vec<i32>>, ApiError> {
+    p.str("tids")
+        .map(|s| {
+            s.split(',')
+                .map(|t| {
+                    t.trim().parse::<i32>().map_err(|_| {
+                        ApiError::bad(format!(
+                            "tids: expected thread ids separated by commas, got {t:?}"
+                        ))
+                    })
+                })
+                .collect()
+        })
+        .transpose()
+}
+
+/// `GET /api/thread_states?start_ns&end_ns&resolution_ns&tids&limit`:
+/// thread states over a window, reduced for drawing. Without `tids`, the
+/// threads that ran the most in the window come first (`limit`, default 50).
+pub async fn thread_states(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
+    let p = Params::parse(q, &["start_ns", "end_ns", "resolution_ns", "tids", "limit"])?;
+    let d = &st.data;
+    let (from, to, res) = p.window(d.range)?;
+    let limit = p.positive("limit")?.map_or(50, |v| v as usize);
+    let tids: Vec<i32> = match parse_tids(&p)? {
+        Some(t) => {
+            if let Some(missing) = t.iter().find(|t| !d.threads.contains_key(t)) {
+                return Err(ApiError::not_found(format!(
+                    "no thread {missing} in this run"
+                )));
+            }
+            t
+        }
+        None => {
+            // Busiest in the window first.
+            let mut ranked: Vec<(i64, i32)> = d
+                .threads
+                .values()
+                .map(|t| {
+                    let first = t.intervals.partition_point(|iv| iv.end <= from);
+                    let busy: i64 = t.intervals[first..]
+                        .iter()
+                        .take_while(|iv| iv.start < to)
+                        .filter(|iv| s(d, iv.state) == Some("RUNNING"))
+                        .map(|iv| iv.end.min(to) - iv.start.max(from))
+                        .sum();
+                    (busy, t.tid)
+                })
+                .filter(|(busy, _)| *busy > 0)
+                .collect();
+            ranked.sort_by_key(|(busy, tid)| (std::cmp::Reverse(*busy), *tid));
+            ranked.into_iter().map(|(_, tid)| tid).collect()
+        }
+    };
+    let total = tids.len();
+    let mut lanes = Vec::new();
+    let mut truncated = false;
+    let mut drawn_total = 0;
+    for tid in tids.into_iter().take(limit) {
+        let t = &d.threads[&tid];
+        let (drawn, cut) = reduce(&t.intervals, from, to, res, LANE_LIMIT);
+        truncated |= cut;
+        drawn_total += drawn.len();
+        let intervals: Vec<Value> = drawn
+            .iter()
+            .map(|dr| {
+                let iv = &t.intervals[dr.index];
+                if dr.merged == 1 {
+                    json!({"start_ns": dr.start, "end_ns": dr.end, "state": s(d, dr.category), "n": 1,
+                           "cpu": (iv.cpu >= 0).then_some(iv.cpu), "waker_tid": (iv.waker_tid >= 0).then_some(iv.waker_tid),
+                           "syscall": s(d, iv.syscall), "detail": s(d, iv.detail)})
+                } else {
+                    json!({"start_ns": dr.start, "end_ns": dr.end, "state": s(d, dr.category), "n": dr.merged, "coverage": dr.coverage})
+                }
+            })
+            .collect();
+        lanes.push(json!({"tid": tid, "pid": t.pid, "comm": t.comm, "intervals": intervals}));
+    }
+    Ok(Json(json!({
+        "start_ns": from, "end_ns": to, "resolution_ns": res,
+        "total_threads": total, "lanes": lanes, "drawn": drawn_total, "truncated": truncated,
+    })))
+}
+
+/// `GET /api/cpus?start_ns&end_ns&resolution_ns`: which thread ran on each
+/// CPU over a window, reduced for drawing (a merged stretch shows the
+/// thread that ran longest in it).
+pub async fn cpus(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
+    let p = Params::parse(q, &["start_ns", "end_ns", "resolution_ns"])?;
+    let d = &st.data;
+    let (from, to, res) = p.window(d.range)?;
+    let mut seen: BTreeSet<i32> = BTreeSet::new();
+    let mut out = Vec::new();
+    for (cpu, slices) in &d.cpus {
+        let (drawn, _) = reduce(slices, from, to, res, LANE_LIMIT);
+        let intervals: Vec<Value> = drawn
+            .iter()
+            .map(|dr| {
+                let tid = dr.category as i32;
+                seen.insert(tid);
+                json!({"start_ns": dr.start, "end_ns": dr.end, "tid": tid, "n": dr.merged, "coverage": dr.coverage})
+            })
+            .collect();
+        out.push(json!({"cpu": cpu, "intervals": intervals}));
+    }
+    let threads: serde_json::Map<String, Value> = seen
+        .iter()
+        .filter_map(|tid| d.threads.get(tid))
+        .map(|t| (t.tid.to_string(), json!({"pid": t.pid, "comm": t.comm})))
+        .collect();
+    Ok(Json(
+        json!({"start_ns": from, "end_ns": to, "resolution_ns": res, "cpus": out, "threads": threads}),
+    ))
+}
+
+/// Any other `/api/…` path.
+pub async fn unknown_api(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no API endpoint {}", uri.path()))
+}

@@ -1,0 +1,656 @@
+//! A run's analysis, loaded once into memory in the shapes the API serves:
+//! thread states per thread and per CPU, critical-path pieces per request,
+//! summaries, `requests.json`, and the spans of each trace.
+//!
+//! Every file is opened through [`RunDir::file`], which refuses anything
+//! that resolves (symlinks included) outside the run folder.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
+use deepspan_store::table::{read_rows, Cell};
+use deepspan_store::tables::{CRITICAL_PATH, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES};
+use deepspan_store::ANALYSIS_DIR;
+use serde_json::Value;
+
+use crate::lod::Interval;
+
+/// Why run data could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{0}")]
+    Missing(String),
+    #[error("{path} resolves to {resolved}, outside the run folder {run}: refused")]
+    Outside {
+        path: String,
+        resolved: String,
+        run: String,
+    },
+    #[error("{0}")]
+    Bad(String),
+}
+
+/// The run folder, canonicalized once.
+#[derive(Clone, Debug)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+impl RunDir {
+    /// Opens a run folder: it must exist and hold `analysis/requests.json`.
+    pub fn open(path: &Path) -> Result<RunDir, DataError> {
+        let root = path.canonicalize().map_err(|e| {
+            DataError::Missing(format!("cannot open run folder {}: {e}", path.display()))
+        })?;
+        if !root.is_dir() {
+            return Err(DataError::Missing(format!(
+                "{} is not a folder",
+                path.display()
+            )));
+        }
+        let run = RunDir { root };
+        let requests = run.root.join(ANALYSIS_DIR).join("requests.json");
+        if !requests.is_file() {
+            return Err(DataError::Missing(format!(
+                "{} has no analysis ({} is missing): run `deepspan analyze {}` first",
+                path.display(),
+                requests.display(),
+                path.display()
+            )));
+        }
+        Ok(run)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `relative` inside the run folder, after following symlinks; an error
+    /// if it does not exist or leads outside the folder.
+    pub fn file(&self, relative: &str) -> Result<PathBuf, DataError> {
+        let joined = self.root.join(relative);
+        let resolved = joined.canonicalize().map_err(|e| {
+            DataError::Missing(format!("{} is not readable: {e}", joined.display()))
+        })?;
+        if !resolved.starts_with(&self.root) {
+            return Err(DataError::Outside {
+                path: joined.display().to_string(),
+                resolved: resolved.display().to_string(),
+                run: self.root.display().to_string(),
+            });
+        }
+        Ok(resolved)
+    }
+
+    fn analysis(&self, table: &str) -> Result<PathBuf, DataError> {
+        self.file(&format!("{ANALYSIS_DIR}/{table}"))
+    }
+}
+
+/// Strings stored once; intervals refer to them by index.
+#[derive(Default)]
+pub struct Strings {
+    index: HashMap<String, u32>,
+    pub names: Vec<String>,
+}
+
+/// "No string".
+pub const NONE: u32 = u32::MAX;
+
+impl Strings {
+    pub fn intern(&mut self, s: Option<&str>) -> u32 {
+        let Some(s) = s else { return NONE };
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(s.to_string());
+        self.index.insert(s.to_string(), i);
+        i
+    }
+
+    pub fn get(&self, i: u32) -> Option<&str> {
+        self.names.get(i as usize).map(String::as_str)
+    }
+}
+
+/// One row of `thread_states`.
+#[derive(Clone, Copy, Debug)]
+pub struct StateInterval {
+    pub start: i64,
+    pub end: i64,
+    pub state: u32,
+    pub cpu: i32,
+    pub waker_tid: i32,
+    pub syscall: u32,
+    pub detail: u32,
+}
+
+impl Interval for StateInterval {
+    fn start(&self) -> i64 {
+        self.start
+    }
+    fn end(&self) -> i64 {
+        self.end
+    }
+    fn category(&self) -> u32 {
+        self.state
+    }
+}
+
+/// A thread and its states, in time order.
+pub struct ThreadLane {
+    pub tid: i32,
+    pub pid: Option<i32>,
+    pub comm: Option<String>,
+    pub intervals: Vec<StateInterval>,
+    pub running_ns: i64,
+}
+
+/// A thread running on a CPU.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSlice {
+    pub start: i64,
+    pub end: i64,
+    pub tid: i32,
+}
+
+impl Interval for CpuSlice {
+    fn start(&self) -> i64 {
+        self.start
+    }
+    fn end(&self) -> i64 {
+        self.end
+    }
+    fn category(&self) -> u32 {
+        self.tid as u32
+    }
+}
+
+/// A piece of a request's kernel critical path.
+#[derive(Clone, Debug)]
+pub struct Piece {
+    pub start: i64,
+    pub end: i64,
+    pub state: u32,
+    pub tid: Option<i32>,
+    pub comm: u32,
+    pub syscall: u32,
+    pub waiting_in: u32,
+    pub detail: u32,
+    pub blocked_by_request: u32,
+    pub shared: i32,
+    pub lost: bool,
+    pub preempted_by_tid: Option<i32>,
+    pub preempted_by_comm: u32,
+    pub throttled_ns: i64,
+    pub contended_ns: i64,
+    pub wakeup_ns: i64,
+}
+
+impl Interval for Piece {
+    fn start(&self) -> i64 {
+        self.start
+    }
+    fn end(&self) -> i64 {
+        self.end
+    }
+    fn category(&self) -> u32 {
+        self.state
+    }
+}
+
+/// Everything loaded from `RUN/analysis/`.
+pub struct RunData {
+    pub dir: RunDir,
+    /// `requests.json` as written (with the diagnosis fields when the
+    /// analysis wrote them).
+    pub requests_json: Value,
+    /// span id → index in `requests_json["requests"]`.
+    pub request_index: HashMap<String, usize>,
+    pub strings: Strings,
+    pub threads: BTreeMap<i32, ThreadLane>,
+    pub cpus: BTreeMap<i32, Vec<CpuSlice>>,
+    /// Request span id → its pieces in path order.
+    pub paths: HashMap<String, Vec<Piece>>,
+    /// Request span id → its summary rows (as JSON objects).
+    pub summaries: HashMap<String, Vec<Value>>,
+    /// Request span id → `(system call, ns)`, largest first.
+    pub syscalls: HashMap<String, Vec<(String, i64)>>,
+    /// Total thread-state intervals.
+    pub intervals: usize,
+    /// First and last instant of the kernel data.
+    pub range: (i64, i64),
+}
+
+fn get<'a>(row: &'a [(String, Cell)], name: &str) -> &'a Cell {
+    row.iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, c)| c)
+        .unwrap_or(&Cell::Null)
+}
+
+fn int(row: &[(String, Cell)], name: &str) -> Option<i64> {
+    get(row, name).as_i64()
+}
+
+fn text<'a>(row: &'a [(String, Cell)], name: &str) -> Option<&'a str> {
+    get(row, name).as_str()
+}
+
+/// Column positions of a table, found from its first row (read_rows gives
+/// every row its columns in file order), so the millions of rows of a big
+/// run are read by index rather than by name.
+struct Columns(Vec<usize>);
+
+impl Columns {
+    fn of(row: &[(String, Cell)], names: &[&str], table: &str) -> Result<Columns, DataError> {
+        names
+            .iter()
+            .map(|n| {
+                row.iter().position(|(c, _)| c == n).ok_or_else(|| {
+                    DataError::Bad(format!(
+                        "{table} has no column {n:?}: was it written by this deepspan?"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Columns)
+    }
+
+    fn cell<'a>(&self, row: &'a [(String, Cell)], i: usize) -> &'a Cell {
+        &row[self.0[i]].1
+    }
+}
+
+fn store_err(e: deepspan_store::Error) -> DataError {
+    DataError::Bad(e.to_string())
+}
+
+impl RunData {
+    /// Loads the analysis of `dir`.
+    pub fn load(dir: RunDir) -> Result<RunData, DataError> {
+        let json_path = dir.analysis("requests.json")?;
+        let requests_json: Value =
+            serde_json::from_slice(&std::fs::read(&json_path).map_err(|e| {
+                DataError::Missing(format!("cannot read {}: {e}", json_path.display()))
+            })?)
+            .map_err(|e| {
+                DataError::Bad(format!("{} is not valid JSON: {e}", json_path.display()))
+            })?;
+        let request_index: HashMap<String, usize> = requests_json["requests"]
+            .as_array()
+            .ok_or_else(|| {
+                DataError::Bad(format!("{} has no \"requests\" list", json_path.display()))
+            })?
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r["span_id"].as_str().map(|s| (s.to_string(), i)))
+            .collect();
+
+        let mut strings = Strings::default();
+        let mut threads: BTreeMap<i32, ThreadLane> = BTreeMap::new();
+        let mut cpus: BTreeMap<i32, Vec<CpuSlice>> = BTreeMap::new();
+        let mut range = (i64::MAX, i64::MIN);
+        let path = dir.analysis(THREAD_STATES)?;
+        let mut cols: Option<Columns> = None;
+        let mut intervals = 0;
+        let mut err = None;
+        // Rows are folded into lanes as they are read (keep = false), so the
+        // table never sits in memory as generic cells.
+        read_rows(&path, |row| {
+            if err.is_some() {
+                return false;
+            }
+            if cols.is_none() {
+                match Columns::of(
+                    row,
+                    &[
+                        "tid",
+                        "pid",
+                        "comm",
+                        "start_ns",
+                        "end_ns",
+                        "state",
+                        "cpu",
+                        "waker_tid",
+                        "detail",
+                        "syscall",
+                    ],
+                    THREAD_STATES,
+                ) {
+                    Ok(c) => cols = Some(c),
+                    Err(e) => {
+                        err = Some(e);
+                        return false;
+                    }
+                }
+            }
+            let c = cols.as_ref().expect("set above");
+            let tid = c.cell(row, 0).as_i64().unwrap_or(-1) as i32;
+            let start = c.cell(row, 3).as_i64().unwrap_or(0);
+            let end = c.cell(row, 4).as_i64().unwrap_or(start);
+            let state = strings.intern(c.cell(row, 5).as_str());
+            let cpu = c.cell(row, 6).as_i64().map_or(-1, |v| v as i32);
+            let iv = StateInterval {
+                start,
+                end,
+                state,
+                cpu,
+                waker_tid: c.cell(row, 7).as_i64().map_or(-1, |v| v as i32),
+                detail: strings.intern(c.cell(row, 8).as_str()),
+                syscall: strings.intern(c.cell(row, 9).as_str()),
+            };
+            range = (range.0.min(start), range.1.max(end));
+            let lane = threads.entry(tid).or_insert_with(|| ThreadLane {
+                tid,
+                pid: c.cell(row, 1).as_i64().map(|v| v as i32),
+                comm: c.cell(row, 2).as_str().map(str::to_string),
+                intervals: Vec::new(),
+                running_ns: 0,
+            });
+            if strings.get(state) == Some("RUNNING") {
+                lane.running_ns += end - start;
+                if cpu >= 0 {
+                    cpus.entry(cpu)
+                        .or_default()
+                        .push(CpuSlice { start, end, tid });
+                }
+            }
+            lane.intervals.push(iv);
+            intervals += 1;
+            false
+        })
+        .map_err(store_err)?;
+        if let Some(e) = err {
+            return Err(e);
+        }
+        for lane in threads.values_mut() {
+            lane.intervals.sort_by_key(|iv| (iv.start, iv.end));
+        }
+        for slices in cpus.values_mut() {
+            slices.sort_by_key(|s| (s.start, s.end));
+        }
+
+        let mut paths: HashMap<String, Vec<(i64, Piece)>> = HashMap::new();
+        read_rows(&dir.analysis(CRITICAL_PATH)?, |r| {
+            let piece = Piece {
+                start: int(r, "start_ns").unwrap_or(0),
+                end: int(r, "end_ns").unwrap_or(0),
+                state: strings.intern(text(r, "state")),
+                tid: int(r, "tid").map(|v| v as i32),
+                comm: strings.intern(text(r, "comm")),
+                syscall: strings.intern(text(r, "syscall")),
+                waiting_in: strings.intern(text(r, "waiting_in")),
+                detail: strings.intern(text(r, "detail")),
+                blocked_by_request: strings.intern(text(r, "blocked_by_request")),
+                shared: int(r, "shared").unwrap_or(0) as i32,
+                lost: get(r, "lost").as_bool().unwrap_or(false),
+                preempted_by_tid: int(r, "preempted_by_tid").map(|v| v as i32),
+                preempted_by_comm: strings.intern(text(r, "preempted_by_comm")),
+                throttled_ns: int(r, "throttled_ns").unwrap_or(0),
+                contended_ns: int(r, "contended_ns").unwrap_or(0),
+                wakeup_ns: int(r, "wakeup_ns").unwrap_or(0),
+            };
+            let seq = int(r, "seq").unwrap_or(0);
+            if let Some(span) = text(r, "span_id") {
+                paths
+                    .entry(span.to_string())
+                    .or_default()
+                    .push((seq, piece));
+            }
+            false
+        })
+        .map_err(store_err)?;
+        let paths = paths
+            .into_iter()
+            .map(|(k, mut v)| {
+                v.sort_by_key(|(seq, _)| *seq);
+                (k, join_pieces(v.into_iter().map(|(_, p)| p)))
+            })
+            .collect();
+
+        let mut summaries: HashMap<String, Vec<Value>> = HashMap::new();
+        read_rows(&dir.analysis(REQUEST_SUMMARY)?, |r| {
+            if let Some(span) = text(r, "span_id") {
+                summaries
+                    .entry(span.to_string())
+                    .or_default()
+                    .push(serde_json::json!({
+                        "state": text(r, "state"),
+                        "tid": int(r, "tid"),
+                        "comm": text(r, "comm"),
+                        "blocked_by_request": text(r, "blocked_by_request"),
+                        "ns": int(r, "ns").unwrap_or(0),
+                        "share": get(r, "share").as_f64().unwrap_or(0.0),
+                        "throttled_ns": int(r, "throttled_ns").unwrap_or(0),
+                        "contended_ns": int(r, "contended_ns").unwrap_or(0),
+                        "wakeup_ns": int(r, "wakeup_ns").unwrap_or(0),
+                    }));
+            }
+            false
+        })
+        .map_err(store_err)?;
+        let mut syscalls: HashMap<String, Vec<(String, i64)>> = HashMap::new();
+        read_rows(&dir.analysis(REQUEST_SYSCALLS)?, |r| {
+            if let (Some(span), Some(sc)) = (text(r, "span_id"), text(r, "syscall")) {
+                syscalls
+                    .entry(span.to_string())
+                    .or_default()
+                    .push((sc.to_string(), int(r, "ns").unwrap_or(0)));
+            }
+            false
+        })
+        .map_err(store_err)?;
+        for v in syscalls.values_mut() {
+            v.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
+        }
+        if range.0 > range.1 {
+            let t = &requests_json["trace"];
+            range = (
+                t["start_ns"].as_i64().unwrap_or(0),
+                t["end_ns"].as_i64().unwrap_or(0),
+            );
+        }
+        Ok(RunData {
+            dir,
+            requests_json,
+            request_index,
+            strings,
+            threads,
+            cpus,
+            paths,
+            summaries,
+            syscalls,
+            intervals,
+            range,
+        })
+    }
+
+    /// The `requests.json` entry of a request, by span id.
+    pub fn request(&self, span_id: &str) -> Option<&Value> {
+        let i = *self.request_index.get(span_id)?;
+        self.requests_json["requests"].get(i)
+    }
+
+    pub fn requests(&self) -> &[Value] {
+        self.requests_json["requests"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+}
+
+/// The table tells apart pieces that differ only in which span of the
+/// request the thread worked for; the UI does not (as `deepspan report`).
+fn join_pieces(pieces: impl Iterator<Item = Piece>) -> Vec<Piece> {
+    let mut out: Vec<Piece> = Vec::new();
+    for p in pieces {
+        match out.last_mut() {
+            Some(last)
+                if last.end == p.start
+                    && last.state == p.state
+                    && last.tid == p.tid
+                    && last.syscall == p.syscall
+                    && last.waiting_in == p.waiting_in
+                    && last.blocked_by_request == p.blocked_by_request
+                    && last.detail == p.detail =>
+            {
+                last.end = p.end;
+                last.throttled_ns += p.throttled_ns;
+                last.contended_ns += p.contended_ns;
+                last.wakeup_ns += p.wakeup_ns;
+                last.lost |= p.lost;
+                if last.preempted_by_tid.is_none() {
+                    last.preempted_by_tid = p.preempted_by_tid;
+                    last.preempted_by_comm = p.preempted_by_comm;
+                }
+            }
+            _ => out.push(p),
+        }
+    }
+    out
+}
+
+/// A span as the Gantt chart draws it, on the kernel's monotonic clock.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct GanttSpan {
+    pub span_id: String,
+    pub parent_span_id: Option<String>,
+    pub service: String,
+    pub operation: String,
+    pub kind: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Monotonic times from the span's own deepspan fields (else mapped
+    /// from wall-clock time through the run's clock samples).
+    pub exact: bool,
+    pub tid: Option<u32>,
+    pub depth: u32,
+}
+
+/// A trace's spans and its span-level critical path (Jaeger's algorithm).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TraceView {
+    pub trace_id: String,
+    pub spans: Vec<GanttSpan>,
+    /// `(span id, start_ns, end_ns)` on the monotonic clock.
+    pub critical_path: Vec<CriticalSection>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CriticalSection {
+    pub span_id: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// The run's spans grouped by trace.
+pub struct RunSpans {
+    traces: HashMap<String, Trace>,
+    clock: Option<ClockMap>,
+    pub warnings: Vec<String>,
+}
+
+impl RunSpans {
+    pub fn load(dir: &RunDir) -> Result<RunSpans, DataError> {
+        let mut warnings = Vec::new();
+        let spans: Vec<Span> = match dir.file("spans") {
+            Ok(spans_dir) => {
+                let run = spans_dir.parent().unwrap_or(dir.root()).to_path_buf();
+                let mut out = Vec::new();
+                for s in deepspan_spans::read_run_spans(&run)
+                    .map_err(|e| DataError::Bad(format!("cannot read the run's spans: {e}")))?
+                {
+                    match s {
+                        Ok(s) => out.push(s),
+                        Err(e) => warnings.push(e.to_string()),
+                    }
+                }
+                out
+            }
+            Err(_) => Vec::new(),
+        };
+        let clock = match dir.file("manifest.json") {
+            Ok(_) => ClockMap::from_manifest(dir.root()).ok(),
+            Err(_) => None,
+        };
+        let traces = group_traces(spans)
+            .into_iter()
+            .map(|t| (t.trace_id.to_string(), t))
+            .collect();
+        Ok(RunSpans {
+            traces,
+            clock,
+            warnings,
+        })
+    }
+
+    /// The spans of `trace_id` on the monotonic clock, with the span-level
+    /// critical path; None if the run has no such trace.
+    pub fn trace(&self, trace_id: &str) -> Option<TraceView> {
+        let trace = self.traces.get(trace_id)?;
+        let mono = |s: &Span| -> Option<(u64, u64, bool)> {
+            if let (Some(a), Some(b)) = (s.sync.mono_start_ns, s.sync.mono_end_ns) {
+                return Some((a, b.max(a), true));
+            }
+            let m = self.clock.as_ref()?.span_mono(s);
+            Some((m.start_ns, m.end_ns, m.exact))
+        };
+        let by_id: HashMap<u64, &Span> = trace.spans.iter().map(|s| (s.span_id.0, s)).collect();
+        let depth = |s: &Span| -> u32 {
+            let mut d = 0;
+            let mut cur = s;
+            while let Some(p) = cur.parent_span_id.and_then(|p| by_id.get(&p.0)) {
+                d += 1;
+                cur = p;
+                if d > 1000 {
+                    break; // a cycle in bad input
+                }
+            }
+            d
+        };
+        let mut spans: Vec<GanttSpan> = trace
+            .spans
+            .iter()
+            .filter_map(|s| {
+                let (start_ns, end_ns, exact) = mono(s)?;
+                Some(GanttSpan {
+                    span_id: s.span_id.to_string(),
+                    parent_span_id: s.parent_span_id.map(|p| p.to_string()),
+                    service: s.service_name().to_string(),
+                    operation: s.name.clone(),
+                    kind: format!("{:?}", s.kind).to_lowercase(),
+                    start_ns,
+                    end_ns,
+                    exact,
+                    tid: s.sync.tid,
+                    depth: depth(s),
+                })
+            })
+            .collect();
+        spans.sort_by_key(|s| (s.start_ns, s.depth));
+        // Sections are in the spans' wall-clock time; each is moved to the
+        // monotonic clock by its own span's offset, so exact spans stay exact.
+        let critical_path = critical_path(trace, CriticalPathOptions::default())
+            .into_iter()
+            .filter_map(|sec| {
+                let span = by_id.get(&sec.span_id.0)?;
+                let (mono_start, _, _) = mono(span)?;
+                let shift =
+                    |t: u64| (mono_start as i128 + t as i128 - span.start_ns as i128).max(0) as u64;
+                Some(CriticalSection {
+                    span_id: sec.span_id.to_string(),
+                    start_ns: shift(sec.start_ns),
+                    end_ns: shift(sec.end_ns),
+                })
+            })
+            .collect();
+        Some(TraceView {
+            trace_id: trace_id.to_string(),
+            spans,
+            critical_path,
+        })
+    }
+}

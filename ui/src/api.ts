@@ -1,0 +1,78 @@
+// The server's JSON API (crates/ui-server/src/api.rs).
+
+export interface Cause {
+  label: string;
+  state: string;
+  ns: number;
+  share: number;
+}
+
+export interface Diagnosis {
+  cause: string;
+  headline: string;
+  evidence?: Record<string, number>;
+  culprits?: Array<Record<string, string | number>>;
+}
+
+export interface RequestRow {
+  trace_id: string;
+  span_id: string;
+  parent_span_id: string | null;
+  service: string;
+  operation: string;
+  kind: string;
+  start_ns: number;
+  end_ns: number;
+  duration_ns: number;
+  sync: string;
+  tid: number | null;
+  lost_events: number;
+  truncated: boolean;
+  causes: Cause[];
+  anomalous?: boolean;
+  baseline_ns?: number | null;
+  diagnosis?: Diagnosis | null;
+}
+
+/** One drawn interval: an original one (n = 1) or merged by the server's level of detail. */
+export interface Drawn {
+  start_ns: number;
+  end_ns: number;
+  state?: string;
+  tid?: number | null;
+  n: number;
+  coverage?: number;
+  [key: string]: unknown;
+}
+
+export interface RunInfo {
+  run: string;
+  requests: number;
+  threads: number;
+  cpus: number[];
+  intervals: number;
+  start_ns: number;
+  end_ns: number;
+  services: string[];
+  causes: string[];
+  has_diagnosis: boolean;
+  notes: string[];
+}
+
+export class ApiError extends Error {}
+
+export async function get<T>(path: string, params: Record<string, string | number | undefined> = {}): Promise<T> {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== "") q.set(k, String(v));
+  const url = q.toString() ? `${path}?${q}` : path;
+  const res = await fetch(url);
+  const body = await res.json().catch(() => ({ error: `${res.status} ${res.statusText}` }));
+  if (!res.ok) throw new ApiError(body.error ?? `${res.status} ${res.statusText}`);
+  return body as T;
+}
+
+let runInfo: Promise<RunInfo> | null = null;
+export function run(): Promise<RunInfo> {
+  runInfo ??= get<RunInfo>("/api/run");
+  return runInfo;
+}

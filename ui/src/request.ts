@@ -1,0 +1,284 @@
+// One request: diagnosis, span Gantt chart with the span-level critical
+// path, kernel critical path per thread (arrows where it moves to another
+// thread, pieces spent for a blocking request outlined), summary chart.
+
+import { Drawn, get, RequestRow, Diagnosis } from "./api";
+import { BLOCKED_BY_REQUEST, el, esc, fmtNs, legend, stateColor, STATE_COLORS } from "./format";
+import { Lane, Timeline } from "./timeline";
+
+interface SummaryRow {
+  state: string;
+  tid: number | null;
+  comm: string | null;
+  blocked_by_request: string | null;
+  ns: number;
+  share: number;
+  throttled_ns: number;
+  contended_ns: number;
+  wakeup_ns: number;
+}
+
+interface Blocker {
+  span_id: string;
+  service?: string;
+  operation?: string;
+}
+
+interface RequestDetail {
+  request: RequestRow;
+  diagnosis: Diagnosis | null;
+  summary: SummaryRow[];
+  syscalls: Array<{ syscall: string; ns: number }> | null;
+  pieces: number;
+  threads: Array<{ tid: number; comm: string | null; ns: number; home: boolean }>;
+  blockers: Blocker[];
+}
+
+interface GanttSpan {
+  span_id: string;
+  parent_span_id: string | null;
+  service: string;
+  operation: string;
+  start_ns: number;
+  end_ns: number;
+  exact: boolean;
+  depth: number;
+  tid: number | null;
+}
+
+interface TraceView {
+  trace_id: string;
+  spans: GanttSpan[];
+  critical_path: Array<{ span_id: string; start_ns: number; end_ns: number }>;
+}
+
+interface TimelineResponse {
+  lanes: Array<{ tid: number; comm: string | null; intervals: Drawn[] }>;
+  arrows: Array<{ at_ns: number; from_tid: number | null; to_tid: number | null; blocked_by_request: string | null }>;
+  drawn_states: Record<string, number>;
+}
+
+export async function requestView(app: HTMLElement, id: string): Promise<void> {
+  const detail = await get<RequestDetail>(`/api/requests/${encodeURIComponent(id)}`);
+  const r = detail.request;
+  app.innerHTML = "";
+  const blockerName = new Map(detail.blockers.map((b) => [b.span_id, b.operation ? `[${b.service}] ${b.operation}` : b.span_id]));
+
+  const head = el("section", { class: "panel", id: "request-head" });
+  head.innerHTML = `<h1>[${esc(r.service)}] ${esc(r.operation)} ${r.anomalous ? '<span class="badge">anomalous</span>' : ""}</h1>
+    <p class="muted">duration <b>${fmtNs(r.duration_ns)}</b>${r.baseline_ns ? ` (median of its operation ${fmtNs(r.baseline_ns)})` : ""}
+    · trace ${esc(r.trace_id)} · span ${esc(r.span_id)} · placed on threads by ${esc(r.sync)}
+    ${r.lost_events ? ` · <span class="warn">${r.lost_events} kernel events lost during it</span>` : ""}
+    ${r.truncated ? ' · <span class="warn">path truncated</span>' : ""}</p>`;
+  head.append(diagnosisBox(detail.diagnosis, blockerName));
+  app.append(head);
+
+  // Span Gantt.
+  const spansPanel = el("section", { class: "panel" }, "<h2>Spans of the trace <small>(dark: span-level critical path)</small></h2>");
+  app.append(spansPanel);
+  const spans = await get<{ request_span_id: string; trace: TraceView | null }>(`/api/requests/${encodeURIComponent(id)}/spans`);
+  if (spans.trace && spans.trace.spans.length) gantt(spansPanel, spans.trace, r);
+  else spansPanel.append(el("p", { class: "muted" }, "The run has no spans of this trace."));
+
+  // Kernel critical path.
+  const cp = el("section", { class: "panel", id: "kernel-path" });
+  cp.innerHTML = `<h2>Kernel critical path <small>(${detail.pieces} pieces on ${detail.threads.length} threads; arrows: the path moves to another thread; red outline: time spent for a blocking request)</small></h2>`;
+  app.append(cp);
+  cp.append(legend(Object.keys(STATE_COLORS), [["for a blocking request", `border:2px solid ${BLOCKED_BY_REQUEST};background:#fff`]]));
+  const order = new Map(detail.threads.map((t, i) => [t.tid, i]));
+  const tl = new Timeline(cp, {
+    range: [r.start_ns, r.end_ns],
+    origin: r.start_ns,
+    bands: [{ start: r.start_ns, end: r.end_ns, color: "rgba(31,119,180,0.05)" }],
+    load: async (start, end, res) => {
+      const d = await get<TimelineResponse>(`/api/requests/${encodeURIComponent(id)}/timeline`, {
+        start_ns: start,
+        end_ns: end,
+        resolution_ns: res,
+      });
+      tl.root.dataset.states = JSON.stringify(d.drawn_states);
+      const lanes: Lane[] = d.lanes
+        .map((l) => ({ key: String(l.tid), label: `${l.comm ?? "?"} ${l.tid >= 0 ? l.tid : ""}`, intervals: l.intervals }))
+        .sort((a, b) => (order.get(+a.key) ?? 1e9) - (order.get(+b.key) ?? 1e9));
+      return {
+        lanes,
+        arrows: d.arrows.map((a) => ({
+          at_ns: a.at_ns,
+          from: String(a.from_tid ?? -1),
+          to: String(a.to_tid ?? -1),
+          color: a.blocked_by_request ? BLOCKED_BY_REQUEST : "#333",
+        })),
+      };
+    },
+    color: (iv) => stateColor(iv.state),
+    outline: (iv) => (iv.blocked_by_request ? BLOCKED_BY_REQUEST : null),
+    tooltip: (iv, lane) => pieceTooltip(iv, lane, r.start_ns, blockerName),
+    onClick: (iv) => {
+      if (typeof iv.blocked_by_request === "string") location.hash = `#/request/${iv.blocked_by_request}`;
+    },
+  });
+
+  // Summary.
+  const sum = el("section", { class: "panel", id: "summary" });
+  sum.innerHTML = "<h2>Where the time went</h2>";
+  app.append(sum);
+  summaryChart(sum, detail, blockerName);
+}
+
+function diagnosisBox(d: Diagnosis | null, blockerName: Map<string, string>): HTMLElement {
+  const box = el("div", { class: "diagnosis", id: "diagnosis" });
+  if (!d) {
+    box.innerHTML = '<span class="muted">No diagnosis in this analysis.</span>';
+    return box;
+  }
+  box.dataset.cause = d.cause;
+  const culprits = (d.culprits ?? [])
+    .map((c) => {
+      const who =
+        c.kind === "request" && c.span_id
+          ? `<a href="#/request/${esc(c.span_id)}">${esc(blockerName.get(String(c.span_id)) ?? `[${c.service ?? "?"}] ${c.operation ?? c.span_id}`)}</a>`
+          : esc([c.comm ?? c.name ?? c.operation, c.pid ? `pid ${c.pid}` : "", c.tid ? `tid ${c.tid}` : ""].filter(Boolean).join(" "));
+      return `<li>${esc(c.kind)}: ${who} — ${fmtNs(Number(c.ns ?? 0))}</li>`;
+    })
+    .join("");
+  const evidence = Object.entries(d.evidence ?? {})
+    .map(([k, v]) => `<code>${esc(k)}=${esc(typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : v)}</code>`)
+    .join(" ");
+  box.innerHTML = `<div><span class="cause">${esc(d.cause)}</span> ${esc(d.headline)}</div>
+    ${evidence ? `<div class="evidence">${evidence}</div>` : ""}
+    ${culprits ? `<ul class="culprits">${culprits}</ul>` : ""}`;
+  return box;
+}
+
+function pieceTooltip(iv: Drawn, lane: Lane, origin: number, blockers: Map<string, string>): string {
+  const rows: string[] = [];
+  rows.push(`<b style="color:${stateColor(iv.state)}">${esc(iv.state)}</b>${iv.n > 1 ? ` <span class="muted">(dominant of ${iv.n} pieces)</span>` : ""}`);
+  rows.push(`thread ${esc(lane.label)}`);
+  rows.push(`${fmtNs(iv.start_ns - origin)} → ${fmtNs(iv.end_ns - origin)} (${fmtNs(iv.end_ns - iv.start_ns)})`);
+  if (iv.syscall) rows.push(`system call: ${esc(iv.syscall)}`);
+  if (iv.waiting_in) rows.push(`request's thread waiting in: ${esc(iv.waiting_in)}`);
+  if (iv.detail) rows.push(`detail: ${esc(iv.detail)}`);
+  if (iv.blocked_by_request) rows.push(`for blocking request: ${esc(blockers.get(String(iv.blocked_by_request)) ?? iv.blocked_by_request)} (click to open)`);
+  if (iv.preempted_by_tid) rows.push(`CPU taken by: ${esc(iv.preempted_by_comm ?? "")} ${esc(iv.preempted_by_tid)}`);
+  if (Number(iv.throttled_ns)) rows.push(`throttled (CPU held back): ${fmtNs(Number(iv.throttled_ns))}`);
+  if (Number(iv.contended_ns)) rows.push(`contended: ${fmtNs(Number(iv.contended_ns))}`);
+  if (Number(iv.shared)) rows.push(`shared with ${esc(iv.shared)} other request path(s)`);
+  if (iv.lost) rows.push('<span class="warn">kernel events lost here</span>');
+  return rows.join("<br>");
+}
+
+function gantt(parent: HTMLElement, trace: TraceView, r: RequestRow): void {
+  const byId = new Map(trace.spans.map((s) => [s.span_id, s]));
+  const sections = new Map<string, Array<[number, number]>>();
+  for (const c of trace.critical_path) {
+    if (!sections.has(c.span_id)) sections.set(c.span_id, []);
+    sections.get(c.span_id)!.push([c.start_ns, c.end_ns]);
+  }
+  // Depth-first order, children by start, like a trace viewer.
+  const children = new Map<string | null, GanttSpan[]>();
+  for (const s of trace.spans) {
+    const p = s.parent_span_id && byId.has(s.parent_span_id) ? s.parent_span_id : null;
+    if (!children.has(p)) children.set(p, []);
+    children.get(p)!.push(s);
+  }
+  const ordered: GanttSpan[] = [];
+  const visit = (p: string | null, guard: number) => {
+    if (guard > 200) return;
+    for (const s of (children.get(p) ?? []).sort((a, b) => a.start_ns - b.start_ns)) {
+      ordered.push(s);
+      visit(s.span_id, guard + 1);
+    }
+  };
+  visit(null, 0);
+  const lanes: Lane[] = ordered.map((s) => {
+    // The span cut into on-path (dark) and off-path (light) stretches.
+    const on = (sections.get(s.span_id) ?? []).sort((a, b) => a[0] - b[0]);
+    const ivs: Drawn[] = [];
+    let t = s.start_ns;
+    for (const [a, b] of on) {
+      if (a > t) ivs.push({ start_ns: t, end_ns: a, n: 1, on: false, span: s });
+      ivs.push({ start_ns: Math.max(a, t), end_ns: b, n: 1, on: true, span: s });
+      t = Math.max(t, b);
+    }
+    if (t < s.end_ns) ivs.push({ start_ns: t, end_ns: s.end_ns, n: 1, on: false, span: s });
+    return { key: s.span_id, label: `${"  ".repeat(Math.min(s.depth, 8))}[${s.service}] ${s.operation}`, intervals: ivs };
+  });
+  const start = Math.min(...ordered.map((s) => s.start_ns));
+  const end = Math.max(...ordered.map((s) => s.end_ns));
+  parent.append(legend([], [["on the span critical path", "background:#1f4e79"], ["off it", "background:#9ecae1"], ["this request", "background:#fdd49e"]]));
+  new Timeline(parent, {
+    range: [start, end],
+    origin: r.start_ns,
+    labelWidth: 260,
+    bands: [{ start: r.start_ns, end: r.end_ns, color: "rgba(253,212,158,0.35)" }],
+    load: async () => ({ lanes }),
+    color: (iv) => (iv.on ? "#1f4e79" : "#9ecae1"),
+    tooltip: (iv) => {
+      const s = iv.span as GanttSpan;
+      return `<b>[${esc(s.service)}] ${esc(s.operation)}</b><br>${fmtNs(s.start_ns - r.start_ns)} → ${fmtNs(s.end_ns - r.start_ns)} (${fmtNs(s.end_ns - s.start_ns)})<br>
+        ${iv.on ? "on the span critical path" : "not on the span critical path"}: ${fmtNs(iv.end_ns - iv.start_ns)}<br>
+        span ${esc(s.span_id)}${s.tid ? ` · thread ${s.tid}` : ""}${s.exact ? "" : " · times mapped from the wall clock"}`;
+    },
+  }).root.id = "gantt";
+}
+
+function summaryChart(parent: HTMLElement, d: RequestDetail, blockerName: Map<string, string>): void {
+  // Seed 000 Fig. 16: the request's time by state, the blocking requests
+  // apart with their own parts.
+  const byState = new Map<string, number>();
+  const byBlocker = new Map<string, Map<string, number>>();
+  let total = 0;
+  for (const row of d.summary) {
+    total += row.ns;
+    if (row.blocked_by_request) {
+      const m = byBlocker.get(row.blocked_by_request) ?? new Map<string, number>();
+      m.set(row.state, (m.get(row.state) ?? 0) + row.ns);
+      byBlocker.set(row.blocked_by_request, m);
+    } else byState.set(row.state, (byState.get(row.state) ?? 0) + row.ns);
+  }
+  const slices: Array<{ label: string; ns: number; color: string; state: string; blocker?: string }> = [];
+  for (const [s, ns] of [...byState].sort((a, b) => b[1] - a[1])) slices.push({ label: s, ns, color: stateColor(s), state: s });
+  for (const [b, m] of byBlocker) {
+    for (const [s, ns] of [...m].sort((a, b) => b[1] - a[1]))
+      slices.push({ label: `blocked by ${blockerName.get(b) ?? b}: ${s}`, ns, color: stateColor(s), state: s, blocker: b });
+  }
+  const wrap = el("div", { class: "summary" });
+  const canvas = el("canvas", { width: "220", height: "220", id: "summary-pie" });
+  wrap.append(canvas);
+  const ctx = canvas.getContext("2d")!;
+  let a = -Math.PI / 2;
+  for (const s of slices) {
+    const da = total ? (s.ns / total) * Math.PI * 2 : 0;
+    ctx.beginPath();
+    ctx.moveTo(110, 110);
+    ctx.arc(110, 110, 100, a, a + da);
+    ctx.closePath();
+    ctx.fillStyle = s.color;
+    ctx.fill();
+    if (s.blocker) {
+      ctx.strokeStyle = BLOCKED_BY_REQUEST;
+      ctx.lineWidth = 2;
+      ctx.stroke();
+    }
+    a += da;
+  }
+  const table = el("table", { class: "breakdown" });
+  table.innerHTML = slices
+    .map(
+      (s) => `<tr data-state="${esc(s.state)}"><td><i class="sw" style="background:${s.color};${s.blocker ? `outline:2px solid ${BLOCKED_BY_REQUEST}` : ""}"></i>
+        ${s.blocker ? `<a href="#/request/${esc(s.blocker)}">${esc(s.label)}</a>` : esc(s.label)}</td>
+        <td class="num">${fmtNs(s.ns)}</td><td class="num">${total ? ((100 * s.ns) / total).toFixed(1) : "0"}%</td></tr>`,
+    )
+    .join("");
+  wrap.append(table);
+  if (d.syscalls?.length) {
+    const sc = el("table", { class: "breakdown" });
+    sc.innerHTML = `<tr><th>System call (request's threads)</th><th class="num">time</th></tr>` +
+      d.syscalls.slice(0, 10).map((s) => `<tr><td><code>${esc(s.syscall)}</code></td><td class="num">${fmtNs(s.ns)}</td></tr>`).join("");
+    wrap.append(sc);
+  }
+  const states: Record<string, number> = {};
+  for (const s of slices) states[s.state] = (states[s.state] ?? 0) + s.ns;
+  parent.dataset.states = JSON.stringify(states);
+  parent.append(wrap);
+}
