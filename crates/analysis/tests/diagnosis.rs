@@ -1,12 +1,16 @@
 //! Diagnoses of requests on small hand-made event sequences whose causes
 //! and culprits are known: one scenario per cause.
 
+mod common;
+
+use common::requests::{request, Work};
+
 use std::collections::HashMap;
 
 use deepspan_analysis::{
-    analyze_requests, baselines, diagnose, is_anomalous, ActivationInput, Arch, BlockPhase, Cause,
+    analyze_requests, baselines, diagnose, is_anomalous, Arch, BlockPhase, Cause,
     CulpritKind, Diagnosis, DiagnosisContext, KernelModel, RequestPath, SpanIdx, SpanInput,
-    StateBuilder, ThreadWork, HEADLINE_MAX,
+    StateBuilder, HEADLINE_MAX,
 };
 use deepspan_analysis::{BlockReason, ThreadState};
 use deepspan_model::{softirq, BlockRq, Comm, Event, EventKind, Packet, SchedSwitch, Tid, Wakeup};
@@ -155,39 +159,6 @@ impl Script {
     }
 }
 
-/// Which span each thread works for: `(tid, start, end, span)`.
-struct Work(Vec<(Tid, u64, u64, SpanIdx)>);
-
-impl ThreadWork for Work {
-    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<(u64, u64, SpanIdx)>) {
-        for &(t, a, b, s) in &self.0 {
-            if t == tid && a < end && start < b {
-                out.push((a.max(start), b.min(end), s));
-            }
-        }
-    }
-}
-
-fn request(tid: Tid, start: u64, end: u64) -> SpanInput {
-    SpanInput {
-        times: Some((start, end)),
-        exact_times: true,
-        holder: Some(tid),
-        activations: vec![
-            ActivationInput {
-                tid,
-                ts: start,
-                on: true,
-            },
-            ActivationInput {
-                tid,
-                ts: end,
-                on: false,
-            },
-        ],
-        ..SpanInput::default()
-    }
-}
 
 /// Every request's diagnosis, by request span index.
 fn diagnoses(

@@ -1,10 +1,13 @@
 //! Request critical paths, summaries and the parallel model build on small
 //! hand-made event sequences whose answers are known.
 
+mod common;
+
+use common::requests::{request, Work};
+
 use deepspan_analysis::{
-    aggregate, analyze_requests, build_model, summarize, ActivationInput, Arch, EdgeType, Input,
+    aggregate, analyze_requests, build_model, summarize, Arch, EdgeType, Input,
     KernelModel, RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder, SyncSource,
-    ThreadWork,
 };
 use deepspan_model::{Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
 
@@ -94,39 +97,6 @@ impl Script {
     }
 }
 
-/// Which span each thread works for: `(tid, start, end, span)`.
-struct Work(Vec<(Tid, u64, u64, SpanIdx)>);
-
-impl ThreadWork for Work {
-    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<(u64, u64, SpanIdx)>) {
-        for &(t, a, b, s) in &self.0 {
-            if t == tid && a < end && start < b {
-                out.push((a.max(start), b.min(end), s));
-            }
-        }
-    }
-}
-
-fn request(tid: Tid, start: u64, end: u64) -> SpanInput {
-    SpanInput {
-        times: Some((start, end)),
-        exact_times: true,
-        holder: Some(tid),
-        activations: vec![
-            ActivationInput {
-                tid,
-                ts: start,
-                on: true,
-            },
-            ActivationInput {
-                tid,
-                ts: end,
-                on: false,
-            },
-        ],
-        ..SpanInput::default()
-    }
-}
 
 /// Holder (tid 1, CPU 0) sleeps 10..100 holding a lock, then releases it at
 /// 105, waking the waiter (tid 2, CPU 1) blocked in a futex since 20.

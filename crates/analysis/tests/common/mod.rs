@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod requests;
 pub mod stub;
 
 use std::collections::{BTreeSet, HashMap};

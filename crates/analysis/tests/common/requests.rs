@@ -1,0 +1,39 @@
+//! Request inputs for hand-made scenarios: which span each thread works
+//! for, and a request active on one thread for its whole time.
+
+use deepspan_analysis::{ActivationInput, SpanIdx, SpanInput, ThreadWork};
+use deepspan_model::Tid;
+
+/// Which span each thread works for: `(tid, start, end, span)`.
+pub struct Work(pub Vec<(Tid, u64, u64, SpanIdx)>);
+
+impl ThreadWork for Work {
+    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<(u64, u64, SpanIdx)>) {
+        for &(t, a, b, s) in &self.0 {
+            if t == tid && a < end && start < b {
+                out.push((a.max(start), b.min(end), s));
+            }
+        }
+    }
+}
+
+pub fn request(tid: Tid, start: u64, end: u64) -> SpanInput {
+    SpanInput {
+        times: Some((start, end)),
+        exact_times: true,
+        holder: Some(tid),
+        activations: vec![
+            ActivationInput {
+                tid,
+                ts: start,
+                on: true,
+            },
+            ActivationInput {
+                tid,
+                ts: end,
+                on: false,
+            },
+        ],
+        ..SpanInput::default()
+    }
+}
