@@ -44,6 +44,13 @@ export interface TimelineOptions {
 
 const AXIS = 22;
 
+declare global {
+  interface Window {
+    /** Every timeline's draw times (ms), for bench/ui_bench. */
+    __timelineFrames?: number[];
+  }
+}
+
 export class Timeline {
   readonly root: HTMLElement;
   private canvas: HTMLCanvasElement;
@@ -231,6 +238,8 @@ export class Timeline {
     const dt = performance.now() - t0;
     this.frameTimes.push(dt);
     if (this.frameTimes.length > 600) this.frameTimes.splice(0, 300);
+    (window.__timelineFrames ??= []).push(dt);
+    if (window.__timelineFrames.length > 10_000) window.__timelineFrames.splice(0, 5_000);
   }
 
   private drawAxis(): void {
