@@ -52,7 +52,9 @@ def run_measured(cmd, env=None):
 
 def record(run_dir, rounds):
     out = subprocess.run(
-        [DEEPSPAN, "record", "-o", run_dir, "--buffer-mb", "256", "--",
+        # Receiver on free ports: another recording may hold 4317/4318.
+        [DEEPSPAN, "record", "-o", run_dir, "--buffer-mb", "256",
+         "--otlp-grpc-port", "0", "--otlp-http-port", "0", "--",
          WORKLOAD, "pingpong", str(rounds)],
         check=True, capture_output=True, text=True)
     line = [l for l in out.stdout.splitlines() if l.startswith("{")][-1]
