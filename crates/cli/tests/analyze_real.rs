@@ -26,12 +26,18 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use common::{deepspan, kernel_or_skip};
 use serde_json::Value;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// `None` when the kernel test is skipped; otherwise the guard that keeps
+/// the recordings of this file one at a time (they measure each other).
+fn exclusive_kernel_test(name: &str) -> Option<MutexGuard<'static, ()>> {
+    kernel_or_skip(name).then(|| ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner()))
+}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -252,10 +258,9 @@ fn assert_well_formed(report: &Value) {
 
 #[test]
 fn lock_contention_blames_the_holder() {
-    if !kernel_or_skip("lock_contention_blames_the_holder") {
+    let Some(_one) = exclusive_kernel_test("lock_contention_blames_the_holder") else {
         return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let case = record_case("lock", &[]);
     let waiter = case.report_json("waiter");
     assert_well_formed(&waiter);
@@ -364,10 +369,9 @@ impl Drop for Cgroup {
 
 #[test]
 fn cpu_cgroup_quota_shows_as_preempted() {
-    if !kernel_or_skip("cpu_cgroup_quota_shows_as_preempted") {
+    let Some(_one) = exclusive_kernel_test("cpu_cgroup_quota_shows_as_preempted") else {
         return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let group = Cgroup::create(1000, 100_000);
     let case = record_case("cgroup", &[group.0.to_str().unwrap()]);
     drop(group);
@@ -420,10 +424,9 @@ fn cpu_cgroup_quota_shows_as_preempted() {
 
 #[test]
 fn o_direct_read_waits_on_the_block_device() {
-    if !kernel_or_skip("o_direct_read_waits_on_the_block_device") {
+    let Some(_one) = exclusive_kernel_test("o_direct_read_waits_on_the_block_device") else {
         return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let case = record_case("odirect", &[]);
     let report = case.report_json("read");
     assert_well_formed(&report);
@@ -478,10 +481,9 @@ fn o_direct_read_waits_on_the_block_device() {
 
 #[test]
 fn a_process_flooding_the_disk_is_named_for_a_read_that_waits() {
-    if !kernel_or_skip("a_process_flooding_the_disk_is_named_for_a_read_that_waits") {
+    let Some(_one) = exclusive_kernel_test("a_process_flooding_the_disk_is_named_for_a_read_that_waits") else {
         return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let case = record_case("diskflood", &[]);
     let report = case.report_json("read");
     assert_well_formed(&report);
@@ -513,10 +515,9 @@ fn a_process_flooding_the_disk_is_named_for_a_read_that_waits() {
 
 #[test]
 fn sleep_is_timer() {
-    if !kernel_or_skip("sleep_is_timer") {
+    let Some(_one) = exclusive_kernel_test("sleep_is_timer") else {
         return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let case = record_case("sleep", &[]);
     let report = case.report_json("sleep");
     assert_well_formed(&report);
@@ -703,10 +704,9 @@ fn report_errors_are_clear() {
 
 #[test]
 fn cpu_hogs_on_the_same_cpu_are_named_as_contention() {
-    if !kernel_or_skip("cpu_hogs_on_the_same_cpu_are_named_as_contention") {
+    let Some(_one) = exclusive_kernel_test("cpu_hogs_on_the_same_cpu_are_named_as_contention") else {
         return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let case = record_case("hog", &[]);
     let report = case.report_json("contended");
     assert_well_formed(&report);
