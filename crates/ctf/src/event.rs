@@ -14,7 +14,7 @@ use deepspan_model::{
 };
 
 use crate::decode::{sign_extend, Cursor, Walker};
-use crate::layout::{self, align_up, Node};
+use crate::layout::{self, align_up, Direct, Node};
 use crate::metadata::{EventClass, Known, NO_PARAM, P};
 use crate::share::PacketRef;
 use crate::stream::{Chunk, Packet};
@@ -153,6 +153,44 @@ fn rwbs_text(v: &Value) -> [u8; 8] {
     out
 }
 
+/// The text as a shared string (lossy UTF-8), from a small per-thread
+/// cache: the strings the typed events carry (irq handler and device
+/// names, file names) repeat, and allocating one per event cost more than
+/// decoding the event.
+fn intern(bytes: &[u8]) -> Arc<str> {
+    const WAYS: usize = 256;
+    thread_local! {
+        static CACHE: RefCell<Vec<Option<Arc<str>>>> = RefCell::new(vec![None; WAYS]);
+    }
+    let make = || Arc::from(String::from_utf8_lossy(bytes).as_ref());
+    if bytes.len() > 64 {
+        return make();
+    }
+    // FNV-1a picks the way; the entry is checked against the text itself.
+    let mut h: u32 = 0x811c_9dc5;
+    for &b in bytes {
+        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+    }
+    let way = (h as usize) % WAYS;
+    CACHE
+        .try_with(|c| {
+            let mut c = c.borrow_mut();
+            match &c[way] {
+                Some(s) if s.as_bytes() == bytes => s.clone(),
+                _ => {
+                    let s: Arc<str> = make();
+                    // Only exact (valid UTF-8) texts are cached, so that
+                    // the byte comparison above stays exact.
+                    if s.as_bytes() == bytes {
+                        c[way] = Some(s.clone());
+                    }
+                    s
+                }
+            }
+        })
+        .unwrap_or_else(|_| make())
+}
+
 /// What is known of an event once decoded (see `StreamEvents::fill`). It
 /// belongs to the one [`CtfEvent`] made of it.
 pub(crate) struct Record {
@@ -248,12 +286,20 @@ impl CtfEvent {
     }
 
     /// Bit offset in the packet of the payload (before its alignment).
+    #[inline(always)]
     fn payload_at(&self) -> u64 {
         let r = self.rec();
         if r.payload_delta != PAYLOAD_FAR {
             return r.start + r.payload_delta as u64;
         }
-        // Headers and contexts over 512 MiB: walk them again.
+        self.payload_at_far()
+    }
+
+    /// [`CtfEvent::payload_at`] for headers and contexts over 512 MiB:
+    /// walks them again.
+    #[cold]
+    fn payload_at_far(&self) -> u64 {
+        let r = self.rec();
         let p = self.packet();
         let mut w = Walker::new();
         w.slots[layout::PACKET_HEADER as usize].clone_from(&p.info.header_slots);
@@ -280,15 +326,10 @@ impl CtfEvent {
 
     /// (prev_tid, next_tid) when the payload has both (sched_switch), for
     /// tid inference.
+    #[inline(always)]
     pub(crate) fn switch(&self) -> Option<(Tid, Tid)> {
         let (prev, next) = self.class().switch_fields?;
-        let tid = |i| match self.raw_at(i)? {
-            Raw::Int(v) => Some(v as Tid),
-            Raw::UInt(v) => Some(v as Tid),
-            Raw::Value(v) => as_i64(v).map(|v| v as Tid),
-            _ => None,
-        };
-        Some((tid(prev)?, tid(next)?))
+        Some((self.int_at(prev)? as Tid, self.int_at(next)? as Tid))
     }
 
     #[inline(always)]
@@ -347,10 +388,12 @@ impl CtfEvent {
         self.tid_opt().unwrap_or(-1)
     }
 
+    #[inline(always)]
     pub(crate) fn tid_known(&self) -> bool {
         self.tid_opt().is_some()
     }
 
+    #[inline(always)]
     pub(crate) fn set_tid(&mut self, tid: Tid) {
         // SAFETY: `&mut self`: no one else looks at this event's record.
         unsafe { *self.rec().tid.get() = Some(tid) };
@@ -544,10 +587,7 @@ impl CtfEvent {
     /// the packet (found by name once per event class): typed mapping then
     /// costs no allocation.
     fn raw(&self, p: P) -> Option<Raw<'_>> {
-        match self.class().params.get(p as usize) {
-            Some(&i) if i != NO_PARAM => self.raw_at(i as usize),
-            _ => None,
-        }
+        self.raw_at(self.param(p)?)
     }
 
     /// Field `i` of the payload (see [`CtfEvent::raw`]).
@@ -664,8 +704,51 @@ impl CtfEvent {
         None
     }
 
-    fn int(&self, p: P) -> Option<i64> {
-        match self.raw(p)? {
+    /// The payload field index of `p`.
+    #[inline(always)]
+    fn param(&self, p: P) -> Option<usize> {
+        match self.class().params.get(p as usize) {
+            Some(&i) if i != NO_PARAM => Some(i as usize),
+            _ => None,
+        }
+    }
+
+    /// Top-level payload field `i` as an integer: read straight from the
+    /// packet where the layout says where it is (the common case), else
+    /// as [`CtfEvent::raw_at`] finds it.
+    #[inline(always)]
+    fn int_at(&self, i: usize) -> Option<i64> {
+        let p = self.class().payload.as_ref()?;
+        if let Some(&Direct::Int {
+            off,
+            size,
+            signed,
+            be,
+        }) = p.direct.get(i)
+        {
+            let packet = self.packet();
+            let data = &packet.data[..];
+            let end = packet.content_bits.min(data.len() as u64 * 8);
+            let start = align_up(self.payload_at(), p.root_align)?.checked_add(off)?;
+            if start.checked_add(size as u64)? > end {
+                return None;
+            }
+            let v = crate::decode::read_bits(data, start, size, be);
+            return Some(if signed {
+                sign_extend(v, size)
+            } else {
+                v as i64
+            });
+        }
+        if i >= p.direct.len() {
+            return None; // no such field (`args` asks for six)
+        }
+        self.int_walked(i)
+    }
+
+    #[inline(never)]
+    fn int_walked(&self, i: usize) -> Option<i64> {
+        match self.raw_at(i)? {
             Raw::Int(i) => Some(i),
             Raw::UInt(u) => Some(u as i64),
             Raw::Value(v) => as_i64(v),
@@ -673,8 +756,30 @@ impl CtfEvent {
         }
     }
 
+    #[inline(always)]
+    fn int(&self, p: P) -> Option<i64> {
+        self.int_at(self.param(p)?)
+    }
+
     fn comm(&self, p: P) -> Option<Comm> {
-        match self.raw(p)? {
+        self.comm_at(self.param(p)?)
+    }
+
+    /// Top-level payload field `i` as a task name.
+    fn comm_at(&self, i: usize) -> Option<Comm> {
+        let payload = self.class().payload.as_ref()?;
+        if let Some(&Direct::Text { off, len }) = payload.direct.get(i) {
+            // As `raw_at` reads a character array of a fixed layout.
+            let packet = self.packet();
+            let from =
+                (align_up(self.payload_at(), payload.root_align)?.checked_add(off)? / 8) as usize;
+            let end = from.checked_add(len as usize)?;
+            let bytes = packet
+                .data
+                .get(from..end.min((packet.content_bits / 8) as usize))?;
+            return Some(Comm::from_bytes(bytes));
+        }
+        match self.raw_at(i)? {
             Raw::Text(b) => Some(Comm::from_bytes(b)),
             // As the decoded (lossy UTF-8) string would give it.
             Raw::Str(b) => Some(match std::str::from_utf8(b) {
@@ -689,8 +794,8 @@ impl CtfEvent {
 
     fn text(&self, p: P) -> Option<Arc<str>> {
         match self.raw(p)? {
-            Raw::Text(b) | Raw::Str(b) => Some(Arc::from(String::from_utf8_lossy(b).as_ref())),
-            Raw::Value(Value::Str(s)) => Some(Arc::from(s.as_str())),
+            Raw::Text(b) | Raw::Str(b) => Some(intern(b)),
+            Raw::Value(Value::Str(s)) => Some(intern(s.as_bytes())),
             _ => None,
         }
     }
@@ -699,12 +804,7 @@ impl CtfEvent {
     fn args(&self) -> [u64; 6] {
         let mut args = [0u64; 6];
         for (i, slot) in args.iter_mut().enumerate() {
-            *slot = match self.raw_at(i) {
-                Some(Raw::Int(v)) => v as u64,
-                Some(Raw::UInt(v)) => v,
-                Some(Raw::Value(v)) => as_u64(v).unwrap_or(0),
-                _ => 0,
-            };
+            *slot = self.int_at(i).unwrap_or(0) as u64;
         }
         args
     }
@@ -918,6 +1018,48 @@ impl CtfEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::CtfTrace;
+
+    /// The typed mapping reads integers and character arrays straight from
+    /// the packet ([`Direct`]); on every event of the corpus, each read
+    /// must give what the general decoder gives for that field.
+    #[test]
+    fn direct_reads_equal_decoded_fields() {
+        let root = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/testdata/kernel/ctf"
+        ));
+        let mut checked = [0usize; 2];
+        for dir in std::fs::read_dir(root).unwrap() {
+            let trace = CtfTrace::open(dir.unwrap().path()).unwrap();
+            for e in trace.events() {
+                let e = e.unwrap();
+                let Some(payload) = e.class().payload.as_ref() else {
+                    continue;
+                };
+                for (i, (direct, field)) in payload.direct.iter().zip(payload.fields()).enumerate()
+                {
+                    let decoded = e.field(&field.name);
+                    match direct {
+                        Direct::Int { .. } => {
+                            assert_eq!(e.int_at(i), decoded.and_then(as_i64), "{e:?} field {i}");
+                            checked[0] += 1;
+                        }
+                        Direct::Text { .. } => {
+                            let Some(Value::Str(s)) = decoded else {
+                                panic!("{e:?}: field {i} decodes as {decoded:?}")
+                            };
+                            let comm = e.comm_at(i).unwrap();
+                            assert_eq!(comm, Comm::from_bytes(s.as_bytes()), "{e:?} field {i}");
+                            checked[1] += 1;
+                        }
+                        Direct::Walk => {}
+                    }
+                }
+            }
+        }
+        assert!(checked[0] > 100_000 && checked[1] > 10_000, "{checked:?}");
+    }
 
     #[test]
     fn rwbs_mask_to_text() {

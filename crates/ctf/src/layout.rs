@@ -222,8 +222,32 @@ pub(crate) struct Scope {
     /// When the root has a fixed layout: the bit offset of each top-level
     /// field from the (aligned) root start, for direct field reads.
     pub offsets: Option<Vec<u64>>,
+    /// How each top-level field is read straight from the packet by the
+    /// typed mapping (see [`Direct`]).
+    pub direct: Box<[Direct]>,
     /// The root's alignment.
     pub root_align: u32,
+}
+
+/// Where a top-level field of a scope is, for reading it without decoding
+/// the fields before it: the typed mapping reads a handful of integers per
+/// event, and finding each one by walking the layout cost more than the
+/// rest of the event's decoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direct {
+    /// An integer or enumeration `off` bits after the aligned root start
+    /// (every field before it has a size that does not depend on the data).
+    Int {
+        off: u64,
+        size: u8,
+        signed: bool,
+        be: bool,
+    },
+    /// A character array of `len` bytes at byte `off / 8` of the aligned
+    /// root, in a root whose whole layout is fixed.
+    Text { off: u64, len: u64 },
+    /// Found by walking the layout (or decoding the fields).
+    Walk,
 }
 
 /// One step of the walking program: the layout tree flattened so that the
@@ -832,6 +856,7 @@ pub(crate) fn compile_scope(
         eprintln!("scope {scope}: ops {ops:?}\n  plan {plan:?}");
     }
     let offsets = fixed_offsets(&root);
+    let direct = direct_fields(&root, offsets.is_some());
     Ok(Scope {
         root_align: root.align(),
         root,
@@ -840,7 +865,43 @@ pub(crate) fn compile_scope(
         plan,
         read: c.read,
         offsets,
+        direct,
     })
+}
+
+/// [`Direct`] of each top-level field of `root`: integers up to the first
+/// field whose size depends on the data, and character arrays of fully
+/// fixed roots (`fixed`), exactly where the general path finds them.
+fn direct_fields(root: &Node, fixed: bool) -> Box<[Direct]> {
+    let Node::Struct(s) = root else {
+        return Box::new([]);
+    };
+    let mut off = Some(0u64);
+    let mut out = Vec::with_capacity(s.fields.len());
+    for f in &s.fields {
+        let at = off.and_then(|o| align_up(o, f.node.align()));
+        out.push(match (&f.node, at) {
+            (Node::Int(i) | Node::Enum(i, _), Some(at)) if (1..=64).contains(&i.size) => {
+                Direct::Int {
+                    off: at,
+                    size: i.size,
+                    signed: i.signed,
+                    be: i.be,
+                }
+            }
+            (Node::Array(a), Some(at)) if fixed && a.text && at % 8 == 0 && a.elem.align() <= 8 => {
+                Direct::Text {
+                    off: at,
+                    len: a.len,
+                }
+            }
+            _ => Direct::Walk,
+        });
+        off = at
+            .zip(f.node.fixed_size())
+            .and_then(|(a, n)| a.checked_add(n));
+    }
+    out.into_boxed_slice()
 }
 
 fn fixed_offsets(root: &Node) -> Option<Vec<u64>> {

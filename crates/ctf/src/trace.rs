@@ -210,8 +210,15 @@ impl CtfTrace {
         let mut channels: HashMap<usize, HashSet<String>> = HashMap::new();
         for s in &self.streams {
             if s.trace.tid_inferred {
-                let file = s.files.first().map(|f| f.path().to_path_buf()).unwrap_or_default();
-                channels.entry(s.trace.index).or_default().insert(channel_of(&file));
+                let file = s
+                    .files
+                    .first()
+                    .map(|f| f.path().to_path_buf())
+                    .unwrap_or_default();
+                channels
+                    .entry(s.trace.index)
+                    .or_default()
+                    .insert(channel_of(&file));
             }
         }
         if channels.values().any(|c| c.len() > 1) {
@@ -283,7 +290,9 @@ fn channel_of(path: &Path) -> String {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let name = rotation_base(path).unwrap_or_else(|| name.to_string());
     match name.rsplit_once('_') {
-        Some((base, cpu)) if !cpu.is_empty() && cpu.bytes().all(|b| b.is_ascii_digit()) => base.to_string(),
+        Some((base, cpu)) if !cpu.is_empty() && cpu.bytes().all(|b| b.is_ascii_digit()) => {
+            base.to_string()
+        }
         _ => name,
     }
 }
@@ -371,6 +380,7 @@ struct CpuTids {
 impl CpuTids {
     const SMALL: u32 = 4096;
 
+    #[inline(always)]
     fn get(&self, cpu: u32) -> Option<Tid> {
         if cpu < Self::SMALL {
             self.small.get(cpu as usize).copied().flatten()
@@ -614,14 +624,17 @@ impl Iterator for Events {
 }
 
 impl Events {
-    #[inline(never)]
+    #[inline(always)]
     fn infer_tid(&mut self, event: &mut CtfEvent) {
+        if event.tid_known() {
+            return;
+        }
         let t = if self.infer.len() == 1 {
             0
         } else {
             event.trace_index()
         };
-        if self.infer.get(t).copied().unwrap_or(false) && !event.tid_known() {
+        if self.infer.get(t).copied().unwrap_or(false) {
             let cpus = &mut self.cpu_tid[t];
             // A sched_switch runs in the context of the task switched out.
             let current = match event.switch() {

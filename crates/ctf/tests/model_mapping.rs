@@ -225,12 +225,23 @@ fn perf_converted_trace() {
 fn stream_readers_merge_to_the_same_events() {
     use deepspan_model::{merge_parallel, Event};
     let mut parallel_traces = 0;
-    for dir in ["bug446190", "flipping-endianness", "lttng-tracefile-rotation", "multi-domains", "perf-taskset2"] {
+    for dir in [
+        "bug446190",
+        "flipping-endianness",
+        "lttng-tracefile-rotation",
+        "multi-domains",
+        "perf-taskset2",
+    ] {
         let t = CtfTrace::open(corpus(dir)).unwrap();
         let sequential: Vec<Event> = t.events().map(|e| e.unwrap().to_event()).collect();
-        let Some(streams) = t.stream_events() else { continue };
+        let Some(streams) = t.stream_events() else {
+            continue;
+        };
         parallel_traces += 1;
-        let typed: Vec<_> = streams.into_iter().map(|s| s.map(|e| e.map(|e| e.to_event()))).collect();
+        let typed: Vec<_> = streams
+            .into_iter()
+            .map(|s| s.map(|e| e.map(|e| e.to_event())))
+            .collect();
         let mut merged = Vec::new();
         merge_parallel(typed, &mut |e| merged.push(e)).unwrap();
         assert_eq!(merged.len(), sequential.len(), "{dir}");
@@ -238,5 +249,8 @@ fn stream_readers_merge_to_the_same_events() {
             assert_eq!(a, b, "{dir}: event {i}");
         }
     }
-    assert!(parallel_traces >= 4, "only {parallel_traces} corpus traces read per stream");
+    assert!(
+        parallel_traces >= 4,
+        "only {parallel_traces} corpus traces read per stream"
+    );
 }
