@@ -3,11 +3,10 @@
 //! per event and per MB of the equivalent ftrace ring-buffer records:
 //! `cargo run --release -p deepspan-analysis --example model_throughput [MILLION_EVENTS]`.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use deepspan_analysis::{critical_path, StateBuilder};
-use deepspan_model::{softirq, Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
+use deepspan_model::{softirq, Comm, Event, EventKind, Name, SchedSwitch, Tid, Wakeup};
 
 struct Rng(u64);
 impl Rng {
@@ -47,8 +46,8 @@ fn main() {
     let (cpus, threads) = (8u32, 400 as Tid);
     let mut rng = Rng(0x9e3779b97f4a7c15);
     let comm = Comm::from_bytes(b"worker");
-    let futex: Arc<str> = Arc::from("futex");
-    let irq_name: Arc<str> = Arc::from("eth0-rx");
+    let futex = Name::new("futex");
+    let irq_name = Name::new("eth0-rx");
     let mut current: Vec<Tid> = (0..cpus as Tid).map(|c| 1 + c).collect();
     let mut blocked: Vec<Tid> = Vec::new();
     let mut runnable: Vec<Tid> = (cpus as Tid + 1..=threads).collect();

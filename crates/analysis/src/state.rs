@@ -20,10 +20,10 @@
 //! interrupts, never with the number of other events.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::OnceLock;
 
 use deepspan_model::{
-    softirq, BlockRq, Comm, Event, EventKind, Fields, SchedSwitch, Tid, Value, Wakeup,
+    softirq, BlockRq, Comm, Event, EventKind, Fields, Name, SchedSwitch, Tid, Value, Wakeup,
 };
 
 use crate::fxhash::FastMap;
@@ -497,7 +497,7 @@ pub struct StateBuilder {
     cpus: Vec<CpuRec>,
     graph: Graph,
     lost: Vec<LostRange>,
-    irq_names: FastMap<i32, Arc<str>>,
+    irq_names: FastMap<i32, Name>,
     syscall_names: SyscallNames,
     waking_seen: bool,
     start: Option<u64>,
@@ -592,23 +592,23 @@ impl TidIndex {
     }
 }
 
-/// Interned syscall names. Readers share one `Arc` per event name, so the
-/// pointer is a cheap first key; every interned `Arc` is kept alive so a
-/// pointer can never be reused for another name.
+/// Interned syscall names. Readers share one [`Name`] per event name, so
+/// the text's address is a cheap first key; every name seen is kept alive
+/// so an address can never be reused for another name.
 #[derive(Default)]
 struct SyscallNames {
-    names: Vec<Arc<str>>,
-    by_text: FastMap<Arc<str>, u32>,
+    names: Vec<Name>,
+    by_text: FastMap<Name, u32>,
     by_ptr: FastMap<usize, u32>,
-    keep: Vec<Arc<str>>,
+    keep: Vec<Name>,
     /// Entry and exit of one call share a name: a one-entry cache first.
     last: (usize, u32),
 }
 
 impl SyscallNames {
     #[inline]
-    fn intern(&mut self, name: &Arc<str>) -> u32 {
-        let ptr = Arc::as_ptr(name) as *const u8 as usize;
+    fn intern(&mut self, name: &Name) -> u32 {
+        let ptr = name.as_ptr() as usize;
         if self.last.0 == ptr && ptr != 0 {
             return self.last.1;
         }
@@ -617,7 +617,7 @@ impl SyscallNames {
         id
     }
 
-    fn intern_slow(&mut self, name: &Arc<str>, ptr: usize) -> u32 {
+    fn intern_slow(&mut self, name: &Name, ptr: usize) -> u32 {
         if let Some(&id) = self.by_ptr.get(&ptr) {
             return id;
         }
@@ -625,7 +625,7 @@ impl SyscallNames {
             Some(&id) => id,
             None => {
                 if self.names.is_empty() {
-                    self.names.push(Arc::from(""));
+                    self.names.push(Name::new(""));
                 }
                 let id = self.names.len() as u32;
                 self.names.push(name.clone());
@@ -745,7 +745,7 @@ impl StateBuilder {
                 if self
                     .irq_names
                     .get(irq)
-                    .map_or(true, |n| !Arc::ptr_eq(n, name) && n != name)
+                    .map_or(true, |n| n != name)
                 {
                     self.irq_names.insert(*irq, name.clone());
                 }
@@ -930,7 +930,7 @@ impl StateBuilder {
         lost.sort();
         let mut names = self.syscall_names.names;
         if names.is_empty() {
-            names.push(Arc::from(""));
+            names.push(Name::new(""));
         }
         KernelModel {
             threads,
@@ -1132,15 +1132,19 @@ impl StateBuilder {
         }
     }
 
-    fn qualifier(&self, state: ThreadState) -> Option<Arc<str>> {
+    fn qualifier(&self, state: ThreadState) -> Option<Name> {
+        static SOFTIRQS: OnceLock<Vec<Name>> = OnceLock::new();
         match state {
             ThreadState::Blocked(BlockReason::Irq(irq)) => Some(
                 self.irq_names
                     .get(&irq)
                     .cloned()
-                    .unwrap_or_else(|| Arc::from(format!("irq {irq}"))),
+                    .unwrap_or_else(|| Name::new(&format!("irq {irq}"))),
             ),
-            ThreadState::Blocked(BlockReason::Softirq(v)) => Some(Arc::from(softirq_name(v))),
+            ThreadState::Blocked(BlockReason::Softirq(v)) => {
+                let names = SOFTIRQS.get_or_init(|| (0..=softirq::RCU + 1).map(|v| Name::new(softirq_name(v))).collect());
+                Some(names[(v as usize).min(names.len() - 1)].clone())
+            }
             _ => None,
         }
     }
@@ -1477,7 +1481,7 @@ impl StateBuilder {
         Some(self.thread(tid))
     }
 
-    fn sys_enter(&mut self, ts: u64, cpu: u32, id: i64, name: Option<&Arc<str>>, args: &[u64; 6]) {
+    fn sys_enter(&mut self, ts: u64, cpu: u32, id: i64, name: Option<&Name>, args: &[u64; 6]) {
         let Some(t) = self.caller(cpu) else { return };
         let name = name.map_or(0, |n| self.syscall_names.intern(n));
         let th = &mut self.threads[t];
@@ -1500,7 +1504,7 @@ impl StateBuilder {
         });
     }
 
-    fn sys_exit(&mut self, ts: u64, cpu: u32, id: i64, name: Option<&Arc<str>>, ret: i64) {
+    fn sys_exit(&mut self, ts: u64, cpu: u32, id: i64, name: Option<&Name>, ret: i64) {
         let Some(t) = self.caller(cpu) else { return };
         let name = name.map_or(0, |n| self.syscall_names.intern(n));
         let id = i32::try_from(id).unwrap_or(-1);
@@ -1564,8 +1568,8 @@ pub struct KernelModel {
     cpus: Vec<CpuHistory>,
     graph: Graph,
     lost: Vec<LostRange>,
-    irq_names: FastMap<i32, Arc<str>>,
-    syscall_names: Vec<Arc<str>>,
+    irq_names: FastMap<i32, Name>,
+    syscall_names: Vec<Name>,
     stats: ModelStats,
     start: u64,
     end: u64,

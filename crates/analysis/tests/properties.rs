@@ -194,7 +194,7 @@ fn build(script: &[(u8, u8, u8, u8, i64, u8)]) -> KernelModel {
             },
             8 => EventKind::IrqHandlerEntry {
                 irq: st as i32,
-                name: Arc::from("eth0"),
+                name: deepspan_model::Name::new("eth0"),
             },
             9 => EventKind::IrqHandlerExit {
                 irq: st as i32,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use deepspan_analysis::{
     critical_path, BlockReason, Direction, EdgeType, KernelModel, StateBuilder, ThreadState, NO_CPU,
 };
-use deepspan_model::{softirq, BlockRq, Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
+use deepspan_model::{softirq, BlockRq, Comm, Event, EventKind, Name, SchedSwitch, Tid, Wakeup};
 
 /// A tiny event script: events on CPUs, in time order.
 struct Script {
@@ -151,7 +151,7 @@ fn thread_wakeup_links_waker_and_blocked_thread() {
 fn interrupt_contexts_give_block_reasons() {
     let irq = |irq: i32, name: &str| EventKind::IrqHandlerEntry {
         irq,
-        name: Arc::from(name),
+        name: Name::new(name),
     };
     let irq_exit = |irq: i32| EventKind::IrqHandlerExit { irq, ret: 1 };
     let mut s = Script::new();
@@ -218,7 +218,7 @@ fn interrupt_contexts_give_block_reasons() {
         60,
         1,
         EventKind::IpiEntry {
-            kind: Arc::from("reschedule"),
+            kind: Name::new("reschedule"),
             vector: 253,
         },
     );
@@ -227,7 +227,7 @@ fn interrupt_contexts_give_block_reasons() {
         62,
         1,
         EventKind::IpiExit {
-            kind: Arc::from("reschedule"),
+            kind: Name::new("reschedule"),
             vector: 253,
         },
     );
@@ -322,7 +322,7 @@ fn spurious_wakeups_are_counted_not_applied() {
 
 #[test]
 fn syscalls_are_attached_to_blocked_intervals() {
-    let futex: Arc<str> = Arc::from("futex");
+    let futex = Name::new("futex");
     let mut s = Script::new();
     s.switch(10, 0, 0, 0, 1);
     s.ev(

@@ -3,14 +3,12 @@
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{Record, Schema, TraceDat};
 use deepspan_model::Value;
-use rustc_hash::FxHashMap;
 use serde_json::{json, Map, Value as Json};
 
 use crate::progress;
@@ -143,10 +141,10 @@ fn summary(trace: &TraceDat, limit: Option<u64>, out: &mut impl Write) -> Result
 }
 
 fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
-    // Every event class shares one interned name, so counting by the name's
-    // address keeps string comparisons out of the per-event loop; names are
-    // joined by text at the end (two traces may intern the same name twice).
-    let mut by_class: FxHashMap<usize, (Arc<str>, u64)> = FxHashMap::default();
+    // Counting by the class's dense index keeps hashing out of the
+    // per-event loop; classes are joined by name at the end (two traces
+    // may declare the same name).
+    let mut by_class = vec![0u64; trace.class_count()];
     let mut events = 0u64;
     let bar = progress::spinner("decoding CTF");
     let mut stream = trace.events();
@@ -156,8 +154,7 @@ fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Re
         }
         let event = event?;
         std::hint::black_box(event.to_event());
-        let name = event.name_arc();
-        by_class.entry(Arc::as_ptr(name) as *const u8 as usize).or_insert_with(|| (name.clone(), 0)).1 += 1;
+        by_class[event.class_index()] += 1;
         events += 1;
         if events % 65_536 == 0 {
             bar.set_message(format!("{events} events"));
@@ -165,7 +162,8 @@ fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Re
     }
     bar.finish_and_clear();
     let mut by_name: BTreeMap<&str, u64> = BTreeMap::new();
-    for (name, count) in by_class.values() {
+    for (index, &count) in by_class.iter().enumerate().filter(|(_, &c)| c > 0) {
+        let name = trace.class_name(index).map_or("?", |n| n.as_str());
         *by_name.entry(name).or_default() += count;
     }
     let doc = json!({

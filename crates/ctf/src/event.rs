@@ -6,18 +6,15 @@ use std::cell::UnsafeCell;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::Arc;
 
-use deepspan_model::{
-    BlockRq, Comm, Event, EventKind, Fields, Packet as NetPacket, SchedSwitch, Tid, Timestamped,
-    Value, Wakeup,
-};
+use deepspan_model::{Event, EventKind, Fields, Name, Tid, Timestamped, Value};
 
 use crate::decode::{sign_extend, Cursor, Walker};
-use crate::layout::{self, align_up, Direct, Node};
-use crate::metadata::{EventClass, Known, NO_PARAM, P};
+use crate::layout::{self, align_up, Node};
+use crate::metadata::{EventClass, Known};
 use crate::share::PacketRef;
 use crate::stream::{Chunk, Packet};
+use crate::typed::{self, Payload};
 
 /// An event of a CTF trace.
 ///
@@ -41,7 +38,7 @@ pub struct CtfEvent {
 const PAYLOAD_FAR: u32 = u32::MAX;
 
 /// A payload field value as the typed mapping needs it.
-enum Raw<'a> {
+pub(crate) enum Raw<'a> {
     Int(i64),
     UInt(u64),
     /// A character array read raw, up to its first NUL.
@@ -103,7 +100,7 @@ impl Timestamped for CtfEvent {
     }
 }
 
-fn as_i64(v: &Value) -> Option<i64> {
+pub(crate) fn as_i64(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
         Value::UInt(u) => Some(*u as i64),
@@ -111,84 +108,12 @@ fn as_i64(v: &Value) -> Option<i64> {
     }
 }
 
-fn as_u64(v: &Value) -> Option<u64> {
+pub(crate) fn as_u64(v: &Value) -> Option<u64> {
     match v {
         Value::Int(i) => Some(*i as u64),
         Value::UInt(u) => Some(*u),
         _ => None,
     }
-}
-
-/// lttng-modules encodes `rwbs` as a bit mask; the model wants ftrace's text.
-fn rwbs_text(v: &Value) -> [u8; 8] {
-    let mut out = [0u8; 8];
-    let text: String = match v {
-        Value::Str(s) => s.clone(),
-        other => {
-            let m = as_u64(other).unwrap_or(0);
-            let bit = |b: u32| m & (1 << b) != 0;
-            let mut s = String::new();
-            if bit(10) {
-                s.push('F'); // PREFLUSH
-            }
-            if bit(0) {
-                s.push('W');
-            } else if bit(1) {
-                s.push('D');
-            } else if bit(2) {
-                s.push('R');
-            } else {
-                s.push('N');
-            }
-            for (b, c) in [(9, 'F'), (3, 'A'), (5, 'S'), (6, 'M')] {
-                if bit(b) {
-                    s.push(c);
-                }
-            }
-            s
-        }
-    };
-    let n = text.len().min(8);
-    out[..n].copy_from_slice(&text.as_bytes()[..n]);
-    out
-}
-
-/// The text as a shared string (lossy UTF-8), from a small per-thread
-/// cache: the strings the typed events carry (irq handler and device
-/// names, file names) repeat, and allocating one per event cost more than
-/// decoding the event.
-fn intern(bytes: &[u8]) -> Arc<str> {
-    const WAYS: usize = 256;
-    thread_local! {
-        static CACHE: RefCell<Vec<Option<Arc<str>>>> = RefCell::new(vec![None; WAYS]);
-    }
-    let make = || Arc::from(String::from_utf8_lossy(bytes).as_ref());
-    if bytes.len() > 64 {
-        return make();
-    }
-    // FNV-1a picks the way; the entry is checked against the text itself.
-    let mut h: u32 = 0x811c_9dc5;
-    for &b in bytes {
-        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
-    }
-    let way = (h as usize) % WAYS;
-    CACHE
-        .try_with(|c| {
-            let mut c = c.borrow_mut();
-            match &c[way] {
-                Some(s) if s.as_bytes() == bytes => s.clone(),
-                _ => {
-                    let s: Arc<str> = make();
-                    // Only exact (valid UTF-8) texts are cached, so that
-                    // the byte comparison above stays exact.
-                    if s.as_bytes() == bytes {
-                        c[way] = Some(s.clone());
-                    }
-                    s
-                }
-            }
-        })
-        .unwrap_or_else(|_| make())
 }
 
 /// What is known of an event once decoded (see `StreamEvents::fill`). It
@@ -287,7 +212,7 @@ impl CtfEvent {
 
     /// Bit offset in the packet of the payload (before its alignment).
     #[inline(always)]
-    fn payload_at(&self) -> u64 {
+    pub(crate) fn payload_at(&self) -> u64 {
         let r = self.rec();
         if r.payload_delta != PAYLOAD_FAR {
             return r.start + r.payload_delta as u64;
@@ -329,16 +254,17 @@ impl CtfEvent {
     #[inline(always)]
     pub(crate) fn switch(&self) -> Option<(Tid, Tid)> {
         let (prev, next) = self.class().switch_fields?;
-        Some((self.int_at(prev)? as Tid, self.int_at(next)? as Tid))
+        let payload = Payload::of(self)?;
+        Some((payload.int_at(prev)? as Tid, payload.int_at(next)? as Tid))
     }
 
     #[inline(always)]
-    fn packet(&self) -> &Packet {
+    pub(crate) fn packet(&self) -> &Packet {
         &self.chunk.get().window
     }
 
     #[inline(always)]
-    fn class(&self) -> &EventClass {
+    pub(crate) fn class(&self) -> &EventClass {
         // SAFETY: the class lives in an `Arc` held by the stream class,
         // which the window holds, which the chunk holds, which this event
         // holds; it is never modified after the metadata is compiled.
@@ -406,9 +332,18 @@ impl CtfEvent {
         &self.class().name
     }
 
-    /// The shared name, cheap to keep.
-    pub fn name_arc(&self) -> &Arc<str> {
+    /// The name as kept by every event of the class, free to clone.
+    pub fn shared_name(&self) -> &Name {
         &self.class().name
+    }
+
+    /// A dense key of the event's class within its [`crate::CtfTrace`]:
+    /// below [`crate::CtfTrace::class_count`], named by
+    /// [`crate::CtfTrace::class_name`] (cheaper than hashing a name per
+    /// event for per-class tables).
+    #[inline]
+    pub fn class_index(&self) -> usize {
+        self.packet().info.trace.class_base + self.class().seq as usize
     }
 
     /// Event class id within its stream class.
@@ -583,15 +518,11 @@ impl CtfEvent {
         out
     }
 
-    /// A top-level payload field the typed mapping reads, straight from
-    /// the packet (found by name once per event class): typed mapping then
-    /// costs no allocation.
-    fn raw(&self, p: P) -> Option<Raw<'_>> {
-        self.raw_at(self.param(p)?)
-    }
-
-    /// Field `i` of the payload (see [`CtfEvent::raw`]).
-    fn raw_at(&self, i: usize) -> Option<Raw<'_>> {
+    /// Top-level payload field `i` the general way, for the typed mapping
+    /// ([`crate::typed`]) where the layout does not say where it is: from
+    /// the packet when its place can be found by walking the fields before
+    /// it, else from the decoded fields.
+    pub(crate) fn raw_at(&self, i: usize) -> Option<Raw<'_>> {
         let p = self.class().payload.as_ref()?;
         let f = p.fields().get(i)?;
         let Some(offsets) = &p.offsets else {
@@ -704,258 +635,6 @@ impl CtfEvent {
         None
     }
 
-    /// The payload field index of `p`.
-    #[inline(always)]
-    fn param(&self, p: P) -> Option<usize> {
-        match self.class().params.get(p as usize) {
-            Some(&i) if i != NO_PARAM => Some(i as usize),
-            _ => None,
-        }
-    }
-
-    /// Top-level payload field `i` as an integer: read straight from the
-    /// packet where the layout says where it is (the common case), else
-    /// as [`CtfEvent::raw_at`] finds it.
-    #[inline(always)]
-    fn int_at(&self, i: usize) -> Option<i64> {
-        let p = self.class().payload.as_ref()?;
-        if let Some(&Direct::Int {
-            off,
-            size,
-            signed,
-            be,
-        }) = p.direct.get(i)
-        {
-            let packet = self.packet();
-            let data = &packet.data[..];
-            let end = packet.content_bits.min(data.len() as u64 * 8);
-            let start = align_up(self.payload_at(), p.root_align)?.checked_add(off)?;
-            if start.checked_add(size as u64)? > end {
-                return None;
-            }
-            let v = crate::decode::read_bits(data, start, size, be);
-            return Some(if signed {
-                sign_extend(v, size)
-            } else {
-                v as i64
-            });
-        }
-        if i >= p.direct.len() {
-            return None; // no such field (`args` asks for six)
-        }
-        self.int_walked(i)
-    }
-
-    #[inline(never)]
-    fn int_walked(&self, i: usize) -> Option<i64> {
-        match self.raw_at(i)? {
-            Raw::Int(i) => Some(i),
-            Raw::UInt(u) => Some(u as i64),
-            Raw::Value(v) => as_i64(v),
-            Raw::Text(_) | Raw::Str(_) => None,
-        }
-    }
-
-    #[inline(always)]
-    fn int(&self, p: P) -> Option<i64> {
-        self.int_at(self.param(p)?)
-    }
-
-    fn comm(&self, p: P) -> Option<Comm> {
-        self.comm_at(self.param(p)?)
-    }
-
-    /// Top-level payload field `i` as a task name.
-    fn comm_at(&self, i: usize) -> Option<Comm> {
-        let payload = self.class().payload.as_ref()?;
-        if let Some(&Direct::Text { off, len }) = payload.direct.get(i) {
-            // As `raw_at` reads a character array of a fixed layout.
-            let packet = self.packet();
-            let from =
-                (align_up(self.payload_at(), payload.root_align)?.checked_add(off)? / 8) as usize;
-            let end = from.checked_add(len as usize)?;
-            let bytes = packet
-                .data
-                .get(from..end.min((packet.content_bits / 8) as usize))?;
-            return Some(Comm::from_bytes(bytes));
-        }
-        match self.raw_at(i)? {
-            Raw::Text(b) => Some(Comm::from_bytes(b)),
-            // As the decoded (lossy UTF-8) string would give it.
-            Raw::Str(b) => Some(match std::str::from_utf8(b) {
-                Ok(_) => Comm::from_bytes(b),
-                Err(_) => Comm::from_bytes(String::from_utf8_lossy(b).as_bytes()),
-            }),
-            Raw::Value(Value::Str(s)) => Some(Comm::from_bytes(s.as_bytes())),
-            Raw::Value(Value::Bytes(b)) => Some(Comm::from_bytes(b)),
-            _ => None,
-        }
-    }
-
-    fn text(&self, p: P) -> Option<Arc<str>> {
-        match self.raw(p)? {
-            Raw::Text(b) | Raw::Str(b) => Some(intern(b)),
-            Raw::Value(Value::Str(s)) => Some(intern(s.as_bytes())),
-            _ => None,
-        }
-    }
-
-    /// Positional syscall arguments; non-integer ones read as 0.
-    fn args(&self) -> [u64; 6] {
-        let mut args = [0u64; 6];
-        for (i, slot) in args.iter_mut().enumerate() {
-            *slot = self.int_at(i).unwrap_or(0) as u64;
-        }
-        args
-    }
-
-    fn wakeup(&self) -> Option<Wakeup> {
-        Some(Wakeup {
-            tid: self.int(P::Tid)? as Tid,
-            comm: self.comm(P::Comm)?,
-            prio: self.int(P::Prio)? as i32,
-            target_cpu: self.int(P::TargetCpu).unwrap_or(-1) as i32,
-        })
-    }
-
-    fn block_rq(&self) -> Option<BlockRq> {
-        Some(BlockRq {
-            dev: self.int(P::Dev)? as u32,
-            sector: self.int(P::Sector)? as u64,
-            nr_sector: self.int(P::NrSector)? as u32,
-            rwbs: match self.raw(P::Rwbs) {
-                Some(Raw::Int(v)) => rwbs_text(&Value::Int(v)),
-                Some(Raw::UInt(v)) => rwbs_text(&Value::UInt(v)),
-                Some(Raw::Text(b) | Raw::Str(b)) => {
-                    rwbs_text(&Value::Str(String::from_utf8_lossy(b).into_owned()))
-                }
-                Some(Raw::Value(v)) => rwbs_text(v),
-                None => [0; 8],
-            },
-            error: self.int(P::Error).unwrap_or(0) as i32,
-        })
-    }
-
-    fn net_packet(&self) -> Option<NetPacket> {
-        Some(NetPacket {
-            skbaddr: self.int(P::Skbaddr)? as u64,
-            len: self.int(P::Len)? as u32,
-            dev: self.text(P::NameDev).unwrap_or_else(|| Arc::from("")),
-        })
-    }
-
-    /// The typed kind, or `None` when the fields do not have the expected
-    /// shape (the event then maps to [`EventKind::Other`]).
-    #[inline(never)]
-    fn kind(&self) -> Option<EventKind> {
-        let k = match &self.class().known {
-            Known::Other | Known::SpanStart | Known::SpanEnd => return None,
-            Known::SchedSwitch => EventKind::SchedSwitch(SchedSwitch {
-                prev_comm: self.comm(P::PrevComm)?,
-                prev_tid: self.int(P::PrevTid)? as Tid,
-                prev_prio: self.int(P::PrevPrio)? as i32,
-                prev_state: self.int(P::PrevState)?,
-                next_comm: self.comm(P::NextComm)?,
-                next_tid: self.int(P::NextTid)? as Tid,
-                next_prio: self.int(P::NextPrio)? as i32,
-            }),
-            Known::SchedWaking => EventKind::SchedWaking(self.wakeup()?),
-            Known::SchedWakeup => EventKind::SchedWakeup(self.wakeup()?),
-            Known::SchedWakeupNew => EventKind::SchedWakeupNew(self.wakeup()?),
-            Known::SchedProcessFork => EventKind::SchedProcessFork {
-                parent_tid: self.int(P::ParentTid)? as Tid,
-                parent_comm: self.comm(P::ParentComm)?,
-                child_tid: self.int(P::ChildTid)? as Tid,
-                child_comm: self.comm(P::ChildComm)?,
-            },
-            Known::SchedProcessExec => EventKind::SchedProcessExec {
-                tid: self.int(P::Tid)? as Tid,
-                old_tid: self.int(P::OldTid)? as Tid,
-                filename: self.text(P::Filename)?,
-            },
-            Known::SchedProcessExit => EventKind::SchedProcessExit {
-                tid: self.int(P::Tid)? as Tid,
-                comm: self.comm(P::Comm)?,
-                prio: self.int(P::Prio)? as i32,
-            },
-            Known::SchedProcessFree => EventKind::SchedProcessFree {
-                tid: self.int(P::Tid)? as Tid,
-                comm: self.comm(P::Comm)?,
-                prio: self.int(P::Prio)? as i32,
-            },
-            Known::SchedMigrateTask => EventKind::SchedMigrateTask {
-                tid: self.int(P::Tid)? as Tid,
-                comm: self.comm(P::Comm)?,
-                prio: self.int(P::Prio)? as i32,
-                orig_cpu: self.int(P::OrigCpu)? as i32,
-                dest_cpu: self.int(P::DestCpu)? as i32,
-            },
-            Known::IrqHandlerEntry => EventKind::IrqHandlerEntry {
-                irq: self.int(P::Irq)? as i32,
-                name: self.text(P::Name).unwrap_or_else(|| Arc::from("")),
-            },
-            Known::IrqHandlerExit => EventKind::IrqHandlerExit {
-                irq: self.int(P::Irq)? as i32,
-                ret: self.int(P::Ret)? as i32,
-            },
-            Known::SoftirqRaise => EventKind::SoftirqRaise {
-                vec: self.int(P::Vec)? as u32,
-            },
-            Known::SoftirqEntry => EventKind::SoftirqEntry {
-                vec: self.int(P::Vec)? as u32,
-            },
-            Known::SoftirqExit => EventKind::SoftirqExit {
-                vec: self.int(P::Vec)? as u32,
-            },
-            Known::HrtimerExpireEntry => EventKind::HrtimerExpireEntry {
-                hrtimer: self.int(P::Hrtimer)? as u64,
-                function: self.int(P::Function).unwrap_or(0) as u64,
-                now: self.int(P::Now).unwrap_or(0),
-            },
-            Known::HrtimerExpireExit => EventKind::HrtimerExpireExit {
-                hrtimer: self.int(P::Hrtimer)? as u64,
-            },
-            Known::BlockRqInsert => EventKind::BlockRqInsert(self.block_rq()?),
-            Known::BlockRqIssue => EventKind::BlockRqIssue(self.block_rq()?),
-            Known::BlockRqComplete => EventKind::BlockRqComplete(self.block_rq()?),
-            Known::NetDevQueue => EventKind::NetDevQueue(self.net_packet()?),
-            Known::NetifReceiveSkb => EventKind::NetifReceiveSkb(self.net_packet()?),
-            Known::SysEnter(name) => {
-                // Arguments are positional, in declaration order (futex:
-                // uaddr = args[0]); non-integer arguments read as 0.
-                EventKind::SysEnter {
-                    id: -1,
-                    name: Some(name.clone()),
-                    args: self.args(),
-                }
-            }
-            Known::SysExit(name) => EventKind::SysExit {
-                id: -1,
-                name: Some(name.clone()),
-                ret: self.int(P::Ret).unwrap_or(0),
-            },
-            Known::SysExitUnnamed => EventKind::SysExit {
-                id: -1,
-                name: None,
-                ret: self.int(P::Ret)?,
-            },
-            Known::SysUnknown => {
-                let mut args = [0u64; 6];
-                if let Some(Value::Array(a)) = self.field("args") {
-                    for (slot, v) in args.iter_mut().zip(a.iter()) {
-                        *slot = as_u64(v).unwrap_or(0);
-                    }
-                }
-                EventKind::SysEnter {
-                    id: self.int(P::Id).unwrap_or(-1),
-                    name: None,
-                    args,
-                }
-            }
-        };
-        Some(k)
-    }
-
     /// The event in the shared model. `Event::ts` is [`CtfEvent::ts`]
     /// (absolute ns): the same order as this reader's iteration and
     /// comparable across the traces of a folder and with wall-clock span
@@ -968,7 +647,7 @@ impl CtfEvent {
         // event is built in place.
         let kind = match self.class().known {
             Known::Other | Known::SpanStart | Known::SpanEnd => None,
-            _ => self.kind(),
+            _ => typed::kind(self),
         };
         let kind = kind.unwrap_or_else(|| EventKind::Other {
             name: self.class().name.clone(),
@@ -1012,62 +691,5 @@ impl CtfEvent {
             }),
             _ => None,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::CtfTrace;
-
-    /// The typed mapping reads integers and character arrays straight from
-    /// the packet ([`Direct`]); on every event of the corpus, each read
-    /// must give what the general decoder gives for that field.
-    #[test]
-    fn direct_reads_equal_decoded_fields() {
-        let root = std::path::Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/testdata/kernel/ctf"
-        ));
-        let mut checked = [0usize; 2];
-        for dir in std::fs::read_dir(root).unwrap() {
-            let trace = CtfTrace::open(dir.unwrap().path()).unwrap();
-            for e in trace.events() {
-                let e = e.unwrap();
-                let Some(payload) = e.class().payload.as_ref() else {
-                    continue;
-                };
-                for (i, (direct, field)) in payload.direct.iter().zip(payload.fields()).enumerate()
-                {
-                    let decoded = e.field(&field.name);
-                    match direct {
-                        Direct::Int { .. } => {
-                            assert_eq!(e.int_at(i), decoded.and_then(as_i64), "{e:?} field {i}");
-                            checked[0] += 1;
-                        }
-                        Direct::Text { .. } => {
-                            let Some(Value::Str(s)) = decoded else {
-                                panic!("{e:?}: field {i} decodes as {decoded:?}")
-                            };
-                            let comm = e.comm_at(i).unwrap();
-                            assert_eq!(comm, Comm::from_bytes(s.as_bytes()), "{e:?} field {i}");
-                            checked[1] += 1;
-                        }
-                        Direct::Walk => {}
-                    }
-                }
-            }
-        }
-        assert!(checked[0] > 100_000 && checked[1] > 10_000, "{checked:?}");
-    }
-
-    #[test]
-    fn rwbs_mask_to_text() {
-        let t = rwbs_text(&Value::UInt(1 | 1 << 5));
-        assert_eq!(&t[..2], b"WS");
-        let t = rwbs_text(&Value::UInt(1 << 2 | 1 << 3));
-        assert_eq!(&t[..2], b"RA");
-        let t = rwbs_text(&Value::Str("WFS".into()));
-        assert_eq!(&t[..3], b"WFS");
     }
 }

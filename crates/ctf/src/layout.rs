@@ -246,6 +246,9 @@ pub(crate) enum Direct {
     /// A character array of `len` bytes at byte `off / 8` of the aligned
     /// root, in a root whose whole layout is fixed.
     Text { off: u64, len: u64 },
+    /// A NUL-terminated string at byte `off / 8` of the aligned root
+    /// (every field before it has a size that does not depend on the data).
+    Str { off: u64 },
     /// Found by walking the layout (or decoding the fields).
     Walk,
 }
@@ -895,6 +898,7 @@ fn direct_fields(root: &Node, fixed: bool) -> Box<[Direct]> {
                     len: a.len,
                 }
             }
+            (Node::Str, Some(at)) => Direct::Str { off: at },
             _ => Direct::Walk,
         });
         off = at

@@ -64,6 +64,7 @@ mod share;
 mod stream;
 mod trace;
 mod tsdl;
+mod typed;
 
 pub use error::{Error, Result};
 pub use event::{CtfEvent, SpanSync};

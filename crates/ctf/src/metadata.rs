@@ -7,6 +7,8 @@ use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use deepspan_model::Name;
+
 use crate::error::{Error, Result};
 use crate::fast::{ClassSteps, HeaderFast};
 use crate::layout::{self, compile_scope, ClassFast, Env, Node, Scope};
@@ -161,9 +163,9 @@ pub(crate) enum Known {
     NetDevQueue,
     NetifReceiveSkb,
     /// `syscall_entry_NAME` (LTTng ≥ 2.6) or `sys_NAME` (older).
-    SysEnter(Arc<str>),
+    SysEnter(Name),
     /// `syscall_exit_NAME`.
-    SysExit(Arc<str>),
+    SysExit(Name),
     /// Pre-2.6 LTTng `exit_syscall`: the name is not known.
     SysExitUnnamed,
     /// Pre-2.6 LTTng `sys_unknown { id, args[6] }`.
@@ -212,12 +214,12 @@ fn known(name: &str, kernel: bool) -> Known {
         _ => {
             for prefix in ["syscall_entry_", "compat_syscall_entry_"] {
                 if let Some(n) = bare.strip_prefix(prefix) {
-                    return Known::SysEnter(Arc::from(n));
+                    return Known::SysEnter(Name::new(n));
                 }
             }
             for prefix in ["syscall_exit_", "compat_syscall_exit_"] {
                 if let Some(n) = bare.strip_prefix(prefix) {
-                    return Known::SysExit(Arc::from(n));
+                    return Known::SysExit(Name::new(n));
                 }
             }
             // LTTng < 2.6 named syscall entries `sys_NAME`; perf's
@@ -225,7 +227,7 @@ fn known(name: &str, kernel: bool) -> Known {
             if name == bare {
                 for prefix in ["sys_", "compat_sys_"] {
                     if let Some(n) = bare.strip_prefix(prefix) {
-                        return Known::SysEnter(Arc::from(n));
+                        return Known::SysEnter(Name::new(n));
                     }
                 }
             }
@@ -236,7 +238,10 @@ fn known(name: &str, kernel: bool) -> Known {
 
 pub(crate) struct EventClass {
     pub id: u64,
-    pub name: Arc<str>,
+    /// Position among all event classes of the trace (every stream class),
+    /// from 0: a dense key for per-class tables.
+    pub seq: u32,
+    pub name: Name,
     pub loglevel: Option<i64>,
     pub context: Option<Scope>,
     pub payload: Option<Scope>,
@@ -696,6 +701,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
     }
 
     let mut implicit_clock = false;
+    let mut class_seq = 0u32;
     let mut streams = Vec::new();
     for (s, sid) in stream_irs {
         let cross = RefCell::new(Vec::new());
@@ -769,7 +775,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
                     ))
                 }
             };
-            let name: Arc<str> = Arc::from(e.name.clone().unwrap_or_default().as_str());
+            let name = Name::new(e.name.as_deref().unwrap_or_default());
             let mut up = up;
             let context = e
                 .context
@@ -812,6 +818,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
                 .collect();
             let class = EventClass {
                 id,
+                seq: class_seq,
                 params,
                 fast: None,
                 switch_fields,
@@ -828,6 +835,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
                 only = Some(index);
             }
             classes.push(class);
+            class_seq += 1;
             let duplicate = if id < 1 << 16 {
                 let i = id as usize;
                 if dense.len() <= i {
@@ -993,13 +1001,13 @@ mod tests {
         assert_eq!(known("sched:sched_switch", true), Known::SchedSwitch);
         assert_eq!(
             known("syscall_entry_futex", true),
-            Known::SysEnter(Arc::from("futex"))
+            Known::SysEnter(Name::new("futex"))
         );
         assert_eq!(
             known("syscall_exit_read", true),
-            Known::SysExit(Arc::from("read"))
+            Known::SysExit(Name::new("read"))
         );
-        assert_eq!(known("sys_read", true), Known::SysEnter(Arc::from("read")));
+        assert_eq!(known("sys_read", true), Known::SysEnter(Name::new("read")));
         assert_eq!(known("raw_syscalls:sys_enter", true), Known::Other);
         assert_eq!(known("sched_switch", false), Known::Other);
         assert_eq!(known("jaeger_ust:end_span", false), Known::SpanEnd);

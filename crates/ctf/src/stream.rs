@@ -554,6 +554,8 @@ impl Packet {
 /// A trace as the stream readers need it.
 pub(crate) struct TraceShared {
     pub index: usize,
+    /// [`crate::CtfEvent::class_index`] of the trace's first event class.
+    pub class_base: usize,
     pub dir: PathBuf,
     pub meta: TraceMeta,
     /// Per clock: nanoseconds from the Unix epoch to the clock's zero.

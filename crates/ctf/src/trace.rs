@@ -5,11 +5,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use deepspan_model::{Tid, Timestamped};
+use deepspan_model::{Name, Tid, Timestamped};
 
 use crate::error::{Error, Result};
 use crate::event::CtfEvent;
-use crate::metadata::{parse_metadata, read_metadata, Clock, EnvValue, TraceMeta};
+use crate::metadata::{parse_metadata, read_metadata, Clock, EnvValue, EventClass, TraceMeta};
 use crate::stream::{
     first_preamble, scan_lost, LostEvents, LostLog, ReadOptions, Source, StreamEvents, StreamSpec,
     TraceShared,
@@ -32,6 +32,8 @@ const MAX_SEARCH_DEPTH: usize = 12;
 pub struct CtfTrace {
     traces: Vec<TraceInfo>,
     streams: Vec<StreamSpec>,
+    /// Every event class of every trace, by [`CtfEvent::class_index`].
+    class_names: Vec<Name>,
 }
 
 /// What one trace of a [`CtfTrace`] declares.
@@ -58,6 +60,7 @@ impl CtfTrace {
         let mut out = CtfTrace {
             traces: Vec::new(),
             streams: Vec::new(),
+            class_names: Vec::new(),
         };
         for d in dirs {
             let meta = read_metadata(&d.join("metadata"))?;
@@ -96,6 +99,7 @@ impl CtfTrace {
         let mut out = CtfTrace {
             traces: Vec::new(),
             streams: Vec::new(),
+            class_names: Vec::new(),
         };
         out.add_trace(PathBuf::from("."), meta, files)?;
         Ok(out)
@@ -149,8 +153,19 @@ impl CtfTrace {
                 .any(|s| s.events().any(|e| e.perf_tid.is_some()));
         let tid_inferred = meta.kernel && !has_tid && !has_perf_tid;
         let offsets_ns = meta.clocks.iter().map(Clock::offset_ns).collect();
+        let class_base = self.class_names.len();
+        let mut classes: Vec<&EventClass> = meta
+            .streams
+            .iter()
+            .flat_map(|s| s.events())
+            .map(|c| &**c)
+            .collect();
+        classes.sort_by_key(|c| c.seq);
+        self.class_names
+            .extend(classes.iter().map(|c| c.name.clone()));
         let shared = Arc::new(TraceShared {
             index,
+            class_base,
             dir,
             meta,
             offsets_ns,
@@ -167,6 +182,16 @@ impl CtfTrace {
             });
         }
         Ok(())
+    }
+
+    /// Event classes of all traces: [`CtfEvent::class_index`] is below it.
+    pub fn class_count(&self) -> usize {
+        self.class_names.len()
+    }
+
+    /// The name of the event class with this [`CtfEvent::class_index`].
+    pub fn class_name(&self, index: usize) -> Option<&Name> {
+        self.class_names.get(index)
     }
 
     /// The traces, in the order of [`CtfEvent::trace_index`].

@@ -203,7 +203,7 @@ fn jaeger_ust_spans_decode_like_babeltrace2_and_as_emitted() {
         assert_eq!(
             ev.kind,
             EventKind::Other {
-                name: e.name_arc().clone()
+                name: e.shared_name().clone()
             }
         );
         assert_eq!(ev.ts, e.ts());

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use deepspan_model::Name;
+
 use crate::error::Error;
 
 /// The layout of one event type, parsed from its format file.
@@ -17,7 +19,7 @@ pub struct EventFormat {
     pub fields: Vec<FieldFormat>,
     /// The `print fmt:` line, kept verbatim (not evaluated by this crate).
     pub print_fmt: String,
-    pub(crate) name_arc: Arc<str>,
+    pub(crate) shared: Name,
 }
 
 impl EventFormat {
@@ -35,8 +37,8 @@ impl EventFormat {
     /// so that decoding does not allocate a name per record.
     ///
     /// [`EventKind::Other`]: deepspan_model::EventKind::Other
-    pub fn shared_name(&self) -> &Arc<str> {
-        &self.name_arc
+    pub fn shared_name(&self) -> &Name {
+        &self.shared
     }
 }
 
@@ -170,7 +172,7 @@ pub(crate) fn parse_event_format(
     Ok(EventFormat {
         id,
         system: system.to_string(),
-        name_arc: Arc::from(name.as_str()),
+        shared: Name::new(&name),
         name,
         fields,
         print_fmt,

@@ -1,7 +1,7 @@
 //! The event formats of one trace, indexed for decoding.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use deepspan_model::Name;
 
 use crate::format::EventFormat;
 use crate::source::Endian;
@@ -26,17 +26,10 @@ pub struct Schema {
     long_size: usize,
     /// Constant strings of the kernel by address (from `printk_formats`),
     /// which events such as `ipi:ipi_entry` point to.
-    printk: HashMap<u64, Arc<str>>,
-    /// Text fields that recur (device and irq names, exec'd files) are
-    /// shared so that the typed path allocates each only once.
-    interned: Mutex<HashMap<Box<[u8]>, Arc<str>>>,
+    printk: HashMap<u64, Name>,
 }
 
 const NONE: u32 = u32::MAX;
-
-/// Beyond this many distinct strings, text is allocated per event rather
-/// than interned, so that a trace of random names cannot grow memory.
-const MAX_INTERNED: usize = 1 << 16;
 
 /// The name given to records whose event id has no format.
 pub const UNKNOWN_EVENT: &str = "unknown";
@@ -45,7 +38,7 @@ pub const UNKNOWN_EVENT: &str = "unknown";
 pub(crate) struct EventInfo {
     pub(crate) typed: Typed,
     pub(crate) pid: IntAt,
-    pub(crate) name: Arc<str>,
+    pub(crate) name: Name,
 }
 
 impl Schema {
@@ -64,7 +57,7 @@ impl Schema {
         formats: Vec<EventFormat>,
         endian: Endian,
         long_size: usize,
-        printk: HashMap<u64, Arc<str>>,
+        printk: HashMap<u64, Name>,
     ) -> Schema {
         let mut events = Vec::with_capacity(formats.len());
         let mut by_id = Vec::new();
@@ -95,7 +88,7 @@ impl Schema {
             .map(|f| EventInfo {
                 typed: Typed::build(f),
                 pid: pid_of(f).unwrap_or_default(),
-                name: f.name_arc.clone(),
+                name: f.shared.clone(),
             })
             .collect();
         // Records of unknown events still have the common header; read it
@@ -120,13 +113,12 @@ impl Schema {
             unknown: EventInfo {
                 typed: Typed::Other,
                 pid: default_pid,
-                name: Arc::from(UNKNOWN_EVENT),
+                name: Name::new(UNKNOWN_EVENT),
             },
             common_type,
             endian,
             long_size,
             printk,
-            interned: Mutex::new(HashMap::new()),
         }
     }
 
@@ -190,32 +182,18 @@ impl Schema {
     }
 
     /// Shared text for `bytes` (lossy UTF-8).
-    pub(crate) fn intern(&self, bytes: &[u8]) -> Arc<str> {
-        // A poisoned lock only means another thread panicked while
-        // inserting; the map is still a valid cache.
-        let mut map = self.interned.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = map.get(bytes) {
-            return s.clone();
-        }
-        let s: Arc<str> = Arc::from(String::from_utf8_lossy(bytes).as_ref());
-        if map.len() < MAX_INTERNED {
-            map.insert(bytes.into(), s.clone());
-        }
-        s
-    }
-
     /// The constant kernel string at `addr`, or the address in hex when the
     /// trace did not save it.
-    pub(crate) fn printk_string(&self, addr: u64) -> Arc<str> {
+    pub(crate) fn printk_string(&self, addr: u64) -> Name {
         match self.printk.get(&addr) {
             Some(s) => s.clone(),
-            None => self.intern(format!("{addr:#x}").as_bytes()),
+            None => Name::new(&format!("{addr:#x}")),
         }
     }
 }
 
 /// Parses `printk_formats` lines: `0xffffffff81234567 : "text"`.
-pub(crate) fn parse_printk(text: &str) -> HashMap<u64, Arc<str>> {
+pub(crate) fn parse_printk(text: &str) -> HashMap<u64, Name> {
     let mut out = HashMap::new();
     for line in text.lines() {
         let Some((addr, rest)) = line.split_once(':') else {
@@ -231,7 +209,7 @@ pub(crate) fn parse_printk(text: &str) -> HashMap<u64, Arc<str>> {
             .strip_prefix('"')
             .and_then(|r| r.strip_suffix('"'))
             .unwrap_or(rest);
-        out.insert(addr, Arc::from(unescape(inner).as_str()));
+        out.insert(addr, Name::new(&unescape(inner)));
     }
     out
 }
@@ -273,11 +251,8 @@ mod tests {
     }
 
     #[test]
-    fn interning_shares_text() {
+    fn unknown_printk_addresses_read_as_hex() {
         let s = Schema::new(Vec::new(), false, 8);
-        let a = s.intern(b"eth0");
-        let b = s.intern(b"eth0");
-        assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(&*s.printk_string(0x1234), "0x1234");
         assert!(s.event(0).is_none());
         assert_eq!(s.typed_variant(65535), None);

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use deepspan_model::Name;
 
 use crate::compress::Codec;
 use crate::error::{Error, Location};
@@ -376,7 +377,7 @@ fn check_page_size(page_size: u32, at: Location) -> Result<(), Error> {
 struct Meta {
     layout: Option<PageLayout>,
     formats: Vec<EventFormat>,
-    printk: HashMap<u64, Arc<str>>,
+    printk: HashMap<u64, Name>,
     cmdlines: HashMap<i32, String>,
     compression: Option<String>,
     /// v6: CPUs with data, as stated before the options.

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use deepspan_model::{BlockRq, Comm, EventKind, Packet, SchedSwitch, Wakeup};
+use deepspan_model::{BlockRq, Comm, EventKind, Name, Packet, SchedSwitch, Wakeup};
 
 use crate::format::{ArrayLen, Dynamic, EventFormat, FieldFormat};
 use crate::schema::Schema;
@@ -252,7 +252,7 @@ pub(crate) enum Typed {
     /// x86 `irq_vectors:<kind>_entry/_exit`.
     Vector {
         entry: bool,
-        kind: Arc<str>,
+        kind: Name,
         vector: IntAt,
     },
     /// `ipi:ipi_entry/_exit`.
@@ -412,7 +412,7 @@ impl Typed {
                 };
                 Some(Typed::Vector {
                     entry,
-                    kind: Arc::from(kind),
+                    kind: Name::new(kind),
                     vector: l.opt_int("vector"),
                 })
             }
@@ -567,7 +567,7 @@ impl Typed {
             } => EventKind::SchedProcessExec {
                 tid: pid.i32(p, e),
                 old_tid: old_pid.i32(p, e),
-                filename: schema.intern(filename.bytes(p, e)),
+                filename: Arc::from(String::from_utf8_lossy(filename.bytes(p, e)).as_ref()),
             },
             Typed::ExitOrFree {
                 free,
@@ -597,7 +597,7 @@ impl Typed {
             },
             Typed::IrqEntry { irq, name } => EventKind::IrqHandlerEntry {
                 irq: irq.i32(p, e),
-                name: schema.intern(name.bytes(p, e)),
+                name: Name::from_utf8_cached(name.bytes(p, e)),
             },
             Typed::IrqExit { irq, ret } => EventKind::IrqHandlerExit {
                 irq: irq.i32(p, e),
@@ -638,7 +638,7 @@ impl Typed {
             Typed::Ipi { entry, reason } => {
                 let kind = match reason {
                     ReasonAt::Pointer(ptr) => schema.printk_string(ptr.u64(p, e)),
-                    ReasonAt::Text(text) => schema.intern(text.bytes(p, e)),
+                    ReasonAt::Text(text) => Name::from_utf8_cached(text.bytes(p, e)),
                 };
                 if *entry {
                     EventKind::IpiEntry { kind, vector: -1 }
@@ -690,7 +690,7 @@ impl Typed {
                 let packet = Packet {
                     skbaddr: skbaddr.u64(p, e),
                     len: len.u64(p, e) as u32,
-                    dev: schema.intern(name.bytes(p, e)),
+                    dev: Name::from_utf8_cached(name.bytes(p, e)),
                 };
                 if *receive {
                     EventKind::NetifReceiveSkb(packet)

@@ -8,6 +8,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::Name;
+
 /// A thread id as the kernel sees it (`pid` in kernel speak).
 pub type Tid = i32;
 
@@ -19,9 +21,23 @@ pub struct Comm([u8; 16]);
 
 impl Comm {
     /// Builds a comm from raw bytes, truncating at the first NUL or at 16 bytes.
+    #[inline]
     pub fn from_bytes(raw: &[u8]) -> Comm {
+        if let Some(head) = raw.first_chunk::<16>() {
+            // Every sched event carries one or two names: find the NUL a
+            // word at a time (the lowest flagged byte is exact).
+            const LO: u128 = u128::from_ne_bytes([1; 16]);
+            const HI: u128 = u128::from_ne_bytes([0x80; 16]);
+            let v = u128::from_le_bytes(*head);
+            let zeros = v.wrapping_sub(LO) & !v & HI;
+            let keep = match zeros.trailing_zeros() {
+                128 => u128::MAX,
+                bit => (1u128 << (bit & !7)) - 1,
+            };
+            return Comm((v & keep).to_le_bytes());
+        }
         let mut out = [0u8; 16];
-        let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len()).min(16);
+        let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
         out[..len].copy_from_slice(&raw[..len]);
         Comm(out)
     }
@@ -122,7 +138,7 @@ pub struct Packet {
     pub skbaddr: u64,
     pub len: u32,
     /// Device name (`eth0`, `lo`, …).
-    pub dev: Arc<str>,
+    pub dev: Name,
 }
 
 /// What happened. Variant names follow the kernel event names.
@@ -137,7 +153,7 @@ pub enum EventKind {
     SchedProcessExit { tid: Tid, comm: Comm, prio: i32 },
     SchedProcessFree { tid: Tid, comm: Comm, prio: i32 },
     SchedMigrateTask { tid: Tid, comm: Comm, prio: i32, orig_cpu: i32, dest_cpu: i32 },
-    IrqHandlerEntry { irq: i32, name: Arc<str> },
+    IrqHandlerEntry { irq: i32, name: Name },
     IrqHandlerExit { irq: i32, ret: i32 },
     SoftirqRaise { vec: u32 },
     SoftirqEntry { vec: u32 },
@@ -146,19 +162,19 @@ pub enum EventKind {
     HrtimerExpireExit { hrtimer: u64 },
     /// An inter-processor interrupt handler starts (x86 `irq_vectors:*_entry`,
     /// arm `ipi:ipi_entry`). `kind` names it, e.g. `reschedule`.
-    IpiEntry { kind: Arc<str>, vector: i32 },
-    IpiExit { kind: Arc<str>, vector: i32 },
+    IpiEntry { kind: Name, vector: i32 },
+    IpiExit { kind: Name, vector: i32 },
     /// `raw_syscalls:sys_enter`, or a named syscall entry (LTTng) with its
     /// positional arguments; `id` is -1 when only the name is known.
-    SysEnter { id: i64, name: Option<Arc<str>>, args: [u64; 6] },
-    SysExit { id: i64, name: Option<Arc<str>>, ret: i64 },
+    SysEnter { id: i64, name: Option<Name>, args: [u64; 6] },
+    SysExit { id: i64, name: Option<Name>, ret: i64 },
     BlockRqInsert(BlockRq),
     BlockRqIssue(BlockRq),
     BlockRqComplete(BlockRq),
     NetDevQueue(Packet),
     NetifReceiveSkb(Packet),
     /// Any event without a typed variant; `name` is the bare event name.
-    Other { name: Arc<str> },
+    Other { name: Name },
 }
 
 /// Softirq vector numbers (`include/linux/interrupt.h`).
@@ -231,6 +247,19 @@ mod tests {
     fn comm_truncates_at_nul_and_sixteen_bytes() {
         assert_eq!(Comm::from_bytes(b"bash\0garbage").to_string_lossy(), "bash");
         assert_eq!(Comm::from_bytes(b"0123456789abcdefXYZ").as_bytes(), b"0123456789abcdef");
+        assert_eq!(Comm::from_bytes(b"bash\0garbage\0\x01\x80\xff\0").as_bytes(), b"bash");
+        assert_eq!(Comm::from_bytes(b"0123456789abcdef").as_bytes(), b"0123456789abcdef");
+        assert_eq!(Comm::from_bytes(b"\0123456789abcdef").as_bytes(), b"");
+        assert_eq!(Comm::from_bytes(b"short").as_bytes(), b"short");
+        // Every position of the NUL, next to bytes that borrow.
+        for at in 0..16 {
+            let mut raw = [0x81u8; 16];
+            raw[at] = 0;
+            if at + 1 < 16 {
+                raw[at + 1] = 1;
+            }
+            assert_eq!(Comm::from_bytes(&raw).as_bytes(), &raw[..at]);
+        }
     }
 
     #[test]

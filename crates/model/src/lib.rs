@@ -8,8 +8,12 @@
 
 mod event;
 mod merge;
+mod name;
 mod parallel;
 
-pub use event::{softirq, BlockRq, Comm, Event, EventKind, Fields, Packet, SchedSwitch, Tid, Value, Wakeup};
+pub use event::{
+    softirq, BlockRq, Comm, Event, EventKind, Fields, Packet, SchedSwitch, Tid, Value, Wakeup,
+};
 pub use merge::{Merge, Timestamped};
+pub use name::Name;
 pub use parallel::merge_parallel;

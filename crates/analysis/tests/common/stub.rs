@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use deepspan_analysis::{StateBuilder, ThreadInfo};
-use deepspan_model::{BlockRq, Comm, Event, EventKind, Fields, Packet, SchedSwitch, Value, Wakeup};
+use deepspan_model::{BlockRq, Comm, Event, EventKind, Fields, Name, Packet, SchedSwitch, Value, Wakeup};
 
 /// One item of a stub trace.
 pub enum Item {
@@ -126,7 +126,7 @@ pub fn read(path: &std::path::Path) -> Vec<Item> {
             },
             "irq_handler_entry" => EventKind::IrqHandlerEntry {
                 irq: int("irq") as i32,
-                name: text("name"),
+                name: Name::new(&text("name")),
             },
             "irq_handler_exit" => EventKind::IrqHandlerExit {
                 irq: int("irq") as i32,
@@ -153,7 +153,7 @@ pub fn read(path: &std::path::Path) -> Vec<Item> {
             "netif_receive_skb" => EventKind::NetifReceiveSkb(Packet {
                 skbaddr: int("skbaddr") as u64,
                 len: int("len") as u32,
-                dev: text("name"),
+                dev: Name::new(&text("name")),
             }),
             // The old LTTng syscall naming: `exit_syscall` is every exit,
             // `sys_<name>` an entry (so `sys_exit` is the entry of exit(2)).
@@ -164,7 +164,7 @@ pub fn read(path: &std::path::Path) -> Vec<Item> {
             },
             n if n.starts_with("syscall_exit_") => EventKind::SysExit {
                 id: -1,
-                name: Some(Arc::from(&n["syscall_exit_".len()..])),
+                name: Some(Name::new(&n["syscall_exit_".len()..])),
                 ret: int("ret"),
             },
             n if n.starts_with("syscall_entry_") || n.starts_with("sys_") => {
@@ -174,7 +174,7 @@ pub fn read(path: &std::path::Path) -> Vec<Item> {
                     .unwrap_or(n);
                 EventKind::SysEnter {
                     id: -1,
-                    name: Some(Arc::from(bare)),
+                    name: Some(Name::new(bare)),
                     args: [0; 6],
                 }
             }
@@ -183,11 +183,11 @@ pub fn read(path: &std::path::Path) -> Vec<Item> {
                     items.push(Item::Info(ts, info));
                 }
                 EventKind::Other {
-                    name: Arc::from(name),
+                    name: Name::new(name),
                 }
             }
             other => EventKind::Other {
-                name: Arc::from(other),
+                name: Name::new(other),
             },
         };
         items.push(Item::Event(Event {
