@@ -4,11 +4,19 @@
 //! the byte offset in that file, so a broken trace can be inspected with a
 //! hex dump straight away.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// Why a trace could not be opened or decoded.
+/// Why a trace could not be opened or decoded; [`Error::kind`] tells which
+/// way.
+///
+/// Boxed: every event is handed out as a `Result<CtfEvent>`, and an error
+/// held inline would make each of those four times as large to move.
+pub struct Error(Box<ErrorKind>);
+
+/// The ways reading a trace fails.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum ErrorKind {
     /// The file system refused an operation.
     #[error("{}: {source}", path.display())]
     Io {
@@ -40,44 +48,76 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Error {
-        Error::Io {
+        ErrorKind::Io {
             path: path.to_path_buf(),
             source,
         }
+        .into()
     }
 
     pub(crate) fn data(path: &Path, offset: u64, message: impl Into<String>) -> Error {
-        Error::Data {
+        ErrorKind::Data {
             path: path.to_path_buf(),
             offset,
             message: message.into(),
         }
+        .into()
     }
 
     pub(crate) fn metadata(path: &Path, offset: u64, message: impl Into<String>) -> Error {
-        Error::Metadata {
+        ErrorKind::Metadata {
             path: path.to_path_buf(),
             offset,
             message: message.into(),
         }
+        .into()
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.0
     }
 
     /// The file the error is about.
     pub fn path(&self) -> &Path {
-        match self {
-            Error::Io { path, .. } | Error::Metadata { path, .. } | Error::Data { path, .. } => {
-                path
-            }
-            Error::NoTrace(path) => path,
+        match self.kind() {
+            ErrorKind::Io { path, .. }
+            | ErrorKind::Metadata { path, .. }
+            | ErrorKind::Data { path, .. } => path,
+            ErrorKind::NoTrace(path) => path,
         }
     }
 
     /// The byte offset in [`Error::path`] the error is about, when it is about content.
     pub fn offset(&self) -> Option<u64> {
-        match self {
-            Error::Metadata { offset, .. } | Error::Data { offset, .. } => Some(*offset),
+        match self.kind() {
+            ErrorKind::Metadata { offset, .. } | ErrorKind::Data { offset, .. } => Some(*offset),
             _ => None,
         }
+    }
+}
+
+impl From<ErrorKind> for Error {
+    fn from(kind: ErrorKind) -> Error {
+        Error(Box::new(kind))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
     }
 }
 

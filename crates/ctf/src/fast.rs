@@ -455,6 +455,11 @@ pub(crate) struct ClassSteps {
     first: Option<Run>,
     rest: Box<[FastStep]>,
     payload: PayloadAt,
+    /// The commonest shape, a run of fixed layout whose integers nobody
+    /// reads (most kernel events): (alignment mask, bits, payload offset
+    /// from the aligned start, or None: the payload starts before the
+    /// alignment).
+    skip: Option<(u64, u64, Option<u64>)>,
 }
 
 impl ClassSteps {
@@ -474,10 +479,24 @@ impl ClassSteps {
             (0, Some(off)) if first.is_some() => PayloadAt::First(off),
             (k, off) => PayloadAt::Rest(k - shift, off),
         };
+        let skip = match (&first, &payload) {
+            (Some(r), PayloadAt::First(off))
+                if steps.is_empty() && r.stores.is_empty() && !r.special =>
+            {
+                Some((r.mask, r.bits, Some(*off)))
+            }
+            (Some(r), PayloadAt::Start)
+                if steps.is_empty() && r.stores.is_empty() && !r.special =>
+            {
+                Some((r.mask, r.bits, None))
+            }
+            _ => None,
+        };
         ClassSteps {
             first,
             rest: steps.into(),
             payload,
+            skip,
         }
     }
 
@@ -486,6 +505,17 @@ impl ClassSteps {
     /// anything unusual.
     #[inline(always)]
     pub fn run(&self, cx: &mut Cx, data: &[u8], pos: &mut u64, end: u64) -> Option<u64> {
+        if let Some((mask, bits, off)) = self.skip {
+            // Positions are below 2^61 (bits of a slice), runs small.
+            let start = (*pos + mask) & !mask;
+            let stop = start.checked_add(bits)?;
+            if stop > end {
+                return None;
+            }
+            let payload_at = off.map_or(*pos, |off| start + off);
+            *pos = stop;
+            return Some(payload_at);
+        }
         let mut payload_at = *pos;
         if let Some(r) = &self.first {
             let start = r.run(cx, data, pos, end)?;

@@ -66,7 +66,7 @@ mod trace;
 mod tsdl;
 mod typed;
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use event::{CtfEvent, SpanSync};
 pub use metadata::{Clock, EnvValue};
 pub use stream::LostEvents;

@@ -959,6 +959,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorKind;
 
     #[test]
     fn packetized_metadata_maps_errors_to_file_offsets() {
@@ -974,13 +975,13 @@ mod tests {
         raw.extend_from_slice(body);
         raw.extend_from_slice(&[0; 8]);
         let e = parse_metadata(Path::new("m"), &raw).err().unwrap();
-        let Error::Metadata {
+        let ErrorKind::Metadata {
             offset, message, ..
-        } = e
+        } = e.kind()
         else {
             panic!("{e}")
         };
-        assert_eq!(offset as usize, METADATA_HEADER_LEN + 28, "{message}");
+        assert_eq!(*offset as usize, METADATA_HEADER_LEN + 28, "{message}");
         assert!(message.contains("unknown type `oops`"), "{message}");
     }
 

@@ -1016,6 +1016,38 @@ impl StreamEvents {
         ok.then_some(payload_at)
     }
 
+    /// The timestamp of the next event, decoding it if needed; None at the
+    /// end of the stream. The event itself is then taken with
+    /// [`StreamEvents::pop`] (a merge looks at every stream's next event
+    /// but takes only the earliest).
+    #[inline(always)]
+    pub fn peek(&mut self) -> Option<Result<u64>> {
+        if self.popped < self.filled {
+            let chunk = self.chunk.as_ref()?;
+            // SAFETY: records below `filled` are initialized.
+            return Some(Ok(unsafe { chunk.get().record(self.popped).ts() }));
+        }
+        self.peek_slow()
+    }
+
+    #[inline(never)]
+    fn peek_slow(&mut self) -> Option<Result<u64>> {
+        if self.done {
+            return None;
+        }
+        match self.ready() {
+            Ok(true) => self.peek(),
+            Ok(false) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+
     /// The next decoded event waiting in the chunk.
     #[inline(always)]
     pub fn pop(&mut self) -> Option<(CtfEvent, u64)> {
@@ -1166,9 +1198,18 @@ impl StreamEvents {
     }
 
     fn next_event(&mut self) -> Result<Option<CtfEvent>> {
+        if !self.ready()? {
+            return Ok(None);
+        }
+        Ok(self.pop().map(|(e, _)| e))
+    }
+
+    /// Decodes until a record waits in the chunk: false at the end of the
+    /// stream.
+    fn ready(&mut self) -> Result<bool> {
         loop {
-            if let Some((e, _)) = self.pop() {
-                return Ok(Some(e));
+            if self.popped < self.filled {
+                return Ok(true);
             }
             if self.fill() {
                 continue;
@@ -1176,7 +1217,7 @@ impl StreamEvents {
             if self.pos >= self.content_bits {
                 if self.window_is_last() {
                     if !self.load_packet()? {
-                        return Ok(None);
+                        return Ok(false);
                     }
                 } else {
                     self.next_window()?;
@@ -1185,7 +1226,7 @@ impl StreamEvents {
             }
             let clock0 = self.walker.clock;
             match self.slow_event() {
-                Ok(e) => return Ok(Some(e)),
+                Ok(()) => return Ok(true),
                 Err(e) if e.short && !self.window_is_last() => {
                     // The event continues past the window: move it on.
                     self.walker.clock = clock0;
@@ -1204,8 +1245,9 @@ impl StreamEvents {
     }
 
     /// Decodes the event at `self.pos` of the window step by step, for
-    /// the exact error; the bit offset of an error is from the window start.
-    fn slow_event(&mut self) -> Result<CtfEvent, DecodeError> {
+    /// the exact error, into the next record of the chunk; the bit offset
+    /// of an error is from the window start.
+    fn slow_event(&mut self) -> Result<(), DecodeError> {
         let no_packet = || DecodeError {
             bit: 0,
             message: "no packet".into(),
@@ -1276,7 +1318,7 @@ impl StreamEvents {
         // no event refers to it.
         unsafe { chunk.get().init(self.filled, record) };
         self.filled += 1;
-        self.pop().map(|(e, _)| e).ok_or_else(no_packet)
+        Ok(())
     }
 }
 

@@ -5,9 +5,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use deepspan_model::{Name, Tid, Timestamped};
+use deepspan_model::{Name, Tid};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::event::CtfEvent;
 use crate::metadata::{parse_metadata, read_metadata, Clock, EnvValue, EventClass, TraceMeta};
 use crate::stream::{
@@ -54,7 +54,7 @@ impl CtfTrace {
         let mut dirs = Vec::new();
         find_traces(dir, 0, &mut dirs)?;
         if dirs.is_empty() {
-            return Err(Error::NoTrace(dir.to_path_buf()));
+            return Err(ErrorKind::NoTrace(dir.to_path_buf()).into());
         }
         dirs.sort();
         let mut out = CtfTrace {
@@ -427,23 +427,24 @@ impl CpuTids {
     }
 }
 
-/// K-way merge of the streams on (timestamp, stream index): stable, one
-/// pending event per stream. The stream that gave the last event stays
-/// current as long as its next event still comes first, which costs one
-/// comparison; the heap holds the other streams' heads.
+/// K-way merge of the streams on (timestamp, stream index): stable. Each
+/// stream's next event waits decoded in its chunk; only the earliest is
+/// taken. The stream that gave the last event stays current as long as its
+/// next event still comes first, which costs one comparison; the heap
+/// holds the other streams' next timestamps.
 ///
 /// An error from a stream is handed out as soon as that stream is polled,
 /// and the stream is not polled again; nothing decoded before it is lost.
 struct Merge {
     inputs: Vec<StreamEvents>,
-    /// The next event of each stream, and its timestamp.
-    heads: Vec<Option<CtfEvent>>,
-    keys: Vec<u64>,
-    /// Min-heap of (timestamp, stream) of every pending head except the
-    /// current one.
+    /// Min-heap of (next timestamp, stream) of every stream with a next
+    /// event except the current one.
     heap: Vec<(u64, usize)>,
+    /// The stream whose next event comes first.
     current: Option<usize>,
-    failed: Vec<bool>,
+    /// An event taken just before its stream failed: handed out right
+    /// after the error.
+    pending: Option<CtfEvent>,
     /// Streams not polled yet (first poll is lazy so that an error of any
     /// stream surfaces through `next`).
     unprimed: Vec<usize>,
@@ -454,44 +455,10 @@ impl Merge {
         let n = inputs.len();
         Merge {
             inputs,
-            heads: (0..n).map(|_| None).collect(),
-            keys: vec![0; n],
             heap: Vec::with_capacity(n),
             current: None,
-            failed: vec![false; n],
+            pending: None,
             unprimed: (0..n).rev().collect(),
-        }
-    }
-
-    /// Polls stream `idx` into its head slot.
-    #[inline(always)]
-    fn pull(&mut self, idx: usize) -> Result<()> {
-        match self.inputs[idx].pop() {
-            Some((e, ts)) => {
-                self.keys[idx] = ts;
-                self.heads[idx] = Some(e);
-                Ok(())
-            }
-            None => self.pull_slow(idx),
-        }
-    }
-
-    #[inline(never)]
-    fn pull_slow(&mut self, idx: usize) -> Result<()> {
-        if self.failed[idx] {
-            return Ok(());
-        }
-        match self.inputs[idx].next() {
-            Some(Ok(e)) => {
-                self.keys[idx] = e.timestamp();
-                self.heads[idx] = Some(e);
-                Ok(())
-            }
-            Some(Err(e)) => {
-                self.failed[idx] = true;
-                Err(e)
-            }
-            None => Ok(()),
         }
     }
 
@@ -502,42 +469,41 @@ impl Merge {
                 return Some(Err(e));
             }
         }
-        let (cur, item) = loop {
-            let cur = match self.current {
-                Some(c) => c,
-                None => self.heap_pop()?.1,
-            };
-            match self.heads[cur].take() {
-                Some(item) => break (cur, item),
-                None => self.current = None,
-            }
-        };
-        if let Err(e) = self.pull(cur) {
-            // Hand out the error now; the good event comes on the next call.
-            self.keys[cur] = item.timestamp();
-            self.heads[cur] = Some(item);
-            self.current = Some(cur);
-            return Some(Err(e));
+        if let Some(event) = self.pending.take() {
+            return Some(Ok(event));
         }
-        self.choose(cur);
-        Some(Ok(item))
+        loop {
+            let cur = self.current?;
+            let input = &mut self.inputs[cur];
+            let Some((event, _)) = input.pop() else {
+                // Not reached: a current stream has its next event ready.
+                self.current = self.heap_pop();
+                continue;
+            };
+            match input.peek() {
+                Some(Ok(ts)) => self.choose(cur, ts),
+                None => self.current = self.heap_pop(),
+                Some(Err(e)) => {
+                    self.current = self.heap_pop();
+                    self.pending = Some(event);
+                    return Some(Err(e));
+                }
+            }
+            return Some(Ok(event));
+        }
     }
 
-    /// After stream `cur` gave an event: which stream comes next. It stays
-    /// current while its head still comes first (ties: lower stream first).
+    /// After stream `cur` gave an event and its next one is at `ts`: which
+    /// stream comes next. It stays current while it still comes first
+    /// (ties: lower stream first).
     #[inline(always)]
-    fn choose(&mut self, cur: usize) {
-        if self.heads[cur].is_none() {
-            self.current = None;
-            return;
-        }
-        let key = (self.keys[cur], cur);
-        match self.heap.first() {
-            Some(&top) if top < key => {
+    fn choose(&mut self, cur: usize, ts: u64) {
+        let key = (ts, cur);
+        if let Some(&top) = self.heap.first() {
+            if top < key {
                 self.current = Some(top.1);
                 self.heap_replace_top(key);
             }
-            _ => self.current = Some(cur),
         }
     }
 
@@ -555,14 +521,15 @@ impl Merge {
         }
     }
 
-    fn heap_pop(&mut self) -> Option<(u64, usize)> {
+    /// The stream of the smallest key, taken off the heap.
+    fn heap_pop(&mut self) -> Option<usize> {
         let last = self.heap.pop()?;
         if self.heap.is_empty() {
-            return Some(last);
+            return Some(last.1);
         }
         let top = self.heap[0];
         self.heap_replace_top(last);
-        Some(top)
+        Some(top.1)
     }
 
     /// Replaces the smallest key by `key` and restores the heap order.
@@ -590,14 +557,22 @@ impl Merge {
         h[i] = key;
     }
 
+    /// Polls every stream once (in stream order), then picks the first.
     #[cold]
     fn prime(&mut self) -> Result<()> {
         while let Some(idx) = self.unprimed.pop() {
-            self.pull(idx)?;
-            if self.heads[idx].is_some() {
-                self.heap_push((self.keys[idx], idx));
+            match self.inputs[idx].peek() {
+                Some(Ok(ts)) => self.heap_push((ts, idx)),
+                None => {}
+                Some(Err(e)) => {
+                    if self.unprimed.is_empty() {
+                        self.current = self.heap_pop();
+                    }
+                    return Err(e);
+                }
             }
         }
+        self.current = self.heap_pop();
         Ok(())
     }
 }

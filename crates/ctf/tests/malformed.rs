@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use deepspan_ctf::{CtfTrace, Error};
+use deepspan_ctf::{CtfTrace, Error, ErrorKind};
 use proptest::prelude::*;
 
 /// Decodes everything reachable and returns the errors met. Panics (test
@@ -55,15 +55,15 @@ fn exercise(metadata: &[u8], streams: Vec<Vec<u8>>) -> Vec<Error> {
 
 fn check_error(e: &Error, metadata_len: usize, stream_lens: &[usize]) {
     let msg = e.to_string();
-    match e {
-        Error::Metadata { path, offset, .. } => {
+    match e.kind() {
+        ErrorKind::Metadata { path, offset, .. } => {
             assert_eq!(path, Path::new("metadata"), "{msg}");
             assert!(
                 *offset as usize <= metadata_len,
                 "offset past the end: {msg}"
             );
         }
-        Error::Data { path, offset, .. } => {
+        ErrorKind::Data { path, offset, .. } => {
             let i: usize = path
                 .to_str()
                 .unwrap()
@@ -133,9 +133,9 @@ fn content_size_cutting_an_event() {
     let bits = s.len() as u64 * 8;
     patch_u64_le(&mut s, CONTENT_SIZE_AT, bits - 8);
     let e = only_error(&m, s);
-    let Error::Data {
+    let ErrorKind::Data {
         offset, message, ..
-    } = &e
+    } = e.kind()
     else {
         panic!("{e}")
     };
@@ -185,9 +185,9 @@ fn bad_metadata_is_reported_with_offset_and_line() {
     let e = CtfTrace::from_memory(broken.as_bytes(), vec![])
         .err()
         .unwrap();
-    let Error::Metadata {
+    let ErrorKind::Metadata {
         offset, message, ..
-    } = &e
+    } = e.kind()
     else {
         panic!("{e}")
     };
@@ -250,10 +250,10 @@ fn zero_length_events_are_an_error_not_a_loop() {
 #[test]
 fn missing_and_empty_folders() {
     let e = CtfTrace::open("/nonexistent/deepspan").err().unwrap();
-    assert!(matches!(e, Error::Io { .. }), "{e}");
+    assert!(matches!(e.kind(), ErrorKind::Io { .. }), "{e}");
     let dir = tempfile::tempdir().unwrap();
     let e = CtfTrace::open(dir.path()).err().unwrap();
-    assert!(matches!(e, Error::NoTrace(_)), "{e}");
+    assert!(matches!(e.kind(), ErrorKind::NoTrace(_)), "{e}");
     // A stream file that is not readable as a packet fails at open, naming it.
     let trace = dir.path().join("t");
     std::fs::create_dir(&trace).unwrap();

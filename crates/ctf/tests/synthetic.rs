@@ -12,7 +12,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use deepspan_ctf::{CtfTrace, Error};
+use deepspan_ctf::{CtfTrace, Error, ErrorKind};
 use deepspan_model::{EventKind, Value};
 
 /// Shared with the fuzz target.
@@ -299,11 +299,11 @@ fn errors_name_the_stream_and_offset() {
         .iter()
         .find_map(|r| r.as_ref().err())
         .expect("an error");
-    let Error::Data {
+    let ErrorKind::Data {
         path,
         offset,
         message,
-    } = err
+    } = err.kind()
     else {
         panic!("{err}")
     };
