@@ -2,8 +2,10 @@
 """CTF decode benchmark of deepspan (run by hand: `make bench`; never a test).
 
 Decode throughput of `deepspan decode DIR --format json` (every event mapped
-with `CtfEvent::to_event`, names counted) against `babeltrace2 DIR -o dummy`
-and `babeltrace2 DIR -c sink.utils.counter` on the same traces, made here:
+with `CtfEvent::to_event`, names counted; streams decoded on all CPUs, and
+with `--threads 1` on one thread merged in time order) against
+`babeltrace2 DIR -o dummy` and `babeltrace2 DIR -c sink.utils.counter` on the
+same traces, made here:
 
 (a) ust: a real LTTng-UST trace (>= 200 MB by default) of the `jaeger_ust`
     test program (crates/ctf/tests/ust/jaeger_ust.c: nested span start/end
@@ -240,7 +242,10 @@ def throughput(trace, repeats):
     if bt_events != events:
         log(f"  WARNING: deepspan decodes {events} events, babeltrace2 {bt_events}")
     tools = {
+        # Streams decoded on all CPUs (counting needs no time order) ...
         "deepspan": [DEEPSPAN, "decode", trace, "--format", "json"],
+        # ... and on one thread, merged in time order as babeltrace2 does.
+        "deepspan_merged_1_thread": [DEEPSPAN, "decode", trace, "--format", "json", "--threads", "1"],
         "babeltrace2_dummy": ["babeltrace2", trace, "-o", "dummy"],
         "babeltrace2_counter": ["babeltrace2", trace, "-c", "sink.utils.counter"],
     }
@@ -266,10 +271,14 @@ def throughput(trace, repeats):
             "mb_per_s": size / c / 1e6, "events_per_s": events / c,
             "ns_per_event": c / events * 1e9,
         }
-    d = res["deepspan"]["cpu_s"]
-    res["speedup_vs_babeltrace2_dummy"] = res["babeltrace2_dummy"]["cpu_s"] / d
-    res["speedup_vs_babeltrace2_counter"] = res["babeltrace2_counter"]["cpu_s"] / d
-    res["speedup_vs_babeltrace2_dummy_wall"] = res["babeltrace2_dummy"]["wall_s"] / res["deepspan"]["wall_s"]
+    bt = res["babeltrace2_dummy"]
+    # Throughput: wall time of the command as run (all CPUs).
+    res["speedup_vs_babeltrace2_dummy_wall"] = bt["wall_s"] / res["deepspan"]["wall_s"]
+    res["speedup_vs_babeltrace2_dummy"] = bt["cpu_s"] / res["deepspan"]["cpu_s"]
+    res["speedup_vs_babeltrace2_counter"] = res["babeltrace2_counter"]["cpu_s"] / res["deepspan"]["cpu_s"]
+    one = res["deepspan_merged_1_thread"]
+    res["merged_1_thread_speedup_vs_babeltrace2_dummy"] = bt["cpu_s"] / one["cpu_s"]
+    res["merged_1_thread_speedup_vs_babeltrace2_dummy_wall"] = bt["wall_s"] / one["wall_s"]
     return res
 
 
@@ -325,12 +334,17 @@ def main():
     for case in ("ust", "kernel_like"):
         r = results.get(case)
         if r:
-            log(f"{case}: {r['trace_bytes'] / 1e6:.0f} MB, {r['events']} events "
-                f"({r['lost_events']} discarded): deepspan {r['deepspan']['ns_per_event']:.0f} ns/event "
-                f"{r['deepspan']['mb_per_s']:.0f} MB/s; babeltrace2 dummy "
-                f"{r['babeltrace2_dummy']['ns_per_event']:.0f} ns/event "
-                f"{r['babeltrace2_dummy']['mb_per_s']:.0f} MB/s: x{r['speedup_vs_babeltrace2_dummy']:.1f} (CPU), "
-                f"x{r['speedup_vs_babeltrace2_dummy_wall']:.1f} (wall)")
+            d, one, bt = r["deepspan"], r["deepspan_merged_1_thread"], r["babeltrace2_dummy"]
+            log(f"{case}: {r['trace_bytes'] / 1e6:.0f} MB, {r['events']} events ({r['lost_events']} discarded)\n"
+                f"  deepspan, all CPUs:   {d['wall_s']:.2f} s wall, {d['cpu_s']:.2f} s CPU "
+                f"({r['trace_bytes'] / d['wall_s'] / 1e6:.0f} MB/s)\n"
+                f"  deepspan, 1 thread, merged: {one['wall_s']:.2f} s wall, {one['cpu_s']:.2f} s CPU "
+                f"({one['ns_per_event']:.0f} ns/event CPU)\n"
+                f"  babeltrace2 -o dummy: {bt['wall_s']:.2f} s wall, {bt['cpu_s']:.2f} s CPU "
+                f"({bt['ns_per_event']:.0f} ns/event)\n"
+                f"  throughput x{r['speedup_vs_babeltrace2_dummy_wall']:.1f} (wall, all CPUs); "
+                f"1 thread merged x{r['merged_1_thread_speedup_vs_babeltrace2_dummy']:.1f} (CPU), "
+                f"x{r['merged_1_thread_speedup_vs_babeltrace2_dummy_wall']:.1f} (wall)")
     print(json.dumps(results, indent=2))
 
 

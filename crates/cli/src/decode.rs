@@ -3,8 +3,9 @@
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{Record, Schema, TraceDat};
@@ -24,6 +25,11 @@ pub struct DecodeArgs {
     /// Stop after this many events (both formats).
     #[arg(long)]
     limit: Option<u64>,
+    /// Streams (CPUs) decoded at once for the `json` summary; default: the
+    /// number of CPUs. Counting needs no time order, so each thread takes
+    /// whole streams; `--threads 1` (and `--limit`) decode in time order.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -40,7 +46,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
             let trace =
                 TraceDat::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
             match args.format {
-                Format::Json => summary(&trace, args.limit, &mut out)?,
+                Format::Json => summary(&trace, args.limit, threads(&args), &mut out)?,
                 Format::Jsonl => lines(&trace, args.limit, &mut out)?,
             }
         }
@@ -48,7 +54,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
             let trace =
                 CtfTrace::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
             match args.format {
-                Format::Json => ctf_summary(&trace, args.limit, &mut out)?,
+                Format::Json => ctf_summary(&trace, args.limit, threads(&args), &mut out)?,
                 Format::Jsonl => ctf_lines(&trace, args.limit, &mut out)?,
             }
         }
@@ -99,30 +105,179 @@ fn format_name(trace: &TraceDat) -> String {
     format!("trace.dat v{}", trace.version())
 }
 
-fn summary(trace: &TraceDat, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
-    let schema = trace.schema().clone();
-    // Counting by numeric id keeps the hot loop free of string hashing.
-    let mut by_id = vec![0u64; usize::from(u16::MAX) + 1];
-    let mut events = 0u64;
-    let bar = progress::bytes_bar(trace.cpu_data_bytes(), "decoding");
-    let mut records = trace.records()?;
-    while let Some(record) = records.next() {
-        if limit.is_some_and(|l| events >= l) {
-            break;
-        }
-        let record = record?;
-        // The typed decode is what every analysis pays for; do it here too so
-        // that `decode` measures the real cost.
-        std::hint::black_box(record.to_event(&schema));
-        by_id[usize::from(record.event_id)] += 1;
-        events += 1;
-        if events % 65_536 == 0 {
-            bar.set_position(records.bytes_read());
+/// Threads for the summary: `--threads`, else one per CPU; one with
+/// `--limit` (the first events in time order).
+fn threads(args: &DecodeArgs) -> usize {
+    if args.limit.is_some() {
+        return 1;
+    }
+    match args.threads {
+        Some(n) => n as usize,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+}
+
+/// Events counted by a key (event id, event class), and lost events.
+struct Tally {
+    events: u64,
+    by_key: Vec<u64>,
+    lost: u64,
+}
+
+impl Tally {
+    fn new(keys: usize) -> Tally {
+        Tally {
+            events: 0,
+            by_key: vec![0; keys],
+            lost: 0,
         }
     }
+
+    #[inline]
+    fn count(&mut self, key: usize) {
+        self.by_key[key] += 1;
+        self.events += 1;
+    }
+
+    fn add(&mut self, other: &Tally) {
+        self.events += other.events;
+        self.lost += other.lost;
+        for (a, b) in self.by_key.iter_mut().zip(&other.by_key) {
+            *a += b;
+        }
+    }
+}
+
+/// What the counting threads share: how far they got, and whether one
+/// failed (the first error ends the command, so the others stop early).
+#[derive(Default)]
+struct Shared {
+    decoded: AtomicU64,
+    failed: AtomicBool,
+}
+
+impl Shared {
+    /// Called every [`Shared::TICK`] events: notes them for the progress
+    /// display; true when the thread should stop.
+    fn tick(&self) -> bool {
+        self.decoded.fetch_add(Self::TICK, Ordering::Relaxed);
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    const TICK: u64 = 65_536;
+}
+
+/// Counts the events of `streams` (each with its size in bytes) on
+/// `threads` threads, each taking whole streams: the largest streams first,
+/// each to the thread with the least work so far. `count` decodes one
+/// stream into a tally, calling [`Shared::tick`] as it goes.
+fn count_in_parallel<S: Send>(
+    streams: Vec<(u64, S)>,
+    threads: usize,
+    keys: usize,
+    count: impl Fn(S, &mut Tally, &Shared) -> Result<()> + Sync,
+) -> Result<Tally> {
+    let mut streams = streams;
+    streams.sort_by_key(|(bytes, _)| std::cmp::Reverse(*bytes));
+    let threads = threads.clamp(1, streams.len().max(1));
+    let mut shares: Vec<(u64, Vec<S>)> = (0..threads).map(|_| (0, Vec::new())).collect();
+    for (bytes, stream) in streams {
+        if let Some(least) = shares.iter_mut().min_by_key(|(load, _)| *load) {
+            least.0 += bytes;
+            least.1.push(stream);
+        }
+    }
+    let shared = Shared::default();
+    let running = AtomicUsize::new(shares.len());
+    let bar = progress::spinner("decoding");
+    let results: Vec<Result<Tally>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = shares
+            .into_iter()
+            .map(|(_, share)| {
+                let (count, shared, running) = (&count, &shared, &running);
+                scope.spawn(move || {
+                    let mut tally = Tally::new(keys);
+                    let done = share.into_iter().try_for_each(|s| {
+                        if shared.failed.load(Ordering::Relaxed) {
+                            return Ok(());
+                        }
+                        count(s, &mut tally, shared)
+                    });
+                    if done.is_err() {
+                        shared.failed.store(true, Ordering::Relaxed);
+                    }
+                    running.fetch_sub(1, Ordering::Release);
+                    done.map(|()| tally)
+                })
+            })
+            .collect();
+        while running.load(Ordering::Acquire) > 0 {
+            bar.set_message(format!("{} events", shared.decoded.load(Ordering::Relaxed)));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|_| Err(anyhow!("a decoding thread panicked"))))
+            .collect()
+    });
     bar.finish_and_clear();
+    let mut total = Tally::new(keys);
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok(tally) => total.add(&tally),
+            Err(e) => first_error = first_error.or(Some(e)),
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(total),
+    }
+}
+
+fn summary(trace: &TraceDat, limit: Option<u64>, threads: usize, out: &mut impl Write) -> Result<()> {
+    let schema = trace.schema().clone();
+    // Counting by numeric id keeps the hot loop free of string hashing.
+    let ids = usize::from(u16::MAX) + 1;
+    let tally = if threads > 1 && trace.cpus() > 1 {
+        let cpus = (0..trace.cpus())
+            .map(|cpu| Ok((trace.cpu_data_bytes_of(cpu), trace.cpu_records(cpu)?)))
+            .collect::<Result<Vec<_>, deepspan_ftrace::Error>>()?;
+        count_in_parallel(cpus, threads, ids, |mut records, tally, shared| {
+            for record in records.by_ref() {
+                let record = record?;
+                // The typed decode is what every analysis pays for; do it
+                // here too so that `decode` measures the real cost.
+                std::hint::black_box(record.to_event(&schema));
+                tally.count(usize::from(record.event_id));
+                if tally.events % Shared::TICK == 0 && shared.tick() {
+                    break;
+                }
+            }
+            tally.lost += records.lost_events();
+            Ok(())
+        })?
+    } else {
+        let mut tally = Tally::new(ids);
+        let bar = progress::bytes_bar(trace.cpu_data_bytes(), "decoding");
+        let mut records = trace.records()?;
+        while let Some(record) = records.next() {
+            if limit.is_some_and(|l| tally.events >= l) {
+                break;
+            }
+            let record = record?;
+            std::hint::black_box(record.to_event(&schema));
+            tally.count(usize::from(record.event_id));
+            if tally.events % 65_536 == 0 {
+                bar.set_position(records.bytes_read());
+            }
+        }
+        bar.finish_and_clear();
+        tally.lost = records.lost_events();
+        tally
+    };
     let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
-    for (id, &count) in by_id.iter().enumerate().filter(|(_, &c)| c > 0) {
+    for (id, &count) in tally.by_key.iter().enumerate().filter(|(_, &c)| c > 0) {
         let name = match schema.event(id as u16) {
             Some(format) => format.name.clone(),
             None => format!("unknown_event_{id}"),
@@ -131,8 +286,8 @@ fn summary(trace: &TraceDat, limit: Option<u64>, out: &mut impl Write) -> Result
     }
     let doc = json!({
         "format": format_name(trace),
-        "events": events,
-        "lost_events": records.lost_events(),
+        "events": tally.events,
+        "lost_events": tally.lost,
         "by_name": by_name,
     });
     serde_json::to_writer_pretty(&mut *out, &doc)?;
@@ -140,36 +295,61 @@ fn summary(trace: &TraceDat, limit: Option<u64>, out: &mut impl Write) -> Result
     Ok(())
 }
 
-fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
+fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, threads: usize, out: &mut impl Write) -> Result<()> {
     // Counting by the class's dense index keeps hashing out of the
     // per-event loop; classes are joined by name at the end (two traces
     // may declare the same name).
-    let mut by_class = vec![0u64; trace.class_count()];
-    let mut events = 0u64;
-    let bar = progress::spinner("decoding CTF");
-    let mut stream = trace.events();
-    while let Some(event) = stream.next() {
-        if limit.is_some_and(|l| events >= l) {
-            break;
+    let classes = trace.class_count();
+    // Streams decoded on their own infer thread ids as the merged order
+    // does (`stream_events` is None when they would not).
+    let streams = if threads > 1 { trace.stream_events() } else { None };
+    let tally = match streams {
+        Some(streams) if streams.len() > 1 => {
+            let lost = streams.first().map(|s| s.lost_log());
+            let streams = streams.into_iter().map(|s| (s.bytes(), s)).collect();
+            let mut tally = count_in_parallel(streams, threads, classes, |events, tally, shared| {
+                for event in events {
+                    let event = event?;
+                    std::hint::black_box(event.to_event());
+                    tally.count(event.class_index());
+                    if tally.events % Shared::TICK == 0 && shared.tick() {
+                        break;
+                    }
+                }
+                Ok(())
+            })?;
+            tally.lost = lost.map_or(0, |l| l.total());
+            tally
         }
-        let event = event?;
-        std::hint::black_box(event.to_event());
-        by_class[event.class_index()] += 1;
-        events += 1;
-        if events % 65_536 == 0 {
-            bar.set_message(format!("{events} events"));
+        _ => {
+            let mut tally = Tally::new(classes);
+            let bar = progress::spinner("decoding CTF");
+            let mut stream = trace.events();
+            while let Some(event) = stream.next() {
+                if limit.is_some_and(|l| tally.events >= l) {
+                    break;
+                }
+                let event = event?;
+                std::hint::black_box(event.to_event());
+                tally.count(event.class_index());
+                if tally.events % 65_536 == 0 {
+                    bar.set_message(format!("{} events", tally.events));
+                }
+            }
+            bar.finish_and_clear();
+            tally.lost = stream.lost_events();
+            tally
         }
-    }
-    bar.finish_and_clear();
+    };
     let mut by_name: BTreeMap<&str, u64> = BTreeMap::new();
-    for (index, &count) in by_class.iter().enumerate().filter(|(_, &c)| c > 0) {
+    for (index, &count) in tally.by_key.iter().enumerate().filter(|(_, &c)| c > 0) {
         let name = trace.class_name(index).map_or("?", |n| n.as_str());
         *by_name.entry(name).or_default() += count;
     }
     let doc = json!({
         "format": "CTF 1.8",
-        "events": events,
-        "lost_events": stream.lost_events(),
+        "events": tally.events,
+        "lost_events": tally.lost,
         "by_name": by_name,
     });
     serde_json::to_writer_pretty(&mut *out, &doc)?;

@@ -103,3 +103,23 @@ fn ctf_summary_matches_babeltrace2_counts() {
     }
     assert_eq!(checked, 5, "the corpus has five CTF folders");
 }
+
+/// The summary counts streams (CPUs) on several threads without merging
+/// them; it must say exactly what one thread reading in time order says.
+#[test]
+fn summary_is_the_same_on_any_number_of_threads() {
+    let ctf = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ctf"));
+    let mut inputs: Vec<PathBuf> = std::fs::read_dir(&ctf).unwrap().map(|e| e.unwrap().path()).collect();
+    inputs.extend(["sched_load.dat", "example_rtapp.dat"].map(testdata));
+    for input in inputs {
+        let summary = |threads: &str| {
+            let out = deepspan().arg("decode").arg(&input).args(["--threads", threads]).output().unwrap();
+            assert!(out.status.success(), "{}: {}", input.display(), String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let merged = summary("1");
+        for threads in ["2", "3", "16"] {
+            assert_eq!(summary(threads), merged, "{} with {threads} threads", input.display());
+        }
+    }
+}

@@ -48,6 +48,15 @@ impl Source {
             Source::Memory { name, .. } => name,
         }
     }
+
+    /// Size in bytes (0 when the file cannot be examined; reading it will
+    /// then say why).
+    pub fn len(&self) -> u64 {
+        match self {
+            Source::File(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
+            Source::Memory { data, .. } => data.len() as u64,
+        }
+    }
 }
 
 /// An open source with a sequential read position.
@@ -699,6 +708,10 @@ impl StreamEvents {
             lost,
             done: false,
         }
+    }
+
+    pub fn spec(&self) -> &StreamSpec {
+        &self.spec
     }
 
     #[inline]

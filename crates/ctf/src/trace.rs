@@ -331,6 +331,11 @@ pub struct StreamReader {
 }
 
 impl StreamReader {
+    /// Bytes of the stream's files (a size to balance work by).
+    pub fn bytes(&self) -> u64 {
+        self.events.spec().files.iter().map(|f| f.len()).sum()
+    }
+
     /// The discarded-event log shared by all readers of one
     /// [`CtfTrace::stream_events`] call; it outlives the readers.
     pub fn lost_log(&self) -> LostLogHandle {

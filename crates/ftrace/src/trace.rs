@@ -301,6 +301,16 @@ impl TraceDat {
             .fold(0u64, |sum, s| sum.saturating_add(s.size))
     }
 
+    /// Bytes of one CPU's ring-buffer data of the top instance, as stored
+    /// (0 for a CPU without data).
+    pub fn cpu_data_bytes_of(&self, cpu: u32) -> u64 {
+        self.buffers[0]
+            .spans
+            .iter()
+            .filter(|s| s.cpu == cpu)
+            .fold(0u64, |sum, s| sum.saturating_add(s.size))
+    }
+
     /// The names of the buffer instances besides the top one.
     pub fn instances(&self) -> impl Iterator<Item = &str> {
         self.buffers[1..].iter().map(|b| b.name.as_str())
