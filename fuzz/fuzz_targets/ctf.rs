@@ -53,10 +53,18 @@ fuzz_target!(|data: &[u8]| {
             event.span_sync(),
             event.context(),
             event.packet_context(),
+            trace.class_name(event.class_index()),
         );
         if let Some((name, _)) = event.fields().first() {
             let _ = event.enum_label(name);
         }
     }
     let _ = events.lost_event_records();
+    // Each stream on its own, as parallel readers take them.
+    for reader in trace.stream_events().into_iter().flatten() {
+        let _ = reader.bytes();
+        for event in reader.flatten() {
+            let _ = (event.to_event(), event.class_index());
+        }
+    }
 });
