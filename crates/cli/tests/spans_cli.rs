@@ -644,18 +644,18 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
         let active = activity.active_at(tid, first_on.mono_ns + 1).expect("span active once current");
         assert_eq!(active.span_id, span.span_id, "the activity map names another span");
         let last = switches.get(&(tid as i32)).and_then(|h| h.iter().rev().find(|(ts, _)| *ts <= start));
+        // This VM's kernel sometimes records no switch-in (out of the idle
+        // task); the thread's own events show it ran again, which is how
+        // the analysis infers the switch too.
+        let ran_after = |after: u64| {
+            own.get(&(tid as i32))
+                .is_some_and(|t| t.iter().any(|&e| e >= after && e <= start))
+        };
         match last {
             Some(&(_, true)) => running += 1,
-            // This VM's kernel sometimes records no switch-in (out of the
-            // idle task); the thread's own events show it ran again, which
-            // is how the analysis infers the switch too.
-            Some(&(ts, false))
-                if own
-                    .get(&(tid as i32))
-                    .is_some_and(|t| t.iter().any(|&e| e > ts && e <= start)) =>
-            {
-                inferred += 1
-            }
+            Some(&(ts, false)) if ran_after(ts + 1) => inferred += 1,
+            // Its only switch-in so far was such a missing one.
+            None if ran_after(0) => inferred += 1,
             Some(&(ts, false)) => panic!(
                 "thread {tid} was switched out at {ts} and not back in before span {} started at {start} ({lost} lost events; {:?})",
                 span.span_id, switches.get(&(tid as i32))
