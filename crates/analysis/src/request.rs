@@ -1105,6 +1105,28 @@ fn join(pieces: Vec<RequestPiece>) -> Vec<RequestPiece> {
     out
 }
 
+/// What [`syscall_label`] depends on besides the model and the
+/// architecture: calls with equal keys have equal labels, so callers that
+/// label many pieces make each label once per key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SyscallLabelKey {
+    name: u32,
+    id: i32,
+    entry_seen: bool,
+    arg0: u64,
+}
+
+impl SyscallLabelKey {
+    pub fn of(s: &SyscallInterval) -> SyscallLabelKey {
+        SyscallLabelKey {
+            name: s.name,
+            id: s.id,
+            entry_seen: s.entry_seen,
+            arg0: s.arg0,
+        }
+    }
+}
+
 /// A system call as reports show it: the name with the argument that says
 /// what was waited for (`futex(uaddr=0x7f…)`, `read(fd=3)`), or `sys_N`.
 pub fn syscall_label(model: &KernelModel, arch: Arch, s: &SyscallInterval) -> String {

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::{
     aggregate, analyze_requests, baselines, diagnose, is_anomalous, ActivationInput,
-    DiagnosisContext, OperationSummary, RequestAnalysis, SpanIdx, SpanInput, StateBuilder,
+    DiagnosisContext, FastMap, OperationSummary, RequestAnalysis, SpanIdx, SpanInput, StateBuilder,
     SyncSource, ThreadWork,
 };
 use deepspan_model::Tid;
@@ -412,7 +412,7 @@ fn span_meta(s: &Span) -> SpanMeta {
 /// The span active on each thread, as span indices, read once from the
 /// activity index (queries then cost a binary search, no hashing).
 struct Work {
-    by_tid: HashMap<Tid, Vec<(u64, u64, SpanIdx)>>,
+    by_tid: FastMap<Tid, Vec<(u64, u64, SpanIdx)>>,
 }
 
 impl Work {
