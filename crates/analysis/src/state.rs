@@ -505,6 +505,9 @@ pub struct StateBuilder {
     stats: ModelStats,
     /// False: no execution graph (see [`StateBuilder::without_graph`]).
     graph_on: bool,
+    /// False: interrupt handler runs are not kept (see
+    /// [`StateBuilder::without_interrupt_history`]).
+    interrupts_on: bool,
     block_io: Vec<BlockIo>,
 }
 
@@ -672,6 +675,7 @@ impl StateBuilder {
             last_ts: 0,
             stats: ModelStats::default(),
             graph_on: true,
+            interrupts_on: true,
             block_io: Vec::new(),
         }
     }
@@ -684,6 +688,18 @@ impl StateBuilder {
         StateBuilder {
             graph_on: false,
             ..StateBuilder::new()
+        }
+    }
+
+    /// Keeps no history of interrupt handler runs
+    /// ([`CpuHistory::interrupts`] comes out empty): nothing in the request
+    /// analysis reads it (wake-up reasons come from the interrupt context
+    /// at the time, which is still tracked), and on an interrupt-heavy
+    /// trace it is a tenth of the model's memory.
+    pub fn without_interrupt_history(self) -> StateBuilder {
+        StateBuilder {
+            interrupts_on: false,
+            ..self
         }
     }
 
@@ -742,11 +758,7 @@ impl StateBuilder {
             }
             EventKind::SchedMigrateTask { tid, dest_cpu, .. } => self.migrate(ts, *tid, *dest_cpu),
             EventKind::IrqHandlerEntry { irq, name } => {
-                if self
-                    .irq_names
-                    .get(irq)
-                    .map_or(true, |n| n != name)
-                {
+                if self.irq_names.get(irq).map_or(true, |n| n != name) {
                     self.irq_names.insert(*irq, name.clone());
                 }
                 self.enter(cpu, ts, Interrupt::Irq(*irq), false);
@@ -819,10 +831,11 @@ impl StateBuilder {
             end: ts,
             cpu,
         });
+        let keep = self.interrupts_on;
         let c = self.cpu_mut(cpu);
         let frames = std::mem::take(&mut c.stack);
         let end = ts.max(c.last_ts);
-        for (depth, f) in frames.iter().enumerate() {
+        for (depth, f) in frames.iter().enumerate().filter(|_| keep) {
             c.interrupts.push(InterruptInterval {
                 start: f.start,
                 end,
@@ -902,7 +915,7 @@ impl StateBuilder {
                     tid,
                 });
             }
-            for (depth, f) in c.stack.iter().enumerate() {
+            for (depth, f) in c.stack.iter().enumerate().filter(|_| self.interrupts_on) {
                 c.interrupts.push(InterruptInterval {
                     start: f.start,
                     end,
@@ -1142,7 +1155,11 @@ impl StateBuilder {
                     .unwrap_or_else(|| Name::new(&format!("irq {irq}"))),
             ),
             ThreadState::Blocked(BlockReason::Softirq(v)) => {
-                let names = SOFTIRQS.get_or_init(|| (0..=softirq::RCU + 1).map(|v| Name::new(softirq_name(v))).collect());
+                let names = SOFTIRQS.get_or_init(|| {
+                    (0..=softirq::RCU + 1)
+                        .map(|v| Name::new(softirq_name(v)))
+                        .collect()
+                });
                 Some(names[(v as usize).min(names.len() - 1)].clone())
             }
             _ => None,
@@ -1435,15 +1452,18 @@ impl StateBuilder {
     }
 
     fn enter(&mut self, cpu: u32, ts: u64, kind: Interrupt, timer_ipi: bool) {
+        let keep = self.interrupts_on;
         let c = self.cpu_mut(cpu);
         if c.stack.len() >= MAX_NESTING {
             let f = c.stack.remove(0);
-            c.interrupts.push(InterruptInterval {
-                start: f.start,
-                end: ts,
-                kind: f.kind,
-                depth: 0,
-            });
+            if keep {
+                c.interrupts.push(InterruptInterval {
+                    start: f.start,
+                    end: ts,
+                    kind: f.kind,
+                    depth: 0,
+                });
+            }
         }
         c.stack.push(Frame {
             kind,
@@ -1456,6 +1476,7 @@ impl StateBuilder {
     }
 
     fn exit(&mut self, cpu: u32, ts: u64, matches: impl Fn(Interrupt) -> bool) {
+        let keep = self.interrupts_on;
         let c = self.cpu_mut(cpu);
         let Some(pos) = c.stack.iter().rposition(|f| matches(f.kind)) else {
             self.stats.unmatched_exits += 1;
@@ -1464,7 +1485,8 @@ impl StateBuilder {
         // Frames above the matching one lost their exits: they end here too.
         while c.stack.len() > pos {
             let depth = c.stack.len() - 1;
-            if let Some(f) = c.stack.pop() {
+            let popped = c.stack.pop();
+            if let Some(f) = popped.filter(|_| keep) {
                 c.interrupts.push(InterruptInterval {
                     start: f.start,
                     end: ts,

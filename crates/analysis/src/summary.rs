@@ -86,7 +86,9 @@ pub fn summarize(model: &KernelModel, arch: Arch, path: &RequestPath) -> Request
     // does not show).
     let mut by_syscall: HashMap<String, u64> = HashMap::new();
     for (s, d) in by_call.into_values() {
-        *by_syscall.entry(syscall_label(model, arch, &s)).or_default() += d;
+        *by_syscall
+            .entry(syscall_label(model, arch, &s))
+            .or_default() += d;
     }
     out.by_state = by_state
         .into_iter()

@@ -245,9 +245,7 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
             w.static_str(state_name(s.state));
             w.opt_i32((s.cpu != deepspan_analysis::NO_CPU).then_some(s.cpu as i32));
             let waker = match s.state {
-                ThreadState::Blocked(BlockReason::Thread(t) | BlockReason::Loopback(t)) => {
-                    Some(t)
-                }
+                ThreadState::Blocked(BlockReason::Thread(t) | BlockReason::Loopback(t)) => Some(t),
                 _ => None,
             };
             w.opt_i32(waker);
