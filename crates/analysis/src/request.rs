@@ -1134,7 +1134,7 @@ fn join(mut pieces: Vec<RequestPiece>) -> Vec<RequestPiece> {
 /// label many pieces make each label once per key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SyscallLabelKey {
-    name: u32,
+    name: u16,
     id: i32,
     entry_seen: bool,
     arg0: u64,

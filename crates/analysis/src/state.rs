@@ -190,8 +190,11 @@ pub struct SyscallInterval {
     pub end: u64,
     /// Syscall number, -1 when only the name is known.
     pub id: i32,
-    /// Interned name, read with [`KernelModel::syscall_name`]; 0 = none.
-    pub name: u32,
+    /// Interned name, read with [`KernelModel::syscall_name`]; 0 = none
+    /// (also for names past the 65 535th distinct one, which no kernel
+    /// has). Two bytes, so the interval is 48 bytes, not 56: a model has
+    /// millions of them.
+    pub name: u16,
     /// First two arguments: futex `uaddr`/`op`, the fd of read/recvfrom/…
     pub arg0: u64,
     pub arg1: u64,
@@ -601,16 +604,16 @@ impl TidIndex {
 #[derive(Default)]
 struct SyscallNames {
     names: Vec<Name>,
-    by_text: FastMap<Name, u32>,
-    by_ptr: FastMap<usize, u32>,
+    by_text: FastMap<Name, u16>,
+    by_ptr: FastMap<usize, u16>,
     keep: Vec<Name>,
     /// Entry and exit of one call share a name: a one-entry cache first.
-    last: (usize, u32),
+    last: (usize, u16),
 }
 
 impl SyscallNames {
     #[inline]
-    fn intern(&mut self, name: &Name) -> u32 {
+    fn intern(&mut self, name: &Name) -> u16 {
         let ptr = name.as_ptr() as usize;
         if self.last.0 == ptr && ptr != 0 {
             return self.last.1;
@@ -620,7 +623,7 @@ impl SyscallNames {
         id
     }
 
-    fn intern_slow(&mut self, name: &Name, ptr: usize) -> u32 {
+    fn intern_slow(&mut self, name: &Name, ptr: usize) -> u16 {
         if let Some(&id) = self.by_ptr.get(&ptr) {
             return id;
         }
@@ -630,7 +633,10 @@ impl SyscallNames {
                 if self.names.is_empty() {
                     self.names.push(Name::new(""));
                 }
-                let id = self.names.len() as u32;
+                let Ok(id) = u16::try_from(self.names.len()) else {
+                    // Out of ids: unnamed (the number still says it).
+                    return 0;
+                };
                 self.names.push(name.clone());
                 self.by_text.insert(name.clone(), id);
                 id

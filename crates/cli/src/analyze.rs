@@ -203,8 +203,9 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             .spawn(|| tables::write_thread_states(&staging.file(tables::THREAD_STATES), &kernel));
         let syscalls =
             scope.spawn(|| tables::write_syscalls(&staging.file(tables::SYSCALLS), &kernel));
-        // A few groups' paths in flight at most.
-        let (path_tx, path_rx) = std::sync::mpsc::sync_channel::<RequestPath>(64);
+        // A few paths in flight at most: a path of a long request is
+        // megabytes.
+        let (path_tx, path_rx) = std::sync::mpsc::sync_channel::<RequestPath>(4);
         let writer = scope.spawn(|| -> Result<Vec<RequestRecord>> {
             let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
             let mut paths = CriticalPathWriter::create(&staging.file(tables::CRITICAL_PATH))?;
