@@ -453,7 +453,8 @@ impl CriticalPathWriter {
 
     /// Appends the rows of one request's path.
     pub fn write(&mut self, ctx: &PathContext, p: &RequestPath) -> Result<(), Error> {
-        let Some((span_id, trace_id)) = span_strings(&mut self.span_ids, ctx, p.request) else {
+        let Some((span_id, trace_id)) = span_strings(&mut self.span_ids, ctx, p.request).cloned()
+        else {
             return Ok(());
         };
         for (seq, piece) in p.pieces.iter().enumerate() {
@@ -479,11 +480,12 @@ impl CriticalPathWriter {
             let working = piece
                 .span
                 .and_then(|s| span_strings(&mut self.span_ids, ctx, s))
-                .map(|ids| ids.0);
+                .map(|ids| ids.0.clone());
             w.bytes(working);
             let blocker = piece
                 .blocked_by
-                .and_then(|b| span_strings(&mut self.span_ids, ctx, b));
+                .and_then(|b| span_strings(&mut self.span_ids, ctx, b))
+                .cloned();
             let (blocker_span, blocker_trace) = blocker.unzip();
             w.bytes(blocker_span);
             w.bytes(blocker_trace);
@@ -533,11 +535,11 @@ fn label_string(
 
 /// A span's id and trace id in hex as Parquet strings, made once per span;
 /// `None` for an index that is not a span.
-fn span_strings(
-    cache: &mut Vec<Option<(ByteArray, ByteArray)>>,
+fn span_strings<'c>(
+    cache: &'c mut Vec<Option<(ByteArray, ByteArray)>>,
     ctx: &PathContext,
     idx: SpanIdx,
-) -> Option<(ByteArray, ByteArray)> {
+) -> Option<&'c (ByteArray, ByteArray)> {
     let i = idx as usize;
     let span = ctx.spans.get(i)?;
     if cache.len() <= i {
@@ -549,7 +551,7 @@ fn span_strings(
             ByteArray::from(trace_hex(span.trace_id).into_bytes()),
         )
     });
-    Some(ids.clone())
+    Some(ids)
 }
 
 /// Per request: time per (state, thread, blocking request), and per
