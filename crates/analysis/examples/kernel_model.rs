@@ -49,6 +49,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model.graph().vertical_count()
     );
     println!("{:?}", model.stats());
+    // Where the model's memory goes (element counts × element sizes).
+    let size = std::mem::size_of::<deepspan_analysis::StateInterval>();
+    let syscalls: usize = model.threads().map(|t| t.syscalls().len()).sum();
+    let timeline: usize = model.cpus().iter().map(|c| c.timeline().len()).sum();
+    let interrupts: usize = model.cpus().iter().map(|c| c.interrupts().len()).sum();
+    let mib = |n: usize, each: usize| (n * each) as f64 / (1 << 20) as f64;
+    println!(
+        "memory (MiB): states {:.1} ({size} B each), syscalls {:.1} ({} B), cpu timeline {:.1}, interrupts {:.1}, block io {:.1}, graph vertices {} + vertical edges {}",
+        mib(intervals, size),
+        mib(syscalls, std::mem::size_of::<deepspan_analysis::SyscallInterval>()),
+        std::mem::size_of::<deepspan_analysis::SyscallInterval>(),
+        mib(timeline, std::mem::size_of::<deepspan_analysis::CpuInterval>()),
+        mib(interrupts, std::mem::size_of::<deepspan_analysis::InterruptInterval>()),
+        mib(model.block_io().len(), std::mem::size_of::<deepspan_analysis::BlockIo>()),
+        model.graph().vertex_count(),
+        model.graph().vertical_count(),
+    );
     if let Some(tid) = tid {
         let (start, end) = model.time_range();
         for p in critical_path(&model, tid, start, end).pieces {

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use deepspan_model::Tid;
 
+use crate::fxhash::FastSet;
 use crate::graph::{Direction, Edge, EdgeType, Graph, VertexId};
 
 /// One piece of a critical path: a thread in a state over a time range.
@@ -106,9 +107,9 @@ pub(crate) fn compute(graph: &Graph, start: VertexId, stop: Stop) -> CriticalPat
                     Stop::Covering { start, .. } => start,
                     Stop::TraceCompass(_) => 0,
                 };
-                let mut links = walk.resolve_blocking(e, graph.ts(e.from).max(lower));
+                let links = walk.resolve_blocking(e, graph.ts(e.from).max(lower));
                 links.reverse();
-                append_component(&mut path, graph, current, &links);
+                append_component(&mut path, graph, current, links);
             }
             EdgeType::Eps | EdgeType::NoEdge => {}
             // Everything else is not waiting on another thread. (Trace
@@ -138,7 +139,7 @@ pub fn pieces_of(path: &Graph, worker: u32) -> Vec<Piece> {
     let Some(mut v) = path.head(worker) else {
         return pieces;
     };
-    let mut taken_vertical = std::collections::HashSet::new();
+    let mut taken_vertical: FastSet<VertexId> = FastSet::default();
     let mut came_from: Option<Tid> = None;
     // Each step consumes an edge, and each edge is taken once.
     let budget = path.vertex_count() + path.vertical_count() + 1;
@@ -342,8 +343,9 @@ impl<'g> Walk<'g> {
     }
 
     /// The edges (newest first) that explain `blocking`, not reaching before
-    /// `bound`; empty when no wake-up explains it.
-    fn resolve_blocking(&mut self, blocking: Edge, bound: u64) -> Vec<Edge> {
+    /// `bound`; empty when no wake-up explains it. The buffer is the walk's,
+    /// reused by the next call.
+    fn resolve_blocking(&mut self, blocking: Edge, bound: u64) -> &mut Vec<Edge> {
         let g = self.graph;
         self.sub_path.clear();
         self.candidates.clear();
@@ -353,7 +355,7 @@ impl<'g> Walk<'g> {
             if self.budget == 0 {
                 self.truncated = true;
                 self.sub_path.clear();
-                return Vec::new();
+                return &mut self.sub_path;
             }
             self.budget -= 1;
 
@@ -420,6 +422,6 @@ impl<'g> Walk<'g> {
                 }
             }
         }
-        std::mem::take(&mut self.sub_path)
+        &mut self.sub_path
     }
 }

@@ -121,23 +121,35 @@ pub struct Edge {
 
 const NONE: u32 = u32::MAX;
 
+/// The two vertical edge slots of a vertex in [`Graph::links`].
+const IN: usize = 0;
+const OUT: usize = 1;
+
+/// 16 bytes: an execution graph has millions of vertices, most of them
+/// without a vertical edge, so those slots live in a side table.
 #[derive(Clone, Debug)]
 struct Vertex {
     ts: u64,
+    /// Index of the vertex's `[incoming, outgoing]` vertical edge slots in
+    /// [`Graph::links`], [`NONE`] while it has neither.
+    links: u32,
+    /// Interned qualifier of the horizontal edge to the next vertex.
+    h_qualifier: Qualifier,
     /// Type of the horizontal edge to the next vertex of the row
     /// (`NoEdge` = gap or last vertex).
     h_out: EdgeType,
-    h_qualifier: u32,
-    v_in: u32,
-    v_out: u32,
 }
+
+/// An interned qualifier (irq and softirq names: a handful per trace);
+/// 0 is "none".
+type Qualifier = u16;
 
 #[derive(Clone, Debug)]
 struct VerticalEdge {
     from: VertexId,
     to: VertexId,
     kind: EdgeType,
-    qualifier: u32,
+    qualifier: Qualifier,
 }
 
 /// One row of the graph: a thread and its vertices in time order.
@@ -184,9 +196,12 @@ pub struct Graph {
     workers: Vec<Worker>,
     by_tid: FastMap<Tid, u32>,
     vertical: Vec<VerticalEdge>,
+    /// `[incoming, outgoing]` vertical edge ids of the vertices that have
+    /// one ([`NONE`] for an empty slot).
+    links: Vec<[u32; 2]>,
     /// Interned qualifiers; index 0 is "none".
     qualifiers: Vec<Arc<str>>,
-    qualifier_ids: FastMap<Arc<str>, u32>,
+    qualifier_ids: FastMap<Arc<str>, Qualifier>,
     anomalies: GraphAnomalies,
 }
 
@@ -315,9 +330,7 @@ impl Graph {
             self.anomalies.refused_links += 1;
             return false;
         }
-        if self.vertex(from).is_some_and(|v| v.v_out != NONE)
-            || self.vertex(to).is_some_and(|v| v.v_in != NONE)
-        {
+        if self.slot(from, OUT) != NONE || self.slot(to, IN) != NONE {
             self.anomalies.refused_links += 1;
             return false;
         }
@@ -329,13 +342,34 @@ impl Graph {
             kind,
             qualifier: q,
         });
-        if let Some(v) = self.vertex_mut(from) {
-            v.v_out = id;
-        }
-        if let Some(v) = self.vertex_mut(to) {
-            v.v_in = id;
-        }
+        self.set_slot(from, OUT, id);
+        self.set_slot(to, IN, id);
         true
+    }
+
+    /// A vertical edge slot of a vertex ([`IN`] or [`OUT`]): the edge id,
+    /// or [`NONE`].
+    #[inline]
+    fn slot(&self, v: VertexId, which: usize) -> u32 {
+        match self.vertex(v) {
+            Some(x) if x.links != NONE => self.links[x.links as usize][which],
+            _ => NONE,
+        }
+    }
+
+    fn set_slot(&mut self, v: VertexId, which: usize, id: u32) {
+        let next = self.links.len() as u32;
+        let Some(x) = self.vertex_mut(v) else {
+            return;
+        };
+        if x.links == NONE {
+            x.links = next;
+        }
+        let i = x.links as usize;
+        if i == self.links.len() {
+            self.links.push([NONE, NONE]);
+        }
+        self.links[i][which] = id;
     }
 
     /// The edge in one slot of a vertex.
@@ -353,7 +387,7 @@ impl Graph {
                         index: v.index + 1,
                     },
                     kind: x.h_out,
-                    qualifier: x.h_qualifier,
+                    qualifier: x.h_qualifier.into(),
                     vertical: false,
                 }),
             Direction::IncomingHorizontal => {
@@ -365,12 +399,17 @@ impl Graph {
                     },
                     to: v,
                     kind: p.h_out,
-                    qualifier: p.h_qualifier,
+                    qualifier: p.h_qualifier.into(),
                     vertical: false,
                 })
             }
-            Direction::OutgoingVertical => self.vertical_edge(x.v_out),
-            Direction::IncomingVertical => self.vertical_edge(x.v_in),
+            Direction::OutgoingVertical if x.links != NONE => {
+                self.vertical_edge(self.links[x.links as usize][OUT])
+            }
+            Direction::IncomingVertical if x.links != NONE => {
+                self.vertical_edge(self.links[x.links as usize][IN])
+            }
+            Direction::OutgoingVertical | Direction::IncomingVertical => None,
         }
     }
 
@@ -413,7 +452,7 @@ impl Graph {
             from: e.from,
             to: e.to,
             kind: e.kind,
-            qualifier: e.qualifier,
+            qualifier: e.qualifier.into(),
             vertical: true,
         })
     }
@@ -433,25 +472,35 @@ impl Graph {
     }
 
     #[inline]
-    pub(crate) fn intern(&mut self, qualifier: Option<&str>) -> u32 {
+    fn intern(&mut self, qualifier: Option<&str>) -> Qualifier {
         match qualifier {
             Some(s) if !s.is_empty() => self.intern_text(s),
             _ => 0,
         }
     }
 
-    fn intern_text(&mut self, s: &str) -> u32 {
+    fn intern_text(&mut self, s: &str) -> Qualifier {
         if let Some(&q) = self.qualifier_ids.get(s) {
             return q;
         }
-        let q = self.qualifiers.len() as u32;
+        let Ok(q) = Qualifier::try_from(self.qualifiers.len()) else {
+            // Past 65 535 distinct qualifiers (no trace has that many
+            // interrupt names): none.
+            return 0;
+        };
         let s: Arc<str> = Arc::from(s);
         self.qualifiers.push(s.clone());
         self.qualifier_ids.insert(s, q);
         q
     }
 
-    fn push_vertex(&mut self, worker: u32, ts: u64, kind: EdgeType, qualifier: u32) -> VertexId {
+    fn push_vertex(
+        &mut self,
+        worker: u32,
+        ts: u64,
+        kind: EdgeType,
+        qualifier: Qualifier,
+    ) -> VertexId {
         let Some(row) = self.workers.get_mut(worker as usize) else {
             // Only reachable through a made-up worker id; give back a vertex
             // id that every query treats as absent.
@@ -477,10 +526,9 @@ impl Graph {
         }
         row.vertices.push(Vertex {
             ts,
-            h_out: EdgeType::NoEdge,
+            links: NONE,
             h_qualifier: 0,
-            v_in: NONE,
-            v_out: NONE,
+            h_out: EdgeType::NoEdge,
         });
         VertexId {
             worker,

@@ -35,12 +35,13 @@ pub use diagnosis::{
     baselines, diagnose, is_anomalous, Cause, Culprit, CulpritKind, Diagnosis, DiagnosisContext,
     ANOMALY_FACTOR, ANOMALY_MIN_EXCESS_NS, HEADLINE_MAX, MAX_CULPRITS, MIN_BASELINE_REQUESTS,
 };
+pub use fxhash::{FastMap, FastSet, FxHasher};
 pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Worker};
 pub use input::{build_model, Input, LostEvents};
 pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
 pub use request::{
     analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait,
-    RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource, ThreadWork,
+    RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource, SyscallLabelKey, ThreadWork,
     FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, RESUME_GAP_NS, WAKEUP_GRACE_NS,
 };
 pub use state::{

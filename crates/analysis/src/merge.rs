@@ -182,6 +182,11 @@ impl MergedGraph {
         &self.heads
     }
 
+    /// Number of nodes of one path.
+    pub fn path_len(&self, path: u32) -> usize {
+        self.lengths.get(path as usize).copied().unwrap_or(0)
+    }
+
     /// The nodes of one path, in order, found by following its edges.
     pub fn path_nodes(&self, path: u32) -> Vec<u32> {
         let mut out = Vec::new();
@@ -249,10 +254,17 @@ impl MergedGraph {
 /// [`MergedGraph::recover`] returns for an input path), after the same
 /// clipping the merge applies.
 pub fn join_adjacent(path: &[Piece]) -> Vec<Piece> {
-    let mut out: Vec<Piece> = Vec::new();
-    for p in normalize(path) {
+    let mut out: Vec<Piece> = Vec::with_capacity(path.len());
+    // The clipping of `normalize`, on the fly.
+    let mut t = 0u64;
+    for p in path {
+        let start = p.start.max(t);
+        if p.end <= start {
+            continue;
+        }
+        t = p.end;
         if let Some(last) = out.last_mut() {
-            if last.end == p.start
+            if last.end == start
                 && last.tid == p.tid
                 && last.state == p.state
                 && last.qualifier == p.qualifier
@@ -264,8 +276,9 @@ pub fn join_adjacent(path: &[Piece]) -> Vec<Piece> {
             }
         }
         out.push(Piece {
+            start,
             link_from: None,
-            ..p
+            ..p.clone()
         });
     }
     out

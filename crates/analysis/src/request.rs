@@ -316,7 +316,9 @@ fn analyze_group(
                 let mut pieces = cp.pieces;
                 // Path order is time order; a stable sort guards the slicing
                 // below against any piece out of place.
-                pieces.sort_by_key(|p| p.start);
+                if !pieces.is_sorted_by_key(|p| p.start) {
+                    pieces.sort_by_key(|p| p.start);
+                }
                 ThreadPath {
                     start: a,
                     end: b,
@@ -373,7 +375,14 @@ fn analyze_group(
         let span = &spans[r as usize];
         let sync = sync_source(span);
         let (start, end) = span.times.unwrap_or((0, 0));
-        let mut pieces = Vec::new();
+        let mut pieces = Vec::with_capacity(
+            match &merged {
+                Some(m) => m.path_len(n as u32),
+                None => alone.len(),
+            } * 3
+                / 2
+                + 2,
+        );
         if sync != SyncSource::None {
             // (piece, how many other paths share it)
             let nodes: Box<dyn Iterator<Item = (Piece, u32)>> = match &merged {
@@ -692,12 +701,21 @@ impl Served {
             return;
         };
         let first = v.partition_point(|x| x.0.saturating_add(self.longest) <= start);
-        let hits: Vec<(u64, u64, SpanIdx)> = v[first..]
+        let overlapping = v[first..]
             .iter()
             .take_while(|x| x.0 < end)
             .filter(|x| x.1 > start)
-            .map(|&(a, b, r)| (a.max(start), b.min(end), r))
-            .collect();
+            .map(|&(a, b, r)| (a.max(start), b.min(end), r));
+        // Mostly one wait overlaps the piece: no choice to make.
+        let mut probe = overlapping.clone();
+        if let (Some((a, b, r)), None) = (probe.next(), probe.next()) {
+            match out.last_mut() {
+                Some(last) if last.1 == a && last.2 == r => last.1 = b,
+                _ => out.push((a, b, r)),
+            }
+            return;
+        }
+        let hits: Vec<(u64, u64, SpanIdx)> = overlapping.collect();
         if hits.is_empty() {
             return;
         }
@@ -1026,7 +1044,17 @@ fn fill_gaps(
     end: u64,
     pieces: &mut Vec<RequestPiece>,
 ) {
-    pieces.sort_by_key(|p| p.start);
+    if !pieces.is_sorted_by_key(|p| p.start) {
+        pieces.sort_by_key(|p| p.start);
+    }
+    // Usually the pieces already tile the range: then nothing to do.
+    let tiled = pieces.first().is_some_and(|p| p.start == start)
+        && pieces.last().is_some_and(|p| p.end == end)
+        && pieces.windows(2).all(|w| w[0].end == w[1].start)
+        && pieces.iter().all(|p| p.end > p.start);
+    if tiled {
+        return;
+    }
     let mut out = Vec::with_capacity(pieces.len() + 2);
     let mut t = start;
     let gap = |a: u64, b: u64, out: &mut Vec<RequestPiece>| {
@@ -1069,40 +1097,58 @@ fn fill_gaps(
     *pieces = out;
 }
 
-/// Joins adjacent pieces that say the same thing.
-fn join(pieces: Vec<RequestPiece>) -> Vec<RequestPiece> {
-    let mut out: Vec<RequestPiece> = Vec::with_capacity(pieces.len());
-    for p in pieces {
-        if let Some(last) = out.last_mut() {
-            let same = last.end == p.start
-                && last.state == p.state
-                && last.tid == p.tid
-                && last.comm == p.comm
-                && last.qualifier == p.qualifier
-                && last.syscall == p.syscall
-                && last.waiting_in == p.waiting_in
-                && last.span == p.span
-                && last.blocked_by == p.blocked_by
-                && last.shared == p.shared
-                && last.vertical == p.vertical;
-            if same {
-                last.end = p.end;
-                last.lost |= p.lost;
-                if let (Some(a), Some(b)) = (last.cpu_wait.as_mut(), p.cpu_wait) {
-                    let (ta, tb) = (a.contended_ns, b.contended_ns);
-                    a.throttled_ns += b.throttled_ns;
-                    a.contended_ns += b.contended_ns;
-                    a.wakeup_ns += b.wakeup_ns;
-                    if tb > ta {
-                        a.holder = b.holder;
-                    }
+/// Joins adjacent pieces that say the same thing (in place).
+fn join(mut pieces: Vec<RequestPiece>) -> Vec<RequestPiece> {
+    pieces.dedup_by(|p, last| {
+        let same = last.end == p.start
+            && last.state == p.state
+            && last.tid == p.tid
+            && last.comm == p.comm
+            && last.qualifier == p.qualifier
+            && last.syscall == p.syscall
+            && last.waiting_in == p.waiting_in
+            && last.span == p.span
+            && last.blocked_by == p.blocked_by
+            && last.shared == p.shared
+            && last.vertical == p.vertical;
+        if same {
+            last.end = p.end;
+            last.lost |= p.lost;
+            if let (Some(a), Some(b)) = (last.cpu_wait.as_mut(), p.cpu_wait) {
+                let (ta, tb) = (a.contended_ns, b.contended_ns);
+                a.throttled_ns += b.throttled_ns;
+                a.contended_ns += b.contended_ns;
+                a.wakeup_ns += b.wakeup_ns;
+                if tb > ta {
+                    a.holder = b.holder;
                 }
-                continue;
             }
         }
-        out.push(p);
+        same
+    });
+    pieces
+}
+
+/// What [`syscall_label`] depends on besides the model and the
+/// architecture: calls with equal keys have equal labels, so callers that
+/// label many pieces make each label once per key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SyscallLabelKey {
+    name: u16,
+    id: i32,
+    entry_seen: bool,
+    arg0: u64,
+}
+
+impl SyscallLabelKey {
+    pub fn of(s: &SyscallInterval) -> SyscallLabelKey {
+        SyscallLabelKey {
+            name: s.name,
+            id: s.id,
+            entry_seen: s.entry_seen,
+            arg0: s.arg0,
+        }
     }
-    out
 }
 
 /// A system call as reports show it: the name with the argument that says

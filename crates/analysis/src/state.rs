@@ -190,8 +190,11 @@ pub struct SyscallInterval {
     pub end: u64,
     /// Syscall number, -1 when only the name is known.
     pub id: i32,
-    /// Interned name, read with [`KernelModel::syscall_name`]; 0 = none.
-    pub name: u32,
+    /// Interned name, read with [`KernelModel::syscall_name`]; 0 = none
+    /// (also for names past the 65 535th distinct one, which no kernel
+    /// has). Two bytes, so the interval is 48 bytes, not 56: a model has
+    /// millions of them.
+    pub name: u16,
     /// First two arguments: futex `uaddr`/`op`, the fd of read/recvfrom/…
     pub arg0: u64,
     pub arg1: u64,
@@ -505,6 +508,9 @@ pub struct StateBuilder {
     stats: ModelStats,
     /// False: no execution graph (see [`StateBuilder::without_graph`]).
     graph_on: bool,
+    /// False: interrupt handler runs are not kept (see
+    /// [`StateBuilder::without_interrupt_history`]).
+    interrupts_on: bool,
     block_io: Vec<BlockIo>,
 }
 
@@ -598,16 +604,16 @@ impl TidIndex {
 #[derive(Default)]
 struct SyscallNames {
     names: Vec<Name>,
-    by_text: FastMap<Name, u32>,
-    by_ptr: FastMap<usize, u32>,
+    by_text: FastMap<Name, u16>,
+    by_ptr: FastMap<usize, u16>,
     keep: Vec<Name>,
     /// Entry and exit of one call share a name: a one-entry cache first.
-    last: (usize, u32),
+    last: (usize, u16),
 }
 
 impl SyscallNames {
     #[inline]
-    fn intern(&mut self, name: &Name) -> u32 {
+    fn intern(&mut self, name: &Name) -> u16 {
         let ptr = name.as_ptr() as usize;
         if self.last.0 == ptr && ptr != 0 {
             return self.last.1;
@@ -617,7 +623,7 @@ impl SyscallNames {
         id
     }
 
-    fn intern_slow(&mut self, name: &Name, ptr: usize) -> u32 {
+    fn intern_slow(&mut self, name: &Name, ptr: usize) -> u16 {
         if let Some(&id) = self.by_ptr.get(&ptr) {
             return id;
         }
@@ -627,7 +633,10 @@ impl SyscallNames {
                 if self.names.is_empty() {
                     self.names.push(Name::new(""));
                 }
-                let id = self.names.len() as u32;
+                let Ok(id) = u16::try_from(self.names.len()) else {
+                    // Out of ids: unnamed (the number still says it).
+                    return 0;
+                };
                 self.names.push(name.clone());
                 self.by_text.insert(name.clone(), id);
                 id
@@ -672,6 +681,7 @@ impl StateBuilder {
             last_ts: 0,
             stats: ModelStats::default(),
             graph_on: true,
+            interrupts_on: true,
             block_io: Vec::new(),
         }
     }
@@ -684,6 +694,18 @@ impl StateBuilder {
         StateBuilder {
             graph_on: false,
             ..StateBuilder::new()
+        }
+    }
+
+    /// Keeps no history of interrupt handler runs
+    /// ([`CpuHistory::interrupts`] comes out empty): nothing in the request
+    /// analysis reads it (wake-up reasons come from the interrupt context
+    /// at the time, which is still tracked), and on an interrupt-heavy
+    /// trace it is a tenth of the model's memory.
+    pub fn without_interrupt_history(self) -> StateBuilder {
+        StateBuilder {
+            interrupts_on: false,
+            ..self
         }
     }
 
@@ -742,11 +764,7 @@ impl StateBuilder {
             }
             EventKind::SchedMigrateTask { tid, dest_cpu, .. } => self.migrate(ts, *tid, *dest_cpu),
             EventKind::IrqHandlerEntry { irq, name } => {
-                if self
-                    .irq_names
-                    .get(irq)
-                    .map_or(true, |n| n != name)
-                {
+                if self.irq_names.get(irq).map_or(true, |n| n != name) {
                     self.irq_names.insert(*irq, name.clone());
                 }
                 self.enter(cpu, ts, Interrupt::Irq(*irq), false);
@@ -819,10 +837,11 @@ impl StateBuilder {
             end: ts,
             cpu,
         });
+        let keep = self.interrupts_on;
         let c = self.cpu_mut(cpu);
         let frames = std::mem::take(&mut c.stack);
         let end = ts.max(c.last_ts);
-        for (depth, f) in frames.iter().enumerate() {
+        for (depth, f) in frames.iter().enumerate().filter(|_| keep) {
             c.interrupts.push(InterruptInterval {
                 start: f.start,
                 end,
@@ -902,7 +921,7 @@ impl StateBuilder {
                     tid,
                 });
             }
-            for (depth, f) in c.stack.iter().enumerate() {
+            for (depth, f) in c.stack.iter().enumerate().filter(|_| self.interrupts_on) {
                 c.interrupts.push(InterruptInterval {
                     start: f.start,
                     end,
@@ -1142,7 +1161,11 @@ impl StateBuilder {
                     .unwrap_or_else(|| Name::new(&format!("irq {irq}"))),
             ),
             ThreadState::Blocked(BlockReason::Softirq(v)) => {
-                let names = SOFTIRQS.get_or_init(|| (0..=softirq::RCU + 1).map(|v| Name::new(softirq_name(v))).collect());
+                let names = SOFTIRQS.get_or_init(|| {
+                    (0..=softirq::RCU + 1)
+                        .map(|v| Name::new(softirq_name(v)))
+                        .collect()
+                });
                 Some(names[(v as usize).min(names.len() - 1)].clone())
             }
             _ => None,
@@ -1435,15 +1458,18 @@ impl StateBuilder {
     }
 
     fn enter(&mut self, cpu: u32, ts: u64, kind: Interrupt, timer_ipi: bool) {
+        let keep = self.interrupts_on;
         let c = self.cpu_mut(cpu);
         if c.stack.len() >= MAX_NESTING {
             let f = c.stack.remove(0);
-            c.interrupts.push(InterruptInterval {
-                start: f.start,
-                end: ts,
-                kind: f.kind,
-                depth: 0,
-            });
+            if keep {
+                c.interrupts.push(InterruptInterval {
+                    start: f.start,
+                    end: ts,
+                    kind: f.kind,
+                    depth: 0,
+                });
+            }
         }
         c.stack.push(Frame {
             kind,
@@ -1456,6 +1482,7 @@ impl StateBuilder {
     }
 
     fn exit(&mut self, cpu: u32, ts: u64, matches: impl Fn(Interrupt) -> bool) {
+        let keep = self.interrupts_on;
         let c = self.cpu_mut(cpu);
         let Some(pos) = c.stack.iter().rposition(|f| matches(f.kind)) else {
             self.stats.unmatched_exits += 1;
@@ -1464,7 +1491,8 @@ impl StateBuilder {
         // Frames above the matching one lost their exits: they end here too.
         while c.stack.len() > pos {
             let depth = c.stack.len() - 1;
-            if let Some(f) = c.stack.pop() {
+            let popped = c.stack.pop();
+            if let Some(f) = popped.filter(|_| keep) {
                 c.interrupts.push(InterruptInterval {
                     start: f.start,
                     end: ts,

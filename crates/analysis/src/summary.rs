@@ -8,9 +8,10 @@ use std::hash::Hash;
 
 use deepspan_model::{Comm, Tid};
 
+use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
-use crate::request::{syscall_label, RequestPath, SpanIdx};
-use crate::state::KernelModel;
+use crate::request::{syscall_label, RequestPath, SpanIdx, SyscallLabelKey};
+use crate::state::{KernelModel, SyscallInterval};
 use crate::syscalls::Arch;
 
 /// Time of a request's path in one (state, thread, blocking request).
@@ -50,9 +51,11 @@ pub struct RequestSummary {
 /// Summarizes one request's path.
 pub fn summarize(model: &KernelModel, arch: Arch, path: &RequestPath) -> RequestSummary {
     type Key = (EdgeType, Option<Tid>, Option<Comm>, Option<SpanIdx>);
-    let mut by_state: HashMap<Key, (u64, u64, u64, u64)> = HashMap::new();
-    let mut by_blocking: HashMap<SpanIdx, u64> = HashMap::new();
-    let mut by_syscall: HashMap<String, u64> = HashMap::new();
+    let mut by_state: FastMap<Key, (u64, u64, u64, u64)> = FastMap::default();
+    let mut by_blocking: FastMap<SpanIdx, u64> = FastMap::default();
+    // Summed per label key first: a label is made once per distinct call,
+    // not once per piece.
+    let mut by_call: FastMap<SyscallLabelKey, (SyscallInterval, u64)> = FastMap::default();
     let mut out = RequestSummary::default();
     for p in &path.pieces {
         let d = p.duration();
@@ -75,9 +78,17 @@ pub fn summarize(model: &KernelModel, arch: Arch, path: &RequestPath) -> Request
             None if path.home.iter().any(|h| Some(h.2) == p.tid) => p.syscall,
             None => None,
         };
-        if let Some(s) = &own {
-            *by_syscall.entry(syscall_label(model, arch, s)).or_default() += d;
+        if let Some(s) = own {
+            by_call.entry(SyscallLabelKey::of(&s)).or_insert((s, 0)).1 += d;
         }
+    }
+    // Different keys can read the same (a call whose argument the label
+    // does not show).
+    let mut by_syscall: HashMap<String, u64> = HashMap::new();
+    for (s, d) in by_call.into_values() {
+        *by_syscall
+            .entry(syscall_label(model, arch, &s))
+            .or_default() += d;
     }
     out.by_state = by_state
         .into_iter()

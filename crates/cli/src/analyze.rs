@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::{
     aggregate, analyze_requests, baselines, diagnose, is_anomalous, ActivationInput,
-    DiagnosisContext, OperationSummary, RequestAnalysis, SpanIdx, SpanInput, StateBuilder,
+    DiagnosisContext, FastMap, OperationSummary, RequestPath, SpanIdx, SpanInput, StateBuilder,
     SyncSource, ThreadWork,
 };
 use deepspan_model::Tid;
@@ -127,12 +127,14 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             None
         }
     };
-    // The execution graph is for critical paths: without spans, none.
+    // The execution graph is for critical paths: without spans, none. No
+    // analysis reads the interrupt handler runs.
     let builder = if spans.is_empty() {
         StateBuilder::without_graph()
     } else {
         StateBuilder::new()
-    };
+    }
+    .without_interrupt_history();
     let (model, lost) = kernel_trace.build_model(builder)?;
     timings.phase("decode and kernel model");
     let events = model.stats().events;
@@ -192,56 +194,63 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             .map(|m| m.operation_label())
             .unwrap_or_default()
     };
-    let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
     // The kernel tables need no spans: written on threads of their own while
-    // the requests are analysed and their paths written as they come.
+    // the requests are analysed. Paths are written (and diagnosed, and
+    // summarized) on a thread of their own too, in the order they come, so
+    // their writing overlaps the next paths' computation.
     let (states, syscalls, requests) = std::thread::scope(|scope| {
         let states = scope
             .spawn(|| tables::write_thread_states(&staging.file(tables::THREAD_STATES), &kernel));
         let syscalls =
             scope.spawn(|| tables::write_syscalls(&staging.file(tables::SYSCALLS), &kernel));
-        let requests = (|| -> Result<(RequestAnalysis, Vec<RequestRecord>)> {
+        // A few paths in flight at most: a path of a long request is
+        // megabytes.
+        let (path_tx, path_rx) = std::sync::mpsc::sync_channel::<RequestPath>(4);
+        let writer = scope.spawn(|| -> Result<Vec<RequestRecord>> {
+            let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
             let mut paths = CriticalPathWriter::create(&staging.file(tables::CRITICAL_PATH))?;
             let mut records = Vec::new();
-            let mut failed: Option<deepspan_store::Error> = None;
             let mut diagnosing = std::time::Duration::ZERO;
-            let bar = progress::count_bar(0, "critical paths");
-            let analysis = analyze_requests(
-                &model,
-                &inputs,
-                &work,
-                &mut |done, total| {
-                    bar.set_length(total as u64);
-                    bar.set_position(done as u64);
-                },
-                &mut |path| {
-                    if failed.is_none() {
-                        if let Err(e) = paths.write(&ctx, &path) {
-                            failed = Some(e);
-                        }
-                    }
-                    // Diagnosed while the pieces are at hand.
-                    let clock = std::time::Instant::now();
-                    let d = diagnose(&diagnosis, &path);
-                    diagnosing += clock.elapsed();
-                    let mut rec = RequestRecord::new(&model, arch, &lost, path, false);
-                    rec.diagnosis = d;
-                    records.push(rec);
-                },
-            );
-            bar.finish_and_clear();
+            for path in path_rx {
+                paths.write(&ctx, &path)?;
+                // Diagnosed while the pieces are at hand.
+                let clock = std::time::Instant::now();
+                let d = diagnose(&diagnosis, &path);
+                diagnosing += clock.elapsed();
+                let mut rec = RequestRecord::new(&model, arch, &lost, path, false);
+                rec.diagnosis = d;
+                records.push(rec);
+            }
+            paths.finish()?;
             if timings.on {
                 eprintln!(
                     "deepspan: timing: diagnoses (within the critical paths): {:.3} s",
                     diagnosing.as_secs_f64()
                 );
             }
-            if let Some(e) = failed {
-                return Err(e.into());
-            }
-            paths.finish()?;
-            Ok((analysis, records))
-        })();
+            Ok(records)
+        });
+        let bar = progress::count_bar(0, "critical paths");
+        let analysis = analyze_requests(
+            &model,
+            &inputs,
+            &work,
+            &mut |done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            },
+            &mut |path| {
+                // A failed writer has hung up: its error is what is
+                // reported, below.
+                let _ = path_tx.send(path);
+            },
+        );
+        drop(path_tx);
+        bar.finish_and_clear();
+        let requests = match writer.join() {
+            Ok(records) => records.map(|r| (analysis, r)),
+            Err(_) => Err(anyhow::anyhow!("the critical-path writer thread panicked")),
+        };
         (states.join(), syscalls.join(), requests)
     });
     let joined = |x: std::thread::Result<Result<u64, deepspan_store::Error>>| -> Result<u64> {
@@ -323,7 +332,6 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     );
     Ok(())
 }
-
 
 fn read_spans(run: &Path, notes: &mut Vec<String>) -> Result<Vec<Span>> {
     let mut reader = deepspan_spans::read_run_spans(run)
@@ -412,7 +420,7 @@ fn span_meta(s: &Span) -> SpanMeta {
 /// The span active on each thread, as span indices, read once from the
 /// activity index (queries then cost a binary search, no hashing).
 struct Work {
-    by_tid: HashMap<Tid, Vec<(u64, u64, SpanIdx)>>,
+    by_tid: FastMap<Tid, Vec<(u64, u64, SpanIdx)>>,
 }
 
 impl Work {

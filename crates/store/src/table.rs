@@ -23,8 +23,16 @@ use parquet::schema::types::{ColumnPath, Type};
 
 use crate::Error;
 
-/// Rows per row group.
-pub const ROW_GROUP: usize = 64 * 1024;
+/// Rows per row group. The rows of a group are buffered until it is
+/// written, and several tables are written at once: 16 Ki rows keep that
+/// to a few MB per table (64 Ki cost 50 MB more peak memory on a 446 MB
+/// trace) for under 1 % larger files.
+pub const ROW_GROUP: usize = 16 * 1024;
+
+/// Columns that get min/max statistics per row group: what query engines
+/// skip row groups by (time ranges, threads). On other columns computing
+/// them cost about a third of the time of writing an integer.
+const PRUNING_COLUMNS: &[&str] = &["tid", "pid", "start_ns", "end_ns", "duration_ns"];
 
 /// The type of a column's values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,9 +150,9 @@ impl TableWriter {
             // to give it up.
             let dictionary = matches!(c.kind, Kind::Str);
             props = props.set_column_dictionary_enabled(ColumnPath::from(c.name), dictionary);
-            if c.kind == Kind::Str {
-                // Min/max of strings cost byte comparisons per value and
-                // prune nothing useful here.
+            if c.kind == Kind::Str || !PRUNING_COLUMNS.contains(&c.name) {
+                // Min/max of strings cost byte comparisons per value, and
+                // of the other columns prune nothing useful here.
                 props = props.set_column_statistics_enabled(
                     ColumnPath::from(c.name),
                     EnabledStatistics::None,

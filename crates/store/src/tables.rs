@@ -8,8 +8,8 @@ use std::path::Path;
 
 use bytes::Bytes;
 use deepspan_analysis::{
-    softirq_name, syscall_label, Arch, BlockReason, EdgeType, KernelModel, RequestPath,
-    SyscallInterval, ThreadState,
+    softirq_name, syscall_label, Arch, BlockReason, EdgeType, FastMap, KernelModel, RequestPath,
+    SpanIdx, SyscallInterval, SyscallLabelKey, ThreadState,
 };
 use deepspan_model::{Comm, Tid};
 use parquet::data_type::ByteArray;
@@ -217,12 +217,14 @@ impl KernelContext<'_> {
 pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error> {
     let mut w = TableWriter::create(path, THREAD_STATES_COLUMNS)?;
     let mut comms = CommCache::default();
+    // Labels and details repeat: each made once.
+    let mut labels: FastMap<SyscallLabelKey, ByteArray> = FastMap::default();
+    let mut details: FastMap<BlockReason, ByteArray> = FastMap::default();
     for th in r.model.threads() {
         let pid = r.pid(th.tid);
         // States and system calls are both in time order: one cursor.
         let syscalls = th.syscalls();
         let mut next_syscall = 0;
-        let mut label: Option<(usize, ByteArray)> = None;
         // Names too: (since, name) in time order; the first name also
         // stands for the time before it, as `name_at` says.
         let names = th.names();
@@ -242,42 +244,53 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
             w.u64(s.duration());
             w.static_str(state_name(s.state));
             w.opt_i32((s.cpu != deepspan_analysis::NO_CPU).then_some(s.cpu as i32));
-            let (waker, detail) = match s.state {
-                ThreadState::Blocked(BlockReason::Thread(t)) => (Some(t), None),
-                ThreadState::Blocked(BlockReason::Loopback(t)) => {
-                    (Some(t), Some("loopback packet".to_string()))
-                }
-                ThreadState::Blocked(BlockReason::Irq(irq)) => (
-                    None,
-                    Some(
-                        r.model
-                            .irq_name(irq)
-                            .map(|n| format!("irq {irq} {n}"))
-                            .unwrap_or_else(|| format!("irq {irq}")),
-                    ),
-                ),
-                ThreadState::Blocked(BlockReason::Softirq(v)) => {
-                    (None, Some(format!("softirq {}", softirq_name(v))))
-                }
-                _ => (None, None),
+            let waker = match s.state {
+                ThreadState::Blocked(BlockReason::Thread(t) | BlockReason::Loopback(t)) => Some(t),
+                _ => None,
             };
             w.opt_i32(waker);
-            if s.state == ThreadState::Blocked(BlockReason::Unexplained) {
-                w.static_str("no wake-up seen");
-            } else {
-                w.opt_str(detail.as_deref());
-            }
+            let detail = match s.state {
+                ThreadState::Blocked(BlockReason::Unexplained) => {
+                    Some(ByteArray::from(Bytes::from_static(b"no wake-up seen")))
+                }
+                ThreadState::Blocked(BlockReason::Loopback(_)) => {
+                    Some(ByteArray::from(Bytes::from_static(b"loopback packet")))
+                }
+                ThreadState::Blocked(reason @ (BlockReason::Irq(_) | BlockReason::Softirq(_))) => {
+                    Some(
+                        details
+                            .entry(reason)
+                            .or_insert_with(|| {
+                                let text = match reason {
+                                    BlockReason::Irq(irq) => r
+                                        .model
+                                        .irq_name(irq)
+                                        .map(|n| format!("irq {irq} {n}"))
+                                        .unwrap_or_else(|| format!("irq {irq}")),
+                                    BlockReason::Softirq(v) => {
+                                        format!("softirq {}", softirq_name(v))
+                                    }
+                                    _ => String::new(),
+                                };
+                                ByteArray::from(text.into_bytes())
+                            })
+                            .clone(),
+                    )
+                }
+                _ => None,
+            };
+            w.bytes(detail);
             // What it waited in; not said for RUNNING (it is in many).
             let inside = syscalls
                 .get(next_syscall)
                 .filter(|sc| sc.start <= s.start && s.state != ThreadState::Running);
-            let syscall = inside.map(|sc| match &label {
-                Some((i, l)) if *i == next_syscall => l.clone(),
-                _ => {
-                    let l = ByteArray::from(syscall_label(r.model, r.arch, sc).into_bytes());
-                    label = Some((next_syscall, l.clone()));
-                    l
-                }
+            let syscall = inside.map(|sc| {
+                labels
+                    .entry(SyscallLabelKey::of(sc))
+                    .or_insert_with(|| {
+                        ByteArray::from(syscall_label(r.model, r.arch, sc).into_bytes())
+                    })
+                    .clone()
             });
             w.bytes(syscall);
             w.end_row()?;
@@ -416,32 +429,34 @@ pub struct PathContext<'a> {
 
 /// Writes every piece of every request's critical path, one request at a
 /// time as they are computed.
+///
+/// A path has many pieces that repeat a few values (threads, their names,
+/// system calls, spans): each string is made once and cloned after (a
+/// reference count), never formatted per row.
 pub struct CriticalPathWriter {
     w: TableWriter,
-    comms: CommCache,
-    /// The last system call labelled, by (thread, start), and its label:
-    /// consecutive pieces often share it.
-    label: Option<((Tid, u64), ByteArray)>,
-    waiting: Option<((Tid, u64), ByteArray)>,
+    comms: FastMap<Comm, ByteArray>,
+    labels: FastMap<SyscallLabelKey, ByteArray>,
+    /// Per span index: its span id and trace id in hex, once made.
+    span_ids: Vec<Option<(ByteArray, ByteArray)>>,
 }
 
 impl CriticalPathWriter {
     pub fn create(path: &Path) -> Result<CriticalPathWriter, Error> {
         Ok(CriticalPathWriter {
             w: TableWriter::create(path, CRITICAL_PATH_COLUMNS)?,
-            comms: CommCache::default(),
-            label: None,
-            waiting: None,
+            comms: FastMap::default(),
+            labels: FastMap::default(),
+            span_ids: Vec::new(),
         })
     }
 
     /// Appends the rows of one request's path.
     pub fn write(&mut self, ctx: &PathContext, p: &RequestPath) -> Result<(), Error> {
-        let Some(span) = ctx.spans.get(p.request as usize) else {
+        let Some((span_id, trace_id)) = span_strings(&mut self.span_ids, ctx, p.request).cloned()
+        else {
             return Ok(());
         };
-        let trace_id = ByteArray::from(trace_hex(span.trace_id).into_bytes());
-        let span_id = ByteArray::from(span_hex(span.span_id).into_bytes());
         for (seq, piece) in p.pieces.iter().enumerate() {
             let w = &mut self.w;
             w.bytes(Some(trace_id.clone()));
@@ -452,31 +467,28 @@ impl CriticalPathWriter {
             w.u64(piece.duration());
             w.static_str(path_state_name(piece.state));
             w.opt_i32(piece.tid);
-            w.bytes(self.comms.get(piece.comm));
-            let tid = piece.tid.unwrap_or(-1);
+            w.bytes(piece.comm.map(|c| comm_string(&mut self.comms, c)));
             let syscall = piece
                 .syscall
-                .map(|s| cached_label(&mut self.label, ctx, tid, &s));
+                .map(|s| label_string(&mut self.labels, ctx, &s));
             w.bytes(syscall);
-            // The waiting thread is the request's own at the time.
-            let home = p
-                .home
-                .iter()
-                .find(|h| h.0 <= piece.start && piece.start < h.1)
-                .map_or(-1, |h| h.2);
             let waiting = piece
                 .waiting_in
-                .map(|s| cached_label(&mut self.waiting, ctx, home, &s));
+                .map(|s| label_string(&mut self.labels, ctx, &s));
             w.bytes(waiting);
             w.opt_str(piece.qualifier.as_deref());
             let working = piece
                 .span
-                .and_then(|s| ctx.spans.get(s as usize))
-                .map(|s| span_hex(s.span_id));
-            w.opt_str(working.as_deref());
-            let blocker = piece.blocked_by.and_then(|b| ctx.spans.get(b as usize));
-            w.opt_str(blocker.map(|s| span_hex(s.span_id)).as_deref());
-            w.opt_str(blocker.map(|s| trace_hex(s.trace_id)).as_deref());
+                .and_then(|s| span_strings(&mut self.span_ids, ctx, s))
+                .map(|ids| ids.0.clone());
+            w.bytes(working);
+            let blocker = piece
+                .blocked_by
+                .and_then(|b| span_strings(&mut self.span_ids, ctx, b))
+                .cloned();
+            let (blocker_span, blocker_trace) = blocker.unzip();
+            w.bytes(blocker_span);
+            w.bytes(blocker_trace);
             w.i32(i32::try_from(piece.shared).unwrap_or(i32::MAX));
             w.bool(piece.vertical);
             w.bool(piece.lost);
@@ -486,8 +498,8 @@ impl CriticalPathWriter {
             let holder_comm = holder
                 .and_then(|t| ctx.model.thread(t))
                 .and_then(|t| t.name_at(piece.start))
-                .map(|c| c.to_string_lossy());
-            w.opt_str(holder_comm.as_deref());
+                .map(|c| comm_string(&mut self.comms, c));
+            w.bytes(holder_comm);
             w.opt_u64(wait.map(|x| x.throttled_ns));
             w.opt_u64(wait.map(|x| x.contended_ns));
             w.opt_u64(wait.map(|x| x.wakeup_ns));
@@ -501,21 +513,45 @@ impl CriticalPathWriter {
     }
 }
 
-fn cached_label(
-    cache: &mut Option<((Tid, u64), ByteArray)>,
+/// A thread name as a Parquet string, made once per name.
+fn comm_string(cache: &mut FastMap<Comm, ByteArray>, c: Comm) -> ByteArray {
+    cache
+        .entry(c)
+        .or_insert_with(|| ByteArray::from(Bytes::copy_from_slice(c.to_string_lossy().as_bytes())))
+        .clone()
+}
+
+/// A system call's label as a Parquet string, made once per label key.
+fn label_string(
+    cache: &mut FastMap<SyscallLabelKey, ByteArray>,
     ctx: &PathContext,
-    tid: Tid,
     s: &SyscallInterval,
 ) -> ByteArray {
-    let key = (tid, s.start);
-    if let Some((k, v)) = cache {
-        if *k == key {
-            return v.clone();
-        }
+    cache
+        .entry(SyscallLabelKey::of(s))
+        .or_insert_with(|| ByteArray::from(syscall_label(ctx.model, ctx.arch, s).into_bytes()))
+        .clone()
+}
+
+/// A span's id and trace id in hex as Parquet strings, made once per span;
+/// `None` for an index that is not a span.
+fn span_strings<'c>(
+    cache: &'c mut Vec<Option<(ByteArray, ByteArray)>>,
+    ctx: &PathContext,
+    idx: SpanIdx,
+) -> Option<&'c (ByteArray, ByteArray)> {
+    let i = idx as usize;
+    let span = ctx.spans.get(i)?;
+    if cache.len() <= i {
+        cache.resize(i + 1, None);
     }
-    let v = ByteArray::from(syscall_label(ctx.model, ctx.arch, s).into_bytes());
-    *cache = Some((key, v.clone()));
-    v
+    let ids = cache[i].get_or_insert_with(|| {
+        (
+            ByteArray::from(span_hex(span.span_id).into_bytes()),
+            ByteArray::from(trace_hex(span.trace_id).into_bytes()),
+        )
+    });
+    Some(ids)
 }
 
 /// Per request: time per (state, thread, blocking request), and per
