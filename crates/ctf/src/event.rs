@@ -32,7 +32,9 @@ use crate::typed::{self, Payload};
 /// the packet alive).
 pub struct CtfEvent {
     chunk: PacketRef<Chunk>,
-    idx: u32,
+    /// A whole word, not a `u32`: the event is moved as two words, and a
+    /// half-word store read back as a word stalls the CPU.
+    idx: usize,
 }
 
 const PAYLOAD_FAR: u32 = u32::MAX;
@@ -201,13 +203,16 @@ impl CtfEvent {
     /// Record `idx` must be initialized, and no other event made of it.
     #[inline(always)]
     pub(crate) unsafe fn from_chunk(chunk: PacketRef<Chunk>, idx: u32) -> CtfEvent {
-        CtfEvent { chunk, idx }
+        CtfEvent {
+            chunk,
+            idx: idx as usize,
+        }
     }
 
     #[inline(always)]
     fn rec(&self) -> &Record {
         // SAFETY: initialized before this event was made (see `from_chunk`).
-        unsafe { self.chunk.get().record(self.idx) }
+        unsafe { self.chunk.get().record(self.idx as u32) }
     }
 
     /// Bit offset in the packet of the payload (before its alignment).

@@ -1383,7 +1383,19 @@ fn walk_scope(
 impl Iterator for StreamEvents {
     type Item = Result<CtfEvent>;
 
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
+        // Most events wait decoded in the chunk.
+        if let Some((event, _)) = self.pop() {
+            return Some(Ok(event));
+        }
+        self.next_slow()
+    }
+}
+
+impl StreamEvents {
+    #[inline(never)]
+    fn next_slow(&mut self) -> Option<Result<CtfEvent>> {
         if self.done {
             return None;
         }
