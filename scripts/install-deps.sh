@@ -11,8 +11,9 @@ cd "$(dirname "$0")/.."
 # machine's own Python gets the SDK as an editable install). PostgreSQL 15
 # serves the row-lock diagnosis test (a throwaway cluster per test) and the
 # demo (`make demo`, demo/), which also makes network namespaces, veth pairs
-# and tc qdiscs (iproute2).
-debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace postgresql-15 iproute2)
+# and tc qdiscs (iproute2). Chromium runs the web UI's end-to-end test
+# (ui/e2e, headless, driven by playwright-core).
+debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace postgresql-15 iproute2 chromium)
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
