@@ -4,7 +4,9 @@
 //! ids are lower-case hex as in OTLP.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use deepspan_analysis::{
@@ -14,7 +16,7 @@ use deepspan_analysis::{
 use deepspan_model::{Comm, Tid};
 use parquet::data_type::ByteArray;
 
-use crate::table::{Column, Kind, TableWriter};
+use crate::table::{interned, Column, Kind, TableWriter};
 use crate::{span_hex, trace_hex, AnalysisResults, Error};
 
 pub const THREAD_STATES: &str = "thread_states.parquet";
@@ -174,25 +176,50 @@ pub fn path_state_name(s: EdgeType) -> &'static str {
     }
 }
 
-/// A one-entry cache of a thread name as a Parquet string: rows come
-/// grouped by thread, so names repeat.
-#[derive(Default)]
-struct CommCache {
-    last: Option<(Comm, ByteArray)>,
+/// Parquet strings made once per key ([`interned`]: free to clone).
+///
+/// Rows come grouped by thread and by request, so the key of the previous
+/// row answers most lookups without hashing; the map holds the rest.
+struct StringCache<K> {
+    last: Option<(K, ByteArray)>,
+    all: FastMap<K, ByteArray>,
 }
 
-impl CommCache {
-    fn get(&mut self, comm: Option<Comm>) -> Option<ByteArray> {
-        let c = comm?;
+impl<K> Default for StringCache<K> {
+    fn default() -> Self {
+        StringCache {
+            last: None,
+            all: FastMap::default(),
+        }
+    }
+}
+
+impl<K: Copy + Eq + Hash> StringCache<K> {
+    #[inline]
+    fn get<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) -> ByteArray {
         if let Some((k, v)) = &self.last {
-            if *k == c {
-                return Some(v.clone());
+            if *k == key {
+                return v.clone();
             }
         }
-        let v = ByteArray::from(Bytes::copy_from_slice(c.to_string_lossy().as_bytes()));
-        self.last = Some((c, v.clone()));
-        Some(v)
+        self.get_slow(key, make)
     }
+
+    #[cold]
+    fn get_slow<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) -> ByteArray {
+        let v = self
+            .all
+            .entry(key)
+            .or_insert_with(|| interned(make().as_ref()))
+            .clone();
+        self.last = Some((key, v.clone()));
+        v
+    }
+}
+
+/// A thread name as a Parquet string.
+fn comm_string(cache: &mut StringCache<Comm>, c: Comm) -> ByteArray {
+    cache.get(c, || c.to_string_lossy())
 }
 
 /// What the kernel tables need: they do not depend on spans, so they can be
@@ -216,10 +243,10 @@ impl KernelContext<'_> {
 /// All thread states of the model.
 pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error> {
     let mut w = TableWriter::create(path, THREAD_STATES_COLUMNS)?;
-    let mut comms = CommCache::default();
+    let mut comms = StringCache::default();
     // Labels and details repeat: each made once.
-    let mut labels: FastMap<SyscallLabelKey, ByteArray> = FastMap::default();
-    let mut details: FastMap<BlockReason, ByteArray> = FastMap::default();
+    let mut labels = StringCache::default();
+    let mut details = StringCache::default();
     for th in r.model.threads() {
         let pid = r.pid(th.tid);
         // States and system calls are both in time order: one cursor.
@@ -238,7 +265,7 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
             }
             w.i32(th.tid);
             w.opt_i32(pid);
-            w.bytes(comms.get(names.get(name).map(|n| n.1)));
+            w.bytes(names.get(name).map(|n| comm_string(&mut comms, n.1)));
             w.u64(s.start);
             w.u64(s.end);
             w.u64(s.duration());
@@ -257,25 +284,17 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
                     Some(ByteArray::from(Bytes::from_static(b"loopback packet")))
                 }
                 ThreadState::Blocked(reason @ (BlockReason::Irq(_) | BlockReason::Softirq(_))) => {
-                    Some(
-                        details
-                            .entry(reason)
-                            .or_insert_with(|| {
-                                let text = match reason {
-                                    BlockReason::Irq(irq) => r
-                                        .model
-                                        .irq_name(irq)
-                                        .map(|n| format!("irq {irq} {n}"))
-                                        .unwrap_or_else(|| format!("irq {irq}")),
-                                    BlockReason::Softirq(v) => {
-                                        format!("softirq {}", softirq_name(v))
-                                    }
-                                    _ => String::new(),
-                                };
-                                ByteArray::from(text.into_bytes())
-                            })
-                            .clone(),
-                    )
+                    Some(details.get(reason, || {
+                        match reason {
+                            BlockReason::Irq(irq) => r
+                                .model
+                                .irq_name(irq)
+                                .map(|n| format!("irq {irq} {n}"))
+                                .unwrap_or_else(|| format!("irq {irq}")),
+                            BlockReason::Softirq(v) => format!("softirq {}", softirq_name(v)),
+                            _ => String::new(),
+                        }
+                    }))
                 }
                 _ => None,
             };
@@ -285,12 +304,9 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
                 .get(next_syscall)
                 .filter(|sc| sc.start <= s.start && s.state != ThreadState::Running);
             let syscall = inside.map(|sc| {
-                labels
-                    .entry(SyscallLabelKey::of(sc))
-                    .or_insert_with(|| {
-                        ByteArray::from(syscall_label(r.model, r.arch, sc).into_bytes())
-                    })
-                    .clone()
+                labels.get(SyscallLabelKey::of(sc), || {
+                    syscall_label(r.model, r.arch, sc)
+                })
             });
             w.bytes(syscall);
             w.end_row()?;
@@ -344,7 +360,7 @@ impl NameCache {
         if self.by_name[i].is_none() {
             let name = r.model.syscall_name(s)?;
             let name = name.strip_prefix("sys_").unwrap_or(name);
-            self.by_name[i] = Some(ByteArray::from(Bytes::copy_from_slice(name.as_bytes())));
+            self.by_name[i] = Some(interned(name.as_bytes()));
         }
         self.by_name[i].clone()
     }
@@ -435,8 +451,13 @@ pub struct PathContext<'a> {
 /// reference count), never formatted per row.
 pub struct CriticalPathWriter {
     w: TableWriter,
-    comms: FastMap<Comm, ByteArray>,
-    labels: FastMap<SyscallLabelKey, ByteArray>,
+    // One cache per column: each sees runs of the same key.
+    comms: StringCache<Comm>,
+    holder_comms: StringCache<Comm>,
+    syscalls: StringCache<SyscallLabelKey>,
+    waiting_in: StringCache<SyscallLabelKey>,
+    /// The previous row's qualifier: pieces of a path share them.
+    last_qualifier: Option<(Arc<str>, ByteArray)>,
     /// Per span index: its span id and trace id in hex, once made.
     span_ids: Vec<Option<(ByteArray, ByteArray)>>,
 }
@@ -445,8 +466,11 @@ impl CriticalPathWriter {
     pub fn create(path: &Path) -> Result<CriticalPathWriter, Error> {
         Ok(CriticalPathWriter {
             w: TableWriter::create(path, CRITICAL_PATH_COLUMNS)?,
-            comms: FastMap::default(),
-            labels: FastMap::default(),
+            comms: StringCache::default(),
+            holder_comms: StringCache::default(),
+            syscalls: StringCache::default(),
+            waiting_in: StringCache::default(),
+            last_qualifier: None,
             span_ids: Vec::new(),
         })
     }
@@ -470,13 +494,17 @@ impl CriticalPathWriter {
             w.bytes(piece.comm.map(|c| comm_string(&mut self.comms, c)));
             let syscall = piece
                 .syscall
-                .map(|s| label_string(&mut self.labels, ctx, &s));
+                .map(|s| label_string(&mut self.syscalls, ctx, &s));
             w.bytes(syscall);
             let waiting = piece
                 .waiting_in
-                .map(|s| label_string(&mut self.labels, ctx, &s));
+                .map(|s| label_string(&mut self.waiting_in, ctx, &s));
             w.bytes(waiting);
-            w.opt_str(piece.qualifier.as_deref());
+            let qualifier = piece
+                .qualifier
+                .as_ref()
+                .map(|q| qualifier_string(&mut self.last_qualifier, q));
+            w.bytes(qualifier);
             let working = piece
                 .span
                 .and_then(|s| span_strings(&mut self.span_ids, ctx, s))
@@ -498,7 +526,7 @@ impl CriticalPathWriter {
             let holder_comm = holder
                 .and_then(|t| ctx.model.thread(t))
                 .and_then(|t| t.name_at(piece.start))
-                .map(|c| comm_string(&mut self.comms, c));
+                .map(|c| comm_string(&mut self.holder_comms, c));
             w.bytes(holder_comm);
             w.opt_u64(wait.map(|x| x.throttled_ns));
             w.opt_u64(wait.map(|x| x.contended_ns));
@@ -513,24 +541,28 @@ impl CriticalPathWriter {
     }
 }
 
-/// A thread name as a Parquet string, made once per name.
-fn comm_string(cache: &mut FastMap<Comm, ByteArray>, c: Comm) -> ByteArray {
-    cache
-        .entry(c)
-        .or_insert_with(|| ByteArray::from(Bytes::copy_from_slice(c.to_string_lossy().as_bytes())))
-        .clone()
-}
-
 /// A system call's label as a Parquet string, made once per label key.
 fn label_string(
-    cache: &mut FastMap<SyscallLabelKey, ByteArray>,
+    cache: &mut StringCache<SyscallLabelKey>,
     ctx: &PathContext,
     s: &SyscallInterval,
 ) -> ByteArray {
-    cache
-        .entry(SyscallLabelKey::of(s))
-        .or_insert_with(|| ByteArray::from(syscall_label(ctx.model, ctx.arch, s).into_bytes()))
-        .clone()
+    cache.get(SyscallLabelKey::of(s), || {
+        syscall_label(ctx.model, ctx.arch, s)
+    })
+}
+
+/// A piece's qualifier as a Parquet string: the previous one again, or
+/// looked up in the interner.
+fn qualifier_string(last: &mut Option<(Arc<str>, ByteArray)>, q: &Arc<str>) -> ByteArray {
+    if let Some((k, v)) = last {
+        if Arc::ptr_eq(k, q) || **k == **q {
+            return v.clone();
+        }
+    }
+    let v = interned(q.as_bytes());
+    *last = Some((q.clone(), v.clone()));
+    v
 }
 
 /// A span's id and trace id in hex as Parquet strings, made once per span;
@@ -547,8 +579,8 @@ fn span_strings<'c>(
     }
     let ids = cache[i].get_or_insert_with(|| {
         (
-            ByteArray::from(span_hex(span.span_id).into_bytes()),
-            ByteArray::from(trace_hex(span.trace_id).into_bytes()),
+            interned(span_hex(span.span_id).as_bytes()),
+            interned(trace_hex(span.trace_id).as_bytes()),
         )
     });
     Some(ids)
