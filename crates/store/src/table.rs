@@ -265,12 +265,15 @@ impl TableWriter {
         self.misuse = Some(what);
     }
 
-    #[inline]
+    // The pushes run once per value, tens of millions of times a run: as
+    // calls, moving the value in and the drop glue of the misuse path cost
+    // more than the push itself, so they are always inlined.
+    #[inline(always)]
     pub fn i32(&mut self, v: i32) {
         self.opt_i32(Some(v))
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn opt_i32(&mut self, v: Option<i32>) {
         let i = self.next;
         self.next += 1;
@@ -292,12 +295,12 @@ impl TableWriter {
         self.misuse(i, "i32", v.is_none());
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn i64(&mut self, v: i64) {
         self.opt_i64(Some(v))
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn opt_i64(&mut self, v: Option<i64>) {
         let i = self.next;
         self.next += 1;
@@ -322,17 +325,17 @@ impl TableWriter {
     /// Nanoseconds and other unsigned values that fit in 63 bits are
     /// written as i64; larger ones (raw pointers in U64 columns) keep their
     /// bits.
-    #[inline]
+    #[inline(always)]
     pub fn u64(&mut self, v: u64) {
         self.opt_i64(Some(v as i64))
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn opt_u64(&mut self, v: Option<u64>) {
         self.opt_i64(v.map(|v| v as i64))
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn f64(&mut self, v: f64) {
         let i = self.next;
         self.next += 1;
@@ -346,7 +349,7 @@ impl TableWriter {
         self.misuse(i, "f64", false);
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn bool(&mut self, v: bool) {
         let i = self.next;
         self.next += 1;
@@ -369,14 +372,14 @@ impl TableWriter {
     }
 
     /// A string known at compile time: no copy.
-    #[inline]
+    #[inline(always)]
     pub fn static_str(&mut self, v: &'static str) {
         self.bytes(Some(ByteArray::from(Bytes::from_static(v.as_bytes()))))
     }
 
     /// A string already made into a [`ByteArray`] (cheap to clone: callers
     /// cache repeated values such as thread names).
-    #[inline]
+    #[inline(always)]
     pub fn bytes(&mut self, v: Option<ByteArray>) {
         let i = self.next;
         self.next += 1;
