@@ -416,33 +416,40 @@ impl TableWriter {
 
     /// Ends the current row; every column must have had its value, of its
     /// kind.
+    #[inline]
     pub fn end_row(&mut self) -> Result<(), Error> {
-        if let Some(what) = self.misuse.take() {
-            // Poisoned: the columns no longer line up.
-            self.misuse = Some(what.clone());
-            return Err(Error::Schema {
-                path: self.path.clone(),
-                what: format!("row {}: {what}", self.rows),
-            });
-        }
-        if self.next != self.buffers.len() {
-            return Err(Error::Schema {
-                path: self.path.clone(),
-                what: format!(
-                    "row {} has {} values for {} columns",
-                    self.rows,
-                    self.next,
-                    self.buffers.len()
-                ),
-            });
+        // Once per row: the error cases are out of line, the row group
+        // write too.
+        if self.misuse.is_some() || self.next != self.buffers.len() {
+            return Err(self.row_error());
         }
         self.next = 0;
         self.rows_buffered += 1;
         self.rows += 1;
         if self.rows_buffered >= ROW_GROUP {
-            self.flush()?;
+            return self.flush();
         }
         Ok(())
+    }
+
+    /// What is wrong with the current row (see [`TableWriter::end_row`]).
+    #[cold]
+    #[inline(never)]
+    fn row_error(&self) -> Error {
+        let what = match &self.misuse {
+            // Poisoned: the columns no longer line up.
+            Some(what) => format!("row {}: {what}", self.rows),
+            None => format!(
+                "row {} has {} values for {} columns",
+                self.rows,
+                self.next,
+                self.buffers.len()
+            ),
+        };
+        Error::Schema {
+            path: self.path.clone(),
+            what,
+        }
     }
 
     /// Rows written so far.
@@ -450,6 +457,7 @@ impl TableWriter {
         self.rows
     }
 
+    #[inline(never)]
     fn flush(&mut self) -> Result<(), Error> {
         if self.rows_buffered == 0 {
             return Ok(());
