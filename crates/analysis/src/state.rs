@@ -764,7 +764,7 @@ impl StateBuilder {
             }
             EventKind::SchedMigrateTask { tid, dest_cpu, .. } => self.migrate(ts, *tid, *dest_cpu),
             EventKind::IrqHandlerEntry { irq, name } => {
-                if self.irq_names.get(irq).map_or(true, |n| n != name) {
+                if self.irq_names.get(irq) != Some(name) {
                     self.irq_names.insert(*irq, name.clone());
                 }
                 self.enter(cpu, ts, Interrupt::Irq(*irq), false);
