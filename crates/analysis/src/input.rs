@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use deepspan_model::{merge_parallel, Event, Timestamped};
+use deepspan_model::{merge_parallel_ref, Event, Timestamped};
 
 use crate::state::{KernelModel, LostRange, StateBuilder};
 
@@ -55,7 +55,7 @@ impl LostEvents {
 
 /// Builds the model from streams, each time-ordered (typically one per
 /// CPU, in CPU order), decoding them in parallel
-/// ([`deepspan_model::merge_parallel`]), into `builder` (a
+/// ([`deepspan_model::merge_parallel_ref`]), into `builder` (a
 /// [`StateBuilder::new`], or [`StateBuilder::without_graph`] when no
 /// critical path will be asked for). `progress(items)` is called now and
 /// then with the number of items merged so far.
@@ -72,9 +72,9 @@ where
 {
     let mut counts: HashMap<(u32, u64), u64> = HashMap::new();
     let mut merged = 0u64;
-    merge_parallel(streams, &mut |item| {
-        match item {
-            Input::Event(e) => builder.push(&e),
+    merge_parallel_ref(streams, &mut |item| {
+        match *item {
+            Input::Event(ref e) => builder.push(e),
             Input::Lost { cpu, ts, count } => {
                 builder.lost(cpu, ts);
                 *counts.entry((cpu, ts)).or_default() += count;

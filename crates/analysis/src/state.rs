@@ -764,7 +764,7 @@ impl StateBuilder {
             }
             EventKind::SchedMigrateTask { tid, dest_cpu, .. } => self.migrate(ts, *tid, *dest_cpu),
             EventKind::IrqHandlerEntry { irq, name } => {
-                if self.irq_names.get(irq).map_or(true, |n| n != name) {
+                if self.irq_names.get(irq) != Some(name) {
                     self.irq_names.insert(*irq, name.clone());
                 }
                 self.enter(cpu, ts, Interrupt::Irq(*irq), false);
@@ -1005,10 +1005,20 @@ impl StateBuilder {
     }
 
     /// Index of `tid`'s record, created on first sight.
+    #[inline]
     fn thread(&mut self, tid: Tid) -> usize {
-        if let Some(i) = self.index.get(tid) {
-            return i as usize;
+        match self.index.get(tid) {
+            Some(i) => i as usize,
+            None => self.new_thread(tid),
         }
+    }
+
+    /// Kept out of line: building a record takes a large stack frame, which
+    /// the lookup of a known thread (nearly every event) would otherwise
+    /// set up and tear down every time.
+    #[cold]
+    #[inline(never)]
+    fn new_thread(&mut self, tid: Tid) -> usize {
         let i = self.threads.len();
         self.threads.push(ThreadRec {
             hist: ThreadHistory {

@@ -138,11 +138,20 @@ struct CpuStream {
     schema: Arc<Schema>,
     lost: u64,
     last_ts: u64,
-    pending: Option<deepspan_ftrace::Record>,
-    /// Bytes of records read, shared with the progress display.
+    /// The event to hand out after the lost-event marker that precedes it.
+    pending: Option<deepspan_model::Event>,
+    /// Bytes of CPU data read, shared with the progress display.
     read: Arc<AtomicU64>,
-    local_read: u64,
+    /// This stream's part of `read` so far.
+    published: u64,
+    /// Events left until the next progress update.
+    until_progress: u32,
 }
+
+/// Events between progress updates: the shared counter is then not a hot
+/// spot, and at the file's densest (about 40 bytes an event) a step is
+/// still well under a MiB.
+const PROGRESS_EVERY: u32 = 16_384;
 
 impl CpuStream {
     fn new(records: CpuRecords, schema: Arc<Schema>, read: Arc<AtomicU64>) -> CpuStream {
@@ -153,8 +162,15 @@ impl CpuStream {
             last_ts: 0,
             pending: None,
             read,
-            local_read: 0,
+            published: 0,
+            until_progress: PROGRESS_EVERY,
         }
+    }
+
+    fn publish_progress(&mut self) {
+        let now = self.records.bytes_read();
+        self.read.fetch_add(now - self.published, Ordering::Relaxed);
+        self.published = now;
     }
 }
 
@@ -162,30 +178,32 @@ impl Iterator for CpuStream {
     type Item = Result<Input, deepspan_ftrace::Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some(r) = self.pending.take() {
-            return Some(Ok(Input::Event(r.to_event(&self.schema))));
+        if let Some(e) = self.pending.take() {
+            return Some(Ok(Input::Event(e)));
         }
-        let next = self.records.next();
+        // Decoded in place (no per-record `Record` sharing the chunk).
+        let next = self
+            .records
+            .next_ref()
+            .map(|r| r.map(|r| r.to_event(&self.schema)));
         let lost = self.records.lost_events();
         let cpu = self.records.cpu();
         match next {
-            Some(Ok(r)) => {
-                // Record header and payload; counted locally, published in
-                // steps, so the shared counter is not a hot spot.
-                self.local_read += r.payload.len() as u64 + 4;
-                if self.local_read >= 1 << 20 {
-                    self.read.fetch_add(self.local_read, Ordering::Relaxed);
-                    self.local_read = 0;
+            Some(Ok(e)) => {
+                self.until_progress -= 1;
+                if self.until_progress == 0 {
+                    self.until_progress = PROGRESS_EVERY;
+                    self.publish_progress();
                 }
-                self.last_ts = r.ts;
+                self.last_ts = e.ts;
                 if lost > self.lost {
                     let count = lost - self.lost;
                     self.lost = lost;
-                    let ts = r.ts;
-                    self.pending = Some(r);
+                    let ts = e.ts;
+                    self.pending = Some(e);
                     return Some(Ok(Input::Lost { cpu, ts, count }));
                 }
-                Some(Ok(Input::Event(r.to_event(&self.schema))))
+                Some(Ok(Input::Event(e)))
             }
             Some(Err(e)) => Some(Err(e)),
             None if lost > self.lost => {
@@ -198,7 +216,10 @@ impl Iterator for CpuStream {
                     count,
                 }))
             }
-            None => None,
+            None => {
+                self.publish_progress();
+                None
+            }
         }
     }
 }

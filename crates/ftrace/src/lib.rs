@@ -32,7 +32,7 @@ mod typed;
 
 pub use error::{Error, Location};
 pub use format::{parse_format, ArrayLen, Dynamic, EventFormat, FieldFormat};
-pub use record::Record;
+pub use record::{Record, RecordRef};
 pub use ring::{CpuRecords, Records};
 pub use schema::{Schema, UNKNOWN_EVENT};
 pub use trace::TraceDat;

@@ -47,20 +47,7 @@ impl Record {
     /// as zero or empty.
     #[inline]
     pub fn to_event(&self, schema: &Schema) -> Event {
-        let info = schema.info(self.event_id);
-        let p = &self.payload[..];
-        let kind = info
-            .typed
-            .decode(p, schema)
-            .unwrap_or_else(|| EventKind::Other {
-                name: info.name.clone(),
-            });
-        Event {
-            ts: self.ts,
-            cpu: self.cpu,
-            tid: info.pid.i64(p, schema.endian()) as i32,
-            kind,
-        }
+        decode_event(schema, self.ts, self.cpu, self.event_id, &self.payload)
     }
 
     /// Every field except the `common_*` ones, decoded by the format file:
@@ -100,6 +87,45 @@ impl Record {
             field: field.to_string(),
             what,
         }
+    }
+}
+
+/// A record lent by [`crate::CpuRecords::next_ref`]: a [`Record`] whose
+/// payload borrows the reader's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordRef<'a> {
+    /// Nanoseconds, as `trace-cmd report -t` shows them.
+    pub ts: u64,
+    pub cpu: u32,
+    /// The event id (`common_type`); see [`Schema::event`].
+    pub event_id: u16,
+    /// The whole record, laid out as the event's format file says.
+    pub payload: &'a [u8],
+}
+
+impl RecordRef<'_> {
+    /// The typed event; see [`Record::to_event`].
+    #[inline]
+    pub fn to_event(&self, schema: &Schema) -> Event {
+        decode_event(schema, self.ts, self.cpu, self.event_id, self.payload)
+    }
+}
+
+/// The typed event of a record's parts (see [`Record::to_event`]).
+#[inline]
+fn decode_event(schema: &Schema, ts: u64, cpu: u32, event_id: u16, p: &[u8]) -> Event {
+    let info = schema.info(event_id);
+    let kind = info
+        .typed
+        .decode(p, schema)
+        .unwrap_or_else(|| EventKind::Other {
+            name: info.name.clone(),
+        });
+    Event {
+        ts,
+        cpu,
+        tid: info.pid.i64(p, schema.endian()) as i32,
+        kind,
     }
 }
 

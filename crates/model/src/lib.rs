@@ -16,4 +16,4 @@ pub use event::{
 };
 pub use merge::{Merge, Timestamped};
 pub use name::Name;
-pub use parallel::merge_parallel;
+pub use parallel::{merge_parallel, merge_parallel_ref};

@@ -11,7 +11,7 @@
 use std::collections::BinaryHeap;
 use std::cmp::Reverse;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
 
 use crate::Timestamped;
 
@@ -24,7 +24,24 @@ const BATCHES_IN_FLIGHT: usize = 4;
 /// Drains `streams` (each time-ordered), each on its own thread, into
 /// `sink` in merged order. The first error of any stream stops everything
 /// (items before it, in merged order, have been handed out) and is returned.
+///
+/// Each item is cloned out of its batch; [`merge_parallel_ref`] lends it
+/// instead, which is cheaper for large items.
 pub fn merge_parallel<T, E, S>(streams: Vec<S>, sink: &mut dyn FnMut(T)) -> Result<(), E>
+where
+    T: Timestamped + Send + Clone,
+    S: Iterator<Item = Result<T, E>> + Send,
+    E: Send,
+{
+    merge_parallel_ref(streams, &mut |item: &T| sink(item.clone()))
+}
+
+/// Like [`merge_parallel`], but lends each item to `sink` where it lies in
+/// its batch: an item is written once, by its producer, and never moved
+/// again (events are about 100 bytes, and moving them through the merge
+/// cost more than the merge's comparisons). Emptied batches go back to
+/// their producer for reuse, so steady-state merging allocates nothing.
+pub fn merge_parallel_ref<T, E, S>(streams: Vec<S>, sink: &mut dyn FnMut(&T)) -> Result<(), E>
 where
     T: Timestamped + Send,
     S: Iterator<Item = Result<T, E>> + Send,
@@ -32,13 +49,16 @@ where
 {
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        let mut receivers: Vec<Receiver<Result<Vec<T>, E>>> = Vec::new();
+        let mut links: Vec<Link<T, E>> = Vec::new();
         for stream in streams {
-            let (tx, rx) = sync_channel(BATCHES_IN_FLIGHT);
-            receivers.push(rx);
+            let (tx, full) = sync_channel(BATCHES_IN_FLIGHT);
+            // Unbounded, but never holds more batches than were sent.
+            let (give_back, spare) = channel::<Vec<T>>();
+            links.push(Link { full, give_back });
             let stop = &stop;
             scope.spawn(move || {
-                let mut batch = Vec::with_capacity(BATCH);
+                let fresh = || spare.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH));
+                let mut batch = fresh();
                 for item in stream {
                     if stop.load(Ordering::Relaxed) {
                         return;
@@ -47,7 +67,7 @@ where
                         Ok(i) => {
                             batch.push(i);
                             if batch.len() == BATCH {
-                                let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                                let full = std::mem::replace(&mut batch, fresh());
                                 if tx.send(Ok(full)).is_err() {
                                     return;
                                 }
@@ -67,50 +87,56 @@ where
                 }
             });
         }
-        let result = merge_batches(&receivers, sink);
+        let result = merge_batches(&links, sink);
         // Unblock and end the producers on every exit path.
         stop.store(true, Ordering::Relaxed);
-        drop(receivers);
+        drop(links);
         result
     })
 }
 
-fn merge_batches<T: Timestamped, E>(
-    receivers: &[Receiver<Result<Vec<T>, E>>],
-    sink: &mut dyn FnMut(T),
-) -> Result<(), E> {
+/// The merging thread's ends of one producer's channels.
+struct Link<T, E> {
+    full: Receiver<Result<Vec<T>, E>>,
+    give_back: Sender<Vec<T>>,
+}
+
+fn merge_batches<T: Timestamped, E>(links: &[Link<T, E>], sink: &mut dyn FnMut(&T)) -> Result<(), E> {
+    /// A stream's current batch and the position of its next item.
     struct Cursor<T> {
-        batch: std::vec::IntoIter<T>,
-        head: Option<T>,
+        batch: Vec<T>,
+        at: usize,
     }
-    // The next item of stream `i`, pulling batches as needed.
-    fn advance<T, E>(rx: &Receiver<Result<Vec<T>, E>>, c: &mut Cursor<T>) -> Result<(), E> {
-        loop {
-            if let Some(x) = c.batch.next() {
-                c.head = Some(x);
-                return Ok(());
-            }
-            match rx.recv() {
-                Ok(Ok(b)) => c.batch = b.into_iter(),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    c.head = None;
-                    return Ok(());
+    // Makes `c.at` point at an item of stream `link`, pulling batches as
+    // needed; `Ok(false)` when the stream has ended.
+    fn refill<T, E>(link: &Link<T, E>, c: &mut Cursor<T>) -> Result<bool, E> {
+        while c.at >= c.batch.len() {
+            match link.full.recv() {
+                Ok(Ok(b)) => {
+                    let mut used = std::mem::replace(&mut c.batch, b);
+                    c.at = 0;
+                    if used.capacity() > 0 {
+                        used.clear();
+                        // The producer may be gone; the batch is then dropped.
+                        let _ = link.give_back.send(used);
+                    }
                 }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(false),
             }
         }
+        Ok(true)
     }
 
-    let mut cursors: Vec<Cursor<T>> = Vec::with_capacity(receivers.len());
-    let mut heap = BinaryHeap::with_capacity(receivers.len());
-    for (i, rx) in receivers.iter().enumerate() {
+    let mut cursors: Vec<Cursor<T>> = Vec::with_capacity(links.len());
+    let mut heap = BinaryHeap::with_capacity(links.len());
+    for (i, link) in links.iter().enumerate() {
         let mut c = Cursor {
-            batch: Vec::new().into_iter(),
-            head: None,
+            batch: Vec::new(),
+            at: 0,
         };
-        advance(rx, &mut c)?;
-        if let Some(h) = &c.head {
-            heap.push(Reverse((h.timestamp(), i)));
+        if refill(link, &mut c)? {
+            heap.push(Reverse((c.batch[c.at].timestamp(), i)));
         }
         cursors.push(c);
     }
@@ -121,14 +147,18 @@ fn merge_batches<T: Timestamped, E>(
         // no heap traffic.
         let next = heap.peek().map(|Reverse(k)| *k);
         loop {
-            if let Some(item) = c.head.take() {
+            while let Some(item) = c.batch.get(c.at) {
+                if next.is_some_and(|n| (item.timestamp(), i) > n) {
+                    break;
+                }
                 sink(item);
+                c.at += 1;
             }
-            advance(&receivers[i], c)?;
-            let Some(h) = &c.head else { break };
-            let key = (h.timestamp(), i);
-            if next.is_some_and(|n| key > n) {
-                heap.push(Reverse(key));
+            if c.at < c.batch.len() {
+                heap.push(Reverse((c.batch[c.at].timestamp(), i)));
+                break;
+            }
+            if !refill(&links[i], c)? {
                 break;
             }
         }
