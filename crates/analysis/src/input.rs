@@ -81,7 +81,7 @@ where
             }
         }
         merged += 1;
-        if merged % 65_536 == 0 {
+        if merged.is_multiple_of(65_536) {
             progress(merged);
         }
     })?;

@@ -316,7 +316,7 @@ fn analyze_group(
                 let mut pieces = cp.pieces;
                 // Path order is time order; a stable sort guards the slicing
                 // below against any piece out of place.
-                if !pieces.is_sorted_by_key(|p| p.start) {
+                if !pieces.windows(2).all(|w| w[0].start <= w[1].start) {
                     pieces.sort_by_key(|p| p.start);
                 }
                 ThreadPath {
@@ -1025,7 +1025,7 @@ fn resume_timeouts(model: &KernelModel, pieces: &mut [RequestPiece]) {
             .take_while(|s| s.start <= soon)
             .filter(|s| s.id == first.id && s.arg0 == first.arg0)
             .find(|s| woken_by_thread(s));
-        if !resumed.is_some_and(|again| next.start <= again.end) {
+        if resumed.is_none_or(|again| next.start > again.end) {
             continue;
         }
         let (span, blocked_by) = (next.span, next.blocked_by);
@@ -1044,7 +1044,7 @@ fn fill_gaps(
     end: u64,
     pieces: &mut Vec<RequestPiece>,
 ) {
-    if !pieces.is_sorted_by_key(|p| p.start) {
+    if !pieces.windows(2).all(|w| w[0].start <= w[1].start) {
         pieces.sort_by_key(|p| p.start);
     }
     // Usually the pieces already tile the range: then nothing to do.

@@ -1041,7 +1041,7 @@ impl StateBuilder {
             return;
         }
         let names = &mut self.threads[t].hist.names;
-        if names.last().map_or(true, |n| n.1 != name) {
+        if names.last().is_none_or(|n| n.1 != name) {
             names.push((ts, name));
         }
     }

@@ -109,7 +109,7 @@ impl Script {
     }
     fn block(&mut self, ts: u64, cpu: u32, tid: Tid, phase: BlockPhase, sector: u64) -> &mut Self {
         let rq = BlockRq {
-            dev: (253 << 20) | 0,
+            dev: 253 << 20, // major 253, minor 0
             sector,
             nr_sector: 8,
             rwbs: *b"R\0\0\0\0\0\0\0",

@@ -140,7 +140,7 @@ fn row(model: &KernelModel, t: &ThreadHistory, from: u64) -> Vec<String> {
             // The state still open at the end runs to the state system's end.
             if i + 1 == n
                 && last.1 == model.time_range().1
-                && t.deaths().last().map_or(true, |&d| d < last.1)
+                && t.deaths().last().is_none_or(|&d| d < last.1)
             {
                 last.1 = end;
             }

@@ -268,7 +268,7 @@ fn summary(trace: &TraceDat, limit: Option<u64>, threads: usize, out: &mut impl 
             let record = record?;
             std::hint::black_box(record.to_event(&schema));
             tally.count(usize::from(record.event_id));
-            if tally.events % 65_536 == 0 {
+            if tally.events.is_multiple_of(65_536) {
                 bar.set_position(records.bytes_read());
             }
         }
@@ -325,14 +325,14 @@ fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, threads: usize, out: &mut i
             let mut tally = Tally::new(classes);
             let bar = progress::spinner("decoding CTF");
             let mut stream = trace.events();
-            while let Some(event) = stream.next() {
+            for event in stream.by_ref() {
                 if limit.is_some_and(|l| tally.events >= l) {
                     break;
                 }
                 let event = event?;
                 std::hint::black_box(event.to_event());
                 tally.count(event.class_index());
-                if tally.events % 65_536 == 0 {
+                if tally.events.is_multiple_of(65_536) {
                     bar.set_message(format!("{} events", tally.events));
                 }
             }
@@ -358,11 +358,7 @@ fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, threads: usize, out: &mut i
 }
 
 fn ctf_lines(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
-    let mut written = 0u64;
-    for event in trace.events() {
-        if limit.is_some_and(|l| written >= l) {
-            break;
-        }
+    for event in trace.events().take(limit.map_or(usize::MAX, saturating_usize)) {
         let event = event?;
         let fields = |fields: &deepspan_model::Fields| -> Map<String, Json> {
             fields.iter().map(|(name, value)| (name.to_string(), value_json(value.clone()))).collect()
@@ -377,22 +373,16 @@ fn ctf_lines(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Resu
         });
         serde_json::to_writer(&mut *out, &doc)?;
         out.write_all(b"\n")?;
-        written += 1;
     }
     Ok(())
 }
 
 fn lines(trace: &TraceDat, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
     let schema = trace.schema().clone();
-    let mut written = 0u64;
-    for record in trace.records()? {
-        if limit.is_some_and(|l| written >= l) {
-            break;
-        }
+    for record in trace.records()?.take(limit.map_or(usize::MAX, saturating_usize)) {
         let record = record?;
         serde_json::to_writer(&mut *out, &event_json(&record, &schema)?)?;
         out.write_all(b"\n")?;
-        written += 1;
     }
     Ok(())
 }
@@ -421,4 +411,10 @@ pub fn value_json(value: Value) -> Json {
         Value::Bytes(b) => Json::Array(b.into_iter().map(|x| json!(x)).collect()),
         Value::Array(items) => Json::Array(items.into_iter().map(value_json).collect()),
     }
+}
+
+/// An event count limit as an iterator length (a limit beyond the address
+/// space is no limit).
+fn saturating_usize(limit: u64) -> usize {
+    usize::try_from(limit).unwrap_or(usize::MAX)
 }

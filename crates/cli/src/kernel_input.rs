@@ -318,7 +318,7 @@ where
                 self.last_ts = event.ts();
                 self.pending.push(Input::Event(event.to_event()));
             }
-            if self.read % LOSS_CHECK_EVERY == 0 {
+            if self.read.is_multiple_of(LOSS_CHECK_EVERY) {
                 // Markers are pushed above the event they were noticed at,
                 // so they come out before it.
                 self.claim_losses();

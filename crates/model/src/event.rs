@@ -249,7 +249,7 @@ mod tests {
         assert_eq!(Comm::from_bytes(b"0123456789abcdefXYZ").as_bytes(), b"0123456789abcdef");
         assert_eq!(Comm::from_bytes(b"bash\0garbage\0\x01\x80\xff\0").as_bytes(), b"bash");
         assert_eq!(Comm::from_bytes(b"0123456789abcdef").as_bytes(), b"0123456789abcdef");
-        assert_eq!(Comm::from_bytes(b"\0123456789abcdef").as_bytes(), b"");
+        assert_eq!(Comm::from_bytes(b"\x00123456789abcdef").as_bytes(), b"");
         assert_eq!(Comm::from_bytes(b"short").as_bytes(), b"short");
         // Every position of the NUL, next to bytes that borrow.
         for at in 0..16 {
