@@ -70,13 +70,28 @@ enum ReportFormat {
 struct Timings {
     on: bool,
     last: std::time::Instant,
+    last_cpu: f64,
+}
+
+/// CPU time (user + system) of the whole process so far, in seconds: with
+/// the wall time it says how many cores a phase kept busy.
+fn process_cpu_s() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    s(ru.ru_utime) + s(ru.ru_stime)
 }
 
 impl Timings {
     fn new() -> Timings {
+        let on = std::env::var_os("DEEPSPAN_TIMINGS").is_some();
         Timings {
-            on: std::env::var_os("DEEPSPAN_TIMINGS").is_some(),
+            on,
             last: std::time::Instant::now(),
+            last_cpu: if on { process_cpu_s() } else { 0.0 },
         }
     }
 
@@ -92,12 +107,15 @@ impl Timings {
                     .and_then(|kb| kb.parse::<u64>().ok())
                     .map_or(0, |kb| kb / 1024)
             };
+            let cpu = process_cpu_s();
             eprintln!(
-                "deepspan: timing: {name}: {:.3} s (RSS {} MiB, peak {} MiB)",
+                "deepspan: timing: {name}: {:.3} s, CPU {:.3} s (RSS {} MiB, peak {} MiB)",
                 self.last.elapsed().as_secs_f64(),
+                cpu - self.last_cpu,
                 field("VmRSS:"),
                 field("VmHWM:")
             );
+            self.last_cpu = cpu;
         }
         self.last = std::time::Instant::now();
     }
