@@ -149,6 +149,10 @@ def main():
                 shutil.rmtree(run, ignore_errors=True)
                 workload = record(run, int(rounds * mb * 1e6 / size))
                 size = (run / "kernel" / "trace.dat").stat().st_size
+            # The recording's dirty pages are written back now, not while
+            # the analysis is timed (writeback of hundreds of MB doubled the
+            # system time of the first runs).
+            os.sync()
             manifest = json.loads((run / "manifest.json").read_text())
             row = {"trace_mb": size / 1e6, "lost_events": manifest.get("lost_events", 0)}
             # First the kernel alone (no spans), then with requests.
