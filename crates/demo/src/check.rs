@@ -2,9 +2,13 @@
 //!
 //! The *target* requests are those of the expected service (and operation)
 //! that overlap the fault window. With diagnoses (`deepspan analyze` fills
-//! `diagnosis` and `anomalous` per request), the found cause is the most
-//! frequent cause among the anomalous targets, and every expected culprit
-//! must match a culprit of one of those with the expected cause.
+//! `diagnosis` and `anomalous` per request), the found cause is the one
+//! behind most of the anomalous targets' excess time (duration over their
+//! operation's baseline): a fault that slows a few requests by a second
+//! outweighs the load's CPU contention that slows more of them by
+//! milliseconds, as it does for the engineer reading the diagnoses. Every
+//! expected culprit must match a culprit of one of those with the expected
+//! cause.
 //!
 //! Independently, the *path check* looks at the kernel critical path
 //! itself (the `causes` of each request, which exist without diagnoses):
@@ -180,7 +184,7 @@ pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
             target_label(t)
         ));
     } else {
-        found_cause = majority_cause(&anomalous);
+        found_cause = dominant_cause(&anomalous);
         let with_cause: Vec<&&Req> = anomalous
             .iter()
             .filter(|r| r.cause() == Some(expected.cause.as_str()))
@@ -246,14 +250,17 @@ fn target_label(t: &Target) -> String {
     }
 }
 
-/// The most frequent cause; ties go to the cause with more time.
-fn majority_cause(reqs: &[&Req]) -> Option<String> {
-    let mut by: HashMap<&str, (usize, u64)> = HashMap::new();
+/// The cause with the most excess time (duration over the request's
+/// baseline, the whole duration without one); ties go to the cause of more
+/// requests, then by name.
+fn dominant_cause(reqs: &[&Req]) -> Option<String> {
+    let mut by: HashMap<&str, (u64, usize)> = HashMap::new();
     for r in reqs {
         if let Some(c) = r.cause() {
+            let baseline = r.v.get("baseline_ns").and_then(Value::as_u64).unwrap_or(0);
             let e = by.entry(c).or_default();
-            e.0 += 1;
-            e.1 += r.duration;
+            e.0 += r.duration.saturating_sub(baseline);
+            e.1 += 1;
         }
     }
     let mut v: Vec<_> = by.into_iter().collect();

@@ -121,6 +121,31 @@ fn wrong_cause_fails() {
     assert_eq!(v.found_cause.as_deref(), Some("timer"));
 }
 
+/// The CI run that failed on count: more anomalous requests slowed a little
+/// by CPU contention than requests blocked for long by the lock holder.
+#[test]
+fn the_cause_of_most_excess_time_wins_over_the_most_frequent() {
+    let contention = || {
+        Some(json!({"cause": "cpu_contention", "headline": "", "evidence": {}, "culprits": []}))
+    };
+    let mut extra: Vec<Value> = (0..5)
+        .map(|i| {
+            let mut r = req(10 + i, 1500, 14_000_000, contention(), running());
+            r["baseline_ns"] = json!(2_000_000);
+            r
+        })
+        .collect();
+    for (i, dur) in [(1, 900_000_000), (2, 400_000_000)] {
+        let mut r = req(i, 1500, dur, Some(lock_diag("00000000000000aa")), blocked());
+        r["baseline_ns"] = json!(2_000_000);
+        extra.push(r);
+    }
+    let v = check(&expected(), &run(extra, true));
+    assert_eq!(v.anomalous, 7);
+    assert_eq!(v.found_cause.as_deref(), Some("lock_contention"), "{v:?}");
+    assert!(v.ok, "{v:?}");
+}
+
 #[test]
 fn requests_outside_the_window_or_of_other_operations_are_not_targets() {
     let mut other = req(
