@@ -294,14 +294,15 @@ fn print_verdict(v: &Verdict, elapsed: Duration) {
     println!(
         "{}",
         cut(
+            // The verdict first: the detail may be cut at 80 columns.
             &format!(
-                "  kernel path: {}: {}",
-                v.path_check.detail,
+                "  kernel path {}: {}",
                 if v.path_check.ok {
-                    "shown"
+                    "shows it"
                 } else {
-                    "NOT SHOWN"
-                }
+                    "does NOT show it"
+                },
+                v.path_check.detail
             ),
             80
         )

@@ -13,7 +13,8 @@
 //! Independently, the *path check* looks at the kernel critical path
 //! itself (the `causes` of each request, which exist without diagnoses):
 //! the slow targets (more than twice their operation's median and 1 ms
-//! over it) must mostly have the expected state or blocking request on top.
+//! over it) holding at least half of their time over the median must have
+//! the expected state or blocking request on top.
 
 use std::collections::HashMap;
 
@@ -282,6 +283,14 @@ fn matches(culprit: &Value, matcher: &serde_json::Map<String, Value>) -> bool {
 
 /// Targets more than twice their operation's median and 1 ms over it.
 fn slow<'a>(all: &[Req<'a>], targets: &[&'a Req<'a>]) -> Vec<&'a Req<'a>> {
+    slow_with_excess(all, targets)
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect()
+}
+
+/// [`slow`], each with its time over its operation's median.
+fn slow_with_excess<'a>(all: &[Req<'a>], targets: &[&'a Req<'a>]) -> Vec<(&'a Req<'a>, u64)> {
     let mut by_op: HashMap<(&str, &str), Vec<u64>> = HashMap::new();
     for r in all {
         by_op
@@ -299,15 +308,16 @@ fn slow<'a>(all: &[Req<'a>], targets: &[&'a Req<'a>]) -> Vec<&'a Req<'a>> {
     targets
         .iter()
         .copied()
-        .filter(|r| {
+        .filter_map(|r| {
             let m = medians[&(r.service, r.operation)];
-            r.duration > m.saturating_mul(2) && r.duration > m + 1_000_000
+            (r.duration > m.saturating_mul(2) && r.duration > m + 1_000_000)
+                .then(|| (r, r.duration - m))
         })
         .collect()
 }
 
 fn path_check(expected: &Expected, all: &[Req], targets: &[&Req]) -> PathCheck {
-    let slow = slow(all, targets);
+    let slow = slow_with_excess(all, targets);
     let p = &expected.path;
     let shows = |r: &Req| -> bool {
         let Some(c) = r.top_path_cause() else {
@@ -330,7 +340,10 @@ fn path_check(expected: &Expected, all: &[Req], targets: &[&Req]) -> PathCheck {
             None => true,
         }
     };
-    let matching = slow.iter().filter(|r| shows(r)).count();
+    let matching = slow.iter().filter(|(r, _)| shows(r)).count();
+    let excess: u64 = slow.iter().map(|(_, e)| e).sum();
+    let excess_shown: u64 = slow.iter().filter(|(r, _)| shows(r)).map(|(_, e)| e).sum();
+    let share = excess_shown as f64 / excess.max(1) as f64;
     let what = match (&p.state, p.throttled, &p.blocked_by_request) {
         (_, _, Some(id)) => format!("blocked by {id}"),
         (Some(s), Some(true), _) => format!("{s} (throttled)"),
@@ -338,12 +351,18 @@ fn path_check(expected: &Expected, all: &[Req], targets: &[&Req]) -> PathCheck {
         (Some(s), None, _) => s.clone(),
         (None, _, None) => "anything".into(),
     };
-    let ok = !slow.is_empty() && matching * 2 >= slow.len();
+    // Weighed by time, as the found cause is: the fault's few long waits
+    // against the load's many short outliers.
+    let ok = !slow.is_empty() && excess_shown * 2 >= excess;
     PathCheck {
         ok,
         slow: slow.len(),
         matching,
-        detail: format!("{what} in {matching} of {} slow requests", slow.len()),
+        detail: format!(
+            "{what} in {matching} of {} slow requests, {:.0} % of their excess time",
+            slow.len(),
+            share * 100.0
+        ),
     }
 }
 
