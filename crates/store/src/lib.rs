@@ -18,6 +18,8 @@ pub mod diagnosis;
 mod error;
 pub mod json;
 pub mod report;
+mod rle;
+mod strings;
 pub mod table;
 pub mod tables;
 

@@ -20,8 +20,10 @@ use parquet::file::reader::FileReader;
 use parquet::file::serialized_reader::SerializedFileReader;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::record::Field;
+use parquet::schema::types::ColumnDescriptor;
 use parquet::schema::types::{ColumnPath, Type};
 
+use crate::strings::{write_chunk, StringColumn};
 use crate::Error;
 
 /// Rows per row group. The rows of a group are buffered until it is
@@ -53,8 +55,8 @@ struct Interner {
 static INTERNER: Mutex<Option<Interner>> = Mutex::new(None);
 
 /// A string value that repeats across rows (thread names, system call
-/// labels, span ids), as a Parquet string that costs nothing to clone or
-/// drop.
+/// labels, span ids), as a buffer that costs nothing to clone or drop and
+/// that string columns recognise by its address.
 ///
 /// A reference-counted [`Bytes`] costs an atomic increment per row and a
 /// decrement per flushed value, which measured about a tenth of writing
@@ -65,7 +67,7 @@ static INTERNER: Mutex<Option<Interner>> = Mutex::new(None);
 ///
 /// Takes a process-wide lock: meant for once per distinct value (callers
 /// cache the result), not once per row.
-pub fn interned(value: &[u8]) -> ByteArray {
+pub fn interned(value: &[u8]) -> Bytes {
     // A poisoned lock only means another thread panicked while inserting;
     // the set is still valid.
     let mut guard = INTERNER.lock().unwrap_or_else(|p| p.into_inner());
@@ -74,15 +76,15 @@ pub fn interned(value: &[u8]) -> ByteArray {
         bytes: 0,
     });
     if let Some(&kept) = table.strings.get(value) {
-        return ByteArray::from(Bytes::from_static(kept));
+        return Bytes::from_static(kept);
     }
     if table.bytes + value.len() > INTERNED_BYTES {
-        return ByteArray::from(Bytes::copy_from_slice(value));
+        return Bytes::copy_from_slice(value);
     }
     let kept: &'static [u8] = Box::leak(Box::from(value));
     table.strings.insert(kept);
     table.bytes += kept.len();
-    ByteArray::from(Bytes::from_static(kept))
+    Bytes::from_static(kept)
 }
 
 /// The type of a column's values.
@@ -129,11 +131,13 @@ enum Values {
     I64(Vec<i64>),
     F64(Vec<f64>),
     Bool(Vec<bool>),
-    Str(Vec<ByteArray>),
+    Str(StringColumn),
 }
 
 struct Buffer {
     column: Column,
+    /// The column in the file's schema (for chunks encoded here).
+    descr: Arc<ColumnDescriptor>,
     values: Values,
     /// Definition levels (1 = present) of a nullable column.
     defs: Vec<i16>,
@@ -232,14 +236,16 @@ impl TableWriter {
         .map_err(|e| Error::parquet(path, "starting the file", e))?;
         let buffers = columns
             .iter()
-            .map(|&column| Buffer {
+            .enumerate()
+            .map(|(i, &column)| Buffer {
                 column,
+                descr: writer.schema_descr().column(i),
                 values: match column.kind {
                     Kind::I32 => Values::I32(Vec::with_capacity(ROW_GROUP)),
                     Kind::I64 | Kind::U64 => Values::I64(Vec::with_capacity(ROW_GROUP)),
                     Kind::F64 => Values::F64(Vec::with_capacity(ROW_GROUP)),
                     Kind::Bool => Values::Bool(Vec::with_capacity(ROW_GROUP)),
-                    Kind::Str => Values::Str(Vec::with_capacity(ROW_GROUP)),
+                    Kind::Str => Values::Str(StringColumn::default()),
                 },
                 defs: Vec::new(),
             })
@@ -293,6 +299,7 @@ impl TableWriter {
             column,
             values: Values::I32(vals),
             defs,
+            ..
         }) = self.buffers.get_mut(i)
         {
             if column.nullable {
@@ -320,6 +327,7 @@ impl TableWriter {
             column,
             values: Values::I64(vals),
             defs,
+            ..
         }) = self.buffers.get_mut(i)
         {
             if column.nullable {
@@ -375,24 +383,43 @@ impl TableWriter {
         self.misuse(i, "bool", false);
     }
 
+    /// A string made for this row (copied when new to the row group).
     pub fn str(&mut self, v: &str) {
-        self.bytes(Some(ByteArray::from(v.as_bytes().to_vec())))
+        self.opt_str(Some(v))
     }
 
     pub fn opt_str(&mut self, v: Option<&str>) {
-        self.bytes(v.map(|v| ByteArray::from(v.as_bytes().to_vec())))
+        let i = self.next;
+        self.next += 1;
+        if let Some(Buffer {
+            column,
+            values: Values::Str(vals),
+            defs,
+            ..
+        }) = self.buffers.get_mut(i)
+        {
+            if column.nullable {
+                defs.push(v.is_some() as i16);
+            }
+            match v {
+                Some(v) => return vals.push_str(v),
+                None if column.nullable => return,
+                None => {}
+            }
+        }
+        self.misuse(i, "string", v.is_none());
     }
 
     /// A string known at compile time: no copy.
     #[inline(always)]
     pub fn static_str(&mut self, v: &'static str) {
-        self.bytes(Some(ByteArray::from(Bytes::from_static(v.as_bytes()))))
+        self.bytes(Some(Bytes::from_static(v.as_bytes())))
     }
 
-    /// A string already made into a [`ByteArray`] (cheap to clone: callers
-    /// cache repeated values such as thread names).
+    /// UTF-8 text in a shared buffer: callers cache repeated values such as
+    /// thread names ([`interned`]), which the column then finds by address.
     #[inline(always)]
-    pub fn bytes(&mut self, v: Option<ByteArray>) {
+    pub fn bytes(&mut self, v: Option<Bytes>) {
         let i = self.next;
         self.next += 1;
         let null = v.is_none();
@@ -400,6 +427,7 @@ impl TableWriter {
             column,
             values: Values::Str(vals),
             defs,
+            ..
         }) = self.buffers.get_mut(i)
         {
             if column.nullable {
@@ -466,10 +494,20 @@ impl TableWriter {
         let err = |e| Error::parquet(&path, "writing a row group", e);
         let mut group = self.writer.next_row_group().map_err(err)?;
         for b in &mut self.buffers {
+            let defs = b.column.nullable.then_some(&b.defs[..]);
+            if let Values::Str(v) = &mut b.values {
+                if v.fits_dictionary() {
+                    let (chunk, close) =
+                        write_chunk(v, defs, self.rows_buffered, b.descr.clone()).map_err(err)?;
+                    group.append_column(&chunk, close).map_err(err)?;
+                    v.clear();
+                    b.defs.clear();
+                    continue;
+                }
+            }
             let Some(mut col) = group.next_column().map_err(err)? else {
                 break;
             };
-            let defs = b.column.nullable.then_some(&b.defs[..]);
             match &mut b.values {
                 Values::I32(v) => {
                     col.typed::<Int32Type>()
@@ -496,8 +534,9 @@ impl TableWriter {
                     v.clear();
                 }
                 Values::Str(v) => {
+                    let values: Vec<ByteArray> = v.values().cloned().map(ByteArray::from).collect();
                     col.typed::<ByteArrayType>()
-                        .write_batch(v, defs, None)
+                        .write_batch(&values, defs, None)
                         .map_err(err)?;
                     v.clear();
                 }
@@ -693,5 +732,100 @@ mod tests {
         w.i64(2);
         assert!(w.end_row().is_err());
         assert!(w.finish().is_err());
+    }
+
+    /// The string columns are encoded here (src/strings.rs): every way a
+    /// value reaches them, read back by the parquet crate with its page
+    /// index, row group by row group.
+    #[test]
+    fn string_columns_round_trip() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        use parquet::file::serialized_reader::ReadOptionsBuilder;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let cols = [
+            Column::new("i", Kind::I64),
+            // Shared buffers, aliases of equal bytes, static strings.
+            Column::new("shared", Kind::Str),
+            // Null in whole row groups, one value in others.
+            Column::nullable("sparse", Kind::Str),
+            // Distinct per row, over a megabyte per row group: written by
+            // the parquet crate's writer instead.
+            Column::new("distinct", Kind::Str),
+            Column::nullable("made", Kind::Str),
+        ];
+        let expected = |i: usize| {
+            let shared = format!("value {}", (i / 3) % 300);
+            let group = i / ROW_GROUP;
+            let sparse = (group % 2 == 1 && i.is_multiple_of(7)).then(|| "only".to_string());
+            let distinct = format!("{i:0>80}");
+            let made = (!i.is_multiple_of(4)).then(|| ["", "a", "bc"][i % 3].to_string());
+            (shared, sparse, distinct, made)
+        };
+        let kept: Vec<Bytes> = (0..300)
+            .map(|k| interned(format!("value {k}").as_bytes()))
+            .collect();
+        let mut w = TableWriter::create(&path, &cols).unwrap();
+        let rows = 3 * ROW_GROUP + 123;
+        for i in 0..rows {
+            let (shared, sparse, distinct, made) = expected(i);
+            w.i64(i as i64);
+            match i % 3 {
+                0 => w.bytes(Some(kept[(i / 3) % 300].clone())),
+                1 => w.bytes(Some(Bytes::from(shared.into_bytes()))),
+                _ => w.str(&shared),
+            }
+            w.bytes(sparse.map(|s| Bytes::from_static(if s == "only" { b"only" } else { b"" })));
+            w.str(&distinct);
+            w.opt_str(made.as_deref());
+            w.end_row().unwrap();
+        }
+        assert_eq!(w.finish().unwrap(), rows as u64);
+
+        let got = read_rows(&path, |_| true).unwrap();
+        assert_eq!(got.len(), rows);
+        for (i, row) in got.iter().enumerate() {
+            let (shared, sparse, distinct, made) = expected(i);
+            let text = |s: Option<String>| s.map_or(Cell::Null, Cell::Str);
+            assert_eq!(row[0].1, Cell::Int(i as i64));
+            assert_eq!(row[1].1, Cell::Str(shared), "row {i}");
+            assert_eq!(row[2].1, text(sparse), "row {i}");
+            assert_eq!(row[3].1, Cell::Str(distinct), "row {i}");
+            assert_eq!(row[4].1, text(made), "row {i}");
+        }
+
+        let options = ReadOptionsBuilder::new().with_page_index().build();
+        let reader =
+            SerializedFileReader::new_with_options(File::open(&path).unwrap(), options).unwrap();
+        let meta = reader.metadata();
+        assert_eq!(meta.num_row_groups(), 4);
+        assert!(meta.page_index().is_some(), "an offset index");
+        for (g, group) in meta.row_groups().iter().enumerate() {
+            let shared = group.column(1);
+            assert!(shared.dictionary_page_offset().is_some());
+            let pages = meta.page_index_for_row_group(g);
+            let page = &pages.page_locations(1).expect("the column's pages")[0];
+            assert_eq!(page.offset, shared.data_page_offset());
+            assert_eq!(page.first_row_index, 0);
+            // Each row group's dictionary holds each value once.
+            let values = reader
+                .get_row_group(g)
+                .unwrap()
+                .get_column_page_reader(1)
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap();
+            let first = g * ROW_GROUP;
+            let distinct: HashSet<String> = (first..rows.min(first + ROW_GROUP))
+                .map(|i| expected(i).0)
+                .collect();
+            assert_eq!(
+                values.num_values() as usize,
+                distinct.len(),
+                "row group {g}"
+            );
+        }
     }
 }

@@ -14,7 +14,6 @@ use deepspan_analysis::{
     SpanIdx, SyscallInterval, SyscallLabelKey, ThreadState,
 };
 use deepspan_model::{Comm, Tid};
-use parquet::data_type::ByteArray;
 
 use crate::table::{interned, Column, Kind, TableWriter};
 use crate::{span_hex, trace_hex, AnalysisResults, Error};
@@ -181,8 +180,8 @@ pub fn path_state_name(s: EdgeType) -> &'static str {
 /// Rows come grouped by thread and by request, so the key of the previous
 /// row answers most lookups without hashing; the map holds the rest.
 struct StringCache<K> {
-    last: Option<(K, ByteArray)>,
-    all: FastMap<K, ByteArray>,
+    last: Option<(K, Bytes)>,
+    all: FastMap<K, Bytes>,
 }
 
 impl<K> Default for StringCache<K> {
@@ -196,7 +195,7 @@ impl<K> Default for StringCache<K> {
 
 impl<K: Copy + Eq + Hash> StringCache<K> {
     #[inline]
-    fn get<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) -> ByteArray {
+    fn get<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) -> Bytes {
         if let Some((k, v)) = &self.last {
             if *k == key {
                 return v.clone();
@@ -206,7 +205,7 @@ impl<K: Copy + Eq + Hash> StringCache<K> {
     }
 
     #[cold]
-    fn get_slow<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) -> ByteArray {
+    fn get_slow<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) -> Bytes {
         let v = self
             .all
             .entry(key)
@@ -218,7 +217,7 @@ impl<K: Copy + Eq + Hash> StringCache<K> {
 }
 
 /// A thread name as a Parquet string.
-fn comm_string(cache: &mut StringCache<Comm>, c: Comm) -> ByteArray {
+fn comm_string(cache: &mut StringCache<Comm>, c: Comm) -> Bytes {
     cache.get(c, || c.to_string_lossy())
 }
 
@@ -278,10 +277,10 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
             w.opt_i32(waker);
             let detail = match s.state {
                 ThreadState::Blocked(BlockReason::Unexplained) => {
-                    Some(ByteArray::from(Bytes::from_static(b"no wake-up seen")))
+                    Some(Bytes::from_static(b"no wake-up seen"))
                 }
                 ThreadState::Blocked(BlockReason::Loopback(_)) => {
-                    Some(ByteArray::from(Bytes::from_static(b"loopback packet")))
+                    Some(Bytes::from_static(b"loopback packet"))
                 }
                 ThreadState::Blocked(reason @ (BlockReason::Irq(_) | BlockReason::Softirq(_))) => {
                     Some(details.get(reason, || {
@@ -344,14 +343,14 @@ pub fn write_syscalls(path: &Path, r: &KernelContext) -> Result<u64, Error> {
 /// static (free to clone); names the trace gave are made once per name.
 #[derive(Default)]
 struct NameCache {
-    by_name: Vec<Option<ByteArray>>,
+    by_name: Vec<Option<Bytes>>,
 }
 
 impl NameCache {
-    fn get(&mut self, r: &KernelContext, s: &SyscallInterval) -> Option<ByteArray> {
+    fn get(&mut self, r: &KernelContext, s: &SyscallInterval) -> Option<Bytes> {
         if s.name == 0 {
             let name = deepspan_analysis::syscall_name(r.arch, s.id)?;
-            return Some(ByteArray::from(Bytes::from_static(name.as_bytes())));
+            return Some(Bytes::from_static(name.as_bytes()));
         }
         let i = s.name as usize;
         if self.by_name.len() <= i {
@@ -457,9 +456,9 @@ pub struct CriticalPathWriter {
     syscalls: StringCache<SyscallLabelKey>,
     waiting_in: StringCache<SyscallLabelKey>,
     /// The previous row's qualifier: pieces of a path share them.
-    last_qualifier: Option<(Arc<str>, ByteArray)>,
+    last_qualifier: Option<(Arc<str>, Bytes)>,
     /// Per span index: its span id and trace id in hex, once made.
-    span_ids: Vec<Option<(ByteArray, ByteArray)>>,
+    span_ids: Vec<Option<(Bytes, Bytes)>>,
 }
 
 impl CriticalPathWriter {
@@ -546,7 +545,7 @@ fn label_string(
     cache: &mut StringCache<SyscallLabelKey>,
     ctx: &PathContext,
     s: &SyscallInterval,
-) -> ByteArray {
+) -> Bytes {
     cache.get(SyscallLabelKey::of(s), || {
         syscall_label(ctx.model, ctx.arch, s)
     })
@@ -554,7 +553,7 @@ fn label_string(
 
 /// A piece's qualifier as a Parquet string: the previous one again, or
 /// looked up in the interner.
-fn qualifier_string(last: &mut Option<(Arc<str>, ByteArray)>, q: &Arc<str>) -> ByteArray {
+fn qualifier_string(last: &mut Option<(Arc<str>, Bytes)>, q: &Arc<str>) -> Bytes {
     if let Some((k, v)) = last {
         if Arc::ptr_eq(k, q) || **k == **q {
             return v.clone();
@@ -568,10 +567,10 @@ fn qualifier_string(last: &mut Option<(Arc<str>, ByteArray)>, q: &Arc<str>) -> B
 /// A span's id and trace id in hex as Parquet strings, made once per span;
 /// `None` for an index that is not a span.
 fn span_strings<'c>(
-    cache: &'c mut Vec<Option<(ByteArray, ByteArray)>>,
+    cache: &'c mut Vec<Option<(Bytes, Bytes)>>,
     ctx: &PathContext,
     idx: SpanIdx,
-) -> Option<&'c (ByteArray, ByteArray)> {
+) -> Option<&'c (Bytes, Bytes)> {
     let i = idx as usize;
     let span = ctx.spans.get(i)?;
     if cache.len() <= i {
