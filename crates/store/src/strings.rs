@@ -52,8 +52,23 @@ pub struct StringColumn {
 
 impl StringColumn {
     /// Appends a value; cheap when the same buffer was appended before.
+    /// Borrowed: cloning and dropping a [`Bytes`] per row are two indirect
+    /// calls, more than the lookup.
     #[inline]
-    pub fn push(&mut self, v: Bytes) {
+    pub fn push(&mut self, v: &Bytes) {
+        self.push_at(v, || v.clone())
+    }
+
+    /// Appends a string known at compile time.
+    #[inline]
+    pub fn push_static(&mut self, v: &'static [u8]) {
+        self.push_at(v, || Bytes::from_static(v))
+    }
+
+    /// `owner` makes a [`Bytes`] over exactly the memory of `v`: kept while
+    /// the row group's map names that address.
+    #[inline(always)]
+    fn push_at(&mut self, v: &[u8], owner: impl FnOnce() -> Bytes) {
         let address = (v.as_ptr() as usize, v.len());
         if let Some((a, n, id)) = self.last {
             if (a, n) == address {
@@ -62,7 +77,7 @@ impl StringColumn {
         }
         let id = match self.by_address.get(&address) {
             Some(&id) => id,
-            None => self.add_address(address, v),
+            None => self.add_address(address, owner()),
         };
         self.last = Some((address.0, address.1, id));
         self.ids.push(id);

@@ -413,13 +413,27 @@ impl TableWriter {
     /// A string known at compile time: no copy.
     #[inline(always)]
     pub fn static_str(&mut self, v: &'static str) {
-        self.bytes(Some(Bytes::from_static(v.as_bytes())))
+        let i = self.next;
+        self.next += 1;
+        if let Some(Buffer {
+            values: Values::Str(vals),
+            defs,
+            column,
+            ..
+        }) = self.buffers.get_mut(i)
+        {
+            if column.nullable {
+                defs.push(1);
+            }
+            return vals.push_static(v.as_bytes());
+        }
+        self.misuse(i, "string", false);
     }
 
     /// UTF-8 text in a shared buffer: callers cache repeated values such as
     /// thread names ([`interned`]), which the column then finds by address.
     #[inline(always)]
-    pub fn bytes(&mut self, v: Option<Bytes>) {
+    pub fn bytes(&mut self, v: Option<&Bytes>) {
         let i = self.next;
         self.next += 1;
         let null = v.is_none();
@@ -772,11 +786,14 @@ mod tests {
             let (shared, sparse, distinct, made) = expected(i);
             w.i64(i as i64);
             match i % 3 {
-                0 => w.bytes(Some(kept[(i / 3) % 300].clone())),
-                1 => w.bytes(Some(Bytes::from(shared.into_bytes()))),
+                0 => w.bytes(Some(&kept[(i / 3) % 300])),
+                1 => w.bytes(Some(&Bytes::from(shared.into_bytes()))),
                 _ => w.str(&shared),
             }
-            w.bytes(sparse.map(|s| Bytes::from_static(if s == "only" { b"only" } else { b"" })));
+            match sparse {
+                Some(_) => w.static_str("only"),
+                None => w.bytes(None),
+            }
             w.str(&distinct);
             w.opt_str(made.as_deref());
             w.end_row().unwrap();

@@ -180,14 +180,16 @@ pub fn path_state_name(s: EdgeType) -> &'static str {
 /// Rows come grouped by thread and by request, so the key of the previous
 /// row answers most lookups without hashing; the map holds the rest.
 struct StringCache<K> {
-    last: Option<(K, Bytes)>,
+    last_key: Option<K>,
+    last: Bytes,
     all: FastMap<K, Bytes>,
 }
 
 impl<K> Default for StringCache<K> {
     fn default() -> Self {
         StringCache {
-            last: None,
+            last_key: None,
+            last: Bytes::new(),
             all: FastMap::default(),
         }
     }
@@ -195,29 +197,26 @@ impl<K> Default for StringCache<K> {
 
 impl<K: Copy + Eq + Hash> StringCache<K> {
     #[inline]
-    fn get<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) -> Bytes {
-        if let Some((k, v)) = &self.last {
-            if *k == key {
-                return v.clone();
-            }
+    fn get<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) -> &Bytes {
+        if self.last_key != Some(key) {
+            self.look_up(key, make);
         }
-        self.get_slow(key, make)
+        &self.last
     }
 
     #[cold]
-    fn get_slow<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) -> Bytes {
-        let v = self
+    fn look_up<T: AsRef<[u8]>>(&mut self, key: K, make: impl FnOnce() -> T) {
+        self.last = self
             .all
             .entry(key)
             .or_insert_with(|| interned(make().as_ref()))
             .clone();
-        self.last = Some((key, v.clone()));
-        v
+        self.last_key = Some(key);
     }
 }
 
 /// A thread name as a Parquet string.
-fn comm_string(cache: &mut StringCache<Comm>, c: Comm) -> Bytes {
+fn comm_string(cache: &mut StringCache<Comm>, c: Comm) -> &Bytes {
     cache.get(c, || c.to_string_lossy())
 }
 
@@ -238,6 +237,9 @@ impl KernelContext<'_> {
             .or_else(|| self.pids.get(&tid).copied())
     }
 }
+
+static NO_WAKEUP: Bytes = Bytes::from_static(b"no wake-up seen");
+static LOOPBACK: Bytes = Bytes::from_static(b"loopback packet");
 
 /// All thread states of the model.
 pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error> {
@@ -276,12 +278,8 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
             };
             w.opt_i32(waker);
             let detail = match s.state {
-                ThreadState::Blocked(BlockReason::Unexplained) => {
-                    Some(Bytes::from_static(b"no wake-up seen"))
-                }
-                ThreadState::Blocked(BlockReason::Loopback(_)) => {
-                    Some(Bytes::from_static(b"loopback packet"))
-                }
+                ThreadState::Blocked(BlockReason::Unexplained) => Some(&NO_WAKEUP),
+                ThreadState::Blocked(BlockReason::Loopback(_)) => Some(&LOOPBACK),
                 ThreadState::Blocked(reason @ (BlockReason::Irq(_) | BlockReason::Softirq(_))) => {
                     Some(details.get(reason, || {
                         match reason {
@@ -339,18 +337,30 @@ pub fn write_syscalls(path: &Path, r: &KernelContext) -> Result<u64, Error> {
     w.finish()
 }
 
-/// Syscall names as Parquet strings: names from the number table are
-/// static (free to clone); names the trace gave are made once per name.
+/// Syscall names as Parquet strings, made once per name: from the number
+/// table (static), or as the trace named it.
 #[derive(Default)]
 struct NameCache {
+    /// By number, for the names of the number table.
+    by_id: FastMap<i32, Option<Bytes>>,
+    /// By the model's name index, for names the trace gave.
     by_name: Vec<Option<Bytes>>,
+    last_id: Option<i32>,
+    last: Option<Bytes>,
 }
 
 impl NameCache {
-    fn get(&mut self, r: &KernelContext, s: &SyscallInterval) -> Option<Bytes> {
+    fn get(&mut self, r: &KernelContext, s: &SyscallInterval) -> Option<&Bytes> {
         if s.name == 0 {
-            let name = deepspan_analysis::syscall_name(r.arch, s.id)?;
-            return Some(Bytes::from_static(name.as_bytes()));
+            if self.last_id != Some(s.id) {
+                let name = self.by_id.entry(s.id).or_insert_with(|| {
+                    deepspan_analysis::syscall_name(r.arch, s.id)
+                        .map(|n| Bytes::from_static(n.as_bytes()))
+                });
+                self.last = name.clone();
+                self.last_id = Some(s.id);
+            }
+            return self.last.as_ref();
         }
         let i = s.name as usize;
         if self.by_name.len() <= i {
@@ -361,7 +371,7 @@ impl NameCache {
             let name = name.strip_prefix("sys_").unwrap_or(name);
             self.by_name[i] = Some(interned(name.as_bytes()));
         }
-        self.by_name[i].clone()
+        self.by_name[i].as_ref()
     }
 }
 
@@ -456,7 +466,7 @@ pub struct CriticalPathWriter {
     syscalls: StringCache<SyscallLabelKey>,
     waiting_in: StringCache<SyscallLabelKey>,
     /// The previous row's qualifier: pieces of a path share them.
-    last_qualifier: Option<(Arc<str>, Bytes)>,
+    last_qualifier: LastQualifier,
     /// Per span index: its span id and trace id in hex, once made.
     span_ids: Vec<Option<(Bytes, Bytes)>>,
 }
@@ -469,7 +479,7 @@ impl CriticalPathWriter {
             holder_comms: StringCache::default(),
             syscalls: StringCache::default(),
             waiting_in: StringCache::default(),
-            last_qualifier: None,
+            last_qualifier: LastQualifier::default(),
             span_ids: Vec::new(),
         })
     }
@@ -482,8 +492,8 @@ impl CriticalPathWriter {
         };
         for (seq, piece) in p.pieces.iter().enumerate() {
             let w = &mut self.w;
-            w.bytes(Some(trace_id.clone()));
-            w.bytes(Some(span_id.clone()));
+            w.bytes(Some(&trace_id));
+            w.bytes(Some(&span_id));
             w.i32(i32::try_from(seq).unwrap_or(i32::MAX));
             w.u64(piece.start);
             w.u64(piece.end);
@@ -507,15 +517,13 @@ impl CriticalPathWriter {
             let working = piece
                 .span
                 .and_then(|s| span_strings(&mut self.span_ids, ctx, s))
-                .map(|ids| ids.0.clone());
+                .map(|ids| &ids.0);
             w.bytes(working);
             let blocker = piece
                 .blocked_by
-                .and_then(|b| span_strings(&mut self.span_ids, ctx, b))
-                .cloned();
-            let (blocker_span, blocker_trace) = blocker.unzip();
-            w.bytes(blocker_span);
-            w.bytes(blocker_trace);
+                .and_then(|b| span_strings(&mut self.span_ids, ctx, b));
+            w.bytes(blocker.map(|ids| &ids.0));
+            w.bytes(blocker.map(|ids| &ids.1));
             w.i32(i32::try_from(piece.shared).unwrap_or(i32::MAX));
             w.bool(piece.vertical);
             w.bool(piece.lost);
@@ -541,11 +549,11 @@ impl CriticalPathWriter {
 }
 
 /// A system call's label as a Parquet string, made once per label key.
-fn label_string(
-    cache: &mut StringCache<SyscallLabelKey>,
+fn label_string<'c>(
+    cache: &'c mut StringCache<SyscallLabelKey>,
     ctx: &PathContext,
     s: &SyscallInterval,
-) -> Bytes {
+) -> &'c Bytes {
     cache.get(SyscallLabelKey::of(s), || {
         syscall_label(ctx.model, ctx.arch, s)
     })
@@ -553,15 +561,23 @@ fn label_string(
 
 /// A piece's qualifier as a Parquet string: the previous one again, or
 /// looked up in the interner.
-fn qualifier_string(last: &mut Option<(Arc<str>, Bytes)>, q: &Arc<str>) -> Bytes {
-    if let Some((k, v)) = last {
-        if Arc::ptr_eq(k, q) || **k == **q {
-            return v.clone();
-        }
+fn qualifier_string<'c>(last: &'c mut LastQualifier, q: &Arc<str>) -> &'c Bytes {
+    let same = last
+        .key
+        .as_ref()
+        .is_some_and(|k| Arc::ptr_eq(k, q) || **k == **q);
+    if !same {
+        last.key = Some(q.clone());
+        last.value = interned(q.as_bytes());
     }
-    let v = interned(q.as_bytes());
-    *last = Some((q.clone(), v.clone()));
-    v
+    &last.value
+}
+
+/// The previous row's qualifier: pieces of a path share them.
+#[derive(Default)]
+struct LastQualifier {
+    key: Option<Arc<str>>,
+    value: Bytes,
 }
 
 /// A span's id and trace id in hex as Parquet strings, made once per span;
