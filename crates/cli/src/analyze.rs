@@ -324,15 +324,26 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         operations: &operations,
         notes: &notes,
     };
-    tables::write_requests(&staging.file(tables::REQUESTS), &results)?;
-    tables::write_request_summaries(
-        &staging.file(tables::REQUEST_SUMMARY),
-        &staging.file(tables::REQUEST_SYSCALLS),
-        &results,
-    )?;
-    tables::write_operation_summary(&staging.file(tables::OPERATION_SUMMARY), &results)?;
-    tables::write_diagnoses(&staging.file(tables::DIAGNOSES), &results)?;
-    json::write_requests_json(&staging.file(json::REQUESTS_JSON), &results)?;
+    // requests.json (the largest) and the diagnoses on a thread of their
+    // own: each file ends with an fsync, which then overlaps with work.
+    std::thread::scope(|scope| -> Result<()> {
+        let side = scope.spawn(|| -> Result<(), deepspan_store::Error> {
+            json::write_requests_json(&staging.file(json::REQUESTS_JSON), &results)?;
+            tables::write_diagnoses(&staging.file(tables::DIAGNOSES), &results)?;
+            Ok(())
+        });
+        tables::write_requests(&staging.file(tables::REQUESTS), &results)?;
+        tables::write_request_summaries(
+            &staging.file(tables::REQUEST_SUMMARY),
+            &staging.file(tables::REQUEST_SYSCALLS),
+            &results,
+        )?;
+        tables::write_operation_summary(&staging.file(tables::OPERATION_SUMMARY), &results)?;
+        match side.join() {
+            Ok(r) => Ok(r?),
+            Err(_) => bail!("the requests.json writer thread panicked"),
+        }
+    })?;
     let dir = staging.commit()?;
     timings.phase("request tables");
 
