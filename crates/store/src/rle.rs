@@ -57,21 +57,46 @@ fn bit_packed(values: &[u32], width: u8, out: &mut Vec<u8>) {
     for chunk in values.chunks(MAX_GROUPS * 8) {
         let groups = chunk.len().div_ceil(8);
         uleb128(((groups as u64) << 1) | 1, out);
-        let mut acc: u64 = 0;
-        let mut bits = 0u32;
-        let padding = std::iter::repeat_n(0, groups * 8 - chunk.len());
-        for v in chunk.iter().copied().chain(padding) {
-            acc |= u64::from(v) << bits;
-            bits += u32::from(width);
-            while bits >= 8 {
-                out.push(acc as u8);
-                acc >>= 8;
-                bits -= 8;
-            }
+        let full = chunk.chunks_exact(8);
+        let rest = full.remainder();
+        for group in full {
+            pack_group(group, width, out);
         }
-        // 8 values of any width fill whole bytes.
-        debug_assert_eq!(bits, 0);
+        if !rest.is_empty() {
+            let mut group = [0u32; 8];
+            group[..rest.len()].copy_from_slice(rest);
+            pack_group(&group, width, out);
+        }
     }
+}
+
+/// Packs 8 values of `width` bits: `width` bytes.
+#[inline]
+fn pack_group(group: &[u32], width: u8, out: &mut Vec<u8>) {
+    let w = u32::from(width);
+    if w <= 8 {
+        // Most dictionaries (up to 256 values) and all levels: the 8 values
+        // fit in one word.
+        let mut acc: u64 = 0;
+        for (k, &v) in group.iter().enumerate() {
+            acc |= u64::from(v) << (k as u32 * w);
+        }
+        out.extend_from_slice(&acc.to_le_bytes()[..w as usize]);
+        return;
+    }
+    let mut acc: u64 = 0;
+    let mut bits = 0u32;
+    for &v in group {
+        acc |= u64::from(v) << bits;
+        bits += w;
+        while bits >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            bits -= 8;
+        }
+    }
+    // 8 values of any width fill whole bytes.
+    debug_assert_eq!(bits, 0);
 }
 
 fn uleb128(mut v: u64, out: &mut Vec<u8>) {
