@@ -14,6 +14,8 @@
 //! swapped in only when complete ([`Staging`]), so a reader never sees a
 //! half-written analysis and a failed run leaves the previous one intact.
 
+mod chunk;
+mod delta;
 pub mod diagnosis;
 mod error;
 pub mod json;

@@ -6,24 +6,18 @@
 //! The values reaching a table are mostly the same shared buffers
 //! ([`crate::table::interned`], static labels), so here a value is looked
 //! up by its address first, and by its bytes only the first time an address
-//! is seen in a row group. The row group's chunk (dictionary page, one data
-//! page of indices, offset index) is then assembled with the crate's page
-//! writer and spliced into the file.
+//! is seen in a row group. The row group's chunk is a dictionary page and
+//! one data page of indices (see `chunk.rs`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use bytes::Bytes;
-use parquet::basic::{Compression, Encoding, EncodingMask, PageType};
-use parquet::column::page::{CompressedPage, Page, PageWriter};
-use parquet::column::writer::ColumnCloseResult;
+use parquet::basic::{Compression, Encoding};
 use parquet::errors::{ParquetError, Result};
-use parquet::file::metadata::{ColumnChunkMetaData, OffsetIndexBuilder, PageEncodingStats};
-use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
-use parquet::schema::types::ColumnDescriptor;
 
 use deepspan_analysis::FastMap;
 
+use crate::chunk::{write_levels, Chunk};
 use crate::rle;
 
 /// Past this many bytes of distinct values in a row group, a dictionary
@@ -139,16 +133,10 @@ impl StringColumn {
 }
 
 /// Encodes one row group's column chunk: a PLAIN dictionary page and one
-/// RLE_DICTIONARY data page (v1), both LZ4_RAW, as the crate's own writer
-/// lays them out. `defs` are the definition levels of an optional column,
-/// one per row. Returns the chunk's bytes and what
-/// `SerializedRowGroupWriter::append_column` needs to splice them in.
-pub fn write_chunk(
-    column: &StringColumn,
-    defs: Option<&[i16]>,
-    rows: usize,
-    descr: Arc<ColumnDescriptor>,
-) -> Result<(Bytes, ColumnCloseResult)> {
+/// RLE_DICTIONARY data page, both LZ4_RAW, as the crate's own writer lays
+/// them out. `defs` are the definition levels of an optional column, one
+/// per row.
+pub fn string_chunk(column: &StringColumn, defs: Option<&[i16]>, rows: usize) -> Result<Chunk> {
     let mut dictionary = Vec::with_capacity(column.value_bytes + 4 * column.values.len());
     for v in &column.values {
         let len = u32::try_from(v.len())
@@ -156,85 +144,19 @@ pub fn write_chunk(
         dictionary.extend_from_slice(&len.to_le_bytes());
         dictionary.extend_from_slice(v);
     }
-
     let mut data = Vec::with_capacity(column.ids.len() * 2 + 16);
     if let Some(defs) = defs {
-        let levels: Vec<u32> = defs.iter().map(|&d| d as u32).collect();
-        let mut encoded = Vec::new();
-        rle::encode(&levels, 1, &mut encoded);
-        let len = u32::try_from(encoded.len()).expect("levels of one row group");
-        data.extend_from_slice(&len.to_le_bytes());
-        data.extend_from_slice(&encoded);
+        write_levels(defs, &mut data);
     }
     let width = rle::bit_width(column.values.len().saturating_sub(1) as u32);
     data.push(width);
     rle::encode(&column.ids, width, &mut data);
-
-    let mut sink = TrackedWrite::new(Vec::new());
-    let (dictionary_page, data_page) = {
-        let mut pages = SerializedPageWriter::new(&mut sink);
-        let dictionary_page = pages.write_page(CompressedPage::new(
-            Page::DictionaryPage {
-                buf: Bytes::from(lz4_flex::block::compress(&dictionary)),
-                num_values: column.values.len() as u32,
-                encoding: Encoding::PLAIN,
-                is_sorted: false,
-            },
-            dictionary.len(),
-        ))?;
-        let data_page = pages.write_page(CompressedPage::new(
-            Page::DataPage {
-                buf: Bytes::from(lz4_flex::block::compress(&data)),
-                // Rows, nulls included, as v1 pages count them.
-                num_values: rows as u32,
-                encoding: Encoding::RLE_DICTIONARY,
-                def_level_encoding: Encoding::RLE,
-                rep_level_encoding: Encoding::RLE,
-                statistics: None,
-            },
-            data.len(),
-        ))?;
-        pages.close()?;
-        (dictionary_page, data_page)
-    };
-    let bytes = Bytes::from(sink.into_inner()?);
-
-    let encodings = [Encoding::PLAIN, Encoding::RLE, Encoding::RLE_DICTIONARY];
-    let metadata = ColumnChunkMetaData::builder(descr)
-        .set_compression(Compression::LZ4_RAW)
-        .set_encodings_mask(EncodingMask::new_from_encodings(encodings.iter()))
-        .set_page_encoding_stats(vec![
-            PageEncodingStats {
-                page_type: PageType::DICTIONARY_PAGE,
-                encoding: Encoding::PLAIN,
-                count: 1,
-            },
-            PageEncodingStats {
-                page_type: PageType::DATA_PAGE,
-                encoding: Encoding::RLE_DICTIONARY,
-                count: 1,
-            },
-        ])
-        .set_total_compressed_size(
-            (dictionary_page.compressed_size + data_page.compressed_size) as i64,
-        )
-        .set_total_uncompressed_size(
-            (dictionary_page.uncompressed_size + data_page.uncompressed_size) as i64,
-        )
-        .set_num_values(rows as i64)
-        .set_dictionary_page_offset(Some(dictionary_page.offset as i64))
-        .set_data_page_offset(data_page.offset as i64)
-        .build()?;
-    let mut offsets = OffsetIndexBuilder::new();
-    offsets.append_row_count(rows as i64);
-    offsets.append_offset_and_size(data_page.offset as i64, data_page.compressed_size as i32);
-    let close = ColumnCloseResult {
-        bytes_written: bytes.len() as u64,
-        rows_written: rows as u64,
-        metadata,
-        bloom_filter: None,
-        column_index: None,
-        offset_index: Some(offsets.build()),
-    };
-    Ok((bytes, close))
+    Ok(Chunk {
+        dictionary: Some((dictionary, column.values.len())),
+        data,
+        encoding: Encoding::RLE_DICTIONARY,
+        rows,
+        compression: Compression::LZ4_RAW,
+        statistics: None,
+    })
 }

@@ -23,7 +23,8 @@ use parquet::record::Field;
 use parquet::schema::types::ColumnDescriptor;
 use parquet::schema::types::{ColumnPath, Type};
 
-use crate::strings::{write_chunk, StringColumn};
+use crate::chunk::{assemble, int64_chunk, Order};
+use crate::strings::{string_chunk, StringColumn};
 use crate::Error;
 
 /// Rows per row group. The rows of a group are buffered until it is
@@ -134,10 +135,26 @@ enum Values {
     Str(StringColumn),
 }
 
+impl Values {
+    /// Forgets the row group's values, keeping the allocations.
+    fn clear(&mut self) {
+        match self {
+            Values::I32(v) => v.clear(),
+            Values::I64(v) => v.clear(),
+            Values::F64(v) => v.clear(),
+            Values::Bool(v) => v.clear(),
+            Values::Str(v) => v.clear(),
+        }
+    }
+}
+
 struct Buffer {
     column: Column,
     /// The column in the file's schema (for chunks encoded here).
     descr: Arc<ColumnDescriptor>,
+    compression: Compression,
+    /// How to order values for min/max statistics, where kept.
+    statistics: Option<Order>,
     values: Values,
     /// Definition levels (1 = present) of a nullable column.
     defs: Vec<i16>,
@@ -240,6 +257,17 @@ impl TableWriter {
             .map(|(i, &column)| Buffer {
                 column,
                 descr: writer.schema_descr().column(i),
+                compression: if TIME_COLUMNS.contains(&column.name) && column.kind == Kind::I64 {
+                    Compression::UNCOMPRESSED
+                } else {
+                    Compression::LZ4_RAW
+                },
+                statistics: match column.kind {
+                    _ if !PRUNING_COLUMNS.contains(&column.name) => None,
+                    Kind::U64 => Some(Order::Unsigned),
+                    Kind::I32 | Kind::I64 | Kind::F64 | Kind::Bool => Some(Order::Signed),
+                    Kind::Str => None,
+                },
                 values: match column.kind {
                     Kind::I32 => Values::I32(Vec::with_capacity(ROW_GROUP)),
                     Kind::I64 | Kind::U64 => Values::I64(Vec::with_capacity(ROW_GROUP)),
@@ -506,57 +534,41 @@ impl TableWriter {
         }
         let path = self.path.clone();
         let err = |e| Error::parquet(&path, "writing a row group", e);
+        let rows = self.rows_buffered;
         let mut group = self.writer.next_row_group().map_err(err)?;
         for b in &mut self.buffers {
             let defs = b.column.nullable.then_some(&b.defs[..]);
-            if let Values::Str(v) = &mut b.values {
-                if v.fits_dictionary() {
-                    let (chunk, close) =
-                        write_chunk(v, defs, self.rows_buffered, b.descr.clone()).map_err(err)?;
-                    group.append_column(&chunk, close).map_err(err)?;
-                    v.clear();
+            // Strings with a dictionary of reasonable size and 64-bit
+            // integers are encoded here (see chunk.rs); the rest by the
+            // crate's column writer.
+            let chunk = match &mut b.values {
+                Values::Str(v) if v.fits_dictionary() => string_chunk(v, defs, rows).map_err(err)?,
+                Values::I64(v) => int64_chunk(v, defs, rows, b.compression, b.statistics),
+                values => {
+                    let Some(mut col) = group.next_column().map_err(err)? else {
+                        break;
+                    };
+                    match values {
+                        Values::I32(v) => col.typed::<Int32Type>().write_batch(v, defs, None),
+                        Values::I64(v) => col.typed::<Int64Type>().write_batch(v, defs, None),
+                        Values::F64(v) => col.typed::<DoubleType>().write_batch(v, defs, None),
+                        Values::Bool(v) => col.typed::<BoolType>().write_batch(v, defs, None),
+                        Values::Str(v) => {
+                            let v: Vec<ByteArray> = v.values().cloned().map(ByteArray::from).collect();
+                            col.typed::<ByteArrayType>().write_batch(&v, defs, None)
+                        }
+                    }
+                    .map_err(err)?;
+                    col.close().map_err(err)?;
+                    values.clear();
                     b.defs.clear();
                     continue;
                 }
-            }
-            let Some(mut col) = group.next_column().map_err(err)? else {
-                break;
             };
-            match &mut b.values {
-                Values::I32(v) => {
-                    col.typed::<Int32Type>()
-                        .write_batch(v, defs, None)
-                        .map_err(err)?;
-                    v.clear();
-                }
-                Values::I64(v) => {
-                    col.typed::<Int64Type>()
-                        .write_batch(v, defs, None)
-                        .map_err(err)?;
-                    v.clear();
-                }
-                Values::F64(v) => {
-                    col.typed::<DoubleType>()
-                        .write_batch(v, defs, None)
-                        .map_err(err)?;
-                    v.clear();
-                }
-                Values::Bool(v) => {
-                    col.typed::<BoolType>()
-                        .write_batch(v, defs, None)
-                        .map_err(err)?;
-                    v.clear();
-                }
-                Values::Str(v) => {
-                    let values: Vec<ByteArray> = v.values().cloned().map(ByteArray::from).collect();
-                    col.typed::<ByteArrayType>()
-                        .write_batch(&values, defs, None)
-                        .map_err(err)?;
-                    v.clear();
-                }
-            }
+            let (bytes, close) = assemble(chunk, b.descr.clone()).map_err(err)?;
+            group.append_column(&bytes, close).map_err(err)?;
+            b.values.clear();
             b.defs.clear();
-            col.close().map_err(err)?;
         }
         group.close().map_err(err)?;
         self.rows_buffered = 0;
@@ -843,6 +855,61 @@ mod tests {
                 distinct.len(),
                 "row group {g}"
             );
+        }
+    }
+
+    /// 64-bit columns are encoded here too (src/delta.rs): nulls, the
+    /// extremes, unsigned values, and the min/max that pruning columns keep.
+    #[test]
+    fn int64_columns_round_trip_with_statistics() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        use parquet::file::statistics::Statistics;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let cols = [
+            Column::nullable("start_ns", Kind::I64),
+            Column::new("raw", Kind::U64),
+            Column::nullable("other", Kind::I64),
+        ];
+        let start = |i: usize| (!i.is_multiple_of(3)).then(|| 1_000_000_000 + (i as i64) * 977 - 5_000);
+        let raw = |i: usize| if i.is_multiple_of(2) { u64::MAX - i as u64 } else { i as u64 };
+        let other = |i: usize| match i % 4 {
+            0 => None,
+            1 => Some(i64::MIN + i as i64),
+            _ => Some(i64::MAX - i as i64),
+        };
+        let rows = ROW_GROUP + 300;
+        let mut w = TableWriter::create(&path, &cols).unwrap();
+        for i in 0..rows {
+            w.opt_i64(start(i));
+            w.u64(raw(i));
+            w.opt_i64(other(i));
+            w.end_row().unwrap();
+        }
+        w.finish().unwrap();
+
+        let got = read_rows(&path, |_| true).unwrap();
+        assert_eq!(got.len(), rows);
+        for (i, row) in got.iter().enumerate() {
+            assert_eq!(row[0].1, start(i).map_or(Cell::Null, Cell::Int), "row {i}");
+            assert_eq!(row[1].1.as_u64(), Some(raw(i)), "row {i}");
+            assert_eq!(row[2].1, other(i).map_or(Cell::Null, Cell::Int), "row {i}");
+        }
+        let reader = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+        for (g, group) in reader.metadata().row_groups().iter().enumerate() {
+            let first = g * ROW_GROUP;
+            let range = first..rows.min(first + ROW_GROUP);
+            let present: Vec<i64> = range.clone().filter_map(start).collect();
+            match group.column(0).statistics() {
+                Some(Statistics::Int64(s)) => {
+                    assert_eq!(s.min_opt(), present.iter().min(), "row group {g}");
+                    assert_eq!(s.max_opt(), present.iter().max(), "row group {g}");
+                    assert_eq!(s.null_count_opt(), Some((range.len() - present.len()) as u64));
+                }
+                other => panic!("start_ns statistics: {other:?}"),
+            }
+            assert!(group.column(1).statistics().is_none(), "only pruning columns keep them");
         }
     }
 }
