@@ -29,6 +29,12 @@ pub fn encode(values: &[u32], width: u8, out: &mut Vec<u8>) {
     let mut i = 0;
     while i < values.len() {
         let v = values[i];
+        // Most positions start no run: one look at where a run's last
+        // value would be tells.
+        if values.get(i + MIN_REPEAT - 1) != Some(&v) {
+            i += 1;
+            continue;
+        }
         let run = values[i..].iter().take_while(|&&x| x == v).count();
         if run < MIN_REPEAT {
             i += run;
