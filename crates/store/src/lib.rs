@@ -15,6 +15,7 @@
 //! half-written analysis and a failed run leaves the previous one intact.
 
 mod chunk;
+mod columns;
 mod delta;
 pub mod diagnosis;
 mod error;

@@ -120,6 +120,11 @@ impl StringColumn {
         self.ids.iter().map(|&i| &self.values[i as usize])
     }
 
+    /// Values (not nulls) pushed in this row group.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
     /// Forgets the row group, keeping the allocations.
     pub fn clear(&mut self) {
         self.ids.clear();

@@ -18,7 +18,8 @@ use parquet::data_type::{BoolType, ByteArray, ByteArrayType, DoubleType, Int32Ty
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::FileReader;
 use parquet::file::serialized_reader::SerializedFileReader;
-use parquet::file::writer::SerializedFileWriter;
+use parquet::errors::ParquetError;
+use parquet::file::writer::{SerializedFileWriter, SerializedRowGroupWriter};
 use parquet::record::Field;
 use parquet::schema::types::ColumnDescriptor;
 use parquet::schema::types::{ColumnPath, Type};
@@ -127,7 +128,7 @@ impl Column {
     }
 }
 
-enum Values {
+pub(crate) enum Values {
     I32(Vec<i32>),
     I64(Vec<i64>),
     F64(Vec<f64>),
@@ -136,6 +137,16 @@ enum Values {
 }
 
 impl Values {
+    fn len(&self) -> usize {
+        match self {
+            Values::I32(v) => v.len(),
+            Values::I64(v) => v.len(),
+            Values::F64(v) => v.len(),
+            Values::Bool(v) => v.len(),
+            Values::Str(v) => v.len(),
+        }
+    }
+
     /// Forgets the row group's values, keeping the allocations.
     fn clear(&mut self) {
         match self {
@@ -148,22 +159,80 @@ impl Values {
     }
 }
 
-struct Buffer {
-    column: Column,
+/// One column's values for the row group being filled.
+pub(crate) struct Buffer {
+    pub(crate) column: Column,
+    /// Its position in the schema.
+    index: usize,
     /// The column in the file's schema (for chunks encoded here).
     descr: Arc<ColumnDescriptor>,
     compression: Compression,
     /// How to order values for min/max statistics, where kept.
     statistics: Option<Order>,
-    values: Values,
+    pub(crate) values: Values,
     /// Definition levels (1 = present) of a nullable column.
-    defs: Vec<i16>,
+    pub(crate) defs: Vec<i16>,
+}
+
+impl Buffer {
+    /// Rows the buffer holds a value or a null for.
+    fn rows(&self) -> usize {
+        if self.column.nullable {
+            self.defs.len()
+        } else {
+            self.values.len()
+        }
+    }
+
+    /// Writes the buffer as the next column chunk of `group` and empties
+    /// it. Strings with a dictionary of reasonable size and 64-bit integers
+    /// are encoded here (see chunk.rs); the rest by the crate's column
+    /// writer.
+    fn write(&mut self, group: &mut RowGroup, rows: usize) -> parquet::errors::Result<()> {
+        let defs = self.column.nullable.then_some(&self.defs[..]);
+        let chunk = match &mut self.values {
+            Values::Str(v) if v.fits_dictionary() => string_chunk(v, defs, rows)?,
+            Values::I64(v) => int64_chunk(v, defs, rows, self.compression, self.statistics),
+            values => {
+                let Some(mut col) = group.next_column()? else {
+                    return Err(ParquetError::General("more columns than the schema".into()));
+                };
+                match values {
+                    Values::I32(v) => col.typed::<Int32Type>().write_batch(v, defs, None),
+                    Values::I64(v) => col.typed::<Int64Type>().write_batch(v, defs, None),
+                    Values::F64(v) => col.typed::<DoubleType>().write_batch(v, defs, None),
+                    Values::Bool(v) => col.typed::<BoolType>().write_batch(v, defs, None),
+                    Values::Str(v) => {
+                        let v: Vec<ByteArray> = v.values().cloned().map(ByteArray::from).collect();
+                        col.typed::<ByteArrayType>().write_batch(&v, defs, None)
+                    }
+                }?;
+                col.close()?;
+                values.clear();
+                self.defs.clear();
+                return Ok(());
+            }
+        };
+        let (bytes, close) = assemble(chunk, self.descr.clone())?;
+        group.append_column(&bytes, close)?;
+        self.values.clear();
+        self.defs.clear();
+        Ok(())
+    }
+}
+
+type RowGroup<'a> = SerializedRowGroupWriter<'a, BufWriter<File>>;
+
+/// A Parquet file being written a row group at a time, and the column
+/// buffers its row groups are written from.
+pub(crate) struct TableFile {
+    path: PathBuf,
+    writer: SerializedFileWriter<BufWriter<File>>,
 }
 
 /// Writes one Parquet file row by row.
 pub struct TableWriter {
-    path: PathBuf,
-    writer: SerializedFileWriter<BufWriter<File>>,
+    file: TableFile,
     buffers: Vec<Buffer>,
     /// Next column of the current row.
     next: usize,
@@ -173,9 +242,10 @@ pub struct TableWriter {
     misuse: Option<String>,
 }
 
-impl TableWriter {
-    /// Creates (or truncates) `path` for a table of these columns.
-    pub fn create(path: &Path, columns: &[Column]) -> Result<TableWriter, Error> {
+impl TableFile {
+    /// Creates (or truncates) `path` for a table of these columns; returns
+    /// the file and an empty buffer per column, in schema order.
+    pub(crate) fn create(path: &Path, columns: &[Column]) -> Result<(TableFile, Vec<Buffer>), Error> {
         let fields = columns
             .iter()
             .map(|c| {
@@ -256,6 +326,7 @@ impl TableWriter {
             .enumerate()
             .map(|(i, &column)| Buffer {
                 column,
+                index: i,
                 descr: writer.schema_descr().column(i),
                 compression: if TIME_COLUMNS.contains(&column.name) && column.kind == Kind::I64 {
                     Compression::UNCOMPRESSED
@@ -278,9 +349,70 @@ impl TableWriter {
                 defs: Vec::new(),
             })
             .collect();
-        Ok(TableWriter {
+        let file = TableFile {
             path: path.to_path_buf(),
             writer,
+        };
+        Ok((file, buffers))
+    }
+
+    /// Writes one row group of `rows` rows from the buffers, all of the
+    /// schema's columns in its order, and empties them.
+    pub(crate) fn write_group<'b>(
+        &mut self,
+        buffers: impl IntoIterator<Item = &'b mut Buffer>,
+        rows: usize,
+    ) -> Result<(), Error> {
+        let path = &self.path;
+        let mut buffers: Vec<&mut Buffer> = buffers.into_iter().collect();
+        // A table's own code fills the buffers: a wrong count or order is a
+        // bug, reported as such rather than written.
+        for (i, b) in buffers.iter().enumerate() {
+            if b.index != i || b.rows() != rows {
+                return Err(Error::Schema {
+                    path: path.clone(),
+                    what: format!(
+                        "column {} (schema position {}) has {} rows at position {i} of a row group of {rows}",
+                        b.column.name,
+                        b.index,
+                        b.rows()
+                    ),
+                });
+            }
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let err = |e| Error::parquet(path, "writing a row group", e);
+        let mut group = self.writer.next_row_group().map_err(err)?;
+        for b in &mut buffers {
+            b.write(&mut group, rows).map_err(err)?;
+        }
+        group.close().map_err(err)?;
+        Ok(())
+    }
+
+    /// Writes the footer and syncs the file.
+    pub(crate) fn finish(self) -> Result<(), Error> {
+        let path = self.path;
+        let inner = self
+            .writer
+            .into_inner()
+            .map_err(|e| Error::parquet(&path, "writing the footer", e))?;
+        inner
+            .into_inner()
+            .map_err(|e| Error::io(&path, "cannot write", e.into_error()))?
+            .sync_all()
+            .map_err(|e| Error::io(&path, "cannot sync", e))
+    }
+}
+
+impl TableWriter {
+    /// Creates (or truncates) `path` for a table of these columns.
+    pub fn create(path: &Path, columns: &[Column]) -> Result<TableWriter, Error> {
+        let (file, buffers) = TableFile::create(path, columns)?;
+        Ok(TableWriter {
+            file,
             buffers,
             next: 0,
             rows_buffered: 0,
@@ -517,7 +649,7 @@ impl TableWriter {
             ),
         };
         Error::Schema {
-            path: self.path.clone(),
+            path: self.file.path.clone(),
             what,
         }
     }
@@ -529,48 +661,7 @@ impl TableWriter {
 
     #[inline(never)]
     fn flush(&mut self) -> Result<(), Error> {
-        if self.rows_buffered == 0 {
-            return Ok(());
-        }
-        let path = self.path.clone();
-        let err = |e| Error::parquet(&path, "writing a row group", e);
-        let rows = self.rows_buffered;
-        let mut group = self.writer.next_row_group().map_err(err)?;
-        for b in &mut self.buffers {
-            let defs = b.column.nullable.then_some(&b.defs[..]);
-            // Strings with a dictionary of reasonable size and 64-bit
-            // integers are encoded here (see chunk.rs); the rest by the
-            // crate's column writer.
-            let chunk = match &mut b.values {
-                Values::Str(v) if v.fits_dictionary() => string_chunk(v, defs, rows).map_err(err)?,
-                Values::I64(v) => int64_chunk(v, defs, rows, b.compression, b.statistics),
-                values => {
-                    let Some(mut col) = group.next_column().map_err(err)? else {
-                        break;
-                    };
-                    match values {
-                        Values::I32(v) => col.typed::<Int32Type>().write_batch(v, defs, None),
-                        Values::I64(v) => col.typed::<Int64Type>().write_batch(v, defs, None),
-                        Values::F64(v) => col.typed::<DoubleType>().write_batch(v, defs, None),
-                        Values::Bool(v) => col.typed::<BoolType>().write_batch(v, defs, None),
-                        Values::Str(v) => {
-                            let v: Vec<ByteArray> = v.values().cloned().map(ByteArray::from).collect();
-                            col.typed::<ByteArrayType>().write_batch(&v, defs, None)
-                        }
-                    }
-                    .map_err(err)?;
-                    col.close().map_err(err)?;
-                    values.clear();
-                    b.defs.clear();
-                    continue;
-                }
-            };
-            let (bytes, close) = assemble(chunk, b.descr.clone()).map_err(err)?;
-            group.append_column(&bytes, close).map_err(err)?;
-            b.values.clear();
-            b.defs.clear();
-        }
-        group.close().map_err(err)?;
+        self.file.write_group(&mut self.buffers, self.rows_buffered)?;
         self.rows_buffered = 0;
         Ok(())
     }
@@ -579,29 +670,19 @@ impl TableWriter {
     pub fn finish(mut self) -> Result<u64, Error> {
         if let Some(what) = self.misuse.take() {
             return Err(Error::Schema {
-                path: self.path.clone(),
+                path: self.file.path.clone(),
                 what,
             });
         }
         if self.next != 0 {
             return Err(Error::Schema {
-                path: self.path.clone(),
+                path: self.file.path.clone(),
                 what: "the last row is incomplete".into(),
             });
         }
         self.flush()?;
-        let path = self.path.clone();
-        let rows = self.rows;
-        let inner = self
-            .writer
-            .into_inner()
-            .map_err(|e| Error::parquet(&path, "writing the footer", e))?;
-        inner
-            .into_inner()
-            .map_err(|e| Error::io(&path, "cannot write", e.into_error()))?
-            .sync_all()
-            .map_err(|e| Error::io(&path, "cannot sync", e))?;
-        Ok(rows)
+        self.file.finish()?;
+        Ok(self.rows)
     }
 }
 

@@ -15,6 +15,7 @@ use deepspan_analysis::{
 };
 use deepspan_model::{Comm, Tid};
 
+use crate::columns::{columns, ColumnarTable, Optional, OptionalText, Required, Text};
 use crate::table::{interned, Column, Kind, TableWriter};
 use crate::{span_hex, trace_hex, AnalysisResults, Error};
 
@@ -241,9 +242,25 @@ impl KernelContext<'_> {
 static NO_WAKEUP: Bytes = Bytes::from_static(b"no wake-up seen");
 static LOOPBACK: Bytes = Bytes::from_static(b"loopback packet");
 
+columns! {
+    struct ThreadStateColumns {
+        tid: Required<i32>,
+        pid: Optional<i32>,
+        comm: OptionalText,
+        start_ns: Required<i64>,
+        end_ns: Required<i64>,
+        duration_ns: Required<i64>,
+        state: Text,
+        cpu: Optional<i32>,
+        waker_tid: Optional<i32>,
+        detail: OptionalText,
+        syscall: OptionalText,
+    }
+}
+
 /// All thread states of the model.
 pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error> {
-    let mut w = TableWriter::create(path, THREAD_STATES_COLUMNS)?;
+    let mut table = ColumnarTable::<ThreadStateColumns>::create(path, THREAD_STATES_COLUMNS)?;
     let mut comms = StringCache::default();
     // Labels and details repeat: each made once.
     let mut labels = StringCache::default();
@@ -264,19 +281,20 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
             while name + 1 < names.len() && names[name + 1].0 <= s.start {
                 name += 1;
             }
-            w.i32(th.tid);
-            w.opt_i32(pid);
-            w.bytes(names.get(name).map(|n| comm_string(&mut comms, n.1)));
-            w.u64(s.start);
-            w.u64(s.end);
-            w.u64(s.duration());
-            w.static_str(state_name(s.state));
-            w.opt_i32((s.cpu != deepspan_analysis::NO_CPU).then_some(s.cpu as i32));
+            let w = &mut table.columns;
+            w.tid.push(th.tid);
+            w.pid.push(pid);
+            w.comm.push(names.get(name).map(|n| comm_string(&mut comms, n.1)));
+            w.start_ns.push_u64(s.start);
+            w.end_ns.push_u64(s.end);
+            w.duration_ns.push_u64(s.duration());
+            w.state.push_static(state_name(s.state));
+            w.cpu.push((s.cpu != deepspan_analysis::NO_CPU).then_some(s.cpu as i32));
             let waker = match s.state {
                 ThreadState::Blocked(BlockReason::Thread(t) | BlockReason::Loopback(t)) => Some(t),
                 _ => None,
             };
-            w.opt_i32(waker);
+            w.waker_tid.push(waker);
             let detail = match s.state {
                 ThreadState::Blocked(BlockReason::Unexplained) => Some(&NO_WAKEUP),
                 ThreadState::Blocked(BlockReason::Loopback(_)) => Some(&LOOPBACK),
@@ -295,7 +313,7 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
                 }
                 _ => None,
             };
-            w.bytes(detail);
+            w.detail.push(detail);
             // What it waited in; not said for RUNNING (it is in many).
             let inside = syscalls
                 .get(next_syscall)
@@ -305,36 +323,54 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
                     syscall_label(r.model, r.arch, sc)
                 })
             });
-            w.bytes(syscall);
-            w.end_row()?;
+            w.syscall.push(syscall);
+            table.end_row()?;
         }
     }
-    w.finish()
+    table.finish()
+}
+
+columns! {
+    struct SyscallColumns {
+        tid: Required<i32>,
+        pid: Optional<i32>,
+        start_ns: Required<i64>,
+        end_ns: Required<i64>,
+        duration_ns: Required<i64>,
+        nr: Required<i32>,
+        name: OptionalText,
+        arg0: Required<i64>,
+        arg1: Required<i64>,
+        ret: Optional<i64>,
+        entry_seen: Required<bool>,
+        exit_seen: Required<bool>,
+    }
 }
 
 /// All system calls of the model.
 pub fn write_syscalls(path: &Path, r: &KernelContext) -> Result<u64, Error> {
-    let mut w = TableWriter::create(path, SYSCALLS_COLUMNS)?;
+    let mut table = ColumnarTable::<SyscallColumns>::create(path, SYSCALLS_COLUMNS)?;
     let mut names = NameCache::default();
     for th in r.model.threads() {
         let pid = r.pid(th.tid);
         for s in th.syscalls() {
-            w.i32(th.tid);
-            w.opt_i32(pid);
-            w.u64(s.start);
-            w.u64(s.end);
-            w.u64(s.end.saturating_sub(s.start));
-            w.i32(s.id);
-            w.bytes(names.get(r, s));
-            w.u64(s.arg0);
-            w.u64(s.arg1);
-            w.opt_i64(s.exit_seen.then_some(s.ret));
-            w.bool(s.entry_seen);
-            w.bool(s.exit_seen);
-            w.end_row()?;
+            let w = &mut table.columns;
+            w.tid.push(th.tid);
+            w.pid.push(pid);
+            w.start_ns.push_u64(s.start);
+            w.end_ns.push_u64(s.end);
+            w.duration_ns.push_u64(s.end.saturating_sub(s.start));
+            w.nr.push(s.id);
+            w.name.push(names.get(r, s));
+            w.arg0.push_u64(s.arg0);
+            w.arg1.push_u64(s.arg1);
+            w.ret.push(s.exit_seen.then_some(s.ret));
+            w.entry_seen.push(s.entry_seen);
+            w.exit_seen.push(s.exit_seen);
+            table.end_row()?;
         }
     }
-    w.finish()
+    table.finish()
 }
 
 /// Syscall names as Parquet strings, made once per name: from the number
@@ -444,6 +480,34 @@ pub fn write_requests(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
     w.finish()
 }
 
+columns! {
+    struct CriticalPathColumns {
+        trace_id: Text,
+        span_id: Text,
+        seq: Required<i32>,
+        start_ns: Required<i64>,
+        end_ns: Required<i64>,
+        duration_ns: Required<i64>,
+        state: Text,
+        tid: Optional<i32>,
+        comm: OptionalText,
+        syscall: OptionalText,
+        waiting_in: OptionalText,
+        detail: OptionalText,
+        working_for_span_id: OptionalText,
+        blocked_by_request: OptionalText,
+        blocked_by_trace_id: OptionalText,
+        shared: Required<i32>,
+        vertical: Required<bool>,
+        lost: Required<bool>,
+        preempted_by_tid: Optional<i32>,
+        preempted_by_comm: OptionalText,
+        throttled_ns: Optional<i64>,
+        contended_ns: Optional<i64>,
+        wakeup_ns: Optional<i64>,
+    }
+}
+
 /// What the critical-path rows need besides the path.
 pub struct PathContext<'a> {
     pub model: &'a KernelModel,
@@ -459,7 +523,7 @@ pub struct PathContext<'a> {
 /// system calls, spans): each string is made once and cloned after (a
 /// reference count), never formatted per row.
 pub struct CriticalPathWriter {
-    w: TableWriter,
+    table: ColumnarTable<CriticalPathColumns>,
     // One cache per column: each sees runs of the same key.
     comms: StringCache<Comm>,
     holder_comms: StringCache<Comm>,
@@ -474,7 +538,7 @@ pub struct CriticalPathWriter {
 impl CriticalPathWriter {
     pub fn create(path: &Path) -> Result<CriticalPathWriter, Error> {
         Ok(CriticalPathWriter {
-            w: TableWriter::create(path, CRITICAL_PATH_COLUMNS)?,
+            table: ColumnarTable::create(path, CRITICAL_PATH_COLUMNS)?,
             comms: StringCache::default(),
             holder_comms: StringCache::default(),
             syscalls: StringCache::default(),
@@ -491,60 +555,60 @@ impl CriticalPathWriter {
             return Ok(());
         };
         for (seq, piece) in p.pieces.iter().enumerate() {
-            let w = &mut self.w;
-            w.bytes(Some(&trace_id));
-            w.bytes(Some(&span_id));
-            w.i32(i32::try_from(seq).unwrap_or(i32::MAX));
-            w.u64(piece.start);
-            w.u64(piece.end);
-            w.u64(piece.duration());
-            w.static_str(path_state_name(piece.state));
-            w.opt_i32(piece.tid);
-            w.bytes(piece.comm.map(|c| comm_string(&mut self.comms, c)));
+            let w = &mut self.table.columns;
+            w.trace_id.push(&trace_id);
+            w.span_id.push(&span_id);
+            w.seq.push(i32::try_from(seq).unwrap_or(i32::MAX));
+            w.start_ns.push_u64(piece.start);
+            w.end_ns.push_u64(piece.end);
+            w.duration_ns.push_u64(piece.duration());
+            w.state.push_static(path_state_name(piece.state));
+            w.tid.push(piece.tid);
+            w.comm.push(piece.comm.map(|c| comm_string(&mut self.comms, c)));
             let syscall = piece
                 .syscall
                 .map(|s| label_string(&mut self.syscalls, ctx, &s));
-            w.bytes(syscall);
+            w.syscall.push(syscall);
             let waiting = piece
                 .waiting_in
                 .map(|s| label_string(&mut self.waiting_in, ctx, &s));
-            w.bytes(waiting);
+            w.waiting_in.push(waiting);
             let qualifier = piece
                 .qualifier
                 .as_ref()
                 .map(|q| qualifier_string(&mut self.last_qualifier, q));
-            w.bytes(qualifier);
+            w.detail.push(qualifier);
             let working = piece
                 .span
                 .and_then(|s| span_strings(&mut self.span_ids, ctx, s))
                 .map(|ids| &ids.0);
-            w.bytes(working);
+            w.working_for_span_id.push(working);
             let blocker = piece
                 .blocked_by
                 .and_then(|b| span_strings(&mut self.span_ids, ctx, b));
-            w.bytes(blocker.map(|ids| &ids.0));
-            w.bytes(blocker.map(|ids| &ids.1));
-            w.i32(i32::try_from(piece.shared).unwrap_or(i32::MAX));
-            w.bool(piece.vertical);
-            w.bool(piece.lost);
+            w.blocked_by_request.push(blocker.map(|ids| &ids.0));
+            w.blocked_by_trace_id.push(blocker.map(|ids| &ids.1));
+            w.shared.push(i32::try_from(piece.shared).unwrap_or(i32::MAX));
+            w.vertical.push(piece.vertical);
+            w.lost.push(piece.lost);
             let wait = piece.cpu_wait;
             let holder = wait.and_then(|x| x.holder);
-            w.opt_i32(holder);
+            w.preempted_by_tid.push(holder);
             let holder_comm = holder
                 .and_then(|t| ctx.model.thread(t))
                 .and_then(|t| t.name_at(piece.start))
                 .map(|c| comm_string(&mut self.holder_comms, c));
-            w.bytes(holder_comm);
-            w.opt_u64(wait.map(|x| x.throttled_ns));
-            w.opt_u64(wait.map(|x| x.contended_ns));
-            w.opt_u64(wait.map(|x| x.wakeup_ns));
-            w.end_row()?;
+            w.preempted_by_comm.push(holder_comm);
+            w.throttled_ns.push_u64(wait.map(|x| x.throttled_ns));
+            w.contended_ns.push_u64(wait.map(|x| x.contended_ns));
+            w.wakeup_ns.push_u64(wait.map(|x| x.wakeup_ns));
+            self.table.end_row()?;
         }
         Ok(())
     }
 
     pub fn finish(self) -> Result<u64, Error> {
-        self.w.finish()
+        self.table.finish()
     }
 }
 
