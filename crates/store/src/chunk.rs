@@ -39,10 +39,9 @@ pub struct Chunk {
 /// Appends the definition levels of an optional column (1 = present) as a
 /// v1 data page has them: their byte length, then RLE / bit-packed.
 pub fn write_levels(defs: &[i16], data: &mut Vec<u8>) {
-    let levels: Vec<u32> = defs.iter().map(|&d| d as u32).collect();
     let at = data.len();
     data.extend_from_slice(&[0; 4]);
-    rle::encode(&levels, 1, data);
+    rle::encode(defs, 1, data);
     let len = (data.len() - at - 4) as u32;
     data[at..at + 4].copy_from_slice(&len.to_le_bytes());
 }

@@ -22,8 +22,28 @@ pub fn bit_width(max: u32) -> u8 {
     (32 - max.leading_zeros()) as u8
 }
 
+/// What can be encoded: dictionary indices, and definition levels as the
+/// crate's column writer takes them (no conversion pass).
+pub trait Value: Copy + PartialEq {
+    fn bits(self) -> u32;
+}
+
+impl Value for u32 {
+    #[inline(always)]
+    fn bits(self) -> u32 {
+        self
+    }
+}
+
+impl Value for i16 {
+    #[inline(always)]
+    fn bits(self) -> u32 {
+        self as u16 as u32
+    }
+}
+
 /// Appends `values` (each below `1 << width`) to `out`.
-pub fn encode(values: &[u32], width: u8, out: &mut Vec<u8>) {
+pub fn encode<T: Value>(values: &[T], width: u8, out: &mut Vec<u8>) {
     debug_assert!(width <= 32);
     let mut literal_start = 0;
     let mut i = 0;
@@ -52,14 +72,14 @@ pub fn encode(values: &[u32], width: u8, out: &mut Vec<u8>) {
     bit_packed(&values[literal_start..], width, out);
 }
 
-fn rle_run(value: u32, count: usize, width: u8, out: &mut Vec<u8>) {
+fn rle_run<T: Value>(value: T, count: usize, width: u8, out: &mut Vec<u8>) {
     uleb128((count as u64) << 1, out);
     let bytes = usize::from(width).div_ceil(8);
-    out.extend_from_slice(&value.to_le_bytes()[..bytes]);
+    out.extend_from_slice(&value.bits().to_le_bytes()[..bytes]);
 }
 
 /// Writes `values` as bit-packed runs (the last group zero-padded).
-fn bit_packed(values: &[u32], width: u8, out: &mut Vec<u8>) {
+fn bit_packed<T: Value>(values: &[T], width: u8, out: &mut Vec<u8>) {
     for chunk in values.chunks(MAX_GROUPS * 8) {
         let groups = chunk.len().div_ceil(8);
         uleb128(((groups as u64) << 1) | 1, out);
@@ -70,7 +90,9 @@ fn bit_packed(values: &[u32], width: u8, out: &mut Vec<u8>) {
         }
         if !rest.is_empty() {
             let mut group = [0u32; 8];
-            group[..rest.len()].copy_from_slice(rest);
+            for (g, &v) in group.iter_mut().zip(rest) {
+                *g = v.bits();
+            }
             pack_group(&group, width, out);
         }
     }
@@ -78,14 +100,14 @@ fn bit_packed(values: &[u32], width: u8, out: &mut Vec<u8>) {
 
 /// Packs 8 values of `width` bits: `width` bytes.
 #[inline]
-fn pack_group(group: &[u32], width: u8, out: &mut Vec<u8>) {
+fn pack_group<T: Value>(group: &[T], width: u8, out: &mut Vec<u8>) {
     let w = u32::from(width);
     if w <= 8 {
         // Most dictionaries (up to 256 values) and all levels: the 8 values
         // fit in one word.
         let mut acc: u64 = 0;
         for (k, &v) in group.iter().enumerate() {
-            acc |= u64::from(v) << (k as u32 * w);
+            acc |= u64::from(v.bits()) << (k as u32 * w);
         }
         out.extend_from_slice(&acc.to_le_bytes()[..w as usize]);
         return;
@@ -93,7 +115,7 @@ fn pack_group(group: &[u32], width: u8, out: &mut Vec<u8>) {
     let mut acc: u64 = 0;
     let mut bits = 0u32;
     for &v in group {
-        acc |= u64::from(v) << bits;
+        acc |= u64::from(v.bits()) << bits;
         bits += w;
         while bits >= 8 {
             out.push(acc as u8);
