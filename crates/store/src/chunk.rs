@@ -170,6 +170,53 @@ pub fn int64_chunk(
     }
 }
 
+/// One row group of a 32-bit integer column, PLAIN (little-endian) and
+/// LZ4_RAW; min/max where `statistics` is set (signed).
+pub fn int32_chunk(values: &[i32], defs: Option<&[i16]>, rows: usize, statistics: bool) -> Chunk {
+    let mut data = Vec::with_capacity(values.len() * 4 + 64);
+    if let Some(defs) = defs {
+        write_levels(defs, &mut data);
+    }
+    for v in values {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    let nulls = Some((rows - values.len()) as u64);
+    let statistics = statistics.then(|| {
+        let (min, max) = (values.iter().min().copied(), values.iter().max().copied());
+        Statistics::Int32(
+            ValueStatistics::new(min, max, None, nulls, false).with_backwards_compatible_min_max(true),
+        )
+    });
+    Chunk {
+        dictionary: None,
+        data,
+        encoding: Encoding::PLAIN,
+        rows,
+        compression: Compression::LZ4_RAW,
+        statistics,
+    }
+}
+
+/// One row group of a boolean column, PLAIN (one bit per value, least
+/// significant first) and LZ4_RAW.
+pub fn bool_chunk(values: &[bool], defs: Option<&[i16]>, rows: usize) -> Chunk {
+    let mut data = Vec::with_capacity(values.len() / 8 + 64);
+    if let Some(defs) = defs {
+        write_levels(defs, &mut data);
+    }
+    for byte in values.chunks(8) {
+        data.push(byte.iter().enumerate().fold(0u8, |b, (i, &v)| b | (u8::from(v) << i)));
+    }
+    Chunk {
+        dictionary: None,
+        data,
+        encoding: Encoding::PLAIN,
+        rows,
+        compression: Compression::LZ4_RAW,
+        statistics: None,
+    }
+}
+
 /// How a column's values compare, for its min/max.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {

@@ -24,7 +24,7 @@ use parquet::record::Field;
 use parquet::schema::types::ColumnDescriptor;
 use parquet::schema::types::{ColumnPath, Type};
 
-use crate::chunk::{assemble, int64_chunk, Order};
+use crate::chunk::{assemble, bool_chunk, int32_chunk, int64_chunk, Order};
 use crate::strings::{string_chunk, StringColumn};
 use crate::Error;
 
@@ -185,14 +185,16 @@ impl Buffer {
     }
 
     /// Writes the buffer as the next column chunk of `group` and empties
-    /// it. Strings with a dictionary of reasonable size and 64-bit integers
-    /// are encoded here (see chunk.rs); the rest by the crate's column
-    /// writer.
+    /// it. Integers, booleans and strings with a dictionary of reasonable
+    /// size are encoded here (see chunk.rs); the rest (doubles, strings of
+    /// many distinct values) by the crate's column writer.
     fn write(&mut self, group: &mut RowGroup, rows: usize) -> parquet::errors::Result<()> {
         let defs = self.column.nullable.then_some(&self.defs[..]);
         let chunk = match &mut self.values {
             Values::Str(v) if v.fits_dictionary() => string_chunk(v, defs, rows)?,
             Values::I64(v) => int64_chunk(v, defs, rows, self.compression, self.statistics),
+            Values::I32(v) => int32_chunk(v, defs, rows, self.statistics.is_some()),
+            Values::Bool(v) => bool_chunk(v, defs, rows),
             values => {
                 let Some(mut col) = group.next_column()? else {
                     return Err(ParquetError::General("more columns than the schema".into()));
@@ -336,7 +338,9 @@ impl TableFile {
                 statistics: match column.kind {
                     _ if !PRUNING_COLUMNS.contains(&column.name) => None,
                     Kind::U64 => Some(Order::Unsigned),
-                    Kind::I32 | Kind::I64 | Kind::F64 | Kind::Bool => Some(Order::Signed),
+                    Kind::I32 | Kind::I64 => Some(Order::Signed),
+                    // No pruning column is of these kinds.
+                    Kind::F64 | Kind::Bool => None,
                     Kind::Str => None,
                 },
                 values: match column.kind {
