@@ -1,10 +1,12 @@
-//! A small row-oriented writer over Parquet's column writers, and a reader
-//! of whole rows back.
+//! Parquet tables: the file and its column buffers (`TableFile`,
+//! `Buffer`), a row-oriented writer over them, and a reader of whole rows
+//! back.
 //!
 //! Values are pushed column by column for each row (`i64(…)`, `str(…)`,
 //! …, then [`TableWriter::end_row`]); every [`ROW_GROUP`] rows the buffered
-//! columns are written as one row group, so memory stays bounded whatever
-//! the table size.
+//! columns are written as one row group (encoded in `chunk.rs`), so memory
+//! stays bounded whatever the table size. The large tables fill the same
+//! buffers through typed columns instead (`columns.rs`).
 
 use std::collections::HashSet;
 use std::fs::File;
