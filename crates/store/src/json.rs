@@ -20,8 +20,22 @@ struct Doc<'a> {
     format_version: u32,
     trace: TraceInfo<'a>,
     notes: &'a [String],
-    requests: Vec<RequestJson>,
+    requests: Requests<'a>,
     operations: Vec<OperationJson>,
+}
+
+/// The requests in their order, each made as it is written: the whole list
+/// at once (diagnoses as JSON trees) was a fixed cost of tens of MB for a
+/// few thousand requests, whatever the trace size.
+struct Requests<'a> {
+    results: &'a AnalysisResults<'a>,
+    order: Vec<usize>,
+}
+
+impl Serialize for Requests<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.order.iter().filter_map(|&i| request_json(self.results, i)))
+    }
 }
 
 #[derive(Serialize)]
@@ -125,66 +139,6 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
         let p = &r.requests[i].path;
         (std::cmp::Reverse(p.duration()), p.start, p.request)
     });
-    let mut requests = Vec::with_capacity(order.len());
-    for i in order {
-        let rec = &r.requests[i];
-        let (p, s) = (&rec.path, &rec.summary);
-        let Some(span) = r.spans.get(p.request as usize) else {
-            continue;
-        };
-        let total = s.total_ns.max(1) as f64;
-        requests.push(RequestJson {
-            trace_id: trace_hex(span.trace_id),
-            span_id: span_hex(span.span_id),
-            parent_span_id: span.parent_span_id.map(span_hex),
-            service: span.service.clone(),
-            operation: span.operation.clone(),
-            kind: span.kind,
-            start_ns: p.start,
-            end_ns: p.end,
-            duration_ns: p.duration(),
-            sync: p.sync.name(),
-            tid: p.home.first().map(|h| h.2),
-            lost_events: rec.lost_events,
-            truncated: p.truncated,
-            totals: rec.totals.clone().into(),
-            causes: s
-                .by_state
-                .iter()
-                .take(TOP)
-                .map(|row| CauseJson {
-                    label: cause_label(row, r.spans),
-                    state: path_state_name(row.state),
-                    tid: row.tid,
-                    comm: row.comm.map(|c| c.to_string_lossy()),
-                    blocked_by_request: row
-                        .blocked_by
-                        .and_then(|b| r.spans.get(b as usize))
-                        .map(|b| span_hex(b.span_id)),
-                    ns: row.ns,
-                    share: row.ns as f64 / total,
-                    throttled_ns: row.throttled_ns,
-                    contended_ns: row.contended_ns,
-                    wakeup_ns: row.wakeup_ns,
-                })
-                .collect(),
-            syscalls: s
-                .by_syscall
-                .iter()
-                .take(TOP)
-                .map(|(label, ns)| SyscallJson {
-                    syscall: label.clone(),
-                    ns: *ns,
-                })
-                .collect(),
-            baseline_ns: rec.baseline_ns,
-            anomalous: rec.anomalous,
-            diagnosis: rec
-                .diagnosis
-                .as_ref()
-                .map(|d| crate::diagnosis::diagnosis_json(d, r.spans)),
-        });
-    }
     let operations = r
         .operations
         .iter()
@@ -224,7 +178,7 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
             threads: r.model.threads().count(),
         },
         notes: r.notes,
-        requests,
+        requests: Requests { results: r, order },
         operations,
     };
     let file = std::fs::File::create(path).map_err(|e| Error::io(path, "cannot create", e))?;
@@ -237,4 +191,63 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
         .and_then(|()| out.flush())
         .map_err(|e| Error::io(path, "cannot write", e))?;
     Ok(())
+}
+
+/// One request's entry; `None` for a path of no known span.
+fn request_json(r: &AnalysisResults, i: usize) -> Option<RequestJson> {
+    let rec = &r.requests[i];
+    let (p, s) = (&rec.path, &rec.summary);
+    let span = r.spans.get(p.request as usize)?;
+    let total = s.total_ns.max(1) as f64;
+    Some(RequestJson {
+        trace_id: trace_hex(span.trace_id),
+        span_id: span_hex(span.span_id),
+        parent_span_id: span.parent_span_id.map(span_hex),
+        service: span.service.clone(),
+        operation: span.operation.clone(),
+        kind: span.kind,
+        start_ns: p.start,
+        end_ns: p.end,
+        duration_ns: p.duration(),
+        sync: p.sync.name(),
+        tid: p.home.first().map(|h| h.2),
+        lost_events: rec.lost_events,
+        truncated: p.truncated,
+        totals: rec.totals.clone().into(),
+        causes: s
+            .by_state
+            .iter()
+            .take(TOP)
+            .map(|row| CauseJson {
+                label: cause_label(row, r.spans),
+                state: path_state_name(row.state),
+                tid: row.tid,
+                comm: row.comm.map(|c| c.to_string_lossy()),
+                blocked_by_request: row
+                    .blocked_by
+                    .and_then(|b| r.spans.get(b as usize))
+                    .map(|b| span_hex(b.span_id)),
+                ns: row.ns,
+                share: row.ns as f64 / total,
+                throttled_ns: row.throttled_ns,
+                contended_ns: row.contended_ns,
+                wakeup_ns: row.wakeup_ns,
+            })
+            .collect(),
+        syscalls: s
+            .by_syscall
+            .iter()
+            .take(TOP)
+            .map(|(label, ns)| SyscallJson {
+                syscall: label.clone(),
+                ns: *ns,
+            })
+            .collect(),
+        baseline_ns: rec.baseline_ns,
+        anomalous: rec.anomalous,
+        diagnosis: rec
+            .diagnosis
+            .as_ref()
+            .map(|d| crate::diagnosis::diagnosis_json(d, r.spans)),
+    })
 }

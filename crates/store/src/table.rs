@@ -319,8 +319,11 @@ impl TableFile {
         }
         let props = props.build();
         let file = File::create(path).map_err(|e| Error::io(path, "cannot create", e))?;
+        // Column chunks arrive whole (chunk.rs) and page headers small: a
+        // large buffer would only be one more copy, and a MiB of memory per
+        // table being written.
         let writer = SerializedFileWriter::new(
-            BufWriter::with_capacity(1 << 20, file),
+            BufWriter::with_capacity(128 << 10, file),
             Arc::new(schema),
             Arc::new(props),
         )
