@@ -108,7 +108,7 @@ impl StringColumn {
         id
     }
 
-    /// Whether [`write_chunk`] may write this column: a dictionary of
+    /// Whether [`string_chunk`] may write this column: a dictionary of
     /// reasonable size.
     pub fn fits_dictionary(&self) -> bool {
         self.value_bytes <= DICTIONARY_BYTES
