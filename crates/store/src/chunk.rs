@@ -36,9 +36,19 @@ pub struct Chunk {
     pub statistics: Option<Statistics>,
 }
 
+/// A data page body of about `capacity` bytes of values, begun with the
+/// definition levels of an optional column.
+pub fn page_body(defs: Option<&[i16]>, capacity: usize) -> Vec<u8> {
+    let mut data = Vec::with_capacity(capacity + 64);
+    if let Some(defs) = defs {
+        write_levels(defs, &mut data);
+    }
+    data
+}
+
 /// Appends the definition levels of an optional column (1 = present) as a
 /// v1 data page has them: their byte length, then RLE / bit-packed.
-pub fn write_levels(defs: &[i16], data: &mut Vec<u8>) {
+fn write_levels(defs: &[i16], data: &mut Vec<u8>) {
     let at = data.len();
     data.extend_from_slice(&[0; 4]);
     rle::encode(defs, 1, data);
@@ -141,10 +151,7 @@ pub fn int64_chunk(
     compression: Compression,
     statistics: Option<Order>,
 ) -> Chunk {
-    let mut data = Vec::with_capacity(values.len() * 2 + 64);
-    if let Some(defs) = defs {
-        write_levels(defs, &mut data);
-    }
+    let mut data = page_body(defs, values.len() * 2);
     delta::encode(values, &mut data);
     let nulls = Some((rows - values.len()) as u64);
     let statistics = statistics.map(|order| {
@@ -173,10 +180,7 @@ pub fn int64_chunk(
 /// One row group of a 32-bit integer column, PLAIN (little-endian) and
 /// LZ4_RAW; min/max where `statistics` is set (signed).
 pub fn int32_chunk(values: &[i32], defs: Option<&[i16]>, rows: usize, statistics: bool) -> Chunk {
-    let mut data = Vec::with_capacity(values.len() * 4 + 64);
-    if let Some(defs) = defs {
-        write_levels(defs, &mut data);
-    }
+    let mut data = page_body(defs, values.len() * 4);
     for v in values {
         data.extend_from_slice(&v.to_le_bytes());
     }
@@ -200,10 +204,7 @@ pub fn int32_chunk(values: &[i32], defs: Option<&[i16]>, rows: usize, statistics
 /// One row group of a boolean column, PLAIN (one bit per value, least
 /// significant first) and LZ4_RAW.
 pub fn bool_chunk(values: &[bool], defs: Option<&[i16]>, rows: usize) -> Chunk {
-    let mut data = Vec::with_capacity(values.len() / 8 + 64);
-    if let Some(defs) = defs {
-        write_levels(defs, &mut data);
-    }
+    let mut data = page_body(defs, values.len() / 8);
     for byte in values.chunks(8) {
         data.push(byte.iter().enumerate().fold(0u8, |b, (i, &v)| b | (u8::from(v) << i)));
     }

@@ -1,12 +1,14 @@
 //! Parquet's DELTA_BINARY_PACKED encoding of 64-bit integers, for time and
-//! duration columns (the parquet crate's encoder costs about three times
-//! as much per value).
+//! duration columns: encoded here so that their chunks skip the parquet
+//! crate's column writer and its work around each value (see `chunk.rs`).
 //!
 //! A header (block size, miniblocks per block, value count, first value),
 //! then blocks of [`BLOCK`] deltas: the block's smallest delta, one bit
 //! width per miniblock, and each miniblock's deltas minus that smallest,
 //! bit-packed at its width (least significant bit first). Block and
 //! miniblock sizes are those of the parquet crate and of Arrow C++.
+
+use crate::rle::uleb128;
 
 /// Deltas per block.
 const BLOCK: usize = 128;
@@ -89,18 +91,6 @@ fn pack(values: &[u64; MINIBLOCK], width: u32, out: &mut Vec<u8>) {
 
 fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
-}
-
-fn uleb128(mut v: u64, out: &mut Vec<u8>) {
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
 }
 
 #[cfg(test)]

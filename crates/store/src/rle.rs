@@ -127,7 +127,8 @@ fn pack_group<T: Value>(group: &[T], width: u8, out: &mut Vec<u8>) {
     debug_assert_eq!(bits, 0);
 }
 
-fn uleb128(mut v: u64, out: &mut Vec<u8>) {
+/// Appends `v` as ULEB128 (also the varint of DELTA_BINARY_PACKED).
+pub(crate) fn uleb128(mut v: u64, out: &mut Vec<u8>) {
     loop {
         let byte = (v & 0x7f) as u8;
         v >>= 7;

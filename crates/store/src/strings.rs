@@ -17,7 +17,7 @@ use parquet::errors::{ParquetError, Result};
 
 use deepspan_analysis::FastMap;
 
-use crate::chunk::{write_levels, Chunk};
+use crate::chunk::{page_body, Chunk};
 use crate::rle;
 
 /// Past this many bytes of distinct values in a row group, a dictionary
@@ -149,10 +149,7 @@ pub fn string_chunk(column: &StringColumn, defs: Option<&[i16]>, rows: usize) ->
         dictionary.extend_from_slice(&len.to_le_bytes());
         dictionary.extend_from_slice(v);
     }
-    let mut data = Vec::with_capacity(column.ids.len() * 2 + 16);
-    if let Some(defs) = defs {
-        write_levels(defs, &mut data);
-    }
+    let mut data = page_body(defs, column.ids.len() * 2);
     let width = rle::bit_width(column.values.len().saturating_sub(1) as u32);
     data.push(width);
     rle::encode(&column.ids, width, &mut data);

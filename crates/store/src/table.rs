@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding, IntType, LogicalType, Repetition, Type as Physical};
-use parquet::data_type::{BoolType, ByteArray, ByteArrayType, DoubleType, Int32Type, Int64Type};
+use parquet::data_type::{ByteArray, ByteArrayType, DataType, DoubleType};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::FileReader;
 use parquet::file::serialized_reader::SerializedFileReader;
@@ -193,36 +193,41 @@ impl Buffer {
     fn write(&mut self, group: &mut RowGroup, rows: usize) -> parquet::errors::Result<()> {
         let defs = self.column.nullable.then_some(&self.defs[..]);
         let chunk = match &mut self.values {
-            Values::Str(v) if v.fits_dictionary() => string_chunk(v, defs, rows)?,
-            Values::I64(v) => int64_chunk(v, defs, rows, self.compression, self.statistics),
-            Values::I32(v) => int32_chunk(v, defs, rows, self.statistics.is_some()),
-            Values::Bool(v) => bool_chunk(v, defs, rows),
-            values => {
-                let Some(mut col) = group.next_column()? else {
-                    return Err(ParquetError::General("more columns than the schema".into()));
-                };
-                match values {
-                    Values::I32(v) => col.typed::<Int32Type>().write_batch(v, defs, None),
-                    Values::I64(v) => col.typed::<Int64Type>().write_batch(v, defs, None),
-                    Values::F64(v) => col.typed::<DoubleType>().write_batch(v, defs, None),
-                    Values::Bool(v) => col.typed::<BoolType>().write_batch(v, defs, None),
-                    Values::Str(v) => {
-                        let v: Vec<ByteArray> = v.values().cloned().map(ByteArray::from).collect();
-                        col.typed::<ByteArrayType>().write_batch(&v, defs, None)
-                    }
-                }?;
-                col.close()?;
-                values.clear();
-                self.defs.clear();
-                return Ok(());
+            Values::Str(v) if v.fits_dictionary() => Some(string_chunk(v, defs, rows)?),
+            Values::I64(v) => Some(int64_chunk(v, defs, rows, self.compression, self.statistics)),
+            Values::I32(v) => Some(int32_chunk(v, defs, rows, self.statistics.is_some())),
+            Values::Bool(v) => Some(bool_chunk(v, defs, rows)),
+            Values::F64(v) => {
+                write_with_crate::<DoubleType>(group, v, defs)?;
+                None
+            }
+            Values::Str(v) => {
+                let v: Vec<ByteArray> = v.values().cloned().map(ByteArray::from).collect();
+                write_with_crate::<ByteArrayType>(group, &v, defs)?;
+                None
             }
         };
-        let (bytes, close) = assemble(chunk, self.descr.clone())?;
-        group.append_column(&bytes, close)?;
+        if let Some(chunk) = chunk {
+            let (bytes, close) = assemble(chunk, self.descr.clone())?;
+            group.append_column(&bytes, close)?;
+        }
         self.values.clear();
         self.defs.clear();
         Ok(())
     }
+}
+
+/// Writes the next column chunk of `group` with the crate's column writer.
+fn write_with_crate<T: DataType>(
+    group: &mut RowGroup,
+    values: &[T::T],
+    defs: Option<&[i16]>,
+) -> parquet::errors::Result<()> {
+    let Some(mut col) = group.next_column()? else {
+        return Err(ParquetError::General("more columns than the schema".into()));
+    };
+    col.typed::<T>().write_batch(values, defs, None)?;
+    col.close()
 }
 
 type RowGroup<'a> = SerializedRowGroupWriter<'a, BufWriter<File>>;
