@@ -15,8 +15,9 @@ These VMs are noisy: the same analysis took from 1.9 to 2.6 s (and its CPU
 time from 2.6 to 4.0 s) in five runs within a minute. So every timed
 analysis is paired with a baseline run just before it on the same trace,
 `trace-cmd report` (the C oracle, merely decoding and printing), and the
-ratio of the two is reported beside the times: it moves far less than
-either. Times are given as the median and the fastest of the repeats (noise
+ratio of the two is reported beside the times: from 450 MB up it held at
+11-12x over two runs whose times differed by up to 40 % (a short pair can
+still be hit on one side only). Times are given as the median and the fastest of the repeats (noise
 here only ever slows a run down). Results go to stdout and
 bench/out/analyze.json.
 """
