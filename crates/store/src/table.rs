@@ -563,54 +563,28 @@ impl TableWriter {
     }
 
     pub fn opt_str(&mut self, v: Option<&str>) {
-        let i = self.next;
-        self.next += 1;
-        if let Some(Buffer {
-            column,
-            values: Values::Str(vals),
-            defs,
-            ..
-        }) = self.buffers.get_mut(i)
-        {
-            if column.nullable {
-                defs.push(v.is_some() as i16);
-            }
-            match v {
-                Some(v) => return vals.push_str(v),
-                None if column.nullable => return,
-                None => {}
-            }
-        }
-        self.misuse(i, "string", v.is_none());
+        self.text(v.map(|v| move |c: &mut StringColumn| c.push_str(v)))
     }
 
     /// A string known at compile time: no copy.
     #[inline(always)]
     pub fn static_str(&mut self, v: &'static str) {
-        let i = self.next;
-        self.next += 1;
-        if let Some(Buffer {
-            values: Values::Str(vals),
-            defs,
-            column,
-            ..
-        }) = self.buffers.get_mut(i)
-        {
-            if column.nullable {
-                defs.push(1);
-            }
-            return vals.push_static(v.as_bytes());
-        }
-        self.misuse(i, "string", false);
+        self.text(Some(|c: &mut StringColumn| c.push_static(v.as_bytes())))
     }
 
     /// UTF-8 text in a shared buffer: callers cache repeated values such as
     /// thread names ([`interned`]), which the column then finds by address.
     #[inline(always)]
     pub fn bytes(&mut self, v: Option<&Bytes>) {
+        self.text(v.map(|v| move |c: &mut StringColumn| c.push(v)))
+    }
+
+    /// The next value of a string column: `push` adds it, `None` is null.
+    #[inline(always)]
+    fn text(&mut self, push: Option<impl FnOnce(&mut StringColumn)>) {
         let i = self.next;
         self.next += 1;
-        let null = v.is_none();
+        let null = push.is_none();
         if let Some(Buffer {
             column,
             values: Values::Str(vals),
@@ -621,8 +595,8 @@ impl TableWriter {
             if column.nullable {
                 defs.push(!null as i16);
             }
-            match v {
-                Some(v) => return vals.push(v),
+            match push {
+                Some(push) => return push(vals),
                 None if column.nullable => return,
                 None => {}
             }
