@@ -332,14 +332,21 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             tables::write_diagnoses(&staging.file(tables::DIAGNOSES), &results)?;
             Ok(())
         });
-        tables::write_requests(&staging.file(tables::REQUESTS), &results)?;
-        tables::write_request_summaries(
-            &staging.file(tables::REQUEST_SUMMARY),
-            &staging.file(tables::REQUEST_SYSCALLS),
-            &results,
-        )?;
-        tables::write_operation_summary(&staging.file(tables::OPERATION_SUMMARY), &results)?;
-        match side.join() {
+        let here = (|| -> Result<(), deepspan_store::Error> {
+            tables::write_requests(&staging.file(tables::REQUESTS), &results)?;
+            tables::write_request_summaries(
+                &staging.file(tables::REQUEST_SUMMARY),
+                &staging.file(tables::REQUEST_SYSCALLS),
+                &results,
+            )?;
+            tables::write_operation_summary(&staging.file(tables::OPERATION_SUMMARY), &results)?;
+            Ok(())
+        })();
+        // Joined before any error is returned: a scope left with a
+        // panicked thread unjoined would panic itself.
+        let side = side.join();
+        here?;
+        match side {
             Ok(r) => Ok(r?),
             Err(_) => bail!("the requests.json writer thread panicked"),
         }
