@@ -127,6 +127,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     if !run.is_dir() {
         bail!("{} is not a run folder", run.display());
     }
+    crate::record::recover_if_unfinished(run)?;
     let kernel_trace = KernelTrace::open_run(run)?;
     let trace_path = kernel_trace.path().to_path_buf();
     let arch = kernel_trace.arch();

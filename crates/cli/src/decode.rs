@@ -41,6 +41,9 @@ enum Format {
 pub fn run(args: DecodeArgs) -> Result<()> {
     let stdout = std::io::stdout().lock();
     let mut out = BufWriter::with_capacity(1 << 16, stdout);
+    if args.path.is_dir() {
+        crate::record::recover_if_unfinished(&args.path)?;
+    }
     match resolve_trace(&args.path)? {
         Input::TraceDat(path) => {
             let trace =

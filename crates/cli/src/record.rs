@@ -2,7 +2,7 @@
 //! `deepspan_record`.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -17,10 +17,11 @@ use crate::progress;
   deepspan record -o run1 -- ./server --port 8080
   deepspan record -o run2 --duration 10
   deepspan record -o run3 --mode flight -- ./server   # kill -USR2 <deepspan pid> to snapshot
+  deepspan record --recover run1   # finish a run whose recorder was killed
   deepspan record --cleanup")]
 pub struct RecordArgs {
     /// Run folder to create (must not exist, or be empty).
-    #[arg(short = 'o', long = "output", required_unless_present = "cleanup")]
+    #[arg(short = 'o', long = "output", required_unless_present_any = ["cleanup", "recover"])]
     output: Option<PathBuf>,
     /// `standard` streams every event to disk; `flight` keeps the kernel ring
     /// buffer in overwrite mode and writes it only on SIGUSR2 and at exit.
@@ -48,9 +49,17 @@ pub struct RecordArgs {
     /// Record without the OTLP receiver (spans can be added later with `deepspan import`).
     #[arg(long)]
     no_otlp: bool,
-    /// Remove tracefs instances left by deepspan processes that died, then exit.
-    #[arg(long, conflicts_with_all = ["output", "command"])]
+    /// Remove tracefs instances left by deepspan processes that died, once no
+    /// process they traced is alive, then exit.
+    #[arg(long, conflicts_with_all = ["output", "command", "recover"])]
     cleanup: bool,
+    /// With --cleanup: remove them even while a process they traced runs.
+    #[arg(long, requires = "cleanup")]
+    force: bool,
+    /// Finish the run folder of a recorder that died (SIGKILL, OOM): write its
+    /// kernel/trace.dat and manifest from what it left, then exit.
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["output", "command"])]
+    recover: Option<PathBuf>,
     /// The command to run and trace.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -64,13 +73,10 @@ enum ModeArg {
 
 pub fn run(args: RecordArgs) -> Result<ExitCode> {
     if args.cleanup {
-        let removed = deepspan_record::cleanup_stale_instances()?;
-        if removed.is_empty() {
-            eprintln!("no stale deepspan tracefs instances");
-        }
-        for name in removed {
-            eprintln!("removed stale tracefs instance {name}");
-        }
+        return cleanup(args.force);
+    }
+    if let Some(run) = &args.recover {
+        recover(run)?;
         return Ok(ExitCode::SUCCESS);
     }
     let duration = match args.duration {
@@ -119,6 +125,68 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         None => ExitCode::SUCCESS,
     })
+}
+
+fn cleanup(force: bool) -> Result<ExitCode> {
+    use deepspan_record::StaleInstance;
+    let done = deepspan_record::cleanup_stale_instances(force)?;
+    if done.is_empty() {
+        eprintln!("no stale deepspan tracefs instances");
+    }
+    let mut kept = false;
+    for instance in done {
+        match instance {
+            StaleInstance::Removed { instance, recorder_pid, unfinished_run } => {
+                eprintln!("removed the tracefs instance {instance} of the dead recorder (pid {recorder_pid})");
+                if let Some(run) = unfinished_run {
+                    eprintln!(
+                        "  its run {} was never finished: `deepspan record --recover {}`",
+                        run.display(),
+                        run.display()
+                    );
+                }
+            }
+            StaleInstance::Kept { instance, recorder_pid, held_by } => {
+                kept = true;
+                let holders: Vec<String> = held_by.iter().map(|(pid, comm)| format!("pid {pid} ({comm})")).collect();
+                eprintln!(
+                    "kept the tracefs instance {instance} of the dead recorder (pid {recorder_pid}): \
+                     {} it traced still running; stop it and run --cleanup again, or add --force",
+                    holders.join(", ")
+                );
+            }
+        }
+    }
+    // Something left behind on purpose is not a failure, but scripts may want to know.
+    Ok(if kept { ExitCode::from(3) } else { ExitCode::SUCCESS })
+}
+
+/// Finishes an interrupted run and says what it could not restore.
+pub fn recover(run: &Path) -> Result<()> {
+    let recovery =
+        deepspan_record::recover(run).with_context(|| format!("cannot recover the run {}", run.display()))?;
+    let kept: u64 = recovery.kept_bytes.iter().sum();
+    let dropped: u64 = recovery.dropped_bytes.iter().sum();
+    eprintln!(
+        "deepspan: recovered {}: {} of kernel pages into kernel/trace.dat ({} cut short by the crash left out)",
+        run.display(),
+        human_bytes(kept),
+        human_bytes(dropped)
+    );
+    for note in &recovery.notes {
+        eprintln!("  note: {note}");
+    }
+    Ok(())
+}
+
+/// Recovers `run` first if its recorder died without finishing it, so that
+/// commands reading runs take such a folder as it is (with a note).
+pub fn recover_if_unfinished(run: &Path) -> Result<()> {
+    if deepspan_record::needs_recovery(run) {
+        eprintln!("deepspan: {} is a recording that never finished; recovering it first", run.display());
+        recover(run)?;
+    }
+    Ok(())
 }
 
 fn describe(p: &Progress) -> String {

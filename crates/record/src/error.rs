@@ -54,6 +54,12 @@ pub enum Error {
     #[error("cannot read the run manifest {}: {reason}", path.display())]
     Manifest { path: PathBuf, reason: String },
 
+    #[error("cannot read the recording journal {}: {reason}", path.display())]
+    Journal { path: PathBuf, reason: String },
+
+    #[error("cannot recover {}: {reason}", run.display())]
+    NotRecoverable { run: PathBuf, reason: String },
+
     #[error("cannot install the {signal} handler: {source}")]
     Signal { signal: &'static str, source: io::Error },
 }

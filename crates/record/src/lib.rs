@@ -12,15 +12,21 @@
 //! ```
 //!
 //! Top-level tracing settings are never changed, and the instance is removed
-//! on every exit path (success, error, SIGINT/SIGTERM, panic). A recorder
-//! killed with SIGKILL leaves its instance behind; [`cleanup_stale_instances`]
-//! removes those.
+//! on every exit path (success, error, SIGINT/SIGTERM, panic).
+//!
+//! A recorder killed with SIGKILL (or by the OOM killer) leaves its run
+//! unfinished, `RUN/kernel/cpuN.raw` and `RUN/kernel/journal/` without a
+//! manifest, and its instance behind. [`recover`] finishes such a run from
+//! its journal; [`cleanup_stale_instances`] removes the instance once no
+//! process it traced is alive.
 
 mod capture;
 mod error;
 mod events;
+mod journal;
 mod manifest;
 mod meta;
+mod recover;
 mod session;
 mod sys;
 mod tracefs;
@@ -31,7 +37,9 @@ use std::time::Duration;
 
 pub use error::Error;
 pub use events::{resolve_events, EventId, PRESETS};
+pub use journal::{owners_dir, InstanceOwner, ProcessId};
 pub use manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, Snapshot, MANIFEST_FILE};
+pub use recover::{needs_recovery, recover, Recovery};
 pub use session::record;
 pub use tracefs::Tracefs;
 
@@ -162,20 +170,53 @@ pub struct RecordSummary {
     pub manifest: Manifest,
 }
 
+/// What [`cleanup_stale_instances`] did with the instance of a recorder
+/// that is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StaleInstance {
+    /// Removed. `unfinished_run` is the dead recorder's run folder when it
+    /// still needs [`recover`].
+    Removed { instance: String, recorder_pid: i32, unfinished_run: Option<PathBuf> },
+    /// Kept: a process it traced is still running and its events are still
+    /// being captured (`held_by` = pid and name).
+    Kept { instance: String, recorder_pid: i32, held_by: Vec<(i32, String)> },
+}
+
 /// Removes the tracing instances left by deepspan recorders that died
-/// without cleaning up (SIGKILL, power loss of the process…): those named
-/// `deepspan-<pid>-…` whose pid no longer exists. Returns their names.
-/// Instances of live recorders are left alone.
-pub fn cleanup_stale_instances() -> Result<Vec<String>, Error> {
+/// without cleaning up (SIGKILL, the OOM killer…): those named
+/// `deepspan-<pid>-…` whose recorder no longer exists, once no process they
+/// traced (the command, `--pid` processes; from the owner file the recorder
+/// wrote) is alive. `force` removes them even then. Instances of live
+/// recorders are never touched.
+pub fn cleanup_stale_instances(force: bool) -> Result<Vec<StaleInstance>, Error> {
     let tracefs = Tracefs::open()?;
-    let mut removed = Vec::new();
+    let mut done = Vec::new();
     for name in tracefs.instances()? {
-        let Some(pid) = tracefs::instance_owner(&name) else { continue };
-        if sys::pid_alive(pid) {
+        let Some(pid) = tracefs::instance_owner(&name) else {
+            continue;
+        };
+        let owner = journal::read_owner(&name);
+        let recorder_alive = match &owner {
+            Some(o) => o.recorder.alive(),
+            None => sys::pid_alive(pid),
+        };
+        if recorder_alive {
+            continue;
+        }
+        let held_by: Vec<(i32, String)> = owner
+            .iter()
+            .flat_map(|o| &o.traced)
+            .filter(|p| p.alive())
+            .map(|p| (p.pid, p.comm().unwrap_or_default()))
+            .collect();
+        if !held_by.is_empty() && !force {
+            done.push(StaleInstance::Kept { instance: name, recorder_pid: pid, held_by });
             continue;
         }
         tracefs::remove_instance_dir(&tracefs.path("instances").join(&name))?;
-        removed.push(name);
+        journal::remove_owner(&name);
+        let unfinished_run = owner.map(|o| o.run_dir).filter(|run| needs_recovery(run));
+        done.push(StaleInstance::Removed { instance: name, recorder_pid: pid, unfinished_run });
     }
-    Ok(removed)
+    Ok(done)
 }

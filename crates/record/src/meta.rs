@@ -75,12 +75,20 @@ pub(crate) struct Tasks {
 impl Tasks {
     /// Adds every thread currently in /proc.
     pub fn scan_proc(&mut self) {
-        let Ok(procs) = fs::read_dir("/proc") else { return };
+        let Ok(procs) = fs::read_dir("/proc") else {
+            return;
+        };
         for proc_entry in procs.flatten() {
-            let Some(tgid) = proc_entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
-            let Ok(tasks) = fs::read_dir(proc_entry.path().join("task")) else { continue };
+            let Some(tgid) = proc_entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(tasks) = fs::read_dir(proc_entry.path().join("task")) else {
+                continue;
+            };
             for task in tasks.flatten() {
-                let Some(tid) = task.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+                let Some(tid) = task.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
                 if let Ok(comm) = fs::read_to_string(task.path().join("comm")) {
                     self.comms.insert(tid, comm.trim_end_matches('\n').to_string());
                     self.tgids.insert(tid, tgid);
@@ -108,6 +116,32 @@ impl Tasks {
                 }
             }
         }
+    }
+
+    /// Adds `tid tgid comm` lines (see [`Tasks::lines`]); malformed ones are
+    /// skipped.
+    pub fn add_lines(&mut self, text: &str) {
+        for line in text.lines() {
+            let mut it = line.splitn(3, ' ');
+            let (Some(Ok(tid)), Some(Ok(tgid)), Some(comm)) =
+                (it.next().map(str::parse), it.next().map(str::parse), it.next())
+            else {
+                continue;
+            };
+            self.comms.entry(tid).or_insert_with(|| comm.to_string());
+            self.tgids.entry(tid).or_insert(tgid);
+        }
+    }
+
+    /// `tid tgid comm` lines of the threads whose process is known.
+    pub fn lines(&self) -> Vec<u8> {
+        let mut out = String::new();
+        for (tid, tgid) in &self.tgids {
+            if let Some(comm) = self.comms.get(tid) {
+                out.push_str(&format!("{tid} {tgid} {comm}\n"));
+            }
+        }
+        out.into_bytes()
     }
 
     /// `pid comm` lines as in saved_cmdlines.

@@ -12,6 +12,7 @@ use deepspan_ftrace::{write_trace_dat, TraceDatMeta};
 
 use crate::capture::{drain_cpu, DrainLimit, Streams};
 use crate::events::{resolve_events, EventId};
+use crate::journal::{InstanceOwner, Journal, ProcessId};
 use crate::manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, Snapshot, FORMAT_VERSION};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
@@ -248,11 +249,16 @@ impl Session {
         self.filter_pids(opts)?;
         let start = clock_point();
         let mut samples = vec![[start.realtime_ns, start.mono_ns]];
+        let mut manifest = self.initial_manifest(opts, start);
+        let mut journal = self.journal(opts, &run.path, &manifest)?;
         self.instance.write("tracing_on", "1")?;
         let mut child = match opts.command.split_first() {
             Some((program, args)) => Some(spawn(program, args, opts)?),
             None => None,
         };
+        if let Some(c) = &child {
+            journal.add_traced(c.id() as i32, &run.path)?;
+        }
         // From here on what was captured is worth keeping, even on error.
         run.keep = true;
 
@@ -314,7 +320,10 @@ impl Session {
             if signals.snapshot.swap(false, Ordering::Relaxed) {
                 if opts.mode == Mode::Flight {
                     match self.snapshot(opts, snapshots.len() + 1) {
-                        Ok(s) => snapshots.push(s),
+                        Ok(s) => {
+                            journal.snapshot(&s, &run.path);
+                            snapshots.push(s);
+                        }
                         Err(e) => {
                             capture_error = Some(e);
                             break;
@@ -327,6 +336,7 @@ impl Session {
             if now >= next_tick {
                 let p = clock_point();
                 samples.push([p.realtime_ns, p.mono_ns]);
+                journal.clock_sample(p);
                 let stats = read_stats(&self.instance.path(""), self.cpus);
                 let bytes_per_cpu = match &self.streams {
                     Some(s) => s.bytes(),
@@ -374,30 +384,11 @@ impl Session {
             self.warnings.push(format!("tracing instance not removed: {e}"));
         }
 
-        let mut manifest = Manifest {
-            format_version: FORMAT_VERSION,
-            host: sys::uname()[1].clone(),
-            kernel_release: sys::uname()[2].clone(),
-            cpus: self.cpus,
-            page_size: self.page_size,
-            trace_clock: "mono".into(),
-            events: self.events.iter().map(EventId::to_string).collect(),
-            mode: opts.mode.as_str().into(),
-            buffer_kb_per_cpu: opts.buffer_kb_per_cpu,
-            pids: opts.pids.clone(),
-            start,
-            end,
-            clock_samples: samples,
-            per_cpu: Vec::new(),
-            lost_events: lost_events(opts.mode, stats.iter().map(|(_, s)| s)),
-            kernel_trace: None,
-            snapshots,
-            otlp: OtlpPorts { grpc_port: opts.otlp_grpc_port, http_port: opts.otlp_http_port, receiver: None },
-            command: opts.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
-            exit_code,
-            tgids: None,
-            warnings: Vec::new(),
-        };
+        manifest.end = end;
+        manifest.clock_samples = samples;
+        manifest.lost_events = lost_events(opts.mode, stats.iter().map(|(_, s)| s));
+        manifest.snapshots = snapshots;
+        manifest.exit_code = exit_code;
         let tgids_path = self.kernel_dir.join("saved_tgids");
 
         let (raw_files, bytes) = match flushed {
@@ -433,6 +424,7 @@ impl Session {
         }
         manifest.warnings = std::mem::take(&mut self.warnings);
         manifest.save(&run.path)?;
+        journal.finish();
         Ok(RecordSummary {
             run_dir: run.path.clone(),
             kernel_trace: trace_path,
@@ -443,6 +435,49 @@ impl Session {
             warnings: manifest.warnings.clone(),
             manifest,
         })
+    }
+
+    /// The manifest as known when tracing starts; the end fills in the rest.
+    fn initial_manifest(&self, opts: &RecordOptions, start: ClockPoint) -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            host: sys::uname()[1].clone(),
+            kernel_release: sys::uname()[2].clone(),
+            cpus: self.cpus,
+            page_size: self.page_size,
+            trace_clock: "mono".into(),
+            events: self.events.iter().map(EventId::to_string).collect(),
+            mode: opts.mode.as_str().into(),
+            buffer_kb_per_cpu: opts.buffer_kb_per_cpu,
+            pids: opts.pids.clone(),
+            start,
+            end: start,
+            clock_samples: vec![[start.realtime_ns, start.mono_ns]],
+            per_cpu: Vec::new(),
+            lost_events: 0,
+            kernel_trace: None,
+            snapshots: Vec::new(),
+            otlp: OtlpPorts { grpc_port: opts.otlp_grpc_port, http_port: opts.otlp_http_port, receiver: None },
+            command: opts.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+            exit_code: None,
+            tgids: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Writes the journal that lets a run survive the recorder's death;
+    /// see `journal.rs`. Before tracing starts: no page may exist without it.
+    fn journal(&mut self, opts: &RecordOptions, run: &Path, manifest: &Manifest) -> Result<Journal, Error> {
+        fs::create_dir_all(&self.kernel_dir).map_err(|e| Error::output("create", &self.kernel_dir, run, e))?;
+        let instance_dir = self.instance.path("");
+        let owner = InstanceOwner {
+            instance: instance_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            instance_dir,
+            run_dir: fs::canonicalize(run).unwrap_or_else(|_| run.to_path_buf()),
+            recorder: ProcessId::of(std::process::id() as i32),
+            traced: opts.pids.iter().map(|&pid| ProcessId::of(pid)).collect(),
+        };
+        Journal::create(run, owner, manifest.clone(), &self.meta, &self.tasks.lines(), &mut self.warnings)
     }
 
     /// Sets the pid filters. With `pids`, only those processes and their

@@ -14,7 +14,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use deepspan_record::{
-    cleanup_stale_instances, record, resolve_events, Error, EventSelection, Manifest, Mode, RecordOptions, Tracefs,
+    cleanup_stale_instances, owners_dir, record, resolve_events, Error, EventSelection, InstanceOwner, Manifest, Mode,
+    ProcessId, RecordOptions, StaleInstance, Tracefs,
 };
 
 const CHILD_ENV: &str = "DEEPSPAN_RECORD_TEST_CHILD";
@@ -32,7 +33,9 @@ fn require_kernel() -> bool {
 fn kernel() -> Option<(Tracefs, MutexGuard<'static, ()>)> {
     match Tracefs::open() {
         Ok(t) => Some((t, KERNEL.lock().unwrap_or_else(|e| e.into_inner()))),
-        Err(e) if require_kernel() => panic!("DEEPSPAN_REQUIRE_KERNEL is set but tracefs is unavailable: {e}"),
+        Err(e) if require_kernel() => {
+            panic!("DEEPSPAN_REQUIRE_KERNEL is set but tracefs is unavailable: {e}")
+        }
         Err(e) => {
             eprintln!("skipped: no tracefs ({e})");
             None
@@ -146,7 +149,9 @@ impl Drop for Recorder {
 /// SIGINT and reports on stdout.
 #[test]
 fn child_recorder() {
-    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let (mode, out) = spec.split_once(':').unwrap();
     let mut opts = RecordOptions::new(out);
     if mode == "flight" {
@@ -201,7 +206,9 @@ fn trace_cmd_available() -> bool {
 
 #[test]
 fn records_a_command_and_passes_its_exit_code_through() {
-    let Some((tracefs, _lock)) = kernel() else { return };
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
     let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
@@ -273,7 +280,9 @@ fn records_a_command_and_passes_its_exit_code_through() {
 
 #[test]
 fn pid_filter_follows_the_process_and_its_children() {
-    let Some((tracefs, _lock)) = kernel() else { return };
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
     let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
     struct Kill(Child);
     impl Drop for Kill {
@@ -319,7 +328,9 @@ fn pid_filter_follows_the_process_and_its_children() {
 
 #[test]
 fn unknown_event_names_suggest_close_matches_and_leave_nothing() {
-    let Some((tracefs, _lock)) = kernel() else { return };
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
     let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
     let err = resolve_events("sched:sched_swich", &tracefs).unwrap_err();
     let text = err.to_string();
@@ -338,7 +349,9 @@ fn unknown_event_names_suggest_close_matches_and_leave_nothing() {
 
 #[test]
 fn refuses_a_non_empty_output_folder() {
-    let Some((tracefs, _lock)) = kernel() else { return };
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
     let _sweep = Sweep { tracefs, pids: vec![std::process::id()] };
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("precious"), "keep me").unwrap();
@@ -349,7 +362,9 @@ fn refuses_a_non_empty_output_folder() {
 
 #[test]
 fn sigint_stops_a_recording_cleanly() {
-    let Some((tracefs, _lock)) = kernel() else { return };
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let mut recorder = Recorder::start(&tracefs, "standard", &run);
@@ -373,14 +388,23 @@ fn sigint_stops_a_recording_cleanly() {
 
 #[test]
 fn flight_mode_writes_nothing_until_sigusr2_then_the_buffer() {
-    let Some((tracefs, _lock)) = kernel() else { return };
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let mut recorder = Recorder::start(&tracefs, "flight", &run);
     recorder.expect_line("RECORDING", Duration::from_secs(60));
     // Let the ring see a few seconds of system activity.
     std::thread::sleep(Duration::from_secs(2));
-    assert!(!run.join("kernel").exists(), "flight mode wrote kernel data before any snapshot");
+    // Only the journal (what recovery needs after a crash) is on disk.
+    let written: Vec<String> = std::fs::read_dir(run.join("kernel"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(
+        written.iter().all(|name| name == "journal"),
+        "flight mode wrote kernel data before any snapshot: {written:?}"
+    );
 
     // Something recognisable just before the request.
     std::thread::Builder::new()
@@ -431,7 +455,9 @@ fn flight_mode_writes_nothing_until_sigusr2_then_the_buffer() {
 
 #[test]
 fn cleanup_removes_only_instances_of_dead_recorders() {
-    let Some((tracefs, _lock)) = kernel() else { return };
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
     let instances = tracefs.root().join("instances");
     let stale = instances.join("deepspan-999999999-x");
     let live = instances.join(format!("deepspan-{}-cleanup-test", std::process::id()));
@@ -439,18 +465,66 @@ fn cleanup_removes_only_instances_of_dead_recorders() {
     std::fs::create_dir(&stale).expect("create a fake stale instance");
     std::fs::create_dir(&live).expect("create a fake live instance");
 
-    let removed = cleanup_stale_instances().expect("cleanup");
-    assert!(removed.contains(&"deepspan-999999999-x".to_string()), "{removed:?}");
-    assert!(!removed.iter().any(|n| n.starts_with(&format!("deepspan-{}-", std::process::id()))), "{removed:?}");
+    let done = cleanup_stale_instances(false).expect("cleanup");
+    let removed: Vec<&str> = done
+        .iter()
+        .filter_map(|d| match d {
+            StaleInstance::Removed { instance, .. } => Some(instance.as_str()),
+            StaleInstance::Kept { .. } => None,
+        })
+        .collect();
+    assert!(removed.contains(&"deepspan-999999999-x"), "{done:?}");
+    assert!(!removed.iter().any(|n| n.starts_with(&format!("deepspan-{}-", std::process::id()))), "{done:?}");
     assert!(!stale.exists());
     assert!(live.exists());
+}
+
+/// The instance of a dead recorder stays while a process it traced lives
+/// (its owner file says which), and goes once that process is gone.
+#[test]
+fn cleanup_keeps_an_instance_while_a_process_it_traced_runs() {
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
+    let name = "deepspan-999999998-held";
+    let dir = tracefs.root().join("instances").join(name);
+    let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![999_999_998] };
+    std::fs::create_dir(&dir).expect("create a fake stale instance");
+    let mut traced = Command::new("sleep").arg("60").spawn().unwrap();
+    let owner = InstanceOwner {
+        instance: name.into(),
+        instance_dir: dir.clone(),
+        run_dir: PathBuf::from("/nonexistent-run"),
+        recorder: ProcessId { pid: 999_999_998, start_ticks: None },
+        traced: vec![ProcessId::of(traced.id() as i32)],
+    };
+    std::fs::create_dir_all(owners_dir()).unwrap();
+    let owner_file = owners_dir().join(format!("{name}.json"));
+    std::fs::write(&owner_file, serde_json::to_vec(&owner).unwrap()).unwrap();
+
+    let done = cleanup_stale_instances(false).expect("cleanup");
+    let kept = done.iter().find_map(|d| match d {
+        StaleInstance::Kept { instance, held_by, .. } if instance == name => Some(held_by.clone()),
+        _ => None,
+    });
+    assert_eq!(kept, Some(vec![(traced.id() as i32, "sleep".to_string())]), "{done:?}");
+    assert!(dir.exists());
+
+    traced.kill().unwrap();
+    traced.wait().unwrap();
+    let done = cleanup_stale_instances(false).expect("cleanup");
+    assert!(done.iter().any(|d| matches!(d, StaleInstance::Removed { instance, .. } if instance == name)), "{done:?}");
+    assert!(!dir.exists());
+    assert!(!owner_file.exists(), "the owner file goes with its instance");
 }
 
 /// Fills a tiny filesystem: the recording must stop with a disk-full error
 /// naming the file, remove its instance and keep what it wrote.
 #[test]
 fn disk_full_stops_cleanly_and_keeps_what_was_written() {
-    let Some((tracefs, _lock)) = kernel() else { return };
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
     let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("small");

@@ -1,0 +1,289 @@
+//! Finishing a run whose recorder died: its journal (see `journal.rs`) and
+//! per-CPU page files become `kernel/trace.dat` and `manifest.json`, as the
+//! recorder would have written them, with notes on what could not be known.
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use deepspan_ftrace::write_trace_dat;
+
+use crate::capture::drain_cpu;
+use crate::journal::{self, JournalContents};
+use crate::manifest::{ClockPoint, CpuManifest, Manifest, MANIFEST_FILE};
+use crate::meta::{read_stats, Tasks};
+use crate::tracefs::{CpuStats, Tracefs};
+use crate::Error;
+
+/// Commit word of a ring-buffer page: the low bits are the bytes of event
+/// data, the high ones flags (as in the kernel's ring_buffer.c).
+const COMMIT_MASK: u64 = (1 << 27) - 1;
+
+/// What [`recover`] did.
+#[derive(Clone, Debug)]
+pub struct Recovery {
+    pub run_dir: PathBuf,
+    pub manifest: Manifest,
+    /// Per CPU: bytes of whole pages kept in the trace.
+    pub kept_bytes: Vec<u64>,
+    /// Per CPU: bytes left out (a page cut short by the crash, or pages
+    /// after the last one whose header is sound).
+    pub dropped_bytes: Vec<u64>,
+    /// What the recovered run lacks or where it came from, also in the
+    /// manifest's warnings.
+    pub notes: Vec<String>,
+}
+
+/// True if `run_dir` is a recording that never finished: it has the journal
+/// a recorder keeps while it runs, and no manifest with a kernel trace.
+pub fn needs_recovery(run_dir: &Path) -> bool {
+    if !journal::exists(run_dir) {
+        return false;
+    }
+    match Manifest::load(run_dir) {
+        Ok(m) => m.kernel_trace.is_none_or(|t| !run_dir.join(t).is_file()),
+        Err(_) => true,
+    }
+}
+
+/// Turns the run folder of a recorder that died into an ordinary run:
+/// `kernel/trace.dat` from the pages it had written (the last page of each
+/// CPU is lost if the crash cut it short), and a manifest with what the
+/// journal knows: the options, the clock samples taken until the crash, and
+/// the lost-event counts if the dead recorder's tracing instance is still
+/// there. A flight-mode recording had nothing on disk but its snapshots:
+/// its ring buffer is taken from the instance, when it is still there.
+///
+/// Refuses while the recorder is alive, and on a run that needs no recovery.
+pub fn recover(run_dir: &Path) -> Result<Recovery, Error> {
+    let not = |reason: String| Error::NotRecoverable { run: run_dir.to_path_buf(), reason };
+    if !journal::exists(run_dir) {
+        return Err(not(if run_dir.join(MANIFEST_FILE).is_file() {
+            "it was recorded to the end (it has a manifest and no recording journal)".into()
+        } else {
+            "it holds no recording journal (kernel/journal/recording.json): it is not a deepspan recording, \
+             or one made by a deepspan older than crash-safe runs"
+                .into()
+        }));
+    }
+    if !needs_recovery(run_dir) {
+        return Err(not("it already has a manifest and a kernel trace".into()));
+    }
+    let journal = journal::read(run_dir)?;
+    let recorder = journal.state.owner.recorder;
+    if recorder.alive() {
+        return Err(not(format!(
+            "its recorder (pid {}) is still running; stop it with SIGINT or SIGTERM and it finishes the run itself",
+            recorder.pid
+        )));
+    }
+    let mut notes = vec![format!(
+        "recovered after the recorder (pid {}) died without finishing the run: the command's exit status, \
+         and the clock after the last sample, are unknown",
+        recorder.pid
+    )];
+    notes.extend(journal.notes.iter().cloned());
+    if journal.skipped_lines > 0 {
+        notes.push(format!("{} torn line(s) of the journal skipped", journal.skipped_lines));
+    }
+    let manifest = journal.state.manifest.clone();
+    let kernel_dir = run_dir.join("kernel");
+    let instance = LeftInstance::find(&journal);
+    if manifest.mode == crate::Mode::Flight.as_str() {
+        flight_pages(&journal, &instance, &kernel_dir, &mut notes)?;
+    }
+
+    let page_size = u64::from(journal.meta.page_size);
+    let mut raw_files = Vec::with_capacity(manifest.cpus);
+    let (mut kept_bytes, mut dropped_bytes) = (Vec::new(), Vec::new());
+    let mut last_page_ts = 0u64;
+    for cpu in 0..manifest.cpus {
+        let path = kernel_dir.join(format!("cpu{cpu}.raw"));
+        let kept = keep_whole_pages(&path, page_size, &mut last_page_ts)?;
+        if kept.dropped > 0 {
+            notes.push(format!(
+                "CPU {cpu}: {} bytes after its last whole page left out (the page the crash cut short)",
+                kept.dropped
+            ));
+        }
+        kept_bytes.push(kept.bytes);
+        dropped_bytes.push(kept.dropped);
+        raw_files.push(path);
+    }
+
+    let stats = instance.stats.clone();
+    let mut meta = journal.meta.clone();
+    let mut tasks = Tasks::default();
+    tasks.add_lines(&journal.tasks);
+    if let Some(tracefs) = &instance.tracefs {
+        tasks.add_kernel(tracefs);
+    }
+    tasks.scan_proc();
+    meta.cmdlines = tasks.cmdlines();
+    meta.cpu_stats = stats.as_ref().map(|s| s.iter().map(|(text, _)| text.clone()).collect()).unwrap_or_default();
+    let trace_path = kernel_dir.join("trace.dat");
+    write_trace_dat(&trace_path, &meta, &raw_files)?;
+
+    let mut manifest = finish_manifest(manifest, &journal, &kept_bytes, stats.as_deref(), last_page_ts, &mut notes);
+    let tgids_path = kernel_dir.join("saved_tgids");
+    match fs::write(&tgids_path, tasks.tgids()) {
+        Ok(()) => manifest.tgids = Some("kernel/saved_tgids".into()),
+        Err(e) => notes.push(format!("cannot write {}: {e}", tgids_path.display())),
+    }
+    manifest.kernel_trace = Some("kernel/trace.dat".into());
+    manifest.warnings.extend(notes.iter().cloned());
+    manifest.save(run_dir)?;
+    for file in &raw_files {
+        let _ = fs::remove_file(file);
+    }
+    let _ = fs::remove_dir_all(&journal.dir);
+    Ok(Recovery { run_dir: run_dir.to_path_buf(), manifest, kept_bytes, dropped_bytes, notes })
+}
+
+/// The dead recorder's tracing instance, if `cleanup` has not removed it.
+struct LeftInstance {
+    dir: Option<PathBuf>,
+    tracefs: Option<Tracefs>,
+    stats: Option<Vec<(String, CpuStats)>>,
+}
+
+impl LeftInstance {
+    fn find(journal: &JournalContents) -> LeftInstance {
+        let owner = &journal.state.owner;
+        let tracefs = Tracefs::open().ok();
+        let dir = tracefs
+            .as_ref()
+            .map(|t| t.path("instances").join(&owner.instance))
+            .into_iter()
+            .chain(std::iter::once(owner.instance_dir.clone()))
+            .find(|d| d.join("per_cpu").is_dir());
+        let stats = dir.as_ref().map(|d| read_stats(d, journal.state.manifest.cpus));
+        LeftInstance { dir, tracefs, stats }
+    }
+}
+
+/// Flight mode keeps its history in the ring buffer, which died with the
+/// recorder unless its instance is still there: then the buffer is read
+/// out (tracing stopped first, so the read ends).
+fn flight_pages(
+    journal: &JournalContents,
+    instance: &LeftInstance,
+    kernel_dir: &Path,
+    notes: &mut Vec<String>,
+) -> Result<(), Error> {
+    let Some(dir) = &instance.dir else {
+        notes.push(
+            "flight mode: the ring buffer died with its tracing instance (removed by cleanup or a reboot), \
+             so only the snapshots taken before the crash remain"
+                .into(),
+        );
+        return Ok(());
+    };
+    let _ = crate::tracefs::write_control(&dir.join("tracing_on"), "0");
+    fs::create_dir_all(kernel_dir).map_err(|e| Error::output("create", kernel_dir, kernel_dir, e))?;
+    for cpu in 0..journal.state.manifest.cpus {
+        let raw = dir.join(format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
+        let out = kernel_dir.join(format!("cpu{cpu}.raw"));
+        drain_cpu(&raw, &out, kernel_dir, journal.meta.page_size as usize, None)?;
+    }
+    notes.push(format!(
+        "flight mode: the ring buffer was read from the dead recorder's instance {}; it holds the last events \
+         before this recovery, which may be later than the crash",
+        journal.state.owner.instance
+    ));
+    Ok(())
+}
+
+struct KeptPages {
+    bytes: u64,
+    dropped: u64,
+}
+
+/// Cuts a CPU's page file to its whole pages, and drops trailing pages whose
+/// header cannot be right (a page the kernel never finished handing over).
+/// A missing file is a CPU without events. Tracks the latest page start.
+fn keep_whole_pages(path: &Path, page_size: u64, last_page_ts: &mut u64) -> Result<KeptPages, Error> {
+    let mut file = match fs::OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::File::create(path).map_err(|e| Error::io("create", path, e))?;
+            return Ok(KeptPages { bytes: 0, dropped: 0 });
+        }
+        Err(e) => return Err(Error::io("open", path, e)),
+    };
+    let size = file.metadata().map_err(|e| Error::io("read the size of", path, e))?.len();
+    let mut whole = size / page_size * page_size;
+    let mut header = [0u8; 16];
+    while whole > 0 {
+        file.seek(SeekFrom::Start(whole - page_size)).map_err(|e| Error::io("seek in", path, e))?;
+        file.read_exact(&mut header).map_err(|e| Error::io("read", path, e))?;
+        let ts = u64::from_ne_bytes(header[..8].try_into().expect("8 bytes"));
+        let commit = u64::from_ne_bytes(header[8..].try_into().expect("8 bytes")) & COMMIT_MASK;
+        if commit > 0 && commit <= page_size - 16 {
+            *last_page_ts = (*last_page_ts).max(ts);
+            break;
+        }
+        whole -= page_size;
+    }
+    if whole < size {
+        file.set_len(whole).map_err(|e| Error::io("cut the torn page off", path, e))?;
+    }
+    Ok(KeptPages { bytes: whole, dropped: size - whole })
+}
+
+/// The manifest as the recorder would have ended it, from what is known.
+fn finish_manifest(
+    mut manifest: Manifest,
+    journal: &JournalContents,
+    kept_bytes: &[u64],
+    stats: Option<&[(String, CpuStats)]>,
+    last_page_ts: u64,
+    notes: &mut Vec<String>,
+) -> Manifest {
+    let mut samples = vec![[manifest.start.realtime_ns, manifest.start.mono_ns]];
+    samples.extend(journal.clock_samples.iter().filter(|s| s[1] > manifest.start.mono_ns));
+    let last = *samples.last().expect("the start sample");
+    // The end is the last moment known to be recorded: the later of the last
+    // clock sample and the start of the last page kept, whose wall time is
+    // carried from the last sample.
+    let end_mono = last[1].max(last_page_ts);
+    manifest.end = ClockPoint { realtime_ns: last[0] + (end_mono - last[1]), mono_ns: end_mono };
+    manifest.clock_samples = samples;
+    manifest.snapshots = journal.snapshots.clone();
+    manifest.exit_code = None;
+    manifest.per_cpu = (0..manifest.cpus)
+        .map(|cpu| {
+            let s = stats.and_then(|s| s.get(cpu)).map(|(_, s)| s.clone()).unwrap_or_default();
+            CpuManifest {
+                cpu,
+                entries: s.entries,
+                overrun: s.overrun,
+                commit_overrun: s.commit_overrun,
+                dropped_events: s.dropped_events,
+                read_events: s.read_events,
+                buffer_bytes: s.bytes,
+                bytes: kept_bytes.get(cpu).copied().unwrap_or(0),
+            }
+        })
+        .collect();
+    match stats {
+        // Overruns are left out: the instance kept tracing after the crash
+        // with nobody reading, so its ring overwrote itself since. Those
+        // during the recording are marked in the pages, where the analysis
+        // finds them.
+        Some(stats) => {
+            manifest.lost_events = stats.iter().map(|(_, s)| s.commit_overrun + s.dropped_events).sum();
+            notes.push(
+                "lost-event counts from the dead recorder's instance leave out ring overruns (it kept tracing \
+                 after the crash); overruns during the recording are marked in the trace where they happened"
+                    .into(),
+            );
+        }
+        None => notes.push(
+            "lost-event counts are unknown: the dead recorder's tracing instance is gone; the trace itself \
+             still marks pages where events were lost"
+                .into(),
+        ),
+    }
+    manifest
+}
