@@ -39,7 +39,7 @@ pub use error::Error;
 pub use events::{resolve_events, EventId, PRESETS};
 pub use journal::{owners_dir, InstanceOwner, ProcessId};
 pub use manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, Snapshot, MANIFEST_FILE};
-pub use recover::{needs_recovery, recover, Recovery};
+pub use recover::{needs_recovery, recover, recover_from_files, Recovery};
 pub use session::record;
 pub use tracefs::Tracefs;
 

@@ -56,6 +56,28 @@ pub fn needs_recovery(run_dir: &Path) -> bool {
 ///
 /// Refuses while the recorder is alive, and on a run that needs no recovery.
 pub fn recover(run_dir: &Path) -> Result<Recovery, Error> {
+    recover_with(run_dir, Machine::Live)
+}
+
+/// [`recover`] from the run folder's files alone: the dead recorder's
+/// instance, the kernel's task names and /proc are not looked at. For
+/// recovering a run copied from another machine, and for fuzzing.
+pub fn recover_from_files(run_dir: &Path) -> Result<Recovery, Error> {
+    recover_with(run_dir, Machine::Elsewhere)
+}
+
+/// Whether the run was recorded on this machine, in this boot, so that what
+/// the dead recorder left in the kernel is worth looking at.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Machine {
+    Live,
+    Elsewhere,
+}
+
+/// Most CPUs a Linux kernel supports (NR_CPUS at its largest).
+const MAX_CPUS: usize = 8192;
+
+fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
     let not = |reason: String| Error::NotRecoverable { run: run_dir.to_path_buf(), reason };
     if !journal::exists(run_dir) {
         return Err(not(if run_dir.join(MANIFEST_FILE).is_file() {
@@ -70,6 +92,7 @@ pub fn recover(run_dir: &Path) -> Result<Recovery, Error> {
         return Err(not("it already has a manifest and a kernel trace".into()));
     }
     let journal = journal::read(run_dir)?;
+    validate(&journal).map_err(|reason| Error::Journal { path: journal.dir.clone(), reason })?;
     let recorder = journal.state.owner.recorder;
     if recorder.alive() {
         return Err(not(format!(
@@ -88,7 +111,10 @@ pub fn recover(run_dir: &Path) -> Result<Recovery, Error> {
     }
     let manifest = journal.state.manifest.clone();
     let kernel_dir = run_dir.join("kernel");
-    let instance = LeftInstance::find(&journal);
+    let instance = match machine {
+        Machine::Live => LeftInstance::find(&journal),
+        Machine::Elsewhere => LeftInstance { dir: None, tracefs: None, stats: None },
+    };
     if manifest.mode == crate::Mode::Flight.as_str() {
         flight_pages(&journal, &instance, &kernel_dir, &mut notes)?;
     }
@@ -118,7 +144,9 @@ pub fn recover(run_dir: &Path) -> Result<Recovery, Error> {
     if let Some(tracefs) = &instance.tracefs {
         tasks.add_kernel(tracefs);
     }
-    tasks.scan_proc();
+    if machine == Machine::Live {
+        tasks.scan_proc();
+    }
     meta.cmdlines = tasks.cmdlines();
     meta.cpu_stats = stats.as_ref().map(|s| s.iter().map(|(text, _)| text.clone()).collect()).unwrap_or_default();
     let trace_path = kernel_dir.join("trace.dat");
@@ -148,18 +176,36 @@ struct LeftInstance {
 }
 
 impl LeftInstance {
+    /// Looks for the instance by its name under this machine's tracefs
+    /// (never by a path from the journal, which could point anywhere).
     fn find(journal: &JournalContents) -> LeftInstance {
-        let owner = &journal.state.owner;
         let tracefs = Tracefs::open().ok();
         let dir = tracefs
             .as_ref()
-            .map(|t| t.path("instances").join(&owner.instance))
-            .into_iter()
-            .chain(std::iter::once(owner.instance_dir.clone()))
-            .find(|d| d.join("per_cpu").is_dir());
+            .map(|t| t.path("instances").join(&journal.state.owner.instance))
+            .filter(|d| d.join("per_cpu").is_dir());
         let stats = dir.as_ref().map(|d| read_stats(d, journal.state.manifest.cpus));
         LeftInstance { dir, tracefs, stats }
     }
+}
+
+/// What the rest of recovery takes for granted of a journal, which after a
+/// crash (or in the wrong hands) may hold anything.
+fn validate(journal: &JournalContents) -> Result<(), String> {
+    let manifest = &journal.state.manifest;
+    if manifest.cpus == 0 || manifest.cpus > MAX_CPUS {
+        return Err(format!("{} CPUs is not a machine's CPU count (1 to {MAX_CPUS})", manifest.cpus));
+    }
+    let page_size = journal.meta.page_size;
+    if !page_size.is_power_of_two() || !(64..=1 << 24).contains(&page_size) {
+        return Err(format!("ring-buffer page size {page_size} is not a power of two from 64 B to 16 MiB"));
+    }
+    let instance = &journal.state.owner.instance;
+    if !instance.starts_with(crate::tracefs::INSTANCE_PREFIX) || instance.contains(['/', '\0']) || instance.len() > 255
+    {
+        return Err(format!("{instance:?} is not the name of a deepspan tracing instance"));
+    }
+    Ok(())
 }
 
 /// Flight mode keeps its history in the ring buffer, which died with the
@@ -247,7 +293,7 @@ fn finish_manifest(
     // clock sample and the start of the last page kept, whose wall time is
     // carried from the last sample.
     let end_mono = last[1].max(last_page_ts);
-    manifest.end = ClockPoint { realtime_ns: last[0] + (end_mono - last[1]), mono_ns: end_mono };
+    manifest.end = ClockPoint { realtime_ns: last[0].saturating_add(end_mono - last[1]), mono_ns: end_mono };
     manifest.clock_samples = samples;
     manifest.snapshots = journal.snapshots.clone();
     manifest.exit_code = None;
@@ -286,4 +332,154 @@ fn finish_manifest(
         ),
     }
     manifest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{InstanceOwner, Journal, ProcessId};
+    use crate::manifest::{OtlpPorts, FORMAT_VERSION};
+    use deepspan_ftrace::TraceDatMeta;
+
+    const PAGE: usize = 4096;
+
+    fn manifest(cpus: usize, mode: &str) -> Manifest {
+        let start = ClockPoint { realtime_ns: 1_000_000_000_000, mono_ns: 5_000 };
+        Manifest {
+            format_version: FORMAT_VERSION,
+            host: "h".into(),
+            kernel_release: "6.1".into(),
+            cpus,
+            page_size: PAGE as u32,
+            trace_clock: "mono".into(),
+            events: vec!["sched:sched_switch".into()],
+            mode: mode.into(),
+            buffer_kb_per_cpu: 1024,
+            pids: vec![],
+            start,
+            end: start,
+            clock_samples: vec![[start.realtime_ns, start.mono_ns]],
+            per_cpu: vec![],
+            lost_events: 0,
+            kernel_trace: None,
+            snapshots: vec![],
+            otlp: OtlpPorts { grpc_port: 4317, http_port: 4318, receiver: None },
+            command: vec!["true".into()],
+            exit_code: None,
+            tgids: None,
+            warnings: vec![],
+        }
+    }
+
+    fn meta() -> TraceDatMeta {
+        TraceDatMeta {
+            page_size: PAGE as u32,
+            long_size: 8,
+            header_page: b"\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n".to_vec(),
+            header_event: b"# compressed entry header\n".to_vec(),
+            trace_clock: "mono".into(),
+            ..TraceDatMeta::default()
+        }
+    }
+
+    /// A page whose header says it holds `commit` bytes of events, from `ts`.
+    fn page(ts: u64, commit: u64) -> Vec<u8> {
+        let mut p = vec![0u8; PAGE];
+        p[..8].copy_from_slice(&ts.to_ne_bytes());
+        p[8..16].copy_from_slice(&commit.to_ne_bytes());
+        p
+    }
+
+    /// A run folder as a recorder that died leaves it: the journal and the
+    /// page files. The recorder is a pid that cannot exist.
+    fn dead_run(dir: &Path, cpus: usize, mode: &str, instance: &str) {
+        let owner = InstanceOwner {
+            instance: instance.into(),
+            run_dir: dir.to_path_buf(),
+            recorder: ProcessId { pid: i32::MAX, start_ticks: None },
+            traced: vec![],
+        };
+        let mut warnings = Vec::new();
+        let mut journal =
+            Journal::create_without_owner_file(dir, owner, manifest(cpus, mode), &meta(), b"7 7 init\n", &mut warnings)
+                .unwrap();
+        journal.clock_sample(ClockPoint { realtime_ns: 1_000_001_000_000, mono_ns: 1_000_005_000 });
+        std::fs::write(dir.join("kernel/journal/clock_samples"), {
+            let mut text = std::fs::read(dir.join("kernel/journal/clock_samples")).unwrap();
+            text.extend_from_slice(b"1000002000000 20"); // torn by the crash
+            text
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn whole_pages_are_kept_and_a_torn_one_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        dead_run(dir.path(), 2, "standard", "deepspan-2147483647-1");
+        let mut cpu0 = page(2_000_000_000, 32);
+        cpu0.extend(page(3_000_000_000, 64));
+        cpu0.extend(&page(4_000_000_000, 64)[..100]); // the crash cut this one
+        std::fs::write(dir.path().join("kernel/cpu0.raw"), &cpu0).unwrap();
+        // CPU 1 has no file at all: a CPU without events.
+
+        assert!(needs_recovery(dir.path()));
+        let recovery = recover_from_files(dir.path()).unwrap();
+        assert_eq!(recovery.kept_bytes, vec![2 * PAGE as u64, 0]);
+        assert_eq!(recovery.dropped_bytes, vec![100, 0]);
+        let m = Manifest::load(dir.path()).unwrap();
+        assert_eq!(m.kernel_trace.as_deref(), Some("kernel/trace.dat"));
+        assert_eq!(m.clock_samples, vec![[1_000_000_000_000, 5_000], [1_000_001_000_000, 1_000_005_000]]);
+        // The end is the start of the last page kept, later than the last sample.
+        assert_eq!(m.end, ClockPoint { realtime_ns: 1_000_001_000_000 + 1_999_995_000, mono_ns: 3_000_000_000 });
+        assert_eq!(m.per_cpu.iter().map(|c| c.bytes).collect::<Vec<_>>(), vec![2 * PAGE as u64, 0]);
+        assert!(m.warnings.iter().any(|w| w.contains("1 torn line")), "{:?}", m.warnings);
+        assert!(m.warnings.iter().any(|w| w.contains("CPU 0: 100 bytes")), "{:?}", m.warnings);
+        assert!(m.warnings.iter().any(|w| w.contains("lost-event counts are unknown")), "{:?}", m.warnings);
+        let tgids = std::fs::read_to_string(dir.path().join("kernel/saved_tgids")).unwrap();
+        assert_eq!(tgids, "7 7\n");
+        let trace = deepspan_ftrace::TraceDat::open(&dir.path().join("kernel/trace.dat")).unwrap();
+        assert_eq!(trace.cpu_data_bytes_of(0), 2 * PAGE as u64);
+        assert!(!dir.path().join("kernel/journal").exists());
+        assert!(!dir.path().join("kernel/cpu0.raw").exists());
+        assert!(!needs_recovery(dir.path()));
+        let again = recover_from_files(dir.path()).unwrap_err().to_string();
+        assert!(again.contains("recorded to the end"), "{again}");
+    }
+
+    #[test]
+    fn trailing_pages_without_events_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        dead_run(dir.path(), 1, "standard", "deepspan-2147483647-1");
+        let mut cpu0 = page(2_000_000_000, 32);
+        cpu0.extend(page(0, 0));
+        cpu0.extend(page(0, PAGE as u64)); // more data than a page holds
+        std::fs::write(dir.path().join("kernel/cpu0.raw"), &cpu0).unwrap();
+        let recovery = recover_from_files(dir.path()).unwrap();
+        assert_eq!(recovery.kept_bytes, vec![PAGE as u64]);
+        assert_eq!(recovery.dropped_bytes, vec![2 * PAGE as u64]);
+    }
+
+    #[test]
+    fn a_journal_that_cannot_be_right_is_refused_with_its_reason() {
+        for (cpus, instance, expected) in [
+            (0, "deepspan-1-1", "0 CPUs"),
+            (1_000_000, "deepspan-1-1", "1000000 CPUs"),
+            (1, "../../..", "not the name of a deepspan tracing instance"),
+            (1, "deepspan-1/../../x", "not the name of a deepspan tracing instance"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            dead_run(dir.path(), cpus, "standard", instance);
+            let err = recover_from_files(dir.path()).unwrap_err().to_string();
+            assert!(err.contains(expected), "{cpus} {instance}: {err}");
+            assert!(!dir.path().join("manifest.json").exists());
+        }
+    }
+
+    #[test]
+    fn a_folder_without_a_journal_is_not_taken_for_a_recording() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!needs_recovery(dir.path()));
+        let err = recover_from_files(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("no recording journal"), "{err}");
+    }
 }

@@ -469,10 +469,8 @@ impl Session {
     /// see `journal.rs`. Before tracing starts: no page may exist without it.
     fn journal(&mut self, opts: &RecordOptions, run: &Path, manifest: &Manifest) -> Result<Journal, Error> {
         fs::create_dir_all(&self.kernel_dir).map_err(|e| Error::output("create", &self.kernel_dir, run, e))?;
-        let instance_dir = self.instance.path("");
         let owner = InstanceOwner {
-            instance: instance_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-            instance_dir,
+            instance: self.instance.name(),
             run_dir: fs::canonicalize(run).unwrap_or_else(|_| run.to_path_buf()),
             recorder: ProcessId::of(std::process::id() as i32),
             traced: opts.pids.iter().map(|&pid| ProcessId::of(pid)).collect(),

@@ -161,6 +161,11 @@ impl Instance {
         self.dir.join(rel)
     }
 
+    /// Its name under `instances/`.
+    pub fn name(&self) -> String {
+        self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+
     pub fn write(&self, rel: &str, value: &str) -> Result<(), Error> {
         write_control(&self.path(rel), value)
     }

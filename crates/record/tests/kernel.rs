@@ -493,7 +493,6 @@ fn cleanup_keeps_an_instance_while_a_process_it_traced_runs() {
     let mut traced = Command::new("sleep").arg("60").spawn().unwrap();
     let owner = InstanceOwner {
         instance: name.into(),
-        instance_dir: dir.clone(),
         run_dir: PathBuf::from("/nonexistent-run"),
         recorder: ProcessId { pid: 999_999_998, start_ticks: None },
         traced: vec![ProcessId::of(traced.id() as i32)],

@@ -1,0 +1,60 @@
+//! Fuzzes the recovery of a run whose recorder died: the input is what such
+//! a recorder may leave behind, its journal files and per-CPU page files
+//! (joined by a marker line), made into a run folder. Recovery must finish
+//! the run or refuse it with an error, never panic; what it writes must
+//! then open and decode like any trace.
+#![no_main]
+
+use deepspan_ftrace::TraceDat;
+use libfuzzer_sys::fuzz_target;
+
+/// Separates the files in an input (seeds are made by joining real files).
+const MARKER: &[u8] = b"\n--8<--\n";
+const FILES: [&str; 5] = [
+    "kernel/journal/recording.json",
+    "kernel/journal/trace_meta.json",
+    "kernel/journal/clock_samples",
+    "kernel/cpu0.raw",
+    "kernel/cpu1.raw",
+];
+
+fn split(data: &[u8]) -> Vec<&[u8]> {
+    let mut parts = Vec::new();
+    let mut rest = data;
+    while parts.len() + 1 < FILES.len() {
+        match rest.windows(MARKER.len()).position(|w| w == MARKER) {
+            Some(at) => {
+                parts.push(&rest[..at]);
+                rest = &rest[at + MARKER.len()..];
+            }
+            None => break,
+        }
+    }
+    parts.push(rest);
+    parts
+}
+
+fuzz_target!(|data: &[u8]| {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let run = dir.path();
+    std::fs::create_dir_all(run.join("kernel/journal")).unwrap();
+    for (file, bytes) in FILES.iter().zip(split(data)) {
+        std::fs::write(run.join(file), bytes).unwrap();
+    }
+    let Ok(recovery) = deepspan_record::recover_from_files(run) else {
+        return;
+    };
+    assert!(run.join("manifest.json").is_file());
+    assert!(!deepspan_record::needs_recovery(run));
+    let Ok(trace) = TraceDat::open(&run.join("kernel/trace.dat")) else {
+        return;
+    };
+    let kept: u64 = recovery.kept_bytes.iter().sum();
+    assert_eq!(trace.cpu_data_bytes(), kept, "the trace holds the pages recovery kept");
+    let schema = trace.schema().clone();
+    if let Ok(records) = trace.records() {
+        for record in records.flatten() {
+            let _ = record.to_event(&schema);
+        }
+    }
+});
