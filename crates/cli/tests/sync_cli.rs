@@ -289,3 +289,140 @@ fn ctf_traces_are_hosts_by_their_hostname_and_say_why_nothing_matched() {
         "{stderr}"
     );
 }
+
+/// A minimal LTTng-like CTF trace: the hostname in the environment, one
+/// stream, and TCP segment events whose header fields sit in a nested
+/// struct, as `net_dev_queue` / `netif_receive_skb` carry them.
+const CTF_METADATA: &str = r#"/* CTF 1.8 */
+typealias integer { size = 8; align = 8; signed = false; } := uint8_t;
+typealias integer { size = 32; align = 8; signed = false; } := uint32_t;
+typealias integer { size = 64; align = 8; signed = false; } := uint64_t;
+trace {
+    major = 1;
+    minor = 8;
+    byte_order = le;
+    packet.header := struct { uint32_t magic; uint32_t stream_id; };
+};
+env {
+    hostname = "HOST";
+    domain = "kernel";
+    tracer_name = "lttng-modules";
+};
+clock { name = "monotonic"; freq = 1000000000; offset_s = 0; offset = 0; };
+typealias integer { size = 64; align = 8; signed = false; map = clock.monotonic.value; } := uint64_clock_t;
+stream {
+    id = 0;
+    packet.context := struct {
+        uint64_clock_t timestamp_begin;
+        uint64_clock_t timestamp_end;
+        uint64_t content_size;
+        uint64_t packet_size;
+        uint32_t cpu_id;
+    };
+    event.header := struct { uint32_t id; uint64_clock_t timestamp; };
+};
+event {
+    name = "net_dev_queue";
+    id = 0;
+    stream_id = 0;
+    fields := struct {
+        uint64_t _skbaddr;
+        struct { uint32_t _seq; uint32_t _ack_seq; uint8_t _flags; } _network_header;
+    };
+};
+event {
+    name = "netif_receive_skb";
+    id = 1;
+    stream_id = 0;
+    fields := struct {
+        uint64_t _skbaddr;
+        struct { uint32_t _seq; uint32_t _ack_seq; uint8_t _flags; } _network_header;
+    };
+};
+"#;
+
+/// (event id: 0 sent, 1 received; ts; seq) of one host.
+fn write_ctf(dir: &Path, host: &str, mut events: Vec<(u32, u64, u32)>) -> PathBuf {
+    events.sort_by_key(|e| e.1);
+    let trace = dir.join(host);
+    std::fs::create_dir_all(&trace).unwrap();
+    std::fs::write(trace.join("metadata"), CTF_METADATA.replace("HOST", host)).unwrap();
+    let mut body = Vec::new();
+    for &(id, ts, seq) in &events {
+        body.extend_from_slice(&id.to_le_bytes());
+        body.extend_from_slice(&ts.to_le_bytes());
+        body.extend_from_slice(&0xffff_8800_0000_0000u64.to_le_bytes());
+        body.extend_from_slice(&seq.to_le_bytes());
+        body.extend_from_slice(&(seq ^ 0x5555).to_le_bytes()); // ack_seq
+        body.push(0x18); // PSH|ACK
+    }
+    let header_len = 4 + 4 + 8 + 8 + 8 + 8 + 4;
+    let size_bits = ((header_len + body.len()) * 8) as u64;
+    let mut packet = Vec::new();
+    packet.extend_from_slice(&0xC1FC_1FC1u32.to_le_bytes());
+    packet.extend_from_slice(&0u32.to_le_bytes());
+    packet.extend_from_slice(&events[0].1.to_le_bytes());
+    packet.extend_from_slice(&events[events.len() - 1].1.to_le_bytes());
+    packet.extend_from_slice(&size_bits.to_le_bytes());
+    packet.extend_from_slice(&size_bits.to_le_bytes());
+    packet.extend_from_slice(&0u32.to_le_bytes());
+    packet.extend_from_slice(&body);
+    std::fs::write(trace.join("stream_0"), packet).unwrap();
+    trace
+}
+
+/// hotel's clock from india's: −12 ppm, 41 ms behind.
+fn hotel_of_india(india_ns: u64) -> u64 {
+    india_ns - india_ns * 12 / 1_000_000 - 41_000_000
+}
+
+#[test]
+fn tcp_segments_of_two_ctf_traces_recover_their_clocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut random = Random(7);
+    let (mut india, mut hotel) = (Vec::new(), Vec::new());
+    let start = 1_000 * SECOND;
+    for k in 0..200u32 {
+        // india → hotel, then hotel → india, at random times over 10 s.
+        let send = start + (10.0 * SECOND as f64 * random.unit()) as u64;
+        india.push((0, send, k));
+        hotel.push((1, hotel_of_india(send + random.delay()), k));
+        let receive = start + (10.0 * SECOND as f64 * random.unit()) as u64;
+        hotel.push((0, hotel_of_india(receive - random.delay()), 100_000 + k));
+        india.push((1, receive, 100_000 + k));
+    }
+    // A segment india sends and sees come back with the same header (a
+    // loopback capture): never matched with itself.
+    india.push((0, start + 5 * SECOND, 77_777));
+    india.push((1, start + 5 * SECOND + 1_000, 77_777));
+    let india_dir = write_ctf(dir.path(), "india", india);
+    let hotel_dir = write_ctf(dir.path(), "hotel", hotel);
+    let out = sync(&[&india_dir, &hotel_dir], &["--format", "json"]);
+    let doc: J = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    assert_eq!(doc["reference"], "india");
+    let h = &doc["hosts"][1];
+    assert_eq!(
+        (
+            h["host"].as_str(),
+            h["quality"].as_str(),
+            h["matched"].as_u64()
+        ),
+        (Some("hotel"), Some("accurate"), Some(400))
+    );
+    let (slope, offset) = (
+        h["slope"].as_f64().unwrap(),
+        h["offset_ns"].as_f64().unwrap(),
+    );
+    for i in 0..=10 {
+        let a = start + i * SECOND;
+        let b = hotel_of_india(a);
+        let mapped = b as i128 + ((slope - 1.0) * b as f64 + offset).round() as i128;
+        let error = (mapped - a as i128).abs();
+        assert!(error < 1_000, "at {i} s: off by {error} ns");
+    }
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("0 client/server span pairs and 400 TCP segments matched"),
+        "{stderr}"
+    );
+}
