@@ -34,6 +34,7 @@ pub struct HostSync {
 }
 
 impl HostGraph {
+    /// No host, no message.
     pub fn new() -> HostGraph {
         HostGraph::default()
     }
@@ -49,6 +50,7 @@ impl HostGraph {
         }
     }
 
+    /// The host names, by index.
     pub fn hosts(&self) -> &[String] {
         &self.hosts
     }

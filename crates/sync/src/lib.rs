@@ -44,6 +44,7 @@ pub enum Quality {
 }
 
 impl Quality {
+    /// The lowercase name `deepspan sync` prints (`accurate`, …).
     pub fn name(self) -> &'static str {
         match self {
             Quality::Accurate => "accurate",
@@ -58,11 +59,14 @@ impl Quality {
 /// `slope·t + offset_ns` on the target clock.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Transform {
+    /// Rate of the target clock per ns of the source clock (1 + drift).
     pub slope: f64,
+    /// The target time of source time 0, in ns.
     pub offset_ns: f64,
 }
 
 impl Transform {
+    /// The transform of a clock onto itself (and of an unsynchronised one).
     pub const IDENTITY: Transform = Transform {
         slope: 1.0,
         offset_ns: 0.0,

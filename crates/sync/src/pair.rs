@@ -75,6 +75,7 @@ impl Default for ClockPair {
 }
 
 impl ClockPair {
+    /// A pair that has seen no message yet (its estimate fails).
     pub fn new() -> ClockPair {
         ClockPair {
             origin: None,
