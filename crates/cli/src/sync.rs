@@ -144,14 +144,27 @@ fn read_run(
 ) -> Result<String> {
     let ctf_dir = path.join(RUN_CTF_DIR);
     let imported_ctf = ctf_dir.is_dir();
-    let host = match run_host(path)? {
-        Some(host) => host,
-        None if imported_ctf => ctf_hostname(&ctf_dir)?,
-        None => bail!(
+    let ctf =
+        if imported_ctf {
+            Some(CtfTrace::open(&ctf_dir).with_context(|| {
+                format!("cannot read the run's CTF trace {}", ctf_dir.display())
+            })?)
+        } else {
+            None
+        };
+    let host = match (run_host(path)?, &ctf) {
+        (Some(host), _) => host,
+        (None, Some(trace)) => hostname_of(trace, &ctf_dir)?,
+        (None, None) => bail!(
             "{}: the run has no host name (no manifest.json with \"host\", no kernel/ctf/ trace with a hostname)",
             path.display()
         ),
     };
+    // The imported trace's TCP segments are on the same clock as the
+    // run's spans (the CTF clock's absolute time).
+    if let Some(trace) = &ctf {
+        read_tcp_segments(trace, &ctf_dir, input, collected, notes)?;
+    }
     // A run imported with --ctf keeps its spans on the CTF clock, whose
     // absolute time is the wall clock span files carry.
     let clock = if imported_ctf {
@@ -210,7 +223,7 @@ fn read_run(
             path.display()
         ));
     }
-    if spans == 0 {
+    if spans == 0 && !imported_ctf {
         let ftrace = path.join("kernel").join("trace.dat").is_file();
         notes.push(format!(
             "{}: no spans, so nothing to match{}",
@@ -250,12 +263,6 @@ fn run_host(path: &Path) -> Result<Option<String>> {
 }
 
 /// The `hostname` of a CTF folder's traces (the kernel trace's first).
-fn ctf_hostname(path: &Path) -> Result<String> {
-    let trace = CtfTrace::open(path)
-        .with_context(|| format!("cannot read the CTF trace {}", path.display()))?;
-    hostname_of(&trace, path)
-}
-
 fn hostname_of(trace: &CtfTrace, path: &Path) -> Result<String> {
     let mut traces: Vec<_> = trace.traces().iter().collect();
     traces.sort_by_key(|t| !t.is_kernel());
@@ -292,6 +299,18 @@ fn read_ctf(
         )
     })?;
     let host = hostname_of(&trace, path)?;
+    read_tcp_segments(&trace, path, input, collected, notes)?;
+    Ok(host)
+}
+
+/// The TCP segment events of a CTF trace, keyed.
+fn read_tcp_segments(
+    trace: &CtfTrace,
+    path: &Path,
+    input: usize,
+    collected: &mut Collected,
+    notes: &mut Vec<String>,
+) -> Result<()> {
     let (mut packets, mut keyed) = (0u64, 0u64);
     for event in trace.events() {
         let event = event.with_context(|| format!("{}: cannot decode", path.display()))?;
@@ -330,7 +349,7 @@ fn read_ctf(
             TCP_RECEIVE_EVENTS.join(", ")
         ));
     }
-    Ok(host)
+    Ok(())
 }
 
 /// (seq, ack_seq, flags) of a TCP segment event: fields of those names at

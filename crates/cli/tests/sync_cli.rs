@@ -425,4 +425,38 @@ fn tcp_segments_of_two_ctf_traces_recover_their_clocks() {
         stderr.contains("0 client/server span pairs and 400 TCP segments matched"),
         "{stderr}"
     );
+
+    // The same trace imported into a run: the run is host india (from the
+    // trace, as it has no manifest) and its segments count.
+    let run = dir.path().join("india-run");
+    let import = deepspan()
+        .args(["import", "-o"])
+        .arg(&run)
+        .arg("--ctf")
+        .arg(&india_dir)
+        .output()
+        .unwrap();
+    assert!(
+        import.status.success(),
+        "{}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    let out = sync(&[&hotel_dir, &run], &["--format", "json"]);
+    let doc: J = serde_json::from_str(&ok_stdout(&out)).unwrap();
+    assert_eq!(doc["reference"], "hotel");
+    let h = &doc["hosts"][1];
+    assert_eq!(
+        (
+            h["host"].as_str(),
+            h["quality"].as_str(),
+            h["matched"].as_u64()
+        ),
+        (Some("india"), Some("accurate"), Some(400))
+    );
+    let slope = h["slope"].as_f64().unwrap();
+    // hotel runs 12 ppm slow: india onto hotel has a slope of 1 − 12 ppm.
+    assert!(
+        (slope - 1.0 + 12e-6).abs() < 1e-7,
+        "india onto hotel: slope {slope}"
+    );
 }
