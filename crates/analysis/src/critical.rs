@@ -89,7 +89,7 @@ pub(crate) fn compute(graph: &Graph, start: VertexId, stop: Stop) -> CriticalPat
     let mut walk = Walk::new(graph);
     let mut path = Graph::new();
     let actor = start.worker;
-    let path_actor = path.worker(graph.tid(actor));
+    let path_actor = path.worker_like(graph, actor);
     path.add(path_actor, graph.ts(start));
 
     let mut current = start;
@@ -188,7 +188,7 @@ pub fn pieces_of(path: &Graph, worker: u32) -> Vec<Piece> {
 /// Glues the sub-path that explains a blocking (chronological order) after
 /// the path's current end on the blocked thread.
 fn append_component(path: &mut Graph, graph: &Graph, current: VertexId, links: &[Edge]) {
-    let actor = path.worker(graph.tid(current.worker));
+    let actor = path.worker_like(graph, current.worker);
     let Some(first) = links.first() else {
         // Nothing explains the blocking: keep the blocked edge itself.
         if let Some(next) = graph.edge(current, Direction::OutgoingHorizontal) {
@@ -205,7 +205,7 @@ fn append_component(path: &mut Graph, graph: &Graph, current: VertexId, links: &
     let mut anchor = if first.from.worker == current.worker {
         b1
     } else {
-        let src = path.worker(graph.tid(first.from.worker));
+        let src = path.worker_like(graph, first.from.worker);
         let a = path.add(src, graph.ts(current));
         path.link(b1, a, EdgeType::Default, None);
         let first_ts = graph.ts(first.from);
@@ -257,7 +257,7 @@ fn copy_link(
     kind: EdgeType,
     qualifier: Option<&str>,
 ) -> VertexId {
-    let worker = path.worker(graph.tid(to.worker));
+    let worker = path.worker_like(graph, to.worker);
     if worker == anchor.worker && ts == path.ts(anchor) {
         return anchor;
     }

@@ -156,6 +156,9 @@ struct VerticalEdge {
 #[derive(Clone, Debug)]
 pub struct Worker {
     tid: Tid,
+    /// The host of the thread in a graph of several hosts' traces
+    /// ([`Graph::absorb`]); 0 in a one-host graph.
+    host: u32,
     vertices: Vec<Vertex>,
 }
 
@@ -163,6 +166,11 @@ impl Worker {
     /// The thread this row belongs to.
     pub fn tid(&self) -> Tid {
         self.tid
+    }
+
+    /// The host of the thread (0 unless the graph joins several hosts).
+    pub fn host(&self) -> u32 {
+        self.host
     }
 
     /// Number of vertices in the row.
@@ -194,7 +202,7 @@ pub struct GraphAnomalies {
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
     workers: Vec<Worker>,
-    by_tid: FastMap<Tid, u32>,
+    by_tid: FastMap<(u32, Tid), u32>,
     vertical: Vec<VerticalEdge>,
     /// `[incoming, outgoing]` vertical edge ids of the vertices that have
     /// one ([`NONE`] for an empty slot).
@@ -215,21 +223,79 @@ impl Graph {
 
     /// The row of `tid`, created (empty) if needed.
     pub fn worker(&mut self, tid: Tid) -> u32 {
-        if let Some(&w) = self.by_tid.get(&tid) {
+        self.worker_on(0, tid)
+    }
+
+    /// The row of `tid` on `host`, created (empty) if needed.
+    pub fn worker_on(&mut self, host: u32, tid: Tid) -> u32 {
+        if let Some(&w) = self.by_tid.get(&(host, tid)) {
             return w;
         }
         let w = self.workers.len() as u32;
         self.workers.push(Worker {
             tid,
+            host,
             vertices: Vec::new(),
         });
-        self.by_tid.insert(tid, w);
+        self.by_tid.insert((host, tid), w);
         w
+    }
+
+    /// The row in this graph of the thread of row `worker` of `source`
+    /// (same host and tid), created if needed.
+    pub fn worker_like(&mut self, source: &Graph, worker: u32) -> u32 {
+        self.worker_on(source.host(worker), source.tid(worker))
     }
 
     /// The row of `tid`, if it has one.
     pub fn worker_of(&self, tid: Tid) -> Option<u32> {
-        self.by_tid.get(&tid).copied()
+        self.worker_of_on(0, tid)
+    }
+
+    /// The row of `tid` on `host`, if it has one.
+    pub fn worker_of_on(&self, host: u32, tid: Tid) -> Option<u32> {
+        self.by_tid.get(&(host, tid)).copied()
+    }
+
+    /// The host of a row (0 for a row that does not exist).
+    pub fn host(&self, worker: u32) -> u32 {
+        self.workers.get(worker as usize).map_or(0, |w| w.host)
+    }
+
+    /// Copies every row and edge of `other` (a one-host graph) into this
+    /// graph as the rows of `host`, for the execution graph of several
+    /// hosts' traces. Returns the row offset: row `w` of `other` is row
+    /// `offset + w` here, with the same vertex indices. None, and nothing
+    /// copied, when this graph already has rows of `host`.
+    pub fn absorb(&mut self, other: &Graph, host: u32) -> Option<u32> {
+        if self.workers.iter().any(|w| w.host == host) || other.workers.iter().any(|w| w.host != 0)
+        {
+            return None;
+        }
+        let offset = self.workers.len() as u32;
+        for w in &other.workers {
+            let row = self.worker_on(host, w.tid);
+            for v in &w.vertices {
+                let q = other.qualifier(v.h_qualifier.into()).cloned();
+                let q = self.intern(q.as_deref());
+                let vertices = &mut self.workers[row as usize].vertices;
+                vertices.push(Vertex {
+                    ts: v.ts,
+                    links: NONE,
+                    h_qualifier: q,
+                    h_out: v.h_out,
+                });
+            }
+        }
+        let moved = |v: VertexId| VertexId {
+            worker: v.worker + offset,
+            index: v.index,
+        };
+        for e in &other.vertical {
+            let q = other.qualifier(e.qualifier.into()).cloned();
+            self.link(moved(e.from), moved(e.to), e.kind, q.as_deref());
+        }
+        Some(offset)
     }
 
     /// All rows, in creation order.

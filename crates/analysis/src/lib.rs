@@ -21,6 +21,7 @@
 
 mod critical;
 mod diagnosis;
+mod distributed;
 mod fxhash;
 mod graph;
 mod input;
@@ -31,6 +32,7 @@ mod summary;
 mod syscalls;
 
 pub use critical::{critical_path_of, pieces_of, CriticalPath, Piece};
+pub use distributed::distributed_graph;
 pub use diagnosis::{
     baselines, diagnose, is_anomalous, Cause, Culprit, CulpritKind, Diagnosis, DiagnosisContext,
     ANOMALY_FACTOR, ANOMALY_MIN_EXCESS_NS, HEADLINE_MAX, MAX_CULPRITS, MIN_BASELINE_REQUESTS,
@@ -46,7 +48,8 @@ pub use request::{
 };
 pub use state::{
     softirq_name, switch_out, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval,
-    InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange, ModelStats, StateBuilder,
+    InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds,
+    PacketDirection, StateBuilder, KERNEL_WORKER,
     StateInterval, SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, MAX_CPUS,
     NO_CPU, PENDING_WAKING_WINDOW_NS,
 };

@@ -511,8 +511,35 @@ pub struct StateBuilder {
     /// False: interrupt handler runs are not kept (see
     /// [`StateBuilder::without_interrupt_history`]).
     interrupts_on: bool,
+    /// False: the graph's rows end at their last event instead of at the
+    /// end of the trace (see [`StateBuilder::open_ended`]).
+    close_rows: bool,
     block_io: Vec<BlockIo>,
+    packets: NetworkEnds,
 }
+
+/// Where network messages leave and arrive in the execution graph, by
+/// message key, for joining the graphs of several hosts
+/// ([`crate::distributed_graph`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkEnds {
+    /// (key, vertex of the sending context at the send), in time order.
+    pub sent: Vec<(u64, VertexId)>,
+    /// (key, vertex of the thread a received message woke, at the
+    /// wake-up), in time order.
+    pub received: Vec<(u64, VertexId)>,
+}
+
+/// The direction of a message given to [`StateBuilder::packet`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PacketDirection {
+    Sent,
+    Received,
+}
+
+/// The tid of a host's kernel worker: the graph row of the work done in
+/// interrupt context (Trace Compass' kernel worker).
+pub const KERNEL_WORKER: Tid = -1;
 
 struct ThreadRec {
     hist: ThreadHistory,
@@ -545,6 +572,9 @@ struct CpuRec {
     /// the last switch: that thread's wake-ups are I/O completions.
     thread_block: bool,
     thread_packet: bool,
+    /// The key of the last message given to [`StateBuilder::packet`] as
+    /// received in thread context since the last switch.
+    thread_message: Option<u64>,
     /// The thread that queued a packet on the loopback device since the
     /// last switch (in thread context): a NET_RX softirq run in its
     /// context then delivers its packets.
@@ -560,6 +590,8 @@ struct Frame {
     packet: bool,
     /// A packet of the loopback device was received in this frame.
     loopback: bool,
+    /// The key of the last message received in this frame.
+    message: Option<u64>,
 }
 
 const NO_WORKER: u32 = u32::MAX;
@@ -682,8 +714,110 @@ impl StateBuilder {
             stats: ModelStats::default(),
             graph_on: true,
             interrupts_on: true,
+            close_rows: true,
             block_io: Vec::new(),
+            packets: NetworkEnds::default(),
         }
+    }
+
+    /// Leaves each graph row at its last event, as Trace Compass builds
+    /// execution graphs, instead of extending every thread's last state to
+    /// the end of the trace (the thread histories still end there).
+    pub fn open_ended(self) -> StateBuilder {
+        StateBuilder {
+            close_rows: false,
+            ..self
+        }
+    }
+
+    /// A network message sent or received now on `cpu`, identified by
+    /// `key` (what matches its two ends: a TCP (seq, ack_seq, flags)
+    /// digest, a test stub's message id). The context doing it gets a
+    /// graph vertex: the current thread, or the host's kernel worker
+    /// ([`KERNEL_WORKER`]) in interrupt context, running since the
+    /// interrupt began. A send is kept as an end of the message; a
+    /// reception makes the context's next wake-ups network wake-ups (no
+    /// link from the waker), whose woken vertices are kept as the other
+    /// end ([`KernelModel::network_ends`]).
+    pub fn packet(&mut self, ts: u64, cpu: u32, key: u64, direction: PacketDirection) {
+        if cpu >= MAX_CPUS {
+            self.stats.bad_cpu += 1;
+            return;
+        }
+        let ts = self.clock(ts);
+        let vertex = self.context_vertex(cpu, ts);
+        let c = self.cpu_mut(cpu);
+        match direction {
+            PacketDirection::Sent => {
+                if let Some(v) = vertex {
+                    self.packets.sent.push((key, v));
+                }
+            }
+            PacketDirection::Received => match c.stack.last_mut() {
+                Some(f) => {
+                    f.packet = true;
+                    f.message = Some(key);
+                }
+                None => {
+                    c.thread_packet = true;
+                    c.thread_message = Some(key);
+                }
+            },
+        }
+    }
+
+    /// A network wake-up of thread `t` by a thread that received packets
+    /// (a threaded interrupt handler, threaded NAPI) names that thread on
+    /// the NETWORK edge, as Trace Compass does: the edge ends here, before
+    /// the wake-up's own transition (which then finds the vertex made).
+    fn name_network_edge(&mut self, t: usize, ts: u64, cpu: u32) {
+        let Some(c) = self.cpus.get(cpu as usize) else {
+            return;
+        };
+        if !self.graph_on || !c.stack.is_empty() || !c.thread_packet {
+            return;
+        }
+        let Some(receiver) = c.current.filter(|&x| x > 0) else {
+            return;
+        };
+        let name = self
+            .index
+            .get(receiver)
+            .and_then(|i| self.threads[i as usize].hist.name())
+            .map(|comm| comm.to_string_lossy());
+        let worker = self.worker(t);
+        self.graph
+            .append(worker, ts, EdgeType::Network, name.as_deref());
+    }
+
+    /// The key of the message the context running on `cpu` received last.
+    fn context_message(&self, cpu: u32) -> Option<u64> {
+        let c = self.cpus.get(cpu as usize)?;
+        match c.stack.last() {
+            Some(f) => f.message,
+            None => c.thread_message,
+        }
+    }
+
+    /// A vertex at `ts` of whatever runs on `cpu`: the kernel worker in
+    /// interrupt context (from the interrupt's start), else the current
+    /// thread.
+    fn context_vertex(&mut self, cpu: u32, ts: u64) -> Option<VertexId> {
+        if !self.graph_on {
+            return None;
+        }
+        let c = self.cpu_mut(cpu);
+        if let Some(start) = c.stack.last().map(|f| f.start) {
+            let worker = self.graph.worker(KERNEL_WORKER);
+            let since = self.graph.tail(worker).map(|v| self.graph.ts(v));
+            if since.is_none_or(|t| t < start) {
+                self.graph.add(worker, start);
+            }
+            return Some(self.graph.append(worker, ts, EdgeType::Running, None));
+        }
+        let tid = self.current(cpu).filter(|&t| t > 0)?;
+        let t = self.thread(tid);
+        Some(self.vertex_now(t, ts))
     }
 
     /// A builder that keeps no execution graph: the model then has thread,
@@ -903,7 +1037,7 @@ impl StateBuilder {
                     state: open.state,
                     cpu: open.cpu,
                 });
-                if th.worker != NO_WORKER {
+                if th.worker != NO_WORKER && self.close_rows {
                     let q = self.qualifier(open.state);
                     let q = q.as_deref();
                     self.graph
@@ -963,6 +1097,7 @@ impl StateBuilder {
             start,
             end,
             block_io: self.block_io,
+            packets: self.packets,
         }
     }
 
@@ -1081,6 +1216,7 @@ impl StateBuilder {
             }
             c.thread_block = false;
             c.thread_packet = false;
+            c.thread_message = None;
             c.loopback_sender = None;
         }
         let c = self.cpu_mut(cpu);
@@ -1267,6 +1403,7 @@ impl StateBuilder {
         c.since = ts;
         c.thread_block = false;
         c.thread_packet = false;
+        c.thread_message = None;
         c.loopback_sender = None;
     }
 
@@ -1413,9 +1550,20 @@ impl StateBuilder {
                 if let Some(o) = self.threads[t].open.as_mut() {
                     o.state = ThreadState::Blocked(reason);
                 }
+                if reason == BlockReason::Network {
+                    self.name_network_edge(t, ts, cpu);
+                }
                 self.transition(t, ts, ThreadState::WaitCpu, target_cpu);
                 if let Waker::Thread(x) | Waker::Context(BlockReason::Loopback(x)) = waker {
                     self.link(x, t, ts);
+                }
+                if let (Waker::Context(BlockReason::Network), Some(key)) =
+                    (waker, self.context_message(cpu))
+                {
+                    if self.graph_on {
+                        let v = self.vertex_now(t, ts);
+                        self.packets.received.push((key, v));
+                    }
                 }
             }
         }
@@ -1488,6 +1636,7 @@ impl StateBuilder {
             block: false,
             packet: false,
             loopback: false,
+            message: None,
         });
     }
 
@@ -1612,9 +1761,16 @@ pub struct KernelModel {
     start: u64,
     end: u64,
     block_io: Vec<BlockIo>,
+    packets: NetworkEnds,
 }
 
 impl KernelModel {
+    /// The graph vertices where messages given to
+    /// [`StateBuilder::packet`] left and woke threads.
+    pub fn network_ends(&self) -> &NetworkEnds {
+        &self.packets
+    }
+
     /// Block-layer request events (`block_rq_insert`/`issue`/`complete`),
     /// in time order.
     pub fn block_io(&self) -> &[BlockIo] {

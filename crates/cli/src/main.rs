@@ -10,6 +10,7 @@ mod progress;
 mod receive;
 mod record;
 mod spans_cmd;
+mod sync;
 mod ui;
 
 use std::process::ExitCode;
@@ -63,6 +64,10 @@ enum Command {
     /// critical path per thread with its summary and diagnosis, the
     /// requests running at the same time, and CPUs and threads over time.
     Ui(ui::UiArgs),
+    /// Each host's clock as a linear transform of a reference host's, from
+    /// client/server span pairs (run folders) and TCP segments (LTTng CTF
+    /// folders) matched across hosts, with its quality.
+    Sync(sync::SyncArgs),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +82,7 @@ fn main() -> ExitCode {
         Command::Report(args) => analyze::report(args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run(args),
         Command::Ui(args) => ui::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Sync(args) => sync::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

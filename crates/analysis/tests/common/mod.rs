@@ -106,9 +106,17 @@ pub fn load_graph(json: &Value) -> Graph {
 struct Slot {
     kind: EdgeType,
     duration: u64,
-    from: Tid,
-    to: Tid,
+    from: (u32, Tid),
+    to: (u32, Tid),
     qualifier: Option<String>,
+}
+
+/// A worker of the JSON (`"12"`, `"host/12"`) as (host, tid), the host
+/// numbered by `host_of`.
+type HostOf<'a> = &'a dyn Fn(&str) -> u32;
+
+fn worker_key(name: &str, host_of: HostOf) -> (u32, Tid) {
+    (host_of(name), worker_tid(name))
 }
 
 fn actual_slot(g: &Graph, v: VertexId, dir: Direction) -> Option<Slot> {
@@ -116,18 +124,19 @@ fn actual_slot(g: &Graph, v: VertexId, dir: Direction) -> Option<Slot> {
     Some(Slot {
         kind: e.kind,
         duration: g.duration(&e),
-        from: g.tid(e.from.worker),
-        to: g.tid(e.to.worker),
+        from: (g.host(e.from.worker), g.tid(e.from.worker)),
+        to: (g.host(e.to.worker), g.tid(e.to.worker)),
         qualifier: g.qualifier(e.qualifier).map(|s| s.to_string()),
     })
 }
 
-fn expected_slot(e: &Value) -> Slot {
+fn expected_slot(e: &Value, host_of: HostOf) -> Slot {
+    let end = |v: &Value| worker_key(v["worker"].as_str().expect("worker"), host_of);
     Slot {
         kind: edge_type(e),
         duration: e["duration"].as_u64().expect("duration"),
-        from: vref(&e["from"]).0,
-        to: vref(&e["to"]).0,
+        from: end(&e["from"]),
+        to: end(&e["to"]),
         qualifier: e
             .get("link_qualifier")
             .and_then(Value::as_str)
@@ -140,34 +149,49 @@ fn expected_slot(e: &Value) -> Slot {
 /// edge slots either absent in both or present in both with the same type,
 /// duration, end workers and qualifier.
 pub fn check_equal(actual: &Graph, expected: &Value) -> Result<(), String> {
-    let actual_workers: BTreeSet<Tid> = actual.workers().iter().map(|w| w.tid()).collect();
-    let expected_workers: BTreeSet<Tid> = expected["workers"]
+    check_equal_on(actual, expected, &|_| 0)
+}
+
+/// [`check_equal`] for a graph of several hosts: `host_of` numbers the
+/// host of a JSON worker name as the actual graph numbers it.
+pub fn check_equal_on(actual: &Graph, expected: &Value, host_of: HostOf) -> Result<(), String> {
+    let actual_workers: BTreeSet<(u32, Tid)> = actual
+        .workers()
+        .iter()
+        .map(|w| (w.host(), w.tid()))
+        .collect();
+    let expected_workers: BTreeSet<(u32, Tid)> = expected["workers"]
         .as_array()
         .expect("workers")
         .iter()
-        .map(|w| worker_tid(w["worker"].as_str().expect("worker")))
+        .map(|w| worker_key(w["worker"].as_str().expect("worker"), host_of))
         .collect();
     if actual_workers != expected_workers {
         return Err(format!(
             "workers: actual {actual_workers:?}, expected {expected_workers:?}"
         ));
     }
-    let mut slots: HashMap<(Tid, usize, u8), Slot> = HashMap::new();
+    let mut slots: HashMap<((u32, Tid), usize, u8), Slot> = HashMap::new();
+    let end = |v: &Value| {
+        let (_, index, _) = vref(v);
+        (
+            worker_key(v["worker"].as_str().expect("worker"), host_of),
+            index,
+        )
+    };
     for e in expected["horizontal_edges"].as_array().expect("horizontal") {
-        let (fw, fi, _) = vref(&e["from"]);
-        let (tw, ti, _) = vref(&e["to"]);
-        slots.insert((fw, fi, 0), expected_slot(e));
-        slots.insert((tw, ti, 1), expected_slot(e));
+        let ((fw, fi), (tw, ti)) = (end(&e["from"]), end(&e["to"]));
+        slots.insert((fw, fi, 0), expected_slot(e, host_of));
+        slots.insert((tw, ti, 1), expected_slot(e, host_of));
     }
     for e in expected["vertical_edges"].as_array().expect("vertical") {
-        let (fw, fi, _) = vref(&e["from"]);
-        let (tw, ti, _) = vref(&e["to"]);
-        slots.insert((fw, fi, 2), expected_slot(e));
-        slots.insert((tw, ti, 3), expected_slot(e));
+        let ((fw, fi), (tw, ti)) = (end(&e["from"]), end(&e["to"]));
+        slots.insert((fw, fi, 2), expected_slot(e, host_of));
+        slots.insert((tw, ti, 3), expected_slot(e, host_of));
     }
     for w in expected["workers"].as_array().expect("workers") {
-        let tid = worker_tid(w["worker"].as_str().expect("worker"));
-        let worker = actual.worker_of(tid).expect("worker present");
+        let key = worker_key(w["worker"].as_str().expect("worker"), host_of);
+        let worker = actual.worker_of_on(key.0, key.1).expect("worker present");
         let expected_ts: Vec<u64> = w["vertices"]
             .as_array()
             .expect("vertices")
@@ -177,7 +201,7 @@ pub fn check_equal(actual: &Graph, expected: &Value) -> Result<(), String> {
         let actual_ts: Vec<u64> = actual.workers()[worker as usize].timestamps().collect();
         if actual_ts != expected_ts {
             return Err(format!(
-                "worker {tid}: vertices {actual_ts:?}, expected {expected_ts:?}"
+                "worker {key:?}: vertices {actual_ts:?}, expected {expected_ts:?}"
             ));
         }
         for (i, ts) in expected_ts.iter().enumerate() {
@@ -193,10 +217,10 @@ pub fn check_equal(actual: &Graph, expected: &Value) -> Result<(), String> {
             ];
             for (slot, dir) in dirs.into_iter().enumerate() {
                 let a = actual_slot(actual, v, dir);
-                let e = slots.remove(&(tid, i, slot as u8));
+                let e = slots.remove(&(key, i, slot as u8));
                 if a != e {
                     return Err(format!(
-                        "worker {tid} vertex {i} (ts {ts}) {dir:?}: actual {a:?}, expected {e:?}"
+                        "worker {key:?} vertex {i} (ts {ts}) {dir:?}: actual {a:?}, expected {e:?}"
                     ));
                 }
             }
@@ -209,15 +233,22 @@ pub fn check_equal(actual: &Graph, expected: &Value) -> Result<(), String> {
 pub fn describe(g: &Graph) -> String {
     let mut s = String::new();
     for w in g.workers() {
-        s += &format!("W {} {:?}\n", w.tid(), w.timestamps().collect::<Vec<_>>());
+        s += &format!(
+            "W {}/{} {:?}\n",
+            w.host(),
+            w.tid(),
+            w.timestamps().collect::<Vec<_>>()
+        );
     }
     for e in g.horizontal_edges().chain(g.vertical_edges()) {
         s += &format!(
-            "{} {}:{}({}) -> {}:{}({}) {} {} {:?}\n",
+            "{} {}/{}:{}({}) -> {}/{}:{}({}) {} {} {:?}\n",
             if e.vertical { "V" } else { "H" },
+            g.host(e.from.worker),
             g.tid(e.from.worker),
             e.from.index,
             g.ts(e.from),
+            g.host(e.to.worker),
             g.tid(e.to.worker),
             e.to.index,
             g.ts(e.to),

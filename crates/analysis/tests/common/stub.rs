@@ -6,13 +6,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use deepspan_analysis::{StateBuilder, ThreadInfo};
-use deepspan_model::{BlockRq, Comm, Event, EventKind, Fields, Name, Packet, SchedSwitch, Value, Wakeup};
+use deepspan_analysis::{PacketDirection, StateBuilder, ThreadInfo};
+use deepspan_model::{
+    BlockRq, Comm, Event, EventKind, Fields, Name, Packet, SchedSwitch, Value, Wakeup,
+};
 
 /// One item of a stub trace.
 pub enum Item {
     Event(Event),
     Info(u64, ThreadInfo),
+    /// `packet_sent` / `packet_received` of the distributed stubs: (ts,
+    /// cpu, message id, direction).
+    Packet(u64, u32, u64, PacketDirection),
 }
 
 /// Reads a stub file. Events carry no tid (stubs have no context fields):
@@ -178,6 +183,20 @@ pub fn read(path: &std::path::Path) -> Vec<Item> {
                     args: [0; 6],
                 }
             }
+            "packet_sent" | "packet_received" => {
+                let direction = if name == "packet_sent" {
+                    PacketDirection::Sent
+                } else {
+                    PacketDirection::Received
+                };
+                items.push(Item::Packet(
+                    ts,
+                    int("cpu") as u32,
+                    int("msgid") as u64,
+                    direction,
+                ));
+                continue;
+            }
             "lttng_statedump_process_state" => {
                 if let Some(info) = ThreadInfo::from_lttng_statedump(&generic) {
                     items.push(Item::Info(ts, info));
@@ -206,6 +225,7 @@ pub fn feed(builder: &mut StateBuilder, items: &[Item]) {
         match item {
             Item::Event(e) => builder.push(e),
             Item::Info(ts, info) => builder.thread_info(*ts, info),
+            Item::Packet(ts, cpu, key, direction) => builder.packet(*ts, *cpu, *key, *direction),
         }
     }
 }
