@@ -28,6 +28,7 @@ mod ring;
 mod schema;
 mod source;
 mod trace;
+mod truncation;
 mod typed;
 
 pub use error::{Error, Location};
@@ -36,6 +37,7 @@ pub use record::{Record, RecordRef};
 pub use ring::{CpuRecords, Records};
 pub use schema::{Schema, UNKNOWN_EVENT};
 pub use trace::TraceDat;
+pub use truncation::{CpuCut, Truncation};
 
 // trace.dat v6 writer (used by deepspan-record).
 pub mod write;
