@@ -69,7 +69,7 @@ mod typed;
 pub use error::{Error, ErrorKind, Result};
 pub use event::{CtfEvent, SpanSync};
 pub use metadata::{Clock, EnvValue};
-pub use stream::LostEvents;
+pub use stream::{LostEvents, StreamCut};
 pub use trace::{CtfTrace, Events, LostLogHandle, StreamReader, TraceInfo};
 
 /// Events and traces can move to (and be shared with) other threads.

@@ -238,10 +238,15 @@ pub(crate) fn preamble(
 }
 
 /// Reads the first packet preamble of a file (to group rotated files).
-pub(crate) fn first_preamble(meta: &TraceMeta, src: &Source) -> Result<Option<Preamble>> {
+/// `Ok(None)` for an empty file; `Err(Cut)` inside the result when the file
+/// ends inside that first preamble.
+pub(crate) fn first_preamble(
+    meta: &TraceMeta,
+    src: &Source,
+) -> Result<Result<Option<Preamble>, u64>> {
     let (mut reader, len) = Reader::open(src)?;
     if len == 0 {
-        return Ok(None);
+        return Ok(Ok(None));
     }
     let mut buf = Vec::new();
     let p = read_preamble(
@@ -253,11 +258,12 @@ pub(crate) fn first_preamble(meta: &TraceMeta, src: &Source) -> Result<Option<Pr
         src.path(),
         0,
     )?;
-    Ok(Some(p))
+    Ok(p.map(Some).ok_or(len))
 }
 
 /// Reads bytes until the preamble decodes, growing the read when the
-/// header turns out to be longer than the first read.
+/// header turns out to be longer than the first read. `Ok(None)` when the
+/// file ends inside the packet header or context (a file cut short).
 fn read_preamble(
     meta: &TraceMeta,
     reader: &mut Reader,
@@ -266,23 +272,17 @@ fn read_preamble(
     walker: &mut Walker,
     path: &Path,
     offset: u64,
-) -> Result<Preamble> {
+) -> Result<Option<Preamble>> {
     let mut want = remaining.min(PREFIX);
     buf.clear();
     loop {
         let more = (want - buf.len() as u64) as usize;
         reader.read_into(buf, more, path)?;
         match preamble(meta, buf, walker) {
-            Ok(p) => return Ok(p),
+            Ok(p) => return Ok(Some(p)),
             Err(e) if e.short && want < remaining => want = remaining.min(want.saturating_mul(16)),
-            Err(e) => {
-                let message = if e.short {
-                    format!("truncated packet header/context: {}", e.message)
-                } else {
-                    e.message
-                };
-                return Err(Error::data(path, offset + e.bit / 8, message));
-            }
+            Err(e) if e.short => return Ok(None),
+            Err(e) => return Err(Error::data(path, offset + e.bit / 8, e.message)),
         }
     }
 }
@@ -571,6 +571,8 @@ pub(crate) struct TraceShared {
     pub offsets_ns: Vec<i128>,
     /// Thread ids are inferred from sched_switch (no tid context).
     pub tid_inferred: bool,
+    /// Stream files found cut short, so far (at open, and by any reader).
+    pub cuts: Mutex<Vec<StreamCut>>,
 }
 
 /// Events discarded by the tracer between two packets of a stream, from the
@@ -588,6 +590,95 @@ pub struct LostEvents {
     pub end_ns: u64,
     /// The file of the packet that reports the loss.
     pub path: PathBuf,
+}
+
+/// A stream file that ends inside a packet (a copy cut short): the whole
+/// packets before it are decoded, this packet is not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamCut {
+    /// Index of the trace in [`crate::CtfTrace::traces`].
+    pub trace: usize,
+    pub path: PathBuf,
+    /// Where the cut packet starts in the file.
+    pub packet_offset: u64,
+    /// Bytes the file has.
+    pub file_bytes: u64,
+    /// Bytes the cut packet declares; `None` when the file ends inside its
+    /// header or context, so its size is unknown.
+    pub packet_bytes: Option<u64>,
+    /// Absolute ns (Unix epoch) of the packet's `timestamp_begin` and
+    /// `timestamp_end`, when its context could be read: the time range
+    /// whose events of this stream are lost.
+    pub begin_ns: Option<u64>,
+    pub end_ns: Option<u64>,
+    /// False when only the packet's padding is cut: its events are whole
+    /// and were decoded.
+    pub events_lost: bool,
+}
+
+impl StreamCut {
+    /// Bytes missing from the end of the file, when the packet size is
+    /// known.
+    pub fn missing_bytes(&self) -> Option<u64> {
+        self.packet_bytes.map(|p| {
+            self.packet_offset
+                .saturating_add(p)
+                .saturating_sub(self.file_bytes)
+        })
+    }
+}
+
+/// Nanoseconds as seconds with all nine decimals.
+fn seconds(ns: u64) -> String {
+    format!("{}.{:09} s", ns / 1_000_000_000, ns % 1_000_000_000)
+}
+
+impl std::fmt::Display for StreamCut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is cut short at byte {}",
+            self.path.display(),
+            self.file_bytes
+        )?;
+        match (self.packet_bytes, self.missing_bytes()) {
+            (Some(size), Some(missing)) => write!(
+                f,
+                ": its last packet (at byte {}) declares {size} bytes, {missing} of them are missing",
+                self.packet_offset
+            )?,
+            _ => write!(
+                f,
+                ": the header of its last packet (at byte {}) is cut, its size is unknown",
+                self.packet_offset
+            )?,
+        }
+        if !self.events_lost {
+            return write!(f, "; only padding is lost, the packet's events are whole");
+        }
+        match (self.begin_ns, self.end_ns) {
+            (Some(b), Some(e)) => write!(
+                f,
+                "; that packet's events from {} to {} are lost",
+                seconds(b),
+                seconds(e)
+            ),
+            (Some(b), None) => write!(f, "; that packet's events from {} on are lost", seconds(b)),
+            _ => write!(f, "; that packet's events are lost"),
+        }
+    }
+}
+
+/// Records `cut` once in `cuts` (several iterations may meet the same one).
+pub(crate) fn note_cut(cuts: &Mutex<Vec<StreamCut>>, cut: StreamCut) {
+    if let Ok(mut cuts) = cuts.lock() {
+        if !cuts
+            .iter()
+            .any(|c| c.path == cut.path && c.packet_offset == cut.packet_offset)
+        {
+            cuts.push(cut);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -751,7 +842,7 @@ impl StreamEvents {
             }
             let remaining = len - offset;
             let meta = &self.spec.trace.meta;
-            let pre = read_preamble(
+            let Some(pre) = read_preamble(
                 meta,
                 reader,
                 remaining,
@@ -759,7 +850,12 @@ impl StreamEvents {
                 &mut self.walker,
                 &path,
                 offset,
-            )?;
+            )?
+            else {
+                cut_short(&self.spec.trace, &path, offset, len, None, None, true);
+                self.reader = None;
+                continue;
+            };
             let bad = |at: u64, m: String| Error::data(&path, offset + at, m);
             let packet_bits = pre.packet_bits.unwrap_or(remaining * 8);
             if packet_bits % 8 != 0 || packet_bits == 0 {
@@ -770,15 +866,29 @@ impl StreamEvents {
                     ),
                 ));
             }
-            let packet_bytes = packet_bits / 8;
-            if packet_bytes > remaining {
-                return Err(bad(
-                    0,
-                    format!("truncated packet: it declares {packet_bytes} bytes but only {remaining} remain in the file"),
-                ));
-            }
+            let mut packet_bytes = packet_bits / 8;
             let content_bits = pre.content_bits.unwrap_or(packet_bits);
-            if content_bits > packet_bits || content_bits < pre.events_at {
+            if packet_bytes > remaining {
+                // The file is cut short inside this packet: keep it when
+                // only its padding is gone, else drop it.
+                let whole_events =
+                    content_bits <= packet_bits && content_bits.div_ceil(8) <= remaining;
+                cut_short(
+                    &self.spec.trace,
+                    &path,
+                    offset,
+                    len,
+                    Some(packet_bytes),
+                    Some(&pre),
+                    !whole_events,
+                );
+                if !whole_events {
+                    self.reader = None;
+                    continue;
+                }
+                packet_bytes = remaining;
+            }
+            if content_bits > packet_bits.min(packet_bytes * 8) || content_bits < pre.events_at {
                 return Err(bad(
                     0,
                     format!(
@@ -1335,6 +1445,31 @@ impl StreamEvents {
     }
 }
 
+/// Notes that the file at `path` (of `file_bytes` bytes) of `trace` ends
+/// inside the packet at `offset`.
+fn cut_short(
+    trace: &TraceShared,
+    path: &Path,
+    offset: u64,
+    file_bytes: u64,
+    packet_bytes: Option<u64>,
+    pre: Option<&Preamble>,
+    events_lost: bool,
+) {
+    let time = |t: Option<u64>| Some(abs_ns(trace, &pre?.stream, t?));
+    let cut = StreamCut {
+        trace: trace.index,
+        path: path.to_path_buf(),
+        packet_offset: offset,
+        file_bytes,
+        packet_bytes,
+        begin_ns: time(pre.and_then(|p| p.ts_begin)),
+        end_ns: time(pre.and_then(|p| p.ts_end)),
+        events_lost,
+    };
+    note_cut(&trace.cuts, cut);
+}
+
 fn abs_ns(t: &TraceShared, stream: &StreamClass, ticks: u64) -> u64 {
     let offset = t.offsets_ns.get(stream.clock).copied().unwrap_or(0);
     match t.meta.clocks.get(stream.clock) {
@@ -1425,7 +1560,7 @@ pub(crate) fn scan_lost(spec: &StreamSpec) -> Result<u64> {
         let (mut reader, len) = Reader::open(src)?;
         let mut pos = 0;
         while pos < len {
-            let pre = read_preamble(
+            let Some(pre) = read_preamble(
                 meta,
                 &mut reader,
                 len - pos,
@@ -1433,9 +1568,19 @@ pub(crate) fn scan_lost(spec: &StreamSpec) -> Result<u64> {
                 &mut walker,
                 src.path(),
                 pos,
-            )?;
+            )?
+            else {
+                // Cut short: the events read stop here too.
+                break;
+            };
             let packet_bytes = pre.packet_bits.unwrap_or((len - pos) * 8) / 8;
-            if packet_bytes == 0 || packet_bytes > len - pos {
+            if packet_bytes > len - pos {
+                // A cut packet counts only when its events are kept.
+                let content = pre.content_bits.unwrap_or(u64::MAX).div_ceil(8);
+                if content > len - pos {
+                    break;
+                }
+            } else if packet_bytes == 0 {
                 return Err(Error::data(
                     src.path(),
                     pos,
@@ -1451,7 +1596,7 @@ pub(crate) fn scan_lost(spec: &StreamSpec) -> Result<u64> {
                 total = total.saturating_add(counter.wrapping_sub(prev.unwrap_or(0)) & mask);
                 prev = Some(counter);
             }
-            pos += packet_bytes;
+            pos = pos.saturating_add(packet_bytes).min(len);
             rewind(&mut reader, src.path(), pos)?;
         }
     }

@@ -11,8 +11,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::event::CtfEvent;
 use crate::metadata::{parse_metadata, read_metadata, Clock, EnvValue, EventClass, TraceMeta};
 use crate::stream::{
-    first_preamble, scan_lost, LostEvents, LostLog, ReadOptions, Source, StreamEvents, StreamSpec,
-    TraceShared,
+    first_preamble, scan_lost, LostEvents, LostLog, ReadOptions, Source, StreamCut, StreamEvents,
+    StreamSpec, TraceShared,
 };
 
 /// Folders deeper than this below the opened one are not searched (also
@@ -120,8 +120,26 @@ impl CtfTrace {
             Alone(usize),
         }
         let mut firsts = Vec::new();
+        // Files cut short inside their first packet header: nothing to read.
+        let mut cuts = Vec::new();
         for (i, src) in files.into_iter().enumerate() {
-            if let Some(p) = first_preamble(&meta, &src)? {
+            let first = match first_preamble(&meta, &src)? {
+                Ok(first) => first,
+                Err(file_bytes) => {
+                    cuts.push(StreamCut {
+                        trace: index,
+                        path: src.path().to_path_buf(),
+                        packet_offset: 0,
+                        file_bytes,
+                        packet_bytes: None,
+                        begin_ns: None,
+                        end_ns: None,
+                        events_lost: true,
+                    });
+                    None
+                }
+            };
+            if let Some(p) = first {
                 let identity = match (p.instance, rotation_base(src.path())) {
                     (Some(inst), _) => Identity::Instance(inst),
                     (None, Some(base)) => Identity::Rotation(base),
@@ -170,6 +188,7 @@ impl CtfTrace {
             meta,
             offsets_ns,
             tid_inferred,
+            cuts: Mutex::new(cuts),
         });
         self.traces.push(TraceInfo {
             shared: shared.clone(),
@@ -261,6 +280,18 @@ impl CtfTrace {
                 })
                 .collect(),
         )
+    }
+
+    /// The stream files found cut short so far: those whose first packet
+    /// header is cut (seen when opened), and every cut packet an iteration
+    /// of this trace has reached (complete once one iteration is over).
+    /// The events of the whole packets before a cut are decoded; these say
+    /// what is lost, for a warning.
+    pub fn truncations(&self) -> Vec<StreamCut> {
+        self.traces
+            .iter()
+            .flat_map(|t| t.shared.cuts.lock().map(|c| c.clone()).unwrap_or_default())
+            .collect()
     }
 
     /// Total events the tracer discarded, from the packet contexts' counters
