@@ -71,7 +71,8 @@ pub struct TraceDat {
     /// `buffers[0]` is the top instance; the others are named instances.
     buffers: Vec<Buffer>,
     ts_conv: TsConv,
-    truncation: Option<Truncation>,
+    /// Boxed: only cut files have one, and it would make every trace larger.
+    truncation: Option<Box<Truncation>>,
 }
 
 #[derive(Debug, Default)]
@@ -213,7 +214,7 @@ impl TraceDat {
             },
             truncation: None,
         };
-        trace.truncation = trace.clamp_to_file(meta_cut)?;
+        trace.truncation = trace.clamp_to_file(meta_cut)?.map(Box::new);
         Ok(trace)
     }
 
@@ -325,7 +326,7 @@ impl TraceDat {
     /// the cut is decoded (whole pages only) and this says what is lost,
     /// so that a reader can warn instead of refusing the trace.
     pub fn truncation(&self) -> Option<&Truncation> {
-        self.truncation.as_ref()
+        self.truncation.as_deref()
     }
 
     /// The file format version: 6 or 7.

@@ -122,7 +122,15 @@ impl fmt::Display for Truncation {
                         None => write!(f, ", its later events are lost")?,
                     }
                 }
-                None => empty.push(c.cpu),
+                None => match c.lost_from_ns {
+                    Some(from) => write!(
+                        f,
+                        "; CPU {} has no data left, its events from {} on are lost",
+                        c.cpu,
+                        Seconds(from)
+                    )?,
+                    None => empty.push(c.cpu),
+                },
             }
         }
         if !empty.is_empty() {
