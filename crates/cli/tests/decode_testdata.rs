@@ -111,7 +111,7 @@ fn cut_ctf_stream_decodes_with_a_warning() {
         let out = deepspan().arg("decode").arg(tmp.path()).args(["--threads", threads]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{err}");
-        assert!(err.contains("channel0_1 is cut short at byte") && err.contains("27672 of them are missing"), "{err}");
+        assert!(err.contains("channel0_1 is cut short at byte") && err.contains("27672 of 290816 bytes are missing"), "{err}");
         let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
         assert!(summary["events"].as_u64() < whole["events"].as_u64(), "{summary}");
         assert_eq!(summary["warnings"].as_array().map(Vec::len), Some(1), "{summary}");

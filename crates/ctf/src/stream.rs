@@ -592,39 +592,39 @@ pub struct LostEvents {
     pub path: PathBuf,
 }
 
-/// A stream file that ends inside a packet (a copy cut short): the whole
-/// packets before it are decoded, this packet is not.
+/// A stream file cut short (a copy interrupted): it ends inside a packet,
+/// or its LTTng index (`index/<file>.idx`) lists packets past its end. The
+/// whole packets before the cut are decoded; this says what is lost.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamCut {
     /// Index of the trace in [`crate::CtfTrace::traces`].
     pub trace: usize,
     pub path: PathBuf,
-    /// Where the cut packet starts in the file.
+    /// Where the first packet not decoded (whole or in part) starts.
     pub packet_offset: u64,
     /// Bytes the file has.
     pub file_bytes: u64,
-    /// Bytes the cut packet declares; `None` when the file ends inside its
-    /// header or context, so its size is unknown.
-    pub packet_bytes: Option<u64>,
-    /// Absolute ns (Unix epoch) of the packet's `timestamp_begin` and
-    /// `timestamp_end`, when its context could be read: the time range
-    /// whose events of this stream are lost.
+    /// Bytes the file should have: the end of the last packet its index
+    /// lists, else of the packet it ends in; `None` when the file ends
+    /// inside a packet header that gives no size and there is no index.
+    pub expected_bytes: Option<u64>,
+    /// Packets lost in part or whole, when the index tells.
+    pub lost_packets: Option<u64>,
+    /// Absolute ns (Unix epoch): `timestamp_begin` of the first lost packet
+    /// and `timestamp_end` of the last, when known: the time range whose
+    /// events of this stream are lost.
     pub begin_ns: Option<u64>,
     pub end_ns: Option<u64>,
-    /// False when only the packet's padding is cut: its events are whole
-    /// and were decoded.
+    /// False when the cut packet's events are all decoded (only its
+    /// padding is cut) and no index lists packets after it.
     pub events_lost: bool,
 }
 
 impl StreamCut {
-    /// Bytes missing from the end of the file, when the packet size is
-    /// known.
+    /// Bytes missing from the end of the file, when known.
     pub fn missing_bytes(&self) -> Option<u64> {
-        self.packet_bytes.map(|p| {
-            self.packet_offset
-                .saturating_add(p)
-                .saturating_sub(self.file_bytes)
-        })
+        self.expected_bytes
+            .map(|e| e.saturating_sub(self.file_bytes))
     }
 }
 
@@ -641,32 +641,110 @@ impl std::fmt::Display for StreamCut {
             self.path.display(),
             self.file_bytes
         )?;
-        match (self.packet_bytes, self.missing_bytes()) {
-            (Some(size), Some(missing)) => write!(
-                f,
-                ": its last packet (at byte {}) declares {size} bytes, {missing} of them are missing",
-                self.packet_offset
-            )?,
+        match (self.expected_bytes, self.missing_bytes()) {
+            (Some(expected), Some(missing)) => {
+                write!(f, ": {missing} of {expected} bytes are missing")?
+            }
             _ => write!(
                 f,
-                ": the header of its last packet (at byte {}) is cut, its size is unknown",
+                ": the header of the packet at byte {} is cut, its size is unknown",
                 self.packet_offset
             )?,
         }
         if !self.events_lost {
-            return write!(f, "; only padding is lost, the packet's events are whole");
+            return write!(
+                f,
+                "; only the last packet's padding is cut, its events are whole"
+            );
         }
+        let packets = match self.lost_packets {
+            Some(1) => format!("1 packet from byte {}", self.packet_offset),
+            Some(n) => format!("{n} packets from byte {}", self.packet_offset),
+            None => format!("the packet at byte {}", self.packet_offset),
+        };
         match (self.begin_ns, self.end_ns) {
             (Some(b), Some(e)) => write!(
                 f,
-                "; that packet's events from {} to {} are lost",
+                "; its events from {} to {} are lost ({packets})",
                 seconds(b),
                 seconds(e)
             ),
-            (Some(b), None) => write!(f, "; that packet's events from {} on are lost", seconds(b)),
-            _ => write!(f, "; that packet's events are lost"),
+            (Some(b), None) => write!(
+                f,
+                "; its events from {} on are lost ({packets})",
+                seconds(b)
+            ),
+            _ => write!(f, "; the events of {packets} are lost"),
         }
     }
+}
+
+/// The packets an LTTng index lists past the end of its stream file.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct IndexTail {
+    pub first_offset: u64,
+    /// End of the last packet listed.
+    pub end: u64,
+    pub packets: u64,
+    /// Raw clock values of the first packet's begin and the last one's end.
+    pub begin_ticks: u64,
+    pub end_ticks: u64,
+    pub stream_id: u64,
+}
+
+const INDEX_MAGIC: u32 = 0xC1F1_DCC1;
+/// Index entries are 56 bytes (index 1.0) or 72 (1.1); larger ones are
+/// taken as later versions with more fields at the end, up to this.
+const MAX_INDEX_ENTRY: usize = 4096;
+
+/// Reads `index/<name>.idx` beside the stream file `path` (LTTng writes one
+/// per stream file) and returns what it lists at or past `file_bytes`.
+/// `None` without an index, or with one that cannot be read: the index
+/// only adds detail to a warning, so it is not an error.
+pub(crate) fn index_tail(path: &Path, file_bytes: u64) -> Option<IndexTail> {
+    let name = path.file_name()?.to_str()?;
+    let idx = path.parent()?.join("index").join(format!("{name}.idx"));
+    let mut f = std::io::BufReader::new(File::open(idx).ok()?);
+    let mut head = [0u8; 16];
+    f.read_exact(&mut head).ok()?;
+    let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    let be64 = |b: &[u8]| u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
+    if be32(&head[0..4]) != INDEX_MAGIC {
+        return None;
+    }
+    let len = be32(&head[12..16]) as usize;
+    if !(56..=MAX_INDEX_ENTRY).contains(&len) {
+        return None;
+    }
+    let mut entry = vec![0u8; len];
+    let mut tail: Option<IndexTail> = None;
+    while f.read_exact(&mut entry).is_ok() {
+        let offset = be64(&entry[0..]);
+        let end = offset.saturating_add(be64(&entry[8..]) / 8);
+        if end <= file_bytes {
+            continue;
+        }
+        let (begin, finish, stream) = (be64(&entry[24..]), be64(&entry[32..]), be64(&entry[48..]));
+        match &mut tail {
+            None => {
+                tail = Some(IndexTail {
+                    first_offset: offset,
+                    end,
+                    packets: 1,
+                    begin_ticks: begin,
+                    end_ticks: finish,
+                    stream_id: stream,
+                })
+            }
+            Some(t) => {
+                t.first_offset = t.first_offset.min(offset);
+                t.end = t.end.max(end);
+                t.packets += 1;
+                t.end_ticks = t.end_ticks.max(finish);
+            }
+        }
+    }
+    tail
 }
 
 /// Records `cut` once in `cuts` (several iterations may meet the same one).
@@ -810,6 +888,16 @@ impl StreamEvents {
         abs_ns(&self.spec.trace, stream, ticks)
     }
 
+    /// Whether the file being read is on disk (it may have an index).
+    fn current_is_file(&self) -> bool {
+        matches!(
+            self.next_file
+                .checked_sub(1)
+                .and_then(|i| self.spec.files.get(i)),
+            Some(Source::File(_))
+        )
+    }
+
     /// Loads the first window of the next packet; false at the end of the
     /// stream.
     fn load_packet(&mut self) -> Result<bool> {
@@ -831,6 +919,12 @@ impl StreamEvents {
                 continue;
             };
             if *pos >= *len {
+                // Read to its end: its index may still say it was cut
+                // between two packets.
+                let (len, path) = (*len, path.clone());
+                if self.current_is_file() {
+                    cut_short(&self.spec.trace, &path, len, len, None, None, true, true);
+                }
                 self.reader = None;
                 continue;
             }
@@ -852,7 +946,17 @@ impl StreamEvents {
                 offset,
             )?
             else {
-                cut_short(&self.spec.trace, &path, offset, len, None, None, true);
+                let file_backed = self.current_is_file();
+                cut_short(
+                    &self.spec.trace,
+                    &path,
+                    offset,
+                    len,
+                    None,
+                    None,
+                    true,
+                    file_backed,
+                );
                 self.reader = None;
                 continue;
             };
@@ -881,6 +985,10 @@ impl StreamEvents {
                     Some(packet_bytes),
                     Some(&pre),
                     !whole_events,
+                    matches!(
+                        self.spec.files.get(self.next_file - 1),
+                        Some(Source::File(_))
+                    ),
                 );
                 if !whole_events {
                     self.reader = None;
@@ -1445,8 +1553,11 @@ impl StreamEvents {
     }
 }
 
-/// Notes that the file at `path` (of `file_bytes` bytes) of `trace` ends
-/// inside the packet at `offset`.
+/// Notes that the file at `path` (of `file_bytes` bytes) of `trace` is cut
+/// short: it ends inside the packet at `offset` (whose preamble is `pre`
+/// when it could be read, declaring `packet_bytes`), or, without `pre` and
+/// at the end of the file, its index lists packets past its end.
+#[allow(clippy::too_many_arguments)]
 fn cut_short(
     trace: &TraceShared,
     path: &Path,
@@ -1455,22 +1566,47 @@ fn cut_short(
     packet_bytes: Option<u64>,
     pre: Option<&Preamble>,
     events_lost: bool,
+    file_backed: bool,
 ) {
-    let time = |t: Option<u64>| Some(abs_ns(trace, &pre?.stream, t?));
+    // Files in memory have no index beside them.
+    let index = file_backed.then(|| index_tail(path, file_bytes)).flatten();
+    if pre.is_none() && offset >= file_bytes && index.is_none() {
+        // Read to its end, and no index says there was more.
+        return;
+    }
+    let time = |stream: Option<&StreamClass>, t: Option<u64>| Some(abs_ns(trace, stream?, t?));
+    let stream = pre.map(|p| &*p.stream);
+    let index_stream = index
+        .as_ref()
+        .and_then(|i| trace.meta.stream(i.stream_id).map(|s| &**s))
+        .or(stream);
+    let packet_end = packet_bytes.map(|p| offset.saturating_add(p));
     let cut = StreamCut {
         trace: trace.index,
         path: path.to_path_buf(),
-        packet_offset: offset,
+        packet_offset: index
+            .as_ref()
+            .map_or(offset, |i| i.first_offset.min(offset)),
         file_bytes,
-        packet_bytes,
-        begin_ns: time(pre.and_then(|p| p.ts_begin)),
-        end_ns: time(pre.and_then(|p| p.ts_end)),
-        events_lost,
+        expected_bytes: match (packet_end, index.as_ref().map(|i| i.end)) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        },
+        lost_packets: index.as_ref().map(|i| i.packets),
+        begin_ns: time(stream, pre.and_then(|p| p.ts_begin))
+            .or_else(|| time(index_stream, index.as_ref().map(|i| i.begin_ticks))),
+        end_ns: time(index_stream, index.as_ref().map(|i| i.end_ticks))
+            .max(time(stream, pre.and_then(|p| p.ts_end))),
+        // Packets past the cut one are lost whatever its padding.
+        events_lost: events_lost
+            || index
+                .as_ref()
+                .is_some_and(|i| i.end > packet_end.unwrap_or(0)),
     };
     note_cut(&trace.cuts, cut);
 }
 
-fn abs_ns(t: &TraceShared, stream: &StreamClass, ticks: u64) -> u64 {
+pub(crate) fn abs_ns(t: &TraceShared, stream: &StreamClass, ticks: u64) -> u64 {
     let offset = t.offsets_ns.get(stream.clock).copied().unwrap_or(0);
     match t.meta.clocks.get(stream.clock) {
         // The common case (1 GHz clock, offset within u64): no i128.

@@ -178,7 +178,7 @@ fn zero_or_huge_packet_size() {
     assert_eq!(n, whole);
     assert_eq!(cuts.len(), 1, "{cuts:?}");
     assert!(!cuts[0].events_lost, "{}", cuts[0]);
-    assert!(cuts[0].to_string().contains("only padding is lost"));
+    assert!(cuts[0].to_string().contains("padding is cut"));
 }
 
 #[test]

@@ -95,6 +95,15 @@ fn cut_stream_files_decode_their_whole_packets_with_a_warning() {
             let bytes = std::fs::read(&path).unwrap();
             let all = &full[&path];
             let starts = packet_starts(&bytes);
+            let indexed = path
+                .parent()
+                .unwrap()
+                .join("index")
+                .join(format!(
+                    "{}.idx",
+                    path.file_name().unwrap().to_str().unwrap()
+                ))
+                .is_file();
             assert!(starts.contains(&0), "{folder}/{file}: no packet at 0");
             let mut cuts: BTreeSet<usize> = (0..bytes.len())
                 .step_by((bytes.len() / 90).max(1))
@@ -123,41 +132,74 @@ fn cut_stream_files_decode_their_whole_packets_with_a_warning() {
                 // The warning comes out of decoding (or opening).
                 let _ = cuts.events().count();
                 let warnings = cuts.truncations();
-                if starts.contains(&cut) {
-                    // Cut between packets: nothing tells that more was
-                    // meant to follow, and nothing before is lost.
+                let before = |at: u64| all.iter().filter(|&&(o, _)| o < at).count();
+                if starts.contains(&cut) && !indexed {
+                    // Cut between packets, and no index: nothing tells that
+                    // more was meant to follow; nothing before is lost.
                     assert!(warnings.is_empty(), "{what}: {warnings:?}");
-                    let before = all.iter().filter(|&&(o, _)| o < cut as u64).count();
-                    assert_eq!(kept.len(), before, "{what}: events lost before the cut");
+                    assert_eq!(
+                        kept.len(),
+                        before(cut as u64),
+                        "{what}: events lost before the cut"
+                    );
+                    continue;
+                }
+                assert_eq!(warnings.len(), 1, "{what}: {warnings:?}");
+                let w = &warnings[0];
+                let text = w.to_string();
+                assert_eq!(w.path, path, "{what}");
+                assert_eq!(w.file_bytes, cut as u64, "{what}");
+                assert!(text.contains("is cut short at byte"), "{what}: {text}");
+                let packet = *starts.range(..=cut).next_back().unwrap() as u64;
+                assert_eq!(w.packet_offset, packet, "{what}: {text}");
+                if indexed {
+                    assert_eq!(w.expected_bytes, Some(bytes.len() as u64), "{what}: {text}");
+                    let packets = starts.range(packet as usize..).count() as u64;
+                    assert_eq!(w.lost_packets, Some(packets), "{what}: {text}");
+                }
+                // Every whole packet before the cut is kept, and the cut
+                // one too when only its padding is gone.
+                assert!(
+                    kept.len() == before(packet) || kept.len() == before(cut as u64),
+                    "{what}: {} kept: {text}",
+                    kept.len()
+                );
+                // Without an index, what follows the cut packet is unknown.
+                let known_end = if indexed {
+                    all.len()
                 } else {
-                    assert_eq!(warnings.len(), 1, "{what}: {warnings:?}");
-                    let w = &warnings[0];
-                    assert_eq!(w.path, path, "{what}");
-                    assert_eq!(w.file_bytes, cut as u64, "{what}");
-                    let packet = *starts.range(..=cut).next_back().unwrap() as u64;
-                    assert_eq!(w.packet_offset, packet, "{what}: {w}");
-                    let text = w.to_string();
-                    assert!(text.contains("is cut short at byte"), "{what}: {text}");
-                    if w.events_lost {
-                        // Every whole packet before the cut is kept.
-                        let before = all.iter().filter(|&&(o, _)| o < packet).count();
-                        assert_eq!(kept.len(), before, "{what}: {text}");
-                        let next_packet = starts
+                    before(
+                        starts
                             .range(packet as usize + 1..)
                             .next()
-                            .map_or(u64::MAX, |&n| n as u64);
-                        if let (Some(b), Some(e)) = (w.begin_ns, w.end_ns) {
-                            assert!(
-                                all.iter()
-                                    .filter(|&&(o, _)| o >= packet && o < next_packet)
-                                    .all(|&(_, ts)| b <= ts && ts <= e),
-                                "{what}: {text}"
-                            );
-                        }
+                            .map_or(u64::MAX, |&n| n as u64),
+                    )
+                };
+                // (Packets the index lists past the cut may hold no event.)
+                if indexed {
+                    assert!(w.events_lost || kept.len() == known_end, "{what}: {text}");
+                } else {
+                    assert_eq!(w.events_lost, kept.len() < known_end, "{what}: {text}");
+                }
+                if let (Some(b), Some(e)) = (w.begin_ns, w.end_ns) {
+                    // Without an index only the cut packet's times are known.
+                    let known_until = if indexed {
+                        u64::MAX
                     } else {
-                        let before = all.iter().filter(|&&(o, _)| o < cut as u64).count();
-                        assert_eq!(kept.len(), before, "{what}: {text}");
-                    }
+                        starts
+                            .range(packet as usize + 1..)
+                            .next()
+                            .map_or(u64::MAX, |&n| n as u64)
+                    };
+                    assert!(
+                        all[kept.len()..]
+                            .iter()
+                            .filter(|&&(o, _)| o < known_until)
+                            .all(|&(_, ts)| b <= ts && ts <= e),
+                        "{what}: lost events outside {text}"
+                    );
+                } else {
+                    assert!(!indexed, "{what}: an index gives the times: {text}");
                 }
             }
             std::fs::write(&path, &bytes).unwrap();
