@@ -38,7 +38,11 @@
 //! no offset) or subtract [`TraceInfo::clock_offset_ns`].
 //!
 //! Malformed input never panics: every failure is an [`Error`] naming the
-//! file and byte offset.
+//! file and byte offset. A stream file cut short (an interrupted copy) is
+//! not an error: its whole packets are decoded and
+//! [`CtfTrace::truncations`] says what is lost ([`StreamCut`]; LTTng's
+//! packet index, when present, also reveals a cut between packets).
+//! Metadata cut short is an error.
 //!
 //! # Speed
 //!

@@ -225,3 +225,32 @@ fn cut_metadata_is_an_error_naming_it() {
         }
     }
 }
+
+/// An index that cannot be read (junk, a lying entry length) adds nothing:
+/// the trace reads as without one.
+#[test]
+fn unreadable_indexes_are_ignored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("t");
+    copy_dir(&corpus("lttng-tracefile-rotation/kernel"), &root);
+    let file = root.join("mychan_0_1");
+    let bytes = std::fs::read(&file).unwrap();
+    let idx = root.join("index").join("mychan_0_1.idx");
+    let mut lying = std::fs::read(&idx).unwrap();
+    lying[12..16].copy_from_slice(&u32::MAX.to_be_bytes());
+    for index in [b"junk".to_vec(), lying, Vec::new()] {
+        std::fs::write(&idx, &index).unwrap();
+        // Whole: no warning.
+        std::fs::write(&file, &bytes).unwrap();
+        let t = CtfTrace::open(&root).unwrap();
+        assert!(t.events().all(|e| e.is_ok()));
+        assert!(t.truncations().is_empty(), "{:?}", t.truncations());
+        // Cut inside a packet: the warning, without index details.
+        std::fs::write(&file, &bytes[..bytes.len() - 10]).unwrap();
+        let t = CtfTrace::open(&root).unwrap();
+        assert!(t.events().all(|e| e.is_ok()));
+        let cuts = t.truncations();
+        assert_eq!(cuts.len(), 1, "{cuts:?}");
+        assert_eq!(cuts[0].lost_packets, None, "{}", cuts[0]);
+    }
+}

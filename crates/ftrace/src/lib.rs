@@ -19,6 +19,10 @@
 //! format; [`Record::fields`] decodes any event generically.
 //!
 //! Malformed input gives an [`Error`] naming the file offset, never a panic.
+//! A v6 file cut short after its event formats (an interrupted copy) is not
+//! refused: every whole ring-buffer page before the cut is decoded and
+//! [`TraceDat::truncation`] says what is lost ([`Truncation`]). A cut v7
+//! file is refused saying so: trace-cmd writes its CPU table last.
 
 mod compress;
 mod error;
