@@ -52,6 +52,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
                 Format::Json => summary(&trace, args.limit, threads(&args), &mut out)?,
                 Format::Jsonl => lines(&trace, args.limit, &mut out)?,
             }
+            print_warnings(&trace_dat_warnings(&trace));
         }
         Input::Ctf(path) => {
             let trace =
@@ -60,6 +61,7 @@ pub fn run(args: DecodeArgs) -> Result<()> {
                 Format::Json => ctf_summary(&trace, args.limit, threads(&args), &mut out)?,
                 Format::Jsonl => ctf_lines(&trace, args.limit, &mut out)?,
             }
+            print_warnings(&ctf_warnings(&trace));
         }
     }
     out.flush()?;
@@ -69,6 +71,33 @@ pub fn run(args: DecodeArgs) -> Result<()> {
 enum Input {
     TraceDat(PathBuf),
     Ctf(PathBuf),
+}
+
+/// What a trace.dat cut short lost (the rest of it was decoded).
+fn trace_dat_warnings(trace: &TraceDat) -> Vec<String> {
+    trace.truncation().map(ToString::to_string).into_iter().collect()
+}
+
+/// The CTF stream files found cut short (their whole packets were
+/// decoded); complete once the trace has been read through.
+fn ctf_warnings(trace: &CtfTrace) -> Vec<String> {
+    trace.truncations().iter().map(ToString::to_string).collect()
+}
+
+/// On stderr, after the output, so that they are the last thing seen.
+fn print_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("deepspan: warning: {w}");
+    }
+}
+
+/// Adds the warnings to a JSON summary (only when there are some, so that
+/// a whole trace's summary stays as it was).
+fn with_warnings(mut doc: Json, warnings: Vec<String>) -> Json {
+    if let (false, Some(map)) = (warnings.is_empty(), doc.as_object_mut()) {
+        map.insert("warnings".into(), json!(warnings));
+    }
+    doc
 }
 
 /// A run folder stands for its kernel trace; a folder holding a CTF
@@ -293,6 +322,7 @@ fn summary(trace: &TraceDat, limit: Option<u64>, threads: usize, out: &mut impl 
         "lost_events": tally.lost,
         "by_name": by_name,
     });
+    let doc = with_warnings(doc, trace_dat_warnings(trace));
     serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())
@@ -355,6 +385,7 @@ fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, threads: usize, out: &mut i
         "lost_events": tally.lost,
         "by_name": by_name,
     });
+    let doc = with_warnings(doc, ctf_warnings(trace));
     serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())

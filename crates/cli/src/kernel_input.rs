@@ -62,6 +62,21 @@ impl KernelTrace {
         }
     }
 
+    /// Warnings about the input for the analysis notes: what a trace cut
+    /// short lost (its whole pages or packets before the cut are decoded).
+    /// For CTF the cuts are found while decoding, so this is complete after
+    /// [`KernelTrace::build_model`].
+    pub fn warnings(&self) -> Vec<String> {
+        match self {
+            KernelTrace::TraceDat { trace, .. } => {
+                trace.truncation().map(ToString::to_string).into_iter().collect()
+            }
+            KernelTrace::Ctf { trace, .. } => {
+                trace.truncations().iter().map(ToString::to_string).collect()
+            }
+        }
+    }
+
     /// The system call table to name numbered system calls with (CTF
     /// events name theirs).
     pub fn arch(&self) -> Arch {
@@ -71,8 +86,17 @@ impl KernelTrace {
         }
     }
 
-    /// Decodes the trace into `builder`, with a progress bar.
+    /// Decodes the trace into `builder`, with a progress bar; says on
+    /// stderr what a trace cut short lost ([`KernelTrace::warnings`]).
     pub fn build_model(&self, builder: StateBuilder) -> Result<(KernelModel, LostEvents)> {
+        let built = self.decode_into(builder);
+        for w in self.warnings() {
+            eprintln!("deepspan: warning: {w}");
+        }
+        built
+    }
+
+    fn decode_into(&self, builder: StateBuilder) -> Result<(KernelModel, LostEvents)> {
         match self {
             KernelTrace::TraceDat { path, trace } => {
                 let total = trace.cpu_data_bytes();

@@ -67,12 +67,55 @@ fn bad_input_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("garbage.dat") && err.contains("offset"), "{err}");
 
+    // Cut in its ring-buffer data (the last 200 KB): what is left
+    // decodes, with a warning saying what is lost, on stderr and in the
+    // summary (deepspan issue 15).
     let truncated = tmp.path().join("truncated.dat");
     let full = std::fs::read(testdata("sched_load.dat")).unwrap();
-    std::fs::write(&truncated, &full[..full.len() / 2]).unwrap();
+    std::fs::write(&truncated, &full[..full.len() - 100_000]).unwrap();
     let out = deepspan().arg("decode").arg(&truncated).output().unwrap();
-    assert!(!out.status.success(), "a trace cut in half must not decode silently");
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("deepspan: warning: trace.dat is cut short"), "{err}");
+    let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
+    let expected = expected_counts("sched_load");
+    let events = summary["events"].as_u64().unwrap();
+    assert!(events > 0 && events < expected["event_count"].as_u64().unwrap(), "{summary}");
+    assert!(summary["warnings"][0].as_str().unwrap().contains("bytes missing"), "{summary}");
+    // Cut inside the event formats: nothing can be decoded, and it says so.
+    std::fs::write(&truncated, &full[..3000]).unwrap();
+    let out = deepspan().arg("decode").arg(&truncated).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cut short at byte 3000 inside the") && !err.contains("panicked"), "{err}");
+}
+
+/// A CTF stream file cut short decodes its whole packets, with a warning
+/// naming the file.
+#[test]
+fn cut_ctf_stream_decodes_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ctf/bug446190/trace"));
+    for name in ["metadata", "channel0_0", "channel0_1"] {
+        std::fs::copy(src.join(name), tmp.path().join(name)).unwrap();
+    }
+    let whole = deepspan().arg("decode").arg(tmp.path()).output().unwrap();
+    assert!(whole.status.success() && whole.stderr.is_empty(), "{}", String::from_utf8_lossy(&whole.stderr));
+    let whole: Json = serde_json::from_slice(&whole.stdout).unwrap();
+    assert!(whole.get("warnings").is_none());
+    let cut = tmp.path().join("channel0_1");
+    let bytes = std::fs::read(&cut).unwrap();
+    // Inside its second packet (bytes 262144..290816).
+    std::fs::write(&cut, &bytes[..263_144]).unwrap();
+    for threads in ["1", "2"] {
+        let out = deepspan().arg("decode").arg(tmp.path()).args(["--threads", threads]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(err.contains("channel0_1 is cut short at byte") && err.contains("27672 of 290816 bytes are missing"), "{err}");
+        let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(summary["events"].as_u64() < whole["events"].as_u64(), "{summary}");
+        assert_eq!(summary["warnings"].as_array().map(Vec::len), Some(1), "{summary}");
+    }
 }
 
 /// Every CTF folder of the corpus: counts by name equal what babeltrace2

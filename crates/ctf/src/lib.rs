@@ -38,7 +38,11 @@
 //! no offset) or subtract [`TraceInfo::clock_offset_ns`].
 //!
 //! Malformed input never panics: every failure is an [`Error`] naming the
-//! file and byte offset.
+//! file and byte offset. A stream file cut short (an interrupted copy) is
+//! not an error: its whole packets are decoded and
+//! [`CtfTrace::truncations`] says what is lost ([`StreamCut`]; LTTng's
+//! packet index, when present, also reveals a cut between packets).
+//! Metadata cut short is an error.
 //!
 //! # Speed
 //!
@@ -69,7 +73,7 @@ mod typed;
 pub use error::{Error, ErrorKind, Result};
 pub use event::{CtfEvent, SpanSync};
 pub use metadata::{Clock, EnvValue};
-pub use stream::LostEvents;
+pub use stream::{LostEvents, StreamCut};
 pub use trace::{CtfTrace, Events, LostLogHandle, StreamReader, TraceInfo};
 
 /// Events and traces can move to (and be shared with) other threads.

@@ -238,10 +238,15 @@ pub(crate) fn preamble(
 }
 
 /// Reads the first packet preamble of a file (to group rotated files).
-pub(crate) fn first_preamble(meta: &TraceMeta, src: &Source) -> Result<Option<Preamble>> {
+/// `Ok(None)` for an empty file; `Err(Cut)` inside the result when the file
+/// ends inside that first preamble.
+pub(crate) fn first_preamble(
+    meta: &TraceMeta,
+    src: &Source,
+) -> Result<Result<Option<Preamble>, u64>> {
     let (mut reader, len) = Reader::open(src)?;
     if len == 0 {
-        return Ok(None);
+        return Ok(Ok(None));
     }
     let mut buf = Vec::new();
     let p = read_preamble(
@@ -253,11 +258,12 @@ pub(crate) fn first_preamble(meta: &TraceMeta, src: &Source) -> Result<Option<Pr
         src.path(),
         0,
     )?;
-    Ok(Some(p))
+    Ok(p.map(Some).ok_or(len))
 }
 
 /// Reads bytes until the preamble decodes, growing the read when the
-/// header turns out to be longer than the first read.
+/// header turns out to be longer than the first read. `Ok(None)` when the
+/// file ends inside the packet header or context (a file cut short).
 fn read_preamble(
     meta: &TraceMeta,
     reader: &mut Reader,
@@ -266,23 +272,17 @@ fn read_preamble(
     walker: &mut Walker,
     path: &Path,
     offset: u64,
-) -> Result<Preamble> {
+) -> Result<Option<Preamble>> {
     let mut want = remaining.min(PREFIX);
     buf.clear();
     loop {
         let more = (want - buf.len() as u64) as usize;
         reader.read_into(buf, more, path)?;
         match preamble(meta, buf, walker) {
-            Ok(p) => return Ok(p),
+            Ok(p) => return Ok(Some(p)),
             Err(e) if e.short && want < remaining => want = remaining.min(want.saturating_mul(16)),
-            Err(e) => {
-                let message = if e.short {
-                    format!("truncated packet header/context: {}", e.message)
-                } else {
-                    e.message
-                };
-                return Err(Error::data(path, offset + e.bit / 8, message));
-            }
+            Err(e) if e.short => return Ok(None),
+            Err(e) => return Err(Error::data(path, offset + e.bit / 8, e.message)),
         }
     }
 }
@@ -571,6 +571,8 @@ pub(crate) struct TraceShared {
     pub offsets_ns: Vec<i128>,
     /// Thread ids are inferred from sched_switch (no tid context).
     pub tid_inferred: bool,
+    /// Stream files found cut short, so far (at open, and by any reader).
+    pub cuts: Mutex<Vec<StreamCut>>,
 }
 
 /// Events discarded by the tracer between two packets of a stream, from the
@@ -588,6 +590,173 @@ pub struct LostEvents {
     pub end_ns: u64,
     /// The file of the packet that reports the loss.
     pub path: PathBuf,
+}
+
+/// A stream file cut short (a copy interrupted): it ends inside a packet,
+/// or its LTTng index (`index/<file>.idx`) lists packets past its end. The
+/// whole packets before the cut are decoded; this says what is lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamCut {
+    /// Index of the trace in [`crate::CtfTrace::traces`].
+    pub trace: usize,
+    pub path: PathBuf,
+    /// Where the first packet not decoded (whole or in part) starts.
+    pub packet_offset: u64,
+    /// Bytes the file has.
+    pub file_bytes: u64,
+    /// Bytes the file should have: the end of the last packet its index
+    /// lists, else of the packet it ends in; `None` when the file ends
+    /// inside a packet header that gives no size and there is no index.
+    pub expected_bytes: Option<u64>,
+    /// Packets lost in part or whole, when the index tells.
+    pub lost_packets: Option<u64>,
+    /// Absolute ns (Unix epoch): `timestamp_begin` of the first lost packet
+    /// and `timestamp_end` of the last, when known: the time range whose
+    /// events of this stream are lost.
+    pub begin_ns: Option<u64>,
+    pub end_ns: Option<u64>,
+    /// False when the cut packet's events are all decoded (only its
+    /// padding is cut) and no index lists packets after it.
+    pub events_lost: bool,
+}
+
+impl StreamCut {
+    /// Bytes missing from the end of the file, when known.
+    pub fn missing_bytes(&self) -> Option<u64> {
+        self.expected_bytes
+            .map(|e| e.saturating_sub(self.file_bytes))
+    }
+}
+
+/// Nanoseconds as seconds with all nine decimals.
+fn seconds(ns: u64) -> String {
+    format!("{}.{:09} s", ns / 1_000_000_000, ns % 1_000_000_000)
+}
+
+impl std::fmt::Display for StreamCut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is cut short at byte {}",
+            self.path.display(),
+            self.file_bytes
+        )?;
+        match (self.expected_bytes, self.missing_bytes()) {
+            (Some(expected), Some(missing)) => {
+                write!(f, ": {missing} of {expected} bytes are missing")?
+            }
+            _ => write!(
+                f,
+                ": the header of the packet at byte {} is cut, its size is unknown",
+                self.packet_offset
+            )?,
+        }
+        if !self.events_lost {
+            return write!(
+                f,
+                "; only the last packet's padding is cut, its events are whole"
+            );
+        }
+        let packets = match self.lost_packets {
+            Some(1) => format!("1 packet from byte {}", self.packet_offset),
+            Some(n) => format!("{n} packets from byte {}", self.packet_offset),
+            None => format!("the packet at byte {}", self.packet_offset),
+        };
+        match (self.begin_ns, self.end_ns) {
+            (Some(b), Some(e)) => write!(
+                f,
+                "; its events from {} to {} are lost ({packets})",
+                seconds(b),
+                seconds(e)
+            ),
+            (Some(b), None) => write!(
+                f,
+                "; its events from {} on are lost ({packets})",
+                seconds(b)
+            ),
+            _ => write!(f, "; the events of {packets} are lost"),
+        }
+    }
+}
+
+/// The packets an LTTng index lists past the end of its stream file.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct IndexTail {
+    pub first_offset: u64,
+    /// End of the last packet listed.
+    pub end: u64,
+    pub packets: u64,
+    /// Raw clock values of the first packet's begin and the last one's end.
+    pub begin_ticks: u64,
+    pub end_ticks: u64,
+    pub stream_id: u64,
+}
+
+const INDEX_MAGIC: u32 = 0xC1F1_DCC1;
+/// Index entries are 56 bytes (index 1.0) or 72 (1.1); larger ones are
+/// taken as later versions with more fields at the end, up to this.
+const MAX_INDEX_ENTRY: usize = 4096;
+
+/// Reads `index/<name>.idx` beside the stream file `path` (LTTng writes one
+/// per stream file) and returns what it lists at or past `file_bytes`.
+/// `None` without an index, or with one that cannot be read: the index
+/// only adds detail to a warning, so it is not an error.
+pub(crate) fn index_tail(path: &Path, file_bytes: u64) -> Option<IndexTail> {
+    let name = path.file_name()?.to_str()?;
+    let idx = path.parent()?.join("index").join(format!("{name}.idx"));
+    let mut f = std::io::BufReader::new(File::open(idx).ok()?);
+    let mut head = [0u8; 16];
+    f.read_exact(&mut head).ok()?;
+    let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    let be64 = |b: &[u8]| u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
+    if be32(&head[0..4]) != INDEX_MAGIC {
+        return None;
+    }
+    let len = be32(&head[12..16]) as usize;
+    if !(56..=MAX_INDEX_ENTRY).contains(&len) {
+        return None;
+    }
+    let mut entry = vec![0u8; len];
+    let mut tail: Option<IndexTail> = None;
+    while f.read_exact(&mut entry).is_ok() {
+        let offset = be64(&entry[0..]);
+        let end = offset.saturating_add(be64(&entry[8..]) / 8);
+        if end <= file_bytes {
+            continue;
+        }
+        let (begin, finish, stream) = (be64(&entry[24..]), be64(&entry[32..]), be64(&entry[48..]));
+        match &mut tail {
+            None => {
+                tail = Some(IndexTail {
+                    first_offset: offset,
+                    end,
+                    packets: 1,
+                    begin_ticks: begin,
+                    end_ticks: finish,
+                    stream_id: stream,
+                })
+            }
+            Some(t) => {
+                t.first_offset = t.first_offset.min(offset);
+                t.end = t.end.max(end);
+                t.packets += 1;
+                t.end_ticks = t.end_ticks.max(finish);
+            }
+        }
+    }
+    tail
+}
+
+/// Records `cut` once in `cuts` (several iterations may meet the same one).
+pub(crate) fn note_cut(cuts: &Mutex<Vec<StreamCut>>, cut: StreamCut) {
+    if let Ok(mut cuts) = cuts.lock() {
+        if !cuts
+            .iter()
+            .any(|c| c.path == cut.path && c.packet_offset == cut.packet_offset)
+        {
+            cuts.push(cut);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -719,6 +888,16 @@ impl StreamEvents {
         abs_ns(&self.spec.trace, stream, ticks)
     }
 
+    /// Whether the file being read is on disk (it may have an index).
+    fn current_is_file(&self) -> bool {
+        matches!(
+            self.next_file
+                .checked_sub(1)
+                .and_then(|i| self.spec.files.get(i)),
+            Some(Source::File(_))
+        )
+    }
+
     /// Loads the first window of the next packet; false at the end of the
     /// stream.
     fn load_packet(&mut self) -> Result<bool> {
@@ -740,6 +919,12 @@ impl StreamEvents {
                 continue;
             };
             if *pos >= *len {
+                // Read to its end: its index may still say it was cut
+                // between two packets.
+                let (len, path) = (*len, path.clone());
+                if self.current_is_file() {
+                    cut_short(&self.spec.trace, &path, len, len, None, None, true, true);
+                }
                 self.reader = None;
                 continue;
             }
@@ -751,7 +936,7 @@ impl StreamEvents {
             }
             let remaining = len - offset;
             let meta = &self.spec.trace.meta;
-            let pre = read_preamble(
+            let Some(pre) = read_preamble(
                 meta,
                 reader,
                 remaining,
@@ -759,7 +944,22 @@ impl StreamEvents {
                 &mut self.walker,
                 &path,
                 offset,
-            )?;
+            )?
+            else {
+                let file_backed = self.current_is_file();
+                cut_short(
+                    &self.spec.trace,
+                    &path,
+                    offset,
+                    len,
+                    None,
+                    None,
+                    true,
+                    file_backed,
+                );
+                self.reader = None;
+                continue;
+            };
             let bad = |at: u64, m: String| Error::data(&path, offset + at, m);
             let packet_bits = pre.packet_bits.unwrap_or(remaining * 8);
             if packet_bits % 8 != 0 || packet_bits == 0 {
@@ -770,15 +970,33 @@ impl StreamEvents {
                     ),
                 ));
             }
-            let packet_bytes = packet_bits / 8;
-            if packet_bytes > remaining {
-                return Err(bad(
-                    0,
-                    format!("truncated packet: it declares {packet_bytes} bytes but only {remaining} remain in the file"),
-                ));
-            }
+            let mut packet_bytes = packet_bits / 8;
             let content_bits = pre.content_bits.unwrap_or(packet_bits);
-            if content_bits > packet_bits || content_bits < pre.events_at {
+            if packet_bytes > remaining {
+                // The file is cut short inside this packet: keep it when
+                // only its padding is gone, else drop it.
+                let whole_events =
+                    content_bits <= packet_bits && content_bits.div_ceil(8) <= remaining;
+                cut_short(
+                    &self.spec.trace,
+                    &path,
+                    offset,
+                    len,
+                    Some(packet_bytes),
+                    Some(&pre),
+                    !whole_events,
+                    matches!(
+                        self.spec.files.get(self.next_file - 1),
+                        Some(Source::File(_))
+                    ),
+                );
+                if !whole_events {
+                    self.reader = None;
+                    continue;
+                }
+                packet_bytes = remaining;
+            }
+            if content_bits > packet_bits.min(packet_bytes * 8) || content_bits < pre.events_at {
                 return Err(bad(
                     0,
                     format!(
@@ -1335,7 +1553,60 @@ impl StreamEvents {
     }
 }
 
-fn abs_ns(t: &TraceShared, stream: &StreamClass, ticks: u64) -> u64 {
+/// Notes that the file at `path` (of `file_bytes` bytes) of `trace` is cut
+/// short: it ends inside the packet at `offset` (whose preamble is `pre`
+/// when it could be read, declaring `packet_bytes`), or, without `pre` and
+/// at the end of the file, its index lists packets past its end.
+#[allow(clippy::too_many_arguments)]
+fn cut_short(
+    trace: &TraceShared,
+    path: &Path,
+    offset: u64,
+    file_bytes: u64,
+    packet_bytes: Option<u64>,
+    pre: Option<&Preamble>,
+    events_lost: bool,
+    file_backed: bool,
+) {
+    // Files in memory have no index beside them.
+    let index = file_backed.then(|| index_tail(path, file_bytes)).flatten();
+    if pre.is_none() && offset >= file_bytes && index.is_none() {
+        // Read to its end, and no index says there was more.
+        return;
+    }
+    let time = |stream: Option<&StreamClass>, t: Option<u64>| Some(abs_ns(trace, stream?, t?));
+    let stream = pre.map(|p| &*p.stream);
+    let index_stream = index
+        .as_ref()
+        .and_then(|i| trace.meta.stream(i.stream_id).map(|s| &**s))
+        .or(stream);
+    let packet_end = packet_bytes.map(|p| offset.saturating_add(p));
+    let cut = StreamCut {
+        trace: trace.index,
+        path: path.to_path_buf(),
+        packet_offset: index
+            .as_ref()
+            .map_or(offset, |i| i.first_offset.min(offset)),
+        file_bytes,
+        expected_bytes: match (packet_end, index.as_ref().map(|i| i.end)) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        },
+        lost_packets: index.as_ref().map(|i| i.packets),
+        begin_ns: time(stream, pre.and_then(|p| p.ts_begin))
+            .or_else(|| time(index_stream, index.as_ref().map(|i| i.begin_ticks))),
+        end_ns: time(index_stream, index.as_ref().map(|i| i.end_ticks))
+            .max(time(stream, pre.and_then(|p| p.ts_end))),
+        // Packets past the cut one are lost whatever its padding.
+        events_lost: events_lost
+            || index
+                .as_ref()
+                .is_some_and(|i| i.end > packet_end.unwrap_or(0)),
+    };
+    note_cut(&trace.cuts, cut);
+}
+
+pub(crate) fn abs_ns(t: &TraceShared, stream: &StreamClass, ticks: u64) -> u64 {
     let offset = t.offsets_ns.get(stream.clock).copied().unwrap_or(0);
     match t.meta.clocks.get(stream.clock) {
         // The common case (1 GHz clock, offset within u64): no i128.
@@ -1425,7 +1696,7 @@ pub(crate) fn scan_lost(spec: &StreamSpec) -> Result<u64> {
         let (mut reader, len) = Reader::open(src)?;
         let mut pos = 0;
         while pos < len {
-            let pre = read_preamble(
+            let Some(pre) = read_preamble(
                 meta,
                 &mut reader,
                 len - pos,
@@ -1433,9 +1704,19 @@ pub(crate) fn scan_lost(spec: &StreamSpec) -> Result<u64> {
                 &mut walker,
                 src.path(),
                 pos,
-            )?;
+            )?
+            else {
+                // Cut short: the events read stop here too.
+                break;
+            };
             let packet_bytes = pre.packet_bits.unwrap_or((len - pos) * 8) / 8;
-            if packet_bytes == 0 || packet_bytes > len - pos {
+            if packet_bytes > len - pos {
+                // A cut packet counts only when its events are kept.
+                let content = pre.content_bits.unwrap_or(u64::MAX).div_ceil(8);
+                if content > len - pos {
+                    break;
+                }
+            } else if packet_bytes == 0 {
                 return Err(Error::data(
                     src.path(),
                     pos,
@@ -1451,7 +1732,7 @@ pub(crate) fn scan_lost(spec: &StreamSpec) -> Result<u64> {
                 total = total.saturating_add(counter.wrapping_sub(prev.unwrap_or(0)) & mask);
                 prev = Some(counter);
             }
-            pos += packet_bytes;
+            pos = pos.saturating_add(packet_bytes).min(len);
             rewind(&mut reader, src.path(), pos)?;
         }
     }

@@ -11,8 +11,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::event::CtfEvent;
 use crate::metadata::{parse_metadata, read_metadata, Clock, EnvValue, EventClass, TraceMeta};
 use crate::stream::{
-    first_preamble, scan_lost, LostEvents, LostLog, ReadOptions, Source, StreamEvents, StreamSpec,
-    TraceShared,
+    abs_ns, first_preamble, index_tail, note_cut, scan_lost, LostEvents, LostLog, ReadOptions,
+    Source, StreamCut, StreamEvents, StreamSpec, TraceShared,
 };
 
 /// Folders deeper than this below the opened one are not searched (also
@@ -120,8 +120,38 @@ impl CtfTrace {
             Alone(usize),
         }
         let mut firsts = Vec::new();
+        // Files cut short inside their first packet header (or empty while
+        // their index lists packets): nothing to read. Their times are
+        // filled in once the clock offsets are known.
+        let mut cuts = Vec::new();
+        let mut cut_ticks = Vec::new();
         for (i, src) in files.into_iter().enumerate() {
-            if let Some(p) = first_preamble(&meta, &src)? {
+            let (first, cut_at) = match first_preamble(&meta, &src)? {
+                Ok(Some(first)) => (Some(first), None),
+                Ok(None) => (None, Some(0)),
+                Err(file_bytes) => (None, Some(file_bytes)),
+            };
+            if let Some(file_bytes) = cut_at {
+                let tail = matches!(src, Source::File(_))
+                    .then(|| index_tail(src.path(), file_bytes))
+                    .flatten();
+                // An empty file is a cut only when its index says so.
+                if file_bytes > 0 || tail.is_some() {
+                    cuts.push(StreamCut {
+                        trace: index,
+                        path: src.path().to_path_buf(),
+                        packet_offset: 0,
+                        file_bytes,
+                        expected_bytes: tail.as_ref().map(|t| t.end),
+                        lost_packets: tail.as_ref().map(|t| t.packets),
+                        begin_ns: None,
+                        end_ns: None,
+                        events_lost: true,
+                    });
+                    cut_ticks.push(tail);
+                }
+            }
+            if let Some(p) = first {
                 let identity = match (p.instance, rotation_base(src.path())) {
                     (Some(inst), _) => Identity::Instance(inst),
                     (None, Some(base)) => Identity::Rotation(base),
@@ -170,7 +200,17 @@ impl CtfTrace {
             meta,
             offsets_ns,
             tid_inferred,
+            cuts: Mutex::new(Vec::new()),
         });
+        for (mut cut, tail) in cuts.into_iter().zip(cut_ticks) {
+            if let Some(t) = tail {
+                if let Some(stream) = shared.meta.stream(t.stream_id) {
+                    cut.begin_ns = Some(abs_ns(&shared, stream, t.begin_ticks));
+                    cut.end_ns = Some(abs_ns(&shared, stream, t.end_ticks));
+                }
+            }
+            note_cut(&shared.cuts, cut);
+        }
         self.traces.push(TraceInfo {
             shared: shared.clone(),
             streams: groups.len(),
@@ -261,6 +301,18 @@ impl CtfTrace {
                 })
                 .collect(),
         )
+    }
+
+    /// The stream files found cut short so far: those whose first packet
+    /// header is cut (seen when opened), and every cut packet an iteration
+    /// of this trace has reached (complete once one iteration is over).
+    /// The events of the whole packets before a cut are decoded; these say
+    /// what is lost, for a warning.
+    pub fn truncations(&self) -> Vec<StreamCut> {
+        self.traces
+            .iter()
+            .flat_map(|t| t.shared.cuts.lock().map(|c| c.clone()).unwrap_or_default())
+            .collect()
     }
 
     /// Total events the tracer discarded, from the packet contexts' counters

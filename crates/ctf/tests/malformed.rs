@@ -105,16 +105,35 @@ fn small_real_trace_decodes() {
     assert!(exercise(&m, vec![s]).is_empty());
 }
 
+/// Decodes a one-stream trace held in memory (no errors allowed) and
+/// returns its events' count and the cuts it reports.
+fn decode_cut(metadata: &[u8], stream: Vec<u8>) -> (usize, Vec<deepspan_ctf::StreamCut>) {
+    let trace = CtfTrace::from_memory(metadata, vec![stream]).unwrap();
+    let mut n = 0;
+    for e in trace.events() {
+        e.unwrap();
+        n += 1;
+    }
+    (n, trace.truncations())
+}
+
 #[test]
 fn truncated_packet() {
+    // A file cut inside its only packet's events: the packet is dropped
+    // (no error), and the cut is reported with the packet's times.
     let (m, mut s) = rotation();
     let len = s.len();
     s.truncate(len - 3);
-    let e = only_error(&m, s);
+    let (n, cuts) = decode_cut(&m, s);
+    assert_eq!(n, 0);
+    assert_eq!(cuts.len(), 1, "{cuts:?}");
+    let text = cuts[0].to_string();
+    assert_eq!(cuts[0].missing_bytes(), Some(3), "{text}");
+    assert!(cuts[0].events_lost && cuts[0].begin_ns.is_some(), "{text}");
     assert!(
-        e.to_string()
-            .starts_with("stream0: byte 0: truncated packet"),
-        "{e}"
+        text.starts_with(&format!("stream0 is cut short at byte {}", len - 3))
+            && text.contains("events from"),
+        "{text}"
     );
 }
 
@@ -149,9 +168,17 @@ fn zero_or_huge_packet_size() {
     patch_u64_le(&mut s, PACKET_SIZE_AT, 0);
     patch_u64_le(&mut s, CONTENT_SIZE_AT, 0);
     assert!(only_error(&m, s).to_string().contains("packet size"));
-    let (m, mut s) = rotation();
+    // A packet size past the end of the file reads as a cut file; its
+    // content is all there, so its events are kept.
+    let (m, s) = rotation();
+    let (whole, _) = decode_cut(&m, s.clone());
+    let mut s = s;
     patch_u64_le(&mut s, PACKET_SIZE_AT, u64::MAX - 7);
-    assert!(only_error(&m, s).to_string().contains("truncated packet"));
+    let (n, cuts) = decode_cut(&m, s);
+    assert_eq!(n, whole);
+    assert_eq!(cuts.len(), 1, "{cuts:?}");
+    assert!(!cuts[0].events_lost, "{}", cuts[0]);
+    assert!(cuts[0].to_string().contains("padding is cut"));
 }
 
 #[test]
@@ -254,17 +281,29 @@ fn missing_and_empty_folders() {
     let dir = tempfile::tempdir().unwrap();
     let e = CtfTrace::open(dir.path()).err().unwrap();
     assert!(matches!(e.kind(), ErrorKind::NoTrace(_)), "{e}");
-    // A stream file that is not readable as a packet fails at open, naming it.
+    // A stream file cut inside its first packet header opens, without
+    // events, and is reported as cut.
     let trace = dir.path().join("t");
     std::fs::create_dir(&trace).unwrap();
     let (m, s) = rotation();
     std::fs::write(trace.join("metadata"), m).unwrap();
     std::fs::write(trace.join("chan_0"), &s[..10]).unwrap();
-    let e = CtfTrace::open(dir.path()).err().unwrap();
+    let t = CtfTrace::open(dir.path()).unwrap();
+    assert_eq!(t.events().count(), 0);
+    let cuts = t.truncations();
+    assert_eq!(cuts.len(), 1, "{cuts:?}");
+    let text = cuts[0].to_string();
     assert!(
-        e.to_string().contains("chan_0") && e.to_string().contains("truncated packet header"),
-        "{e}"
+        text.contains("chan_0 is cut short at byte 10") && text.contains("header"),
+        "{text}"
     );
+    // A file whose first packet header is not a packet header at all
+    // still fails at open, naming it.
+    let mut junk = s.clone();
+    junk[0] ^= 0xff;
+    std::fs::write(trace.join("chan_0"), &junk).unwrap();
+    let e = CtfTrace::open(dir.path()).err().unwrap();
+    assert!(e.to_string().contains("chan_0"), "{e}");
 }
 
 fn bases() -> Vec<(Vec<u8>, Vec<u8>)> {

@@ -19,6 +19,10 @@
 //! format; [`Record::fields`] decodes any event generically.
 //!
 //! Malformed input gives an [`Error`] naming the file offset, never a panic.
+//! A v6 file cut short after its event formats (an interrupted copy) is not
+//! refused: every whole ring-buffer page before the cut is decoded and
+//! [`TraceDat::truncation`] says what is lost ([`Truncation`]). A cut v7
+//! file is refused saying so: trace-cmd writes its CPU table last.
 
 mod compress;
 mod error;
@@ -28,6 +32,7 @@ mod ring;
 mod schema;
 mod source;
 mod trace;
+mod truncation;
 mod typed;
 
 pub use error::{Error, Location};
@@ -36,6 +41,7 @@ pub use record::{Record, RecordRef};
 pub use ring::{CpuRecords, Records};
 pub use schema::{Schema, UNKNOWN_EVENT};
 pub use trace::TraceDat;
+pub use truncation::{CpuCut, Truncation};
 
 // trace.dat v6 writer (used by deepspan-record).
 pub mod write;

@@ -32,7 +32,7 @@ pub(crate) struct TsConv {
 
 impl TsConv {
     #[inline]
-    fn apply(self, raw: u64) -> u64 {
+    pub(crate) fn apply(self, raw: u64) -> u64 {
         let ts = match self.tsc {
             Some((mult, shift)) => ((u128::from(raw) * u128::from(mult)) >> shift) as u64,
             None => raw,

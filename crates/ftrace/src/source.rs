@@ -154,6 +154,9 @@ pub(crate) struct Cursor<'a> {
     endian: Endian,
     /// Where offset 0 of `src` is in the file, for error messages.
     origin: Origin,
+    /// Set when a read was refused because the source ends before the
+    /// bytes it asked for: the file is cut short (or a size field lies).
+    ran_out: bool,
 }
 
 /// What offsets of a cursor's source mean.
@@ -176,6 +179,7 @@ impl<'a> Cursor<'a> {
             window_start: 0,
             endian,
             origin,
+            ran_out: false,
         }
     }
 
@@ -202,6 +206,11 @@ impl<'a> Cursor<'a> {
 
     pub(crate) fn seek(&mut self, pos: u64) {
         self.pos = pos;
+    }
+
+    /// Whether a read failed because the source ended before its bytes.
+    pub(crate) fn ran_out(&self) -> bool {
+        self.ran_out
     }
 
     pub(crate) fn remaining(&self) -> u64 {
@@ -231,6 +240,7 @@ impl<'a> Cursor<'a> {
     /// The next `n` bytes, without copying when they are in the window.
     pub(crate) fn bytes(&mut self, n: u64, what: &str) -> Result<Bytes, Error> {
         if n > self.remaining() {
+            self.ran_out = true;
             return Err(self.error(format!(
                 "{what}: {n} bytes expected, only {} left",
                 self.remaining()
@@ -283,6 +293,7 @@ impl<'a> Cursor<'a> {
 
     pub(crate) fn skip(&mut self, n: u64, what: &str) -> Result<(), Error> {
         if n > self.remaining() {
+            self.ran_out = true;
             return Err(self.error(format!(
                 "{what}: {n} bytes expected, only {} left",
                 self.remaining()
@@ -334,6 +345,7 @@ impl<'a> Cursor<'a> {
         let mut out = Vec::new();
         loop {
             if self.remaining() == 0 {
+                self.ran_out = true;
                 return Err(self.error_at(start, format!("{what}: string without terminating NUL")));
             }
             // Read in small steps: strings are short and the window makes

@@ -14,6 +14,7 @@ use crate::format::{parse_event_format, parse_field_lines, EventFormat};
 use crate::ring::{CpuRecords, CpuSpan, PageLayout, Records, TsConv};
 use crate::schema::{parse_printk, Schema};
 use crate::source::{Cursor, Endian, Origin, Source};
+use crate::truncation::{CpuCut, Truncation};
 
 const MAGIC: &[u8] = b"\x17\x08\x44tracing";
 
@@ -36,6 +37,9 @@ const OPT_CMDLINES: u16 = 21;
 const SECTION_OPTIONS: u16 = OPT_DONE;
 const SECTION_BUFFER: u16 = OPT_BUFFER;
 const SECTION_FLAG_COMPRESSED: u16 = 1;
+
+/// Pages at the end of a cut CPU's data searched for its last record.
+const LAST_PAGES_SEARCHED: u64 = 256;
 
 /// Largest page (sub-buffer) size accepted.
 const MAX_PAGE_SIZE: u32 = 64 << 20;
@@ -67,6 +71,8 @@ pub struct TraceDat {
     /// `buffers[0]` is the top instance; the others are named instances.
     buffers: Vec<Buffer>,
     ts_conv: TsConv,
+    /// Boxed: only cut files have one, and it would make every trace larger.
+    truncation: Option<Box<Truncation>>,
 }
 
 #[derive(Debug, Default)]
@@ -119,47 +125,22 @@ impl TraceDat {
 
     fn from_source(src: Source) -> Result<TraceDat, Error> {
         let mut c = Cursor::new(&src, 0, Endian { big: false }, Origin::File);
-        c.expect(MAGIC, "trace.dat magic")?;
-        let version_at = c.location();
-        let version_text = c.cstr("version string")?;
-        let version: u32 = match version_text.trim().parse() {
-            Ok(v @ (6 | 7)) => v,
-            _ => {
-                return Err(Error::Unsupported {
-                    at: version_at,
-                    what: format!("trace.dat version {version_text:?} (6 and 7 are supported)"),
-                })
-            }
-        };
-        let endian_at = c.location();
-        let endian = match c.u8("endianness byte")? {
-            0 => Endian { big: false },
-            1 => Endian { big: true },
-            other => {
-                return Err(Error::malformed(
-                    endian_at,
-                    format!("endianness byte {other} (0 or 1 expected)"),
-                ))
-            }
-        };
-        c.set_endian(endian);
-        let long_at = c.location();
-        let long_size = u32::from(c.u8("long size")?);
-        if long_size != 4 && long_size != 8 {
-            return Err(Error::malformed(
-                long_at,
-                format!("long size {long_size} (4 or 8 expected)"),
-            ));
-        }
-        let page_at = c.location();
-        let page_size = c.u32("page size")?;
-        check_page_size(page_size, page_at)?;
+        let (version, endian, long_size, page_size, page_at) =
+            read_file_header(&mut c).map_err(|e| {
+                if c.ran_out() {
+                    essential_cut(src.len(), "file header", e)
+                } else {
+                    e
+                }
+            })?;
 
         let mut meta = Meta::default();
-        let (options, top, instances) = if version == 6 {
+        let (options, top, instances, meta_cut) = if version == 6 {
             read_v6(&mut c, &mut meta, long_size, page_size)?
         } else {
-            read_v7(&mut c, endian, long_size, page_size, &mut meta)?
+            let (options, top, instances) =
+                read_v7(&mut c, endian, long_size, page_size, &mut meta)?;
+            (options, top, instances, MetaCut::default())
         };
         let layout = meta.layout.ok_or_else(|| {
             Error::malformed(
@@ -213,7 +194,7 @@ impl TraceDat {
             layout.commit_size,
             std::mem::take(&mut meta.printk),
         );
-        Ok(TraceDat {
+        let mut trace = TraceDat {
             src: Arc::new(src),
             version,
             endian,
@@ -231,7 +212,121 @@ impl TraceDat {
                 tsc: options.tsc,
                 offset: options.ts_offset,
             },
-        })
+            truncation: None,
+        };
+        trace.truncation = trace.clamp_to_file(meta_cut)?.map(Box::new);
+        Ok(trace)
+    }
+
+    /// Cuts the CPU data that runs past the end of the file back to its
+    /// whole pages, and says what was lost; `None` for a whole file.
+    fn clamp_to_file(&mut self, meta_cut: MetaCut) -> Result<Option<Truncation>, Error> {
+        let file_len = self.src.len();
+        let mut expected = file_len;
+        // (cpu, declared bytes, kept bytes) of the top instance.
+        let mut cut_cpus = Vec::new();
+        for (index, buffer) in self.buffers.iter_mut().enumerate() {
+            let page = u64::from(buffer.page_size);
+            // Compressed (v7) data is read chunk by chunk, whose headers
+            // say where it ends; trace-cmd writes the CPU table after it,
+            // so a cut there never gets this far.
+            for span in buffer.spans.iter_mut().filter(|s| s.codec.is_none()) {
+                let end = span
+                    .offset
+                    .checked_add(span.size)
+                    .ok_or_else(|| Error::Cpu {
+                        at: Location::File(span.offset),
+                        cpu: span.cpu,
+                        what: format!(
+                            "data of {} bytes at offset {:#x} would end past any possible file",
+                            span.size, span.offset
+                        ),
+                    })?;
+                if end <= file_len {
+                    continue;
+                }
+                expected = expected.max(end);
+                let kept = file_len.saturating_sub(span.offset).min(span.size) / page * page;
+                if index == 0 {
+                    cut_cpus.push((span.cpu, span.size, kept));
+                }
+                span.size = kept;
+            }
+        }
+        if expected == file_len && meta_cut.part.is_none() && meta_cut.instances_lost.is_empty() {
+            return Ok(None);
+        }
+        cut_cpus.sort_unstable();
+        let cpus = cut_cpus
+            .into_iter()
+            .map(|(cpu, declared_bytes, kept_bytes)| CpuCut {
+                cpu,
+                declared_bytes,
+                kept_bytes,
+                last_kept_ns: self.last_record_ts(cpu),
+                lost_from_ns: self.page_ts_at(cpu, kept_bytes),
+            })
+            .collect();
+        Ok(Some(Truncation {
+            present_bytes: file_len,
+            expected_bytes: meta_cut.part.is_none().then_some(expected),
+            cut_in: meta_cut.part.unwrap_or("CPU data"),
+            cpus,
+            instances_lost: meta_cut.instances_lost,
+        }))
+    }
+
+    /// Time of the last record of a (clamped) CPU of the top instance,
+    /// looked for in its last [`LAST_PAGES_SEARCHED`] pages.
+    fn last_record_ts(&self, cpu: u32) -> Option<u64> {
+        let buffer = &self.buffers[0];
+        let span = buffer.spans.iter().find(|s| s.cpu == cpu).copied()?;
+        let page = u64::from(buffer.page_size);
+        let total = (span.size / page).min(LAST_PAGES_SEARCHED);
+        let mut pages = 1;
+        while pages <= total {
+            let tail = CpuSpan {
+                offset: span.offset + span.size - pages * page,
+                size: pages * page,
+                ..span
+            };
+            let buffer_tail = Buffer {
+                name: String::new(),
+                page_size: buffer.page_size,
+                spans: vec![tail],
+            };
+            let last = self
+                .cpu_iter(&buffer_tail, cpu)
+                .map_while(Result::ok)
+                .last();
+            if let Some(record) = last {
+                return Some(record.ts);
+            }
+            if pages == total {
+                break;
+            }
+            pages = (pages * 4).min(total);
+        }
+        None
+    }
+
+    /// Time of the page header at `offset` bytes into a CPU's data of the
+    /// top instance, when the file holds it.
+    fn page_ts_at(&self, cpu: u32, offset: u64) -> Option<u64> {
+        let span = self.buffers[0].spans.iter().find(|s| s.cpu == cpu)?;
+        let raw = self
+            .src
+            .read(span.offset.checked_add(offset)?, 8, "page header")
+            .ok()?;
+        let raw = self.endian.u64(raw[..].try_into().ok()?);
+        Some(self.ts_conv.apply(raw))
+    }
+
+    /// How the file is cut short, when it is: the ring-buffer data before
+    /// the cut is decoded (whole pages only) and this says what is lost,
+    /// so that a reader can warn instead of refusing the trace.
+    pub fn truncation(&self) -> Option<&Truncation> {
+        self.truncation.as_deref()
     }
 
     /// The file format version: 6 or 7.
@@ -370,6 +465,47 @@ impl TraceDat {
             self.schema.common_type(),
         )
     }
+}
+
+/// The initial header: magic, version, byte order, long size, page size
+/// (and where the page size is, for its errors).
+fn read_file_header(c: &mut Cursor) -> Result<(u32, Endian, u32, u32, Location), Error> {
+    c.expect(MAGIC, "trace.dat magic")?;
+    let version_at = c.location();
+    let version_text = c.cstr("version string")?;
+    let version: u32 = match version_text.trim().parse() {
+        Ok(v @ (6 | 7)) => v,
+        _ => {
+            return Err(Error::Unsupported {
+                at: version_at,
+                what: format!("trace.dat version {version_text:?} (6 and 7 are supported)"),
+            })
+        }
+    };
+    let endian_at = c.location();
+    let endian = match c.u8("endianness byte")? {
+        0 => Endian { big: false },
+        1 => Endian { big: true },
+        other => {
+            return Err(Error::malformed(
+                endian_at,
+                format!("endianness byte {other} (0 or 1 expected)"),
+            ))
+        }
+    };
+    c.set_endian(endian);
+    let long_at = c.location();
+    let long_size = u32::from(c.u8("long size")?);
+    if long_size != 4 && long_size != 8 {
+        return Err(Error::malformed(
+            long_at,
+            format!("long size {long_size} (4 or 8 expected)"),
+        ));
+    }
+    let page_at = c.location();
+    let page_size = c.u32("page size")?;
+    check_page_size(page_size, page_at)?;
+    Ok((version, endian, long_size, page_size, page_at))
 }
 
 fn check_page_size(page_size: u32, at: Location) -> Result<(), Error> {
@@ -513,29 +649,110 @@ fn page_layout(
     })
 }
 
+/// Where a file that ends early was cut, found while reading its metadata:
+/// the part the cut is in (none when the metadata is whole), and the named
+/// instances whose CPU table lies past the end.
+#[derive(Default)]
+struct MetaCut {
+    part: Option<&'static str>,
+    instances_lost: Vec<String>,
+}
+
+/// The error for a file cut inside a part needed to decode anything.
+fn essential_cut(file_len: u64, part: &str, e: Error) -> Error {
+    Error::malformed(
+        Location::File(file_len),
+        format!("the file is cut short at byte {file_len} inside the {part}: no event can be decoded ({e})"),
+    )
+}
+
 /// v6: everything is in one sequence after the initial header.
 fn read_v6(
     c: &mut Cursor,
     meta: &mut Meta,
     long_size: u32,
     page_size: u32,
-) -> Result<(Options, Buffer, Vec<Buffer>), Error> {
+) -> Result<(Options, Buffer, Vec<Buffer>, MetaCut), Error> {
     let endian = c.endian();
-    meta.read_header_info(c, endian, long_size)?;
-    meta.read_ftrace_formats(c)?;
-    meta.read_event_formats(c)?;
+    let file_len = c.source().len();
+    let cut = |c: &Cursor, part: &str, e: Error| {
+        if c.ran_out() {
+            essential_cut(file_len, part, e)
+        } else {
+            e
+        }
+    };
+    meta.read_header_info(c, endian, long_size)
+        .map_err(|e| cut(c, "header page", e))?;
+    meta.read_ftrace_formats(c)
+        .map_err(|e| cut(c, "ftrace event formats", e))?;
+    meta.read_event_formats(c)
+        .map_err(|e| cut(c, "event formats", e))?;
+
+    // The rest is not needed to decode events: a cut here leaves a trace
+    // without ring-buffer data (and perhaps without names), not an error.
+    let mut part = "kallsyms";
+    let mut options = Options::default();
+    let mut instances_lost = Vec::new();
+    match read_v6_tail(
+        c,
+        meta,
+        page_size,
+        &mut options,
+        &mut part,
+        &mut instances_lost,
+    ) {
+        Ok((top, instances)) => Ok((
+            options,
+            top,
+            instances,
+            MetaCut {
+                part: None,
+                instances_lost,
+            },
+        )),
+        Err(_) if c.ran_out() => {
+            let top = Buffer {
+                name: String::new(),
+                page_size,
+                spans: Vec::new(),
+            };
+            let cut = MetaCut {
+                part: Some(part),
+                instances_lost: Vec::new(),
+            };
+            Ok((options, top, Vec::new(), cut))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// v6 after the event formats: kallsyms, printk formats, cmdlines, options
+/// and the CPU table. `part` follows what is being read, for a cut.
+fn read_v6_tail(
+    c: &mut Cursor,
+    meta: &mut Meta,
+    page_size: u32,
+    options: &mut Options,
+    part: &mut &'static str,
+    instances_lost: &mut Vec<String>,
+) -> Result<(Buffer, Vec<Buffer>), Error> {
+    *part = "kallsyms";
     let size = c.u32("kallsyms size")?;
     c.skip(u64::from(size), "kallsyms")?;
+    *part = "printk formats";
     meta.read_printk(c)?;
+    *part = "cmdlines";
     meta.read_cmdlines(c)?;
+    *part = "CPU count";
     let cpus = c.u32("CPU count")?;
     meta.header_cpus = cpus;
 
-    let mut options = Options::default();
+    *part = "options";
     let mut marker_at = c.location();
     let mut marker = c.bytes(10, "data type label")?;
     if marker[..] == b"options  \0"[..] {
-        read_options(c, false, &mut options)?;
+        read_options(c, false, options)?;
         marker_at = c.location();
         marker = c.bytes(10, "data type label")?;
     }
@@ -557,24 +774,33 @@ fn read_v6(
             ))
         }
     }
-    let top = read_v6_flyrecord(c, "", cpus, page_size, &mut options)?;
+    *part = "CPU table";
+    let top = read_v6_flyrecord(c, "", cpus, page_size, options)?;
     let mut instances = Vec::new();
     for b in options.buffers.iter().filter(|b| !b.name.is_empty()) {
         let mut ic = Cursor::new_like(c, b.offset);
-        ic.expect(b"flyrecord\0", "instance data label")?;
         let mut scratch = Options {
             has_trace_clock: options.has_trace_clock,
             ..Options::default()
         };
-        instances.push(read_v6_flyrecord(
-            &mut ic,
-            &b.name,
-            cpus,
-            page_size,
-            &mut scratch,
-        )?);
+        let instance = ic
+            .expect(b"flyrecord\0", "instance data label")
+            .and_then(|()| read_v6_flyrecord(&mut ic, &b.name, cpus, page_size, &mut scratch));
+        match instance {
+            Ok(buffer) => instances.push(buffer),
+            // Past the end of a cut file: known by its name, without data.
+            Err(_) if ic.ran_out() => {
+                instances_lost.push(b.name.clone());
+                instances.push(Buffer {
+                    name: b.name.clone(),
+                    page_size,
+                    spans: Vec::new(),
+                });
+            }
+            Err(e) => return Err(e),
+        }
     }
-    Ok((options, top, instances))
+    Ok((top, instances))
 }
 
 /// The CPU offset/size table after a v6 "flyrecord" label, and the clock
@@ -798,12 +1024,21 @@ fn read_v7(
     meta: &mut Meta,
 ) -> Result<(Options, Buffer, Vec<Buffer>), Error> {
     let src = c.source();
+    let cut = |c: &Cursor, e: Error| {
+        if c.ran_out() {
+            essential_cut(src.len(), "file header", e)
+        } else {
+            e
+        }
+    };
     let name_at = c.location();
-    let name = c.cstr("compression name")?;
-    let _version = c.cstr("compression version")?;
+    let name = c.cstr("compression name").map_err(|e| cut(c, e))?;
+    let _version = c.cstr("compression version").map_err(|e| cut(c, e))?;
     let codec = Codec::from_name(&name).map_err(|what| Error::Unsupported { at: name_at, what })?;
     meta.compression = Some(name);
-    let mut next = c.u64("offset of the first options section")?;
+    let mut next = c
+        .u64("offset of the first options section")
+        .map_err(|e| cut(c, e))?;
 
     let mut options = Options::default();
     let mut seen = HashSet::new();
@@ -814,9 +1049,11 @@ fn read_v7(
                 "options sections form a loop",
             ));
         }
-        next = with_section(src, endian, codec, next, SECTION_OPTIONS, "options", |c| {
+        let at = next;
+        next = with_section(src, endian, codec, at, SECTION_OPTIONS, "options", |c| {
             read_options(c, true, &mut options)
-        })?;
+        })
+        .map_err(|e| v7_cut(src, endian, at, "options", e))?;
     }
 
     let section = |id: u16| options.sections.get(&id).copied();
@@ -831,7 +1068,8 @@ fn read_v7(
         OPT_HEADER_INFO,
         "header info",
         |c| meta.read_header_info(c, endian, long_size),
-    )?;
+    )
+    .map_err(|e| v7_cut(src, endian, header_at, "header info", e))?;
     if let Some(at) = section(OPT_FTRACE_EVENTS) {
         with_section(
             src,
@@ -841,7 +1079,8 @@ fn read_v7(
             OPT_FTRACE_EVENTS,
             "ftrace formats",
             |c| meta.read_ftrace_formats(c),
-        )?;
+        )
+        .map_err(|e| v7_cut(src, endian, at, "ftrace formats", e))?;
     }
     if let Some(at) = section(OPT_EVENT_FORMATS) {
         with_section(
@@ -852,17 +1091,20 @@ fn read_v7(
             OPT_EVENT_FORMATS,
             "event formats",
             |c| meta.read_event_formats(c),
-        )?;
+        )
+        .map_err(|e| v7_cut(src, endian, at, "event formats", e))?;
     }
     if let Some(at) = section(OPT_PRINTK) {
         with_section(src, endian, codec, at, OPT_PRINTK, "printk formats", |c| {
             meta.read_printk(c)
-        })?;
+        })
+        .map_err(|e| v7_cut(src, endian, at, "printk formats", e))?;
     }
     if let Some(at) = section(OPT_CMDLINES) {
         with_section(src, endian, codec, at, OPT_CMDLINES, "cmdlines", |c| {
             meta.read_cmdlines(c)
-        })?;
+        })
+        .map_err(|e| v7_cut(src, endian, at, "cmdlines", e))?;
     }
 
     let mut top = Buffer {
@@ -922,6 +1164,27 @@ fn read_v7(
         }
     }
     Ok((options, top, instances))
+}
+
+/// Restates the error of a v7 section that runs past the end of the file
+/// as a cut: trace-cmd writes the CPU table in the last options section,
+/// after the ring-buffer data, so a v7 file cut anywhere has lost it.
+fn v7_cut(src: &Source, endian: Endian, at: u64, what: &str, e: Error) -> Error {
+    let len = src.len();
+    let past_end = match read_section_header(src, endian, at) {
+        Ok(h) => at.saturating_add(SECTION_HEADER_LEN).saturating_add(h.size) > len,
+        Err(_) => at.saturating_add(SECTION_HEADER_LEN) > len,
+    };
+    if !past_end {
+        return e;
+    }
+    Error::malformed(
+        Location::File(len),
+        format!(
+            "the file is cut short at byte {len} inside the {what} section at offset {at:#x}: \
+             a v7 file keeps its CPU table at its end, so no ring-buffer data can be located ({e})"
+        ),
+    )
 }
 
 struct SectionHeader {

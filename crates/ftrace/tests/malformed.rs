@@ -1,6 +1,7 @@
 //! Broken input: truncated files, flipped bytes, lying sizes. The reader
-//! must return errors that name the file offset, never panic and never
-//! hang.
+//! must return errors that name the file offset (or, for a file cut short
+//! after its event formats, a truncation report), never panic and never
+//! hang. `truncated.rs` checks what a cut file still decodes.
 
 mod common;
 
@@ -93,19 +94,24 @@ fn assert_located(e: &Error) {
     }
 }
 
+/// Whether `bytes` open with a truncation report.
+fn reported_cut(bytes: &[u8]) -> bool {
+    TraceDat::from_bytes(bytes.to_vec()).is_ok_and(|t| t.truncation().is_some())
+}
+
 fn check_truncations(bytes: &[u8], cuts: impl Iterator<Item = usize>, full: usize, what: &str) {
     for cut in cuts {
         let (n, errors) = decode_all(&bytes[..cut]);
         errors.iter().for_each(assert_located);
         assert!(
-            !errors.is_empty() || n == full,
-            "{what}: cut at {cut}: no error, yet {n} of {full} records"
+            !errors.is_empty() || n == full || reported_cut(&bytes[..cut]),
+            "{what}: cut at {cut}: no error and no truncation report, yet {n} of {full} records"
         );
     }
 }
 
 #[test]
-fn every_truncation_of_a_small_trace_is_an_error() {
+fn every_truncation_of_a_small_trace_is_an_error_or_reported() {
     for big in [false, true] {
         let bytes = sample_file(big);
         let (full, errors) = decode_all(&bytes);
@@ -147,7 +153,7 @@ fn v7_conversions() -> Vec<(String, Vec<u8>)> {
 }
 
 #[test]
-fn every_truncation_of_small_v7_traces_is_an_error() {
+fn every_truncation_of_small_v7_traces_is_an_error_or_reported() {
     for (c, bytes) in v7_conversions() {
         let (full, errors) = decode_all(&bytes);
         assert!(errors.is_empty() && full == 4, "v7 {c}: {errors:?} {full}");
@@ -184,9 +190,18 @@ fn lying_sizes_are_errors() {
     expect_error(&b, "header_event size", "header_event");
 
     let fly = find(b"flyrecord\0") + 10;
+    // A CPU size past the end of the file reads as a cut file: its whole
+    // pages decode, and the report says how much is missing.
     let mut b = good.clone();
     put_u64(&mut b, fly + 8, 1 << 40); // CPU 0 size
-    expect_error(&b, "CPU size", "CPU 0 data truncated");
+                                       // (CPU 0 now also takes CPU 1's page, the rest of the file.)
+    let (n, errors) = decode_all(&b);
+    assert!(errors.is_empty() && n == 6, "CPU size: {errors:?} {n}");
+    let t = TraceDat::from_bytes(b.clone()).unwrap();
+    let cut = t.truncation().expect("CPU size: a truncation report");
+    assert_eq!(cut.cpus.len(), 1, "{cut}");
+    assert_eq!(cut.cpus[0].declared_bytes, 1 << 40);
+    assert!(cut.to_string().contains("bytes missing"), "{cut}");
 
     let mut b = good.clone();
     put_u64(&mut b, fly, u64::MAX - 10); // CPU 0 offset
