@@ -155,6 +155,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     }
     .without_interrupt_history();
     let (model, lost) = kernel_trace.build_model(builder)?;
+    notes.extend(kernel_trace.warnings());
     timings.phase("decode and kernel model");
     let events = model.stats().events;
     let lost_events = lost.total();

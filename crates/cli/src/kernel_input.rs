@@ -86,17 +86,9 @@ impl KernelTrace {
         }
     }
 
-    /// Decodes the trace into `builder`, with a progress bar; says on
-    /// stderr what a trace cut short lost ([`KernelTrace::warnings`]).
+    /// Decodes the trace into `builder`, with a progress bar. What a trace
+    /// cut short lost is in [`KernelTrace::warnings`] afterwards.
     pub fn build_model(&self, builder: StateBuilder) -> Result<(KernelModel, LostEvents)> {
-        let built = self.decode_into(builder);
-        for w in self.warnings() {
-            eprintln!("deepspan: warning: {w}");
-        }
-        built
-    }
-
-    fn decode_into(&self, builder: StateBuilder) -> Result<(KernelModel, LostEvents)> {
         match self {
             KernelTrace::TraceDat { path, trace } => {
                 let total = trace.cpu_data_bytes();

@@ -166,3 +166,19 @@ fn summary_is_the_same_on_any_number_of_threads() {
         }
     }
 }
+
+/// `analyze` takes a trace cut short too, and says in its notes what was
+/// lost.
+#[test]
+fn analyze_notes_a_cut_trace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kernel = tmp.path().join("run/kernel");
+    std::fs::create_dir_all(&kernel).unwrap();
+    let full = std::fs::read(testdata("sched_load.dat")).unwrap();
+    std::fs::write(kernel.join("trace.dat"), &full[..full.len() - 100_000]).unwrap();
+    let out = deepspan().arg("analyze").arg(tmp.path().join("run")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("deepspan: note: trace.dat is cut short") && err.contains("bytes missing"), "{err}");
+    assert_eq!(err.matches("is cut short").count(), 1, "said once: {err}");
+}
