@@ -289,7 +289,12 @@ fn flight_mode_writes_only_on_snapshot() {
         .lines()
         .map(|l| serde_json::from_str::<Json>(l).unwrap())
         .any(|e| e["tid"].as_i64().is_some_and(|t| busy_tids.contains(&t)));
-    assert!(saw_busy, "the snapshot lacks the ping-pong threads that ran just before it");
+    assert!(
+        saw_busy,
+        "the snapshot lacks the ping-pong threads {busy_tids:?} that ran just before it: {} events, {:?}",
+        text.lines().count(),
+        deepspan().arg("decode").arg(&snapshot).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    );
 
     signal(pid, libc::SIGINT);
     let status = child.0.wait().unwrap();

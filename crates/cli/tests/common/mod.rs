@@ -93,16 +93,17 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// True once the recorder `pid` has switched tracing on in its instance
-/// (the instance exists a little earlier, while events are being set up).
+/// True once the recorder `pid` has switched tracing on in its instance.
+///
+/// A new instance starts with tracing_on = 1 and no event enabled; the
+/// recorder turns it off, enables its events, and turns it on again at the
+/// end of its set-up. So tracing_on alone would say "started" during the
+/// set-up, and a test that then ran its workload (slow set-up under load)
+/// found none of its events in the trace. Enabled events tell the two apart.
 pub fn recording_started(pid: u32) -> bool {
     instances_of(pid).iter().any(|name| {
-        std::fs::read_to_string(
-            Path::new(TRACEFS)
-                .join("instances")
-                .join(name)
-                .join("tracing_on"),
-        )
-        .is_ok_and(|on| on.trim() == "1")
+        let dir = Path::new(TRACEFS).join("instances").join(name);
+        let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        read("tracing_on").trim() == "1" && !matches!(read("events/enable").trim(), "0" | "")
     })
 }
