@@ -174,8 +174,10 @@ fn effective_times(spans: &[Span], tree: &Tree, adjust: bool) -> (Vec<u64>, Vec<
                     shift[i] += ps as i128 + latency - cs;
                 }
             }
-            start[i] = (spans[i].start_ns as i128 + shift[i]).max(0) as u64;
-            end[i] = (spans[i].end_ns as i128 + shift[i]).max(0) as u64;
+            // Clamped to the u64 range both ways, so a shift never reorders start and end.
+            let shifted = |t: u64| (t as i128 + shift[i]).clamp(0, u64::MAX as i128) as u64;
+            start[i] = shifted(spans[i].start_ns);
+            end[i] = shifted(spans[i].end_ns);
         }
         stack.extend(tree.children[i].iter().rev());
     }
