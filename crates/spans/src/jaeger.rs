@@ -9,7 +9,13 @@
 //! - tags `span.kind`, `otel.status_code`, `otel.status_description`,
 //!   `error`, `otel.scope.name`/`otel.library.name`, `otel.scope.version`,
 //!   `w3c.tracestate` become the span's kind, status, scope and trace state;
-//! - a log's `event` field is the event name.
+//! - a log's `event` field is the event name;
+//! - ids are read with [`TraceId::from_text`] / [`SpanId::from_text`]: hex as
+//!   numbers, other strings (Jaeger UI takes ids as opaque strings; its test
+//!   traces use "span-A") hashed to stable ids, the original text kept in
+//!   `deepspan.original_trace_id` / `deepspan.original_span_id` /
+//!   `deepspan.original_parent_span_id` (on links for the ids they point
+//!   to), and one note per file says how many strings were mapped.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,6 +1,9 @@
 //! OTLP (OpenTelemetry protocol) in both encodings, through the
 //! `opentelemetry-proto` message types: protobuf (prost) and OTLP/JSON (its
-//! serde support: hex ids, 64-bit integers as strings or numbers).
+//! serde support: hex ids, 64-bit integers as strings or numbers). OTLP/JSON
+//! ids that are not 32/16 hex digits are read as in the other JSON formats
+//! ([`TraceId::from_text`]: short hex zero-extended, other strings mapped to
+//! stable ids with the original text kept, one note per file).
 
 use std::sync::Arc;
 

@@ -21,6 +21,9 @@
 //!   dropped, with a warning naming how many and which.
 //! - **No duration.** The span ends at its last annotation, or is
 //!   zero-length; a warning counts them.
+//! - **Ids that are not hex** are opaque strings mapped to stable ids with
+//!   the original text kept, as in the Jaeger importer
+//!   ([`TraceId::from_text`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
