@@ -25,9 +25,11 @@ fuzz_target!(|data: &[u8]| {
     };
     let content_type = CONTENT_TYPES[(headers & 3) as usize];
     let content_encoding = CONTENT_ENCODINGS[((headers >> 2) & 3) as usize];
-    if let Ok(decoded) =
-        decode_request(content_type, content_encoding, bytes::Bytes::copy_from_slice(body))
-    {
+    if let Ok(decoded) = decode_request(
+        content_type,
+        content_encoding,
+        bytes::Bytes::copy_from_slice(body),
+    ) {
         // What the receiver stores is read back by the protobuf importer.
         use prost::Message;
         let stored = decoded
