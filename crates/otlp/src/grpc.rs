@@ -21,6 +21,7 @@ use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, En
 use tonic::codegen::BoxFuture;
 use tonic::{Code, Request, Response, Status};
 
+use crate::decode::{decode_payload, DecodeError, PayloadEncoding};
 use crate::queue::{Outcome, Queue};
 use crate::status::RpcStatus;
 use crate::MAX_REQUEST_BYTES;
@@ -92,10 +93,7 @@ impl tonic::server::UnaryService<Decoded> for Export {
                 Decoded::Ok { message, raw } => (message, raw),
                 Decoded::Malformed { error, bytes } => {
                     queue.invalid(bytes);
-                    return Err(Status::new(
-                        Code::InvalidArgument,
-                        format!("not an OTLP ExportTraceServiceRequest: {error}"),
-                    ));
+                    return Err(Status::new(Code::InvalidArgument, error.to_string()));
                 }
             };
             let size = raw.len();
@@ -133,7 +131,7 @@ enum Decoded {
         raw: bytes::Bytes,
     },
     Malformed {
-        error: prost::DecodeError,
+        error: DecodeError,
         bytes: usize,
     },
 }
@@ -174,13 +172,19 @@ impl Decoder for RequestDecoder {
     type Error = Status;
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Decoded>, Status> {
+        // tonic has already taken the gRPC framing and gzip off.
         let raw = src.copy_to_bytes(src.remaining());
-        Ok(Some(match ExportTraceServiceRequest::decode(raw.clone()) {
-            Ok(message) => Decoded::Ok { message, raw },
-            Err(error) => Decoded::Malformed {
-                error,
-                bytes: raw.len(),
+        Ok(Some(
+            match decode_payload(PayloadEncoding::Protobuf, raw.clone()) {
+                Ok(decoded) => Decoded::Ok {
+                    message: decoded.request,
+                    raw,
+                },
+                Err(error) => Decoded::Malformed {
+                    error,
+                    bytes: raw.len(),
+                },
             },
-        }))
+        ))
     }
 }

@@ -27,6 +27,7 @@
 //! calls. The spans folder is created on the first span, not before: a
 //! recorder that wants an empty run folder can start the receiver first.
 
+pub mod decode;
 mod grpc;
 mod http;
 mod queue;

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{self, TryRecvError};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use deepspan_spans::{ExportTraceServiceRequest, SpanWriter};
@@ -193,6 +194,10 @@ impl Queue {
         self.unpaused.notify_all();
     }
 
+    fn is_paused(&self) -> bool {
+        *lock(&self.paused)
+    }
+
     fn wait_while_paused(&self) {
         let mut paused = lock(&self.paused);
         while *paused {
@@ -226,16 +231,63 @@ impl Queue {
     }
 }
 
+/// Longest time an appended request stays in the writer's buffer: after
+/// it, the writer flushes to the OS (no fsync), so a process killed with
+/// SIGKILL loses at most this much of what it acknowledged, and a reader of
+/// the run sees spans this soon.
+pub(crate) const MAX_FLUSH_DELAY: Duration = Duration::from_millis(500);
+
+/// Under steady load the queue never runs empty, so the writer flushes
+/// every so many records as well, bounding what a crash could lose in count.
+const MAX_UNFLUSHED_RECORDS: u64 = 64;
+
+/// When the writer must flush although more requests are waiting.
+struct FlushPolicy {
+    /// When the oldest unflushed record was appended, if there is one.
+    oldest_unflushed: Option<Instant>,
+    unflushed_records: u64,
+}
+
+impl FlushPolicy {
+    fn new() -> FlushPolicy {
+        FlushPolicy {
+            oldest_unflushed: None,
+            unflushed_records: 0,
+        }
+    }
+
+    fn appended(&mut self, now: Instant) {
+        self.oldest_unflushed.get_or_insert(now);
+        self.unflushed_records += 1;
+    }
+
+    fn flushed(&mut self) {
+        self.oldest_unflushed = None;
+        self.unflushed_records = 0;
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.unflushed_records >= MAX_UNFLUSHED_RECORDS
+            || self
+                .oldest_unflushed
+                .is_some_and(|t| now.saturating_duration_since(t) >= MAX_FLUSH_DELAY)
+    }
+}
+
 /// The writer thread: takes requests off the queue in order and appends
 /// them to one span file, created on the first request. Spans count as
-/// written once flushed; a failed write or flush counts the spans it lost as
-/// dropped and starts a new file for the next request (the old one keeps
-/// every complete record before the failure).
+/// written once flushed: when the queue runs empty, before the writer is
+/// paused, and at the latest [`MAX_FLUSH_DELAY`] after they were appended.
+/// A failed write or flush counts the spans it lost as dropped and starts a
+/// new file for the next request (the old one keeps every complete record
+/// before the failure).
 pub(crate) fn run_writer(run_dir: &Path, jobs: mpsc::Receiver<Job>, queue: &Queue) {
     let mut out: Option<SpanWriter> = None;
     // Spans appended since the last flush: written only once flushed.
     let mut unflushed: u64 = 0;
-    let flush = |out: &mut Option<SpanWriter>, unflushed: &mut u64| {
+    let mut policy = FlushPolicy::new();
+    let flush = |out: &mut Option<SpanWriter>, unflushed: &mut u64, policy: &mut FlushPolicy| {
+        policy.flushed();
         let Some(w) = out.as_mut() else { return };
         match w.flush() {
             Ok(()) => {
@@ -253,7 +305,7 @@ pub(crate) fn run_writer(run_dir: &Path, jobs: mpsc::Receiver<Job>, queue: &Queu
             Ok(job) => job,
             Err(TryRecvError::Empty) => {
                 // Idle: make what was written visible to readers before waiting.
-                flush(&mut out, &mut unflushed);
+                flush(&mut out, &mut unflushed, &mut policy);
                 match jobs.recv() {
                     Ok(job) => job,
                     Err(_) => break,
@@ -261,7 +313,11 @@ pub(crate) fn run_writer(run_dir: &Path, jobs: mpsc::Receiver<Job>, queue: &Queu
             }
             Err(TryRecvError::Disconnected) => break,
         };
-        queue.wait_while_paused();
+        if queue.is_paused() {
+            // A pause may last; what is already written must not wait for it.
+            flush(&mut out, &mut unflushed, &mut policy);
+            queue.wait_while_paused();
+        }
         let result = match out.as_mut() {
             Some(w) => w.append_encoded(&job.encoded),
             None => SpanWriter::create(run_dir).and_then(|mut w| {
@@ -273,9 +329,10 @@ pub(crate) fn run_writer(run_dir: &Path, jobs: mpsc::Receiver<Job>, queue: &Queu
         match result {
             Ok(()) => {
                 unflushed += job.spans;
-                // Under steady load the idle flush never comes; bound what a crash could lose.
-                if out.as_ref().is_some_and(|w| w.records() % 64 == 0) {
-                    flush(&mut out, &mut unflushed);
+                let now = Instant::now();
+                policy.appended(now);
+                if policy.due(now) {
+                    flush(&mut out, &mut unflushed, &mut policy);
                 }
             }
             Err(e) => {
@@ -287,5 +344,75 @@ pub(crate) fn run_writer(run_dir: &Path, jobs: mpsc::Receiver<Job>, queue: &Queu
         }
         queue.queued_bytes.fetch_sub(job.encoded.len(), Relaxed);
     }
-    flush(&mut out, &mut unflushed);
+    flush(&mut out, &mut unflushed, &mut policy);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_flushed_within_the_delay_even_under_steady_load() {
+        let start = Instant::now();
+        let mut policy = FlushPolicy::new();
+        assert!(
+            !policy.due(start + MAX_FLUSH_DELAY * 10),
+            "nothing to flush"
+        );
+        policy.appended(start);
+        // More records keep coming, but the oldest one sets the deadline.
+        let before = start + MAX_FLUSH_DELAY - Duration::from_millis(1);
+        policy.appended(before);
+        assert!(!policy.due(before));
+        assert!(policy.due(start + MAX_FLUSH_DELAY));
+        policy.flushed();
+        assert!(!policy.due(start + MAX_FLUSH_DELAY * 2));
+    }
+
+    #[test]
+    fn a_burst_of_records_is_flushed_by_count() {
+        let now = Instant::now();
+        let mut policy = FlushPolicy::new();
+        for _ in 1..MAX_UNFLUSHED_RECORDS {
+            policy.appended(now);
+            assert!(!policy.due(now));
+        }
+        policy.appended(now);
+        assert!(policy.due(now));
+    }
+
+    /// The writer flushes when the queue runs empty: what was acknowledged
+    /// is in the file while the receiver keeps running, before any shutdown.
+    #[test]
+    fn an_idle_writer_has_flushed_everything_it_wrote() {
+        let run = tempfile::tempdir().unwrap();
+        let (queue, jobs) = Queue::new(1 << 20);
+        let request = deepspan_spans::ExportTraceServiceRequest::default();
+        let encoded = Bytes::from(request.encode_to_vec());
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(|| run_writer(run.path(), jobs, &queue));
+            for _ in 0..3 {
+                assert!(matches!(
+                    queue.push(Job {
+                        encoded: encoded.clone(),
+                        spans: 1,
+                    }),
+                    Outcome::Accepted { .. }
+                ));
+            }
+            // Written counts only flushed spans; poll until the writer
+            // idles (the deadline only turns a broken writer into a failure).
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while queue.stats().spans_written < 3 {
+                assert!(!writer.is_finished() && Instant::now() < deadline);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let file = run.path().join("spans/otlp-000.pb");
+            let records: Vec<_> = deepspan_spans::store::RecordReader::open(&file)
+                .unwrap()
+                .collect();
+            assert_eq!(records.len(), 3);
+            queue.close();
+        });
+    }
 }

@@ -174,8 +174,10 @@ fn effective_times(spans: &[Span], tree: &Tree, adjust: bool) -> (Vec<u64>, Vec<
                     shift[i] += ps as i128 + latency - cs;
                 }
             }
-            start[i] = (spans[i].start_ns as i128 + shift[i]).max(0) as u64;
-            end[i] = (spans[i].end_ns as i128 + shift[i]).max(0) as u64;
+            // Clamped to the u64 range both ways, so a shift never reorders start and end.
+            let shifted = |t: u64| (t as i128 + shift[i]).clamp(0, u64::MAX as i128) as u64;
+            start[i] = shifted(spans[i].start_ns);
+            end[i] = shifted(spans[i].end_ns);
         }
         stack.extend(tree.children[i].iter().rev());
     }
@@ -503,4 +505,46 @@ pub fn self_time_stats(traces: &[Trace], key: impl Fn(&Span) -> Option<String>) 
         }
     }
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{Attributes, Resource, Value};
+
+    fn on_host(mut span: Span, host: &str) -> Span {
+        span.resource = Arc::new(Resource::new(Attributes(vec![(
+            "host.name".into(),
+            Value::String(host.into()),
+        )])));
+        span
+    }
+
+    /// A skew shift towards the end of the u64 range used to wrap a span's
+    /// end past zero (end before start), which put sections far outside the
+    /// root. Clamped, every section stays within the root.
+    #[test]
+    fn a_skew_shift_near_the_end_of_time_keeps_sections_in_the_root() {
+        let t = TraceId(1);
+        let top = u64::MAX;
+        let spans = vec![
+            on_host(Span::new(t, SpanId(1), None, "r", top - 100, top - 1), "a"),
+            // Another host, outside its parent: shifted by about 2^64.
+            on_host(Span::new(t, SpanId(2), Some(SpanId(1)), "c", 0, 50), "b"),
+            // Same host as c: shifted alike; its end would pass u64::MAX.
+            on_host(Span::new(t, SpanId(3), Some(SpanId(2)), "g", 0, 100), "b"),
+            on_host(Span::new(t, SpanId(4), Some(SpanId(3)), "k", 10, 20), "c"),
+        ];
+        let trace = Trace { trace_id: t, spans };
+        let sections = critical_path(&trace, CriticalPathOptions::default());
+        assert!(!sections.is_empty());
+        for s in &sections {
+            assert!(
+                s.start_ns < s.end_ns && s.start_ns >= top - 100 && s.end_ns < top,
+                "{s:?}"
+            );
+        }
+    }
 }

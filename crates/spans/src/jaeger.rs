@@ -9,7 +9,13 @@
 //! - tags `span.kind`, `otel.status_code`, `otel.status_description`,
 //!   `error`, `otel.scope.name`/`otel.library.name`, `otel.scope.version`,
 //!   `w3c.tracestate` become the span's kind, status, scope and trace state;
-//! - a log's `event` field is the event name.
+//! - a log's `event` field is the event name;
+//! - ids are read with [`TraceId::from_text`] / [`SpanId::from_text`]: hex as
+//!   numbers, other strings (Jaeger UI takes ids as opaque strings; its test
+//!   traces use "span-A") hashed to stable ids, the original text kept in
+//!   `deepspan.original_trace_id` / `deepspan.original_span_id` /
+//!   `deepspan.original_parent_span_id` (on links for the ids they point
+//!   to), and one note per file says how many strings were mapped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -132,6 +138,7 @@ pub(crate) fn parse_jaeger_value(doc: Json, source_name: &str) -> Result<Import,
     let mut resources: HashMap<String, Arc<Resource>> = HashMap::new();
     let empty_scope = Arc::new(Scope::default());
     let mut scopes: HashMap<(String, String), Arc<Scope>> = HashMap::new();
+    let mut mapped = MappedIds::default();
     for (ti, t) in traces.into_iter().enumerate() {
         let tloc = if prefix.is_empty() && ti == 0 {
             String::new()
@@ -156,24 +163,38 @@ pub(crate) fn parse_jaeger_value(doc: Json, source_name: &str) -> Result<Import,
                 .as_deref()
                 .or(trace._trace_id.as_deref())
                 .unwrap_or("");
-            let trace_id = TraceId::from_hex(trace_hex)
-                .filter(|t| t.0 != 0)
-                .ok_or_else(|| {
+            let (trace_id, trace_how) = TraceId::from_text(trace_hex)
+                .and_then(|(t, how)| {
+                    if t.0 == 0 {
+                        Err("the trace id is zero".to_string())
+                    } else {
+                        Ok((t, how))
+                    }
+                })
+                .map_err(|why| {
                     Error::invalid(
                         source_name,
                         FORMAT,
                         loc("traceID"),
-                        format!("not a non-zero hex trace id: {trace_hex:?}"),
+                        format!("not a usable trace id: {trace_hex:?}: {why}"),
                     )
                 })?;
-            let span_id = SpanId::from_hex(&js.span_id).ok_or_else(|| {
+            let (span_id, span_how) = SpanId::from_text(&js.span_id).map_err(|why| {
                 Error::invalid(
                     source_name,
                     FORMAT,
                     loc("spanID"),
-                    format!("not a hex span id: {:?}", js.span_id),
+                    format!("not a usable span id: {:?}: {why}", js.span_id),
                 )
             })?;
+            // (attribute, original text) for the ids read as opaque strings.
+            let mut originals: Vec<(&str, String)> = Vec::new();
+            if mapped.record(trace_hex, trace_how) {
+                originals.push((ATTR_ORIGINAL_TRACE_ID, trace_hex.to_string()));
+            }
+            if mapped.record(&js.span_id, span_how) {
+                originals.push((ATTR_ORIGINAL_SPAN_ID, js.span_id.clone()));
+            }
             let start_us = micros(&js.start_time).ok_or_else(|| {
                 Error::invalid(
                     source_name,
@@ -194,25 +215,35 @@ pub(crate) fn parse_jaeger_value(doc: Json, source_name: &str) -> Result<Import,
             // Parent per Jaeger's ParentSpanID(): first CHILD_OF in the same trace, else first FOLLOWS_FROM.
             let mut refs = Vec::with_capacity(js.references.len());
             for (ri, r) in js.references.iter().enumerate() {
+                let mut ref_originals = Vec::new();
                 let rt = match r.trace_id.as_deref() {
                     None | Some("") => trace_id,
-                    Some(h) => TraceId::from_hex(h).ok_or_else(|| {
-                        Error::invalid(
-                            source_name,
-                            FORMAT,
-                            loc(&format!("references[{ri}].traceID")),
-                            format!("not a hex trace id: {h:?}"),
-                        )
-                    })?,
+                    Some(text) => {
+                        let (id, how) = TraceId::from_text(text).map_err(|why| {
+                            Error::invalid(
+                                source_name,
+                                FORMAT,
+                                loc(&format!("references[{ri}].traceID")),
+                                format!("not a usable trace id: {text:?}: {why}"),
+                            )
+                        })?;
+                        if mapped.record(text, how) {
+                            ref_originals.push((ATTR_ORIGINAL_TRACE_ID, text.to_string()));
+                        }
+                        id
+                    }
                 };
-                let rs = SpanId::from_hex(&r.span_id).ok_or_else(|| {
+                let (rs, rs_how) = SpanId::from_text(&r.span_id).map_err(|why| {
                     Error::invalid(
                         source_name,
                         FORMAT,
                         loc(&format!("references[{ri}].spanID")),
-                        format!("not a hex span id: {:?}", r.span_id),
+                        format!("not a usable span id: {:?}: {why}", r.span_id),
                     )
                 })?;
+                if mapped.record(&r.span_id, rs_how) {
+                    ref_originals.push((ATTR_ORIGINAL_SPAN_ID, r.span_id.clone()));
+                }
                 let follows = match r.ref_type.to_ascii_uppercase().as_str() {
                     "CHILD_OF" => false,
                     "FOLLOWS_FROM" => true,
@@ -225,25 +256,39 @@ pub(crate) fn parse_jaeger_value(doc: Json, source_name: &str) -> Result<Import,
                         ))
                     }
                 };
-                refs.push((rt, rs, follows));
+                refs.push((rt, rs, follows, ref_originals));
             }
             let parent_ref = refs
                 .iter()
                 .position(|r| r.0 == trace_id && !r.2)
                 .or_else(|| refs.iter().position(|r| r.0 == trace_id && r.2));
             let parent_span_id = parent_ref.map(|i| refs[i].1);
+            if let Some(original) = parent_ref.and_then(|i| {
+                refs[i]
+                    .3
+                    .iter()
+                    .find(|(attr, _)| *attr == ATTR_ORIGINAL_SPAN_ID)
+            }) {
+                originals.push((ATTR_ORIGINAL_PARENT_SPAN_ID, original.1.clone()));
+            }
             let links = refs
                 .iter()
                 .enumerate()
                 .filter(|(i, r)| Some(*i) != parent_ref || r.2)
-                .map(|(_, r)| Link {
-                    trace_id: r.0,
-                    span_id: r.1,
-                    trace_state: String::new(),
-                    attributes: Attributes(vec![(
+                .map(|(_, r)| {
+                    let mut attributes = Attributes(vec![(
                         ATTR_REF_TYPE.to_string(),
                         Value::String(if r.2 { "follows_from" } else { "child_of" }.to_string()),
-                    )]),
+                    )]);
+                    for (attr, text) in &r.3 {
+                        attributes.insert(*attr, Value::String(text.clone()));
+                    }
+                    Link {
+                        trace_id: r.0,
+                        span_id: r.1,
+                        trace_state: String::new(),
+                        attributes,
+                    }
                 })
                 .collect();
 
@@ -308,6 +353,9 @@ pub(crate) fn parse_jaeger_value(doc: Json, source_name: &str) -> Result<Import,
             {
                 status.code = StatusCode::Error;
                 attributes.remove("error");
+            }
+            for (attr, text) in originals {
+                attributes.insert(attr, Value::String(text));
             }
             let trace_state = attributes
                 .remove("w3c.tracestate")
@@ -387,6 +435,7 @@ pub(crate) fn parse_jaeger_value(doc: Json, source_name: &str) -> Result<Import,
             import.spans.push(span);
         }
     }
+    import.warnings.extend(mapped.note(source_name));
     Ok(import)
 }
 

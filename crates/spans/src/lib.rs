@@ -33,7 +33,7 @@ pub use critical_path::{
 };
 pub use error::Error;
 pub use jaeger::parse_jaeger_json;
-pub use model::{Span, SpanId, SpanKind, TraceId};
+pub use model::{IdText, Span, SpanId, SpanKind, TraceId};
 pub use otlp::{parse_otlp_json, parse_otlp_protobuf, request_from_spans};
 pub use store::{read_run_spans, SpanWriter};
 pub use zipkin::parse_zipkin_json;

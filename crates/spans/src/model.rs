@@ -63,6 +63,105 @@ impl SpanId {
     }
 }
 
+/// Most bytes an id string may have to be taken as an opaque id; longer ones
+/// are errors (no tracer writes them; they are corruption or a wrong field).
+pub const MAX_ID_TEXT_BYTES: usize = 256;
+
+/// How an id written as text became an id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdText {
+    /// 1 to 32 (trace) or 16 (span) hex digits, any case, read as a number.
+    Hex,
+    /// Anything else: an opaque string, hashed (see [`TraceId::from_text`]).
+    Mapped,
+}
+
+/// Seeds of the id hash, one per id kind, so a string used as both a trace
+/// and a span id does not give related ids.
+const TRACE_ID_SEED: u64 = 0x6465_6570_7370_616e; // "deepspan"
+const SPAN_ID_SEED: u64 = 0x7370_616e_6964_2121; // "spanid!!"
+
+impl TraceId {
+    /// A trace id written as text, as Jaeger and Zipkin JSON and OTLP/JSON
+    /// write it. Hex ids (1 to 32 digits, zero-extended) are read as
+    /// numbers. Any other non-empty string of at most [`MAX_ID_TEXT_BYTES`]
+    /// bytes is an opaque id, as Jaeger UI treats ids (its test traces use
+    /// "trace-abc"): it maps to the XXH3-128 hash of its UTF-8 bytes (seeded
+    /// per id kind). The same string thus gives the same id in every file and
+    /// run, references map through the same function as the ids they point
+    /// to, and a mapped id meets a real one with probability 2^-128 per pair.
+    /// Errors say why, for the caller to locate.
+    pub fn from_text(s: &str) -> Result<(TraceId, IdText), String> {
+        if let Some(id) = TraceId::from_hex(s) {
+            return Ok((id, IdText::Hex));
+        }
+        check_opaque(s)?;
+        let h = twox_hash::XxHash3_128::oneshot_with_seed(TRACE_ID_SEED, s.as_bytes());
+        // Zero means "no id" in OTLP; the hash gives it with probability 2^-128.
+        Ok((TraceId(h.max(1)), IdText::Mapped))
+    }
+}
+
+impl SpanId {
+    /// A span id written as text: hex (1 to 16 digits) as a number, any
+    /// other string as an opaque id hashed with XXH3-64; see
+    /// [`TraceId::from_text`] for the rules and why.
+    pub fn from_text(s: &str) -> Result<(SpanId, IdText), String> {
+        if let Some(id) = SpanId::from_hex(s) {
+            return Ok((id, IdText::Hex));
+        }
+        check_opaque(s)?;
+        let h = twox_hash::XxHash3_64::oneshot_with_seed(SPAN_ID_SEED, s.as_bytes());
+        Ok((SpanId(h.max(1)), IdText::Mapped))
+    }
+}
+
+fn check_opaque(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("the id is empty".into());
+    }
+    if s.len() > MAX_ID_TEXT_BYTES {
+        return Err(format!(
+            "the id is {} bytes long; ids of more than {MAX_ID_TEXT_BYTES} bytes are refused",
+            s.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Attributes that keep the original text of ids mapped by
+/// [`TraceId::from_text`] / [`SpanId::from_text`] (on the span, or on a link
+/// for the ids it points to).
+pub const ATTR_ORIGINAL_TRACE_ID: &str = "deepspan.original_trace_id";
+pub const ATTR_ORIGINAL_SPAN_ID: &str = "deepspan.original_span_id";
+pub const ATTR_ORIGINAL_PARENT_SPAN_ID: &str = "deepspan.original_parent_span_id";
+
+/// Counts the distinct id strings an importer mapped, for its one note per
+/// file.
+#[derive(Default)]
+pub(crate) struct MappedIds {
+    distinct: std::collections::BTreeSet<String>,
+}
+
+impl MappedIds {
+    /// Remembers `text` if it was mapped; `true` when it was.
+    pub(crate) fn record(&mut self, text: &str, how: IdText) -> bool {
+        if how == IdText::Mapped && !self.distinct.contains(text) {
+            self.distinct.insert(text.to_string());
+        }
+        how == IdText::Mapped
+    }
+
+    /// The note for `source_name`, if any id was mapped.
+    pub(crate) fn note(&self, source_name: &str) -> Option<String> {
+        let first = self.distinct.iter().next()?;
+        Some(format!(
+            "{source_name}: {} distinct span/trace id strings are not hex (e.g. {first:?}); read as opaque ids, as Jaeger UI does: each maps to a stable id (XXH3 hash of the string) and the original text is kept in the deepspan.original_trace_id / deepspan.original_span_id / deepspan.original_parent_span_id attributes",
+            self.distinct.len()
+        ))
+    }
+}
+
 fn parse_hex(s: &str, max_digits: usize) -> Option<u128> {
     if s.is_empty() || s.len() > max_digits || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;

@@ -1,6 +1,9 @@
 //! OTLP (OpenTelemetry protocol) in both encodings, through the
 //! `opentelemetry-proto` message types: protobuf (prost) and OTLP/JSON (its
-//! serde support: hex ids, 64-bit integers as strings or numbers).
+//! serde support: hex ids, 64-bit integers as strings or numbers). OTLP/JSON
+//! ids that are not 32/16 hex digits are read as in the other JSON formats
+//! ([`TraceId::from_text`]: short hex zero-extended, other strings mapped to
+//! stable ids with the original text kept, one note per file).
 
 use std::sync::Arc;
 
@@ -22,6 +25,7 @@ pub fn parse_otlp_json(bytes: &[u8], source_name: &str) -> Result<Import, Error>
         serde_json::Deserializer::from_slice(bytes).into_iter::<serde::de::IgnoredAny>();
     let mut start = 0;
     let mut record = 0;
+    let mut mapped = MappedIds::default();
     loop {
         match stream.next() {
             None => break,
@@ -32,8 +36,21 @@ pub fn parse_otlp_json(bytes: &[u8], source_name: &str) -> Result<Import, Error>
                 } else {
                     format!("{source_name} (JSON value {})", record + 1)
                 };
-                let req: ExportTraceServiceRequest =
-                    from_json(&bytes[start..end], &name, "OTLP/JSON")?;
+                let value = &bytes[start..end];
+                let req: ExportTraceServiceRequest = match from_json(value, &name, "OTLP/JSON") {
+                    Ok(req) => req,
+                    // Ids that are not hex of the OTLP length fail the typed
+                    // parse; only then is the value rewritten (the common
+                    // case pays nothing).
+                    Err(first_error) => match map_opaque_ids(value, &mut mapped) {
+                        Some(rewritten) => from_json(
+                            &rewritten,
+                            &format!("{name} (with opaque ids mapped; the path is exact, line and column are not)"),
+                            "OTLP/JSON",
+                        )?,
+                        None => return Err(first_error),
+                    },
+                };
                 spans_from_request(&req, &name, "OTLP/JSON", &mut import)?;
                 start = end;
                 record += 1;
@@ -56,7 +73,94 @@ pub fn parse_otlp_json(bytes: &[u8], source_name: &str) -> Result<Import, Error>
             "no JSON value",
         ));
     }
+    import.warnings.extend(mapped.note(source_name));
     Ok(import)
+}
+
+/// Rewrites the ids of one OTLP/JSON request that are not hex of the OTLP
+/// length (32 digits for trace ids, 16 for span ids) to that form, through
+/// [`TraceId::from_text`] / [`SpanId::from_text`] as the other importers do,
+/// and keeps the original text of opaque ids in `deepspan.original_*`
+/// attributes of the span or link. `None` when nothing was rewritten (the
+/// first parse error then stands).
+fn map_opaque_ids(value: &[u8], mapped: &mut MappedIds) -> Option<Vec<u8>> {
+    use serde_json::Value as J;
+    let mut doc: J = serde_json::from_slice(value).ok()?;
+    let mut changed = false;
+    // Rewrites `object[key]`; returns the original text when it was opaque.
+    let mut fix = |object: &mut serde_json::Map<String, J>, key: &str, trace: bool| {
+        let text = object.get(key)?.as_str()?;
+        let digits = if trace { 32 } else { 16 };
+        if text.is_empty() || (text.len() == digits && text.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return None;
+        }
+        let (hex, how) = if trace {
+            let (id, how) = TraceId::from_text(text).ok()?;
+            (id.to_string(), how)
+        } else {
+            let (id, how) = SpanId::from_text(text).ok()?;
+            (id.to_string(), how)
+        };
+        let original = mapped.record(text, how).then(|| text.to_string());
+        object.insert(key.to_string(), J::String(hex));
+        changed = true;
+        original
+    };
+    let keep = |object: &mut serde_json::Map<String, J>, originals: Vec<(&str, String)>| {
+        if originals.is_empty() {
+            return;
+        }
+        let attributes = object
+            .entry("attributes")
+            .or_insert_with(|| J::Array(Vec::new()));
+        if let J::Array(list) = attributes {
+            for (key, text) in originals {
+                list.push(serde_json::json!({"key": key, "value": {"stringValue": text}}));
+            }
+        }
+    };
+    let spans = doc
+        .get_mut("resourceSpans")?
+        .as_array_mut()?
+        .iter_mut()
+        .filter_map(|rs| rs.get_mut("scopeSpans")?.as_array_mut())
+        .flatten()
+        .filter_map(|ss| ss.get_mut("spans")?.as_array_mut())
+        .flatten()
+        .filter_map(J::as_object_mut);
+    for span in spans {
+        let mut originals = Vec::new();
+        for (key, trace, attribute) in [
+            ("traceId", true, ATTR_ORIGINAL_TRACE_ID),
+            ("spanId", false, ATTR_ORIGINAL_SPAN_ID),
+            ("parentSpanId", false, ATTR_ORIGINAL_PARENT_SPAN_ID),
+        ] {
+            if let Some(text) = fix(span, key, trace) {
+                originals.push((attribute, text));
+            }
+        }
+        let links = span
+            .get_mut("links")
+            .and_then(J::as_array_mut)
+            .into_iter()
+            .flatten()
+            .filter_map(J::as_object_mut);
+        for link in links {
+            let mut link_originals = Vec::new();
+            for (key, trace, attribute) in [
+                ("traceId", true, ATTR_ORIGINAL_TRACE_ID),
+                ("spanId", false, ATTR_ORIGINAL_SPAN_ID),
+            ] {
+                if let Some(text) = fix(link, key, trace) {
+                    link_originals.push((attribute, text));
+                }
+            }
+            keep(link, link_originals);
+        }
+        keep(span, originals);
+    }
+    changed.then(|| serde_json::to_vec(&doc).ok()).flatten()
 }
 
 /// Parses one binary protobuf `ExportTraceServiceRequest`.

@@ -9,8 +9,9 @@
 //! - several writers (receiver, importer, a later session) never share a
 //!   file: each [`SpanWriter`] creates the next free `NNN`;
 //! - a writer killed mid-record leaves a truncated last record, which the
-//!   reader reports as an error naming the file and byte offset, after
-//!   yielding every complete record before it.
+//!   reader skips with a note naming the file, byte offset and sizes, after
+//!   yielding every complete record before it; a record that is complete
+//!   but does not decode is an error naming file and offset.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -139,24 +140,49 @@ pub fn span_files(run_dir: &Path) -> Result<Vec<PathBuf>, Error> {
 }
 
 /// Streams the records of one length-delimited file.
-pub struct RecordReader {
+///
+/// A writer killed mid-record (SIGKILL, power loss) leaves a truncated last
+/// record: it is skipped with a note in [`RecordReader::warnings`] (file,
+/// byte offset, bytes present and expected), after every complete record.
+/// Anything else that does not decode is an error naming file and offset.
+pub struct RecordReader<R: Read = BufReader<File>> {
     path: PathBuf,
-    input: BufReader<File>,
+    input: R,
     offset: u64,
     index: u64,
     done: bool,
+    /// Non-fatal problems: a truncated last record.
+    pub warnings: Vec<String>,
 }
+
+/// Records longer than this are not something deepspan writes (the receiver
+/// takes requests of at most 16 MiB): the length is corruption.
+const MAX_RECORD_BYTES: u64 = 1 << 31;
 
 impl RecordReader {
     pub fn open(path: &Path) -> Result<RecordReader, Error> {
         let f = File::open(path).map_err(|e| Error::io(path, "cannot open span file", e))?;
-        Ok(RecordReader {
-            path: path.to_path_buf(),
-            input: BufReader::new(f),
+        Ok(RecordReader::from_reader(path, BufReader::new(f)))
+    }
+}
+
+impl<R: Read> RecordReader<R> {
+    /// Records from any reader (bytes in memory, a pipe); `name` stands for
+    /// the file in errors and notes.
+    pub fn from_reader(name: &Path, input: R) -> RecordReader<R> {
+        RecordReader {
+            path: name.to_path_buf(),
+            input,
             offset: 0,
             index: 0,
             done: false,
-        })
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Where the next record starts: its byte offset in the file.
+    pub fn offset(&self) -> u64 {
+        self.offset
     }
 
     fn bad(&self, reason: String) -> Error {
@@ -167,9 +193,19 @@ impl RecordReader {
             reason,
         )
     }
+
+    fn truncated(&mut self, present: u64, expected: String) {
+        self.done = true;
+        self.warnings.push(format!(
+            "{}: the last record (record {}, at byte {}) is truncated: {present} bytes present, {expected}; the writer probably stopped mid-write; skipped (every record before it is read)",
+            self.path.display(),
+            self.index,
+            self.offset
+        ));
+    }
 }
 
-impl Iterator for RecordReader {
+impl<R: Read> Iterator for RecordReader<R> {
     type Item = Result<ExportTraceServiceRequest, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -188,11 +224,8 @@ impl Iterator for RecordReader {
                     return None;
                 }
                 Ok(0) => {
-                    self.done = true;
-                    return Some(Err(self.bad(
-                        "file ends inside a record length (the writer probably stopped mid-write)"
-                            .into(),
-                    )));
+                    self.truncated(header, "the record length is incomplete".into());
+                    return None;
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -212,20 +245,25 @@ impl Iterator for RecordReader {
                 return Some(Err(self.bad("record length is not a valid varint".into())));
             }
         }
-        if len > 1 << 31 {
+        if len > MAX_RECORD_BYTES {
             self.done = true;
             return Some(Err(self.bad(format!(
                 "record length {len} is implausible (over 2 GiB): not a span file, or corrupted"
             ))));
         }
-        let mut buf = vec![0u8; len as usize];
-        if let Err(e) = self.input.read_exact(&mut buf) {
+        // The buffer grows with the bytes really read, never to what the
+        // length field claims: a corrupt length costs no memory.
+        let mut buf = Vec::new();
+        if let Err(e) = (&mut self.input).take(len).read_to_end(&mut buf) {
             self.done = true;
-            return Some(Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                self.bad(format!("file ends inside a record of {len} bytes (the writer probably stopped mid-write)"))
-            } else {
-                Error::io(&self.path, "cannot read span file", e)
-            }));
+            return Some(Err(Error::io(&self.path, "cannot read span file", e)));
+        }
+        if (buf.len() as u64) < len {
+            self.truncated(
+                header + buf.len() as u64,
+                format!("the record needs {}", header + len),
+            );
+            return None;
         }
         let item = ExportTraceServiceRequest::decode(buf.as_slice())
             .map_err(|e| self.bad(format!("not an OTLP ExportTraceServiceRequest: {e}")));
@@ -243,7 +281,8 @@ pub struct RunSpans {
     files: std::vec::IntoIter<PathBuf>,
     current: Option<(RecordReader, String)>,
     pending: std::vec::IntoIter<Span>,
-    /// Non-fatal problems seen so far (times clamped, links dropped).
+    /// Non-fatal problems seen so far (times clamped, links dropped, a
+    /// truncated last record skipped).
     pub warnings: Vec<String>,
 }
 
@@ -274,7 +313,10 @@ impl Iterator for RunSpans {
             }
             let (reader, name) = self.current.as_mut().expect("set above");
             match reader.next() {
-                None => self.current = None,
+                None => {
+                    self.warnings.append(&mut reader.warnings);
+                    self.current = None;
+                }
                 Some(Err(e)) => {
                     self.current = None;
                     return Some(Err(e));

@@ -63,7 +63,9 @@ pub fn spans_from_events(events: impl IntoIterator<Item = UstSpanEvent>) -> UstS
     let mut pairs: Vec<(usize, UstSpanEvent, UstSpanEvent)> = Vec::new();
     for e in events {
         match &e {
-            UstSpanEvent::Start { trace_id, span_id, .. } => {
+            UstSpanEvent::Start {
+                trace_id, span_id, ..
+            } => {
                 let key = (*trace_id, *span_id);
                 match ends.remove(&key) {
                     Some(end) => pairs.push((order, e, end)),
@@ -73,7 +75,9 @@ pub fn spans_from_events(events: impl IntoIterator<Item = UstSpanEvent>) -> UstS
                 }
                 order += 1;
             }
-            UstSpanEvent::End { trace_id, span_id, .. } => {
+            UstSpanEvent::End {
+                trace_id, span_id, ..
+            } => {
                 let key = (*trace_id, *span_id);
                 match open.remove(&key) {
                     Some((start, at)) => pairs.push((at, start, e)),
@@ -92,8 +96,21 @@ pub fn spans_from_events(events: impl IntoIterator<Item = UstSpanEvent>) -> UstS
     let mut resources: HashMap<Option<i32>, Arc<Resource>> = HashMap::new();
     for (_, start, end) in pairs {
         let (
-            UstSpanEvent::Start { trace_id, span_id, parent_span_id, op_name, start_time_us, tid, pid, ts: start_ts },
-            UstSpanEvent::End { duration_us, ts: end_ts, .. },
+            UstSpanEvent::Start {
+                trace_id,
+                span_id,
+                parent_span_id,
+                op_name,
+                start_time_us,
+                tid,
+                pid,
+                ts: start_ts,
+            },
+            UstSpanEvent::End {
+                duration_us,
+                ts: end_ts,
+                ..
+            },
         ) = (start, end)
         else {
             unreachable!("pairs hold a start and an end")
@@ -109,7 +126,11 @@ pub fn spans_from_events(events: impl IntoIterator<Item = UstSpanEvent>) -> UstS
             start_ns.saturating_add(duration_us.saturating_mul(1000)),
         );
         // The paper's spans are server-side units of work: a root is a request.
-        span.kind = if parent.is_none() { SpanKind::Server } else { SpanKind::Internal };
+        span.kind = if parent.is_none() {
+            SpanKind::Server
+        } else {
+            SpanKind::Internal
+        };
         span.resource = resources
             .entry(pid)
             .or_insert_with(|| {
@@ -161,8 +182,10 @@ fn set_sync(span: &mut Span, tid: Option<u32>, start_ts: u64, end_ts: u64) {
     if let Some(tid) = tid {
         span.attributes.insert(ATTR_TID, Value::Int(i64::from(tid)));
     }
-    span.attributes.insert(ATTR_MONO_START, Value::Int(start_ts as i64));
-    span.attributes.insert(ATTR_MONO_END, Value::Int(end_ts as i64));
+    span.attributes
+        .insert(ATTR_MONO_START, Value::Int(start_ts as i64));
+    span.attributes
+        .insert(ATTR_MONO_END, Value::Int(end_ts as i64));
     span.refresh_sync();
 }
 
@@ -184,7 +207,13 @@ mod tests {
     }
 
     fn end(span: u64, ts: u64, dur_us: u64) -> UstSpanEvent {
-        UstSpanEvent::End { trace_id: 7, span_id: span, duration_us: dur_us, tid: Some(1), ts }
+        UstSpanEvent::End {
+            trace_id: 7,
+            span_id: span,
+            duration_us: dur_us,
+            tid: Some(1),
+            ts,
+        }
     }
 
     #[test]
@@ -206,7 +235,10 @@ mod tests {
         assert_eq!(root.resource.service_name, "pid 100");
         assert_eq!((root.start_ns, root.end_ns), (1_000, 9_000)); // µs → ns
         assert_eq!(root.sync.tid, Some(11));
-        assert_eq!((root.sync.mono_start_ns, root.sync.mono_end_ns), (Some(1_000), Some(9_000)));
+        assert_eq!(
+            (root.sync.mono_start_ns, root.sync.mono_end_ns),
+            (Some(1_000), Some(9_000))
+        );
         assert_eq!(got.spans[1].parent_span_id, Some(SpanId(1)));
         assert!(root.sync.problems.is_empty());
     }

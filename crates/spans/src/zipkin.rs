@@ -21,6 +21,9 @@
 //!   dropped, with a warning naming how many and which.
 //! - **No duration.** The span ends at its last annotation, or is
 //!   zero-length; a warning counts them.
+//! - **Ids that are not hex** are opaque strings mapped to stable ids with
+//!   the original text kept, as in the Jaeger importer
+//!   ([`TraceId::from_text`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -144,6 +147,7 @@ pub(crate) fn parse_zipkin_value(doc: Json, source_name: &str) -> Result<Import,
     let mut import = Import::new(Format::ZipkinJson);
     let mut resources: HashMap<String, Arc<Resource>> = HashMap::new();
     let scope = Arc::new(Scope::default());
+    let mut mapped = MappedIds::default();
     for (prefix, spans) in groups {
         let mut zspans = Vec::with_capacity(spans.len());
         for (i, v) in spans.into_iter().enumerate() {
@@ -162,33 +166,42 @@ pub(crate) fn parse_zipkin_value(doc: Json, source_name: &str) -> Result<Import,
         // Traces are independent: merge and de-duplicate per trace id.
         let mut by_trace: Vec<(TraceId, Vec<ZSpan>)> = Vec::new();
         for z in zspans {
-            let t = TraceId::from_hex(&z.trace_id)
-                .filter(|t| t.0 != 0)
-                .ok_or_else(|| {
+            let (t, trace_how) = TraceId::from_text(&z.trace_id)
+                .and_then(|(t, how)| {
+                    if t.0 == 0 {
+                        Err("the trace id is zero".to_string())
+                    } else {
+                        Ok((t, how))
+                    }
+                })
+                .map_err(|why| {
                     Error::invalid(
                         source_name,
                         FORMAT,
                         format!("{prefix}[{}].traceId", z.index),
-                        format!("not a 16 or 32 digit hex trace id: {:?}", z.trace_id),
+                        format!("not a usable trace id: {:?}: {why}", z.trace_id),
                     )
                 })?;
-            SpanId::from_hex(&z.id).ok_or_else(|| {
+            mapped.record(&z.trace_id, trace_how);
+            let (_, span_how) = SpanId::from_text(&z.id).map_err(|why| {
                 Error::invalid(
                     source_name,
                     FORMAT,
                     format!("{prefix}[{}].id", z.index),
-                    format!("not a hex span id: {:?}", z.id),
+                    format!("not a usable span id: {:?}: {why}", z.id),
                 )
             })?;
+            mapped.record(&z.id, span_how);
             if let Some(p) = &z.parent_id {
-                SpanId::from_hex(p).ok_or_else(|| {
+                let (_, parent_how) = SpanId::from_text(p).map_err(|why| {
                     Error::invalid(
                         source_name,
                         FORMAT,
                         format!("{prefix}[{}].parentId", z.index),
-                        format!("not a hex span id: {p:?}"),
+                        format!("not a usable span id: {p:?}: {why}"),
                     )
                 })?;
+                mapped.record(p, parent_how);
             }
             match by_trace.iter_mut().find(|(id, _)| *id == t) {
                 Some((_, v)) => v.push(z),
@@ -207,7 +220,21 @@ pub(crate) fn parse_zipkin_value(doc: Json, source_name: &str) -> Result<Import,
             );
         }
     }
+    import.warnings.extend(mapped.note(source_name));
     Ok(import)
+}
+
+/// The id of a span id string already checked by [`parse_zipkin_value`].
+fn checked_span_id(text: &str) -> SpanId {
+    SpanId::from_text(text)
+        .map(|(id, _)| id)
+        .unwrap_or_default()
+}
+
+/// The original text of an id read as an opaque string, for the
+/// `deepspan.original_*` attributes.
+fn mapped_span_text(text: &str) -> Option<&str> {
+    matches!(SpanId::from_text(text), Ok((_, IdText::Mapped))).then_some(text)
 }
 
 fn convert_trace(
@@ -264,13 +291,12 @@ fn convert_trace(
     // later ones get a derived id.
     let used: HashSet<u64> = timed
         .iter()
-        .filter_map(|(z, _, _)| SpanId::from_hex(&z.id))
-        .map(|s| s.0)
+        .map(|(z, _, _)| checked_span_id(&z.id).0)
         .collect();
     let mut taken: HashSet<u64> = HashSet::new();
     let mut assigned: Vec<(SpanId, Option<SpanId>)> = Vec::with_capacity(timed.len()); // (new id, original id if derived)
     for (z, _, _) in &timed {
-        let orig = SpanId::from_hex(&z.id).expect("validated");
+        let orig = checked_span_id(&z.id);
         if taken.insert(orig.0) {
             assigned.push((orig, None));
         } else {
@@ -314,7 +340,7 @@ fn convert_trace(
         } else {
             z.parent_id
                 .as_deref()
-                .and_then(SpanId::from_hex)
+                .map(checked_span_id)
                 .filter(|p| p.0 != 0)
                 .map(|p| {
                     let ip = z.local_endpoint.as_ref().and_then(|e| e.ipv4.clone());
@@ -378,6 +404,18 @@ fn convert_trace(
         if let Some(o) = orig {
             attributes.insert("zipkin.span_id", Value::String(o.to_string()));
         }
+        if matches!(TraceId::from_text(&z.trace_id), Ok((_, IdText::Mapped))) {
+            attributes.insert(ATTR_ORIGINAL_TRACE_ID, Value::String(z.trace_id.clone()));
+        }
+        if let Some(text) = mapped_span_text(&z.id) {
+            attributes.insert(ATTR_ORIGINAL_SPAN_ID, Value::String(text.to_string()));
+        }
+        if let Some(text) = z.parent_id.as_deref().and_then(mapped_span_text) {
+            attributes.insert(
+                ATTR_ORIGINAL_PARENT_SPAN_ID,
+                Value::String(text.to_string()),
+            );
+        }
         if z.is_shared() {
             attributes.insert("zipkin.shared", Value::Bool(true));
         }
@@ -430,8 +468,8 @@ fn convert_trace(
 /// the SERVER side that follows a CLIENT with the same id.
 fn merge(mut spans: Vec<ZSpan>) -> Vec<ZSpan> {
     spans.sort_by(|a, b| {
-        let ida = SpanId::from_hex(&a.id).map(|s| s.0).unwrap_or(0);
-        let idb = SpanId::from_hex(&b.id).map(|s| s.0).unwrap_or(0);
+        let ida = checked_span_id(&a.id).0;
+        let idb = checked_span_id(&b.id).0;
         ida.cmp(&idb)
             .then_with(|| shared_rank(a).cmp(&shared_rank(b)))
             .then_with(|| endpoint_key(a).cmp(&endpoint_key(b)))

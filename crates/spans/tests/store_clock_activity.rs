@@ -69,37 +69,120 @@ fn run_storage_round_trip_and_append() {
     assert_eq!(one.spans, originals[..3].to_vec());
 }
 
+/// A writer killed mid-record leaves the file cut anywhere in its last
+/// record: every cut gives all the whole records back plus one note naming
+/// the file and offset, never an error. A cut inside an earlier record makes
+/// that record the (truncated) last one, so the same holds.
 #[test]
-fn truncated_record_is_reported_after_the_good_ones() {
+fn truncated_last_record_is_skipped_with_a_note_at_every_cut() {
     let run = tempfile::tempdir().unwrap();
     let spans = import_file(&testdata("zipkin/messaging.json"))
         .unwrap()
         .spans;
-    {
+    // Record boundaries, from the file size after each record.
+    let mut ends = vec![0u64];
+    let path = {
         let mut w = SpanWriter::create(run.path()).unwrap();
-        w.append(&spans).unwrap();
-        w.append(&spans).unwrap();
+        for chunk in spans.chunks(2).take(4) {
+            w.append(chunk).unwrap();
+            w.flush().unwrap();
+            ends.push(std::fs::metadata(w.path()).unwrap().len());
+        }
+        w.path().to_path_buf()
+    };
+    let whole = std::fs::read(&path).unwrap();
+    let spans_in = |records: usize| spans.chunks(2).take(records).flatten().count();
+    let last = ends.len() - 2;
+    let earlier = [ends[1] + 1, ends[1] + 2, ends[2] - 1];
+    let cuts = (ends[last] + 1..ends[last + 1]).chain(earlier);
+    let mut checked = 0;
+    for cut in cuts {
+        std::fs::write(&path, &whole[..cut as usize]).unwrap();
+        let complete = ends.iter().filter(|&&e| e > 0 && e <= cut).count();
+        let start = ends[complete];
+        let mut reader = read_run_spans(run.path()).unwrap();
+        let read: Vec<Span> = reader.by_ref().map(|s| s.unwrap()).collect();
+        assert_eq!(read.len(), spans_in(complete), "cut at {cut}");
+        assert_eq!(
+            read,
+            spans
+                .chunks(2)
+                .take(complete)
+                .flatten()
+                .cloned()
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            reader.warnings.len(),
+            1,
+            "cut at {cut}: {:?}",
+            reader.warnings
+        );
+        let note = &reader.warnings[0];
+        let expected = format!(
+            "otlp-000.pb: the last record (record {complete}, at byte {start}) is truncated: {} bytes present",
+            cut - start
+        );
+        assert!(
+            note.contains(&expected),
+            "cut at {cut}: {note}\nexpected {expected}"
+        );
+        checked += 1;
     }
-    let path = run.path().join("spans/otlp-000.pb");
-    let len = std::fs::metadata(&path).unwrap().len();
-    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    f.set_len(len - 7).unwrap();
+    assert!(
+        checked > 100,
+        "the last record should be long: {checked} cuts"
+    );
+
+    // A record that is whole but not OTLP stays an error naming file and offset.
+    let mut corrupt = whole.clone();
+    let second = ends[1] as usize;
+    corrupt[second + 2..second + 6].fill(0xff);
+    std::fs::write(&path, &corrupt).unwrap();
     let items: Vec<_> = read_run_spans(run.path()).unwrap().collect();
-    assert_eq!(items.iter().filter(|i| i.is_ok()).count(), spans.len());
     let err = items.last().unwrap().as_ref().unwrap_err().to_string();
     assert!(
-        err.contains("otlp-000.pb")
-            && err.contains("record 1")
-            && err.contains("stopped mid-write"),
+        err.contains("otlp-000.pb") && err.contains(&format!("record 1 at byte {second}")),
         "{err}"
     );
     // Garbage appended to a good file: an error naming the record, no panic.
+    std::fs::write(&path, &whole).unwrap();
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(&path)
         .unwrap();
     f.write_all(&[0xff; 12]).unwrap();
-    assert!(read_run_spans(run.path()).unwrap().any(|r| r.is_err()));
+    let err = read_run_spans(run.path())
+        .unwrap()
+        .find_map(|r| r.err())
+        .unwrap()
+        .to_string();
+    assert!(err.contains("not a valid varint"), "{err}");
+}
+
+/// A length field claiming gigabytes in a small file costs no memory: the
+/// reader takes only the bytes present and reports the record as truncated.
+#[test]
+fn a_huge_record_length_allocates_only_what_the_file_holds() {
+    use deepspan_spans::store::RecordReader;
+    // Varint 0x7fff_ffff (2 GiB - 1), then 5 bytes.
+    let bytes = [0xff, 0xff, 0xff, 0xff, 0x07, 1, 2, 3, 4, 5];
+    let mut reader = RecordReader::from_reader(std::path::Path::new("big.pb"), &bytes[..]);
+    assert!(reader.next().is_none());
+    assert_eq!(reader.warnings.len(), 1);
+    assert!(
+        reader.warnings[0].contains("10 bytes present, the record needs 2147483652"),
+        "{}",
+        reader.warnings[0]
+    );
+    // Beyond 2 GiB the length itself is corruption: an error.
+    let bytes = [0xff, 0xff, 0xff, 0xff, 0x7f, 1];
+    let mut reader = RecordReader::from_reader(std::path::Path::new("big.pb"), &bytes[..]);
+    let err = reader.next().unwrap().unwrap_err().to_string();
+    assert!(
+        err.contains("record 0 at byte 0") && err.contains("implausible"),
+        "{err}"
+    );
 }
 
 #[test]

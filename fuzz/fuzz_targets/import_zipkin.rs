@@ -1,0 +1,14 @@
+//! Fuzzes the Zipkin v2 JSON importer: any input must import or fail with an
+//! error, never panic, hang or allocate by a claimed size; what imports must
+//! go through the critical-path analysis as well.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+include!("common_spans.rs");
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(import) = deepspan_spans::parse_zipkin_json(data, "fuzz.json") {
+        exercise(import);
+    }
+});
