@@ -470,7 +470,8 @@ class DcptAsgiMiddleware:
             if message.get("type") == "http.response.start" and not request.done:
                 value = self._server.finish(request, operation, asked)
                 if asked:
-                    message = {**message, "headers": [*message.get("headers", ()), (REPLY_HEADER.encode(), value.encode())]}
+                    reply = (REPLY_HEADER.encode(), value.encode())
+                    message = {**message, "headers": [*message.get("headers", ()), reply]}
             await send(message)
 
         token = _current.set(request)
