@@ -116,14 +116,14 @@ fn write_table(out: &mut impl Write, path: &CriticalPath) -> Result<()> {
             .as_ref()
             .map(|c| format!("{} {}", c.name, human_us(c.time_us)))
             .unwrap_or_default();
-        writeln!(
-            out,
+        let line = format!(
             "{index:>4}  {:<service_width$}  {:<operation_width$}  {:>12}  {:>12}  {wire:>12}  {cause}",
             hop.service,
             hop.operation,
             human_us(hop.self_us),
             human_us(hop.total_us),
-        )?;
+        );
+        writeln!(out, "{}", line.trim_end())?;
     }
     if path.dropped > 0 {
         writeln!(
@@ -168,6 +168,7 @@ mod tests {
         let text = String::from_utf8(text).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines.iter().all(|line| !line.ends_with(' ')), "{text}");
         assert!(
             lines[1].contains("front") && lines[1].contains("GET /") && lines[1].contains("500 µs")
         );
