@@ -287,13 +287,6 @@ class _Request:
         return CriticalPath((hop, *child.hops), child.dropped)
 
 
-def current_request_traced() -> bool:
-    """Whether the request being served in this context is traced (so its
-    outgoing calls ask for paths)."""
-    request = _current.get()
-    return request is not None and not request.done
-
-
 # --- Servers ------------------------------------------------------------------
 
 KernelCause = Callable[[int], Optional[Tuple[str, int]]]
@@ -484,25 +477,52 @@ class DcptAsgiMiddleware:
 # --- Clients ------------------------------------------------------------------
 
 
-def _child_path(value: Optional[str], host: str, method: str, url_path: str, duration_ns: int) -> CriticalPath:
-    if value is not None and len(value) <= MAX_ACCEPTED_BYTES:
-        try:
-            return decode(value)
-        except DcptError as e:
-            logger.debug("ignoring the path sent by %s: %s", host, e)
-    elif value is not None:
-        logger.debug("ignoring a %d-byte path sent by %s (over %d)", len(value), host, MAX_ACCEPTED_BYTES)
-    us = duration_ns // 1000
-    return CriticalPath((Hop(host, f"{method} {url_path}", us, us),))
+class OutgoingCall:
+    """A call made while serving a traced request, from :func:`start_call`:
+    send ``deepspan-dcpt: 1`` with it and hand its reply's path to
+    :meth:`finish`. For RPC stacks other than requests/httpx."""
+
+    __slots__ = ("_request", "_start_ns")
+
+    def __init__(self, request: _Request) -> None:
+        self._request = request
+        self._start_ns = time.monotonic_ns()
+
+    def finish(self, reply_value, callee: str, operation: str) -> None:
+        """Record the call as a child of the request: with the path in
+        ``reply_value`` (str, bytes or None), or, if there is none or it is
+        not valid, as a hop named ``callee``/``operation`` lasting as long as
+        the call did."""
+        end_ns = time.monotonic_ns()
+        duration_ns = end_ns - self._start_ns
+        if isinstance(reply_value, (bytes, bytearray)):
+            reply_value = bytes(reply_value).decode("latin-1")
+        path = None
+        if reply_value is not None and len(reply_value) <= MAX_ACCEPTED_BYTES:
+            try:
+                path = decode(reply_value)
+            except DcptError as e:
+                logger.debug("ignoring the path sent by %s: %s", callee, e)
+        elif reply_value is not None:
+            logger.debug("ignoring a %d-byte path sent by %s (over %d)", len(reply_value), callee, MAX_ACCEPTED_BYTES)
+        if path is None:
+            us = duration_ns // 1000
+            path = CriticalPath((Hop(callee, operation, us, us),))
+        self._request.add_child(duration_ns, end_ns, path)
 
 
-def _record_child(request: _Request, start_ns: int, value, url: str, method: str) -> None:
-    end_ns = time.monotonic_ns()
+def start_call() -> Optional[OutgoingCall]:
+    """An :class:`OutgoingCall` if the request being served in this context is
+    traced (its outgoing calls must then ask for paths), else None."""
+    request = _current.get()
+    if request is None or request.done:
+        return None
+    return OutgoingCall(request)
+
+
+def _http_call(url: str, method: str) -> Tuple[str, str]:
     parts = urllib.parse.urlsplit(url)
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    path = _child_path(value, parts.netloc, method, parts.path or "/", end_ns - start_ns)
-    request.add_child(end_ns - start_ns, end_ns, path)
+    return parts.netloc, f"{method} {parts.path or '/'}"
 
 
 _original_requests_send = None
@@ -519,17 +539,16 @@ def instrument_requests() -> None:
     original = requests.adapters.HTTPAdapter.send
 
     def send(self, request, *args, **kwargs):
-        served = _current.get()
-        if served is None or served.done:
+        call = start_call()
+        if call is None:
             return original(self, request, *args, **kwargs)
         request.headers[REQUEST_HEADER] = "1"
-        start_ns = time.monotonic_ns()
         try:
             response = original(self, request, *args, **kwargs)
         except BaseException:
-            _record_child(served, start_ns, None, request.url, request.method)
+            call.finish(None, *_http_call(request.url, request.method))
             raise
-        _record_child(served, start_ns, response.headers.get(REPLY_HEADER), request.url, request.method)
+        call.finish(response.headers.get(REPLY_HEADER), *_http_call(request.url, request.method))
         return response
 
     _original_requests_send = original
@@ -555,17 +574,16 @@ class DcptHttpxTransport:
         self._transport = transport
 
     def handle_request(self, request):
-        served = _current.get()
-        if served is None or served.done:
+        call = start_call()
+        if call is None:
             return self._transport.handle_request(request)
         request.headers[REQUEST_HEADER] = "1"
-        start_ns = time.monotonic_ns()
         try:
             response = self._transport.handle_request(request)
         except BaseException:
-            _record_child(served, start_ns, None, str(request.url), request.method)
+            call.finish(None, *_http_call(str(request.url), request.method))
             raise
-        _record_child(served, start_ns, response.headers.get(REPLY_HEADER), str(request.url), request.method)
+        call.finish(response.headers.get(REPLY_HEADER), *_http_call(str(request.url), request.method))
         return response
 
     def close(self) -> None:
@@ -586,17 +604,16 @@ class AsyncDcptHttpxTransport:
         self._transport = transport
 
     async def handle_async_request(self, request):
-        served = _current.get()
-        if served is None or served.done:
+        call = start_call()
+        if call is None:
             return await self._transport.handle_async_request(request)
         request.headers[REQUEST_HEADER] = "1"
-        start_ns = time.monotonic_ns()
         try:
             response = await self._transport.handle_async_request(request)
         except BaseException:
-            _record_child(served, start_ns, None, str(request.url), request.method)
+            call.finish(None, *_http_call(str(request.url), request.method))
             raise
-        _record_child(served, start_ns, response.headers.get(REPLY_HEADER), str(request.url), request.method)
+        call.finish(response.headers.get(REPLY_HEADER), *_http_call(str(request.url), request.method))
         return response
 
     async def aclose(self) -> None:

@@ -306,3 +306,29 @@ def test_a_lazy_wsgi_app_is_traced_while_its_body_is_produced(servers, instrumen
 
     front = servers(DcptWsgiMiddleware(lazy, "front"))
     assert services_of(ask(front)) == ["front", "back"]
+
+
+def test_other_rpc_stacks_use_start_call():
+    assert dcpt.start_call() is None  # Not serving a traced request.
+
+    def serve(calls):
+        def app(environ, start_response):
+            for callee, reply, sleep in calls:
+                call = dcpt.start_call()
+                time.sleep(sleep)
+                call.finish(reply, callee, "rpc")
+            start_response("200 OK", [])
+            return [b""]
+
+        headers = []
+        result = DcptWsgiMiddleware(app, "front")(
+            {"REQUEST_METHOD": "POST", "PATH_INFO": "/x", "HTTP_DEEPSPAN_DCPT": "1"},
+            lambda status, h, exc_info=None: headers.extend(h),
+        )
+        assert list(result) == [b""]
+        (value,) = [v for name, v in headers if name == REPLY_HEADER]
+        return [(h.service, h.operation) for h in decode(value).hops]
+
+    # The callee's path is used when it sent one, else the callee is a hop.
+    assert serve([("db", "1;db:SELECT:7:7", SLOW), ("cache", None, 0)]) == [("front", "POST /x"), ("db", "SELECT")]
+    assert serve([("db", "1;db:SELECT:7:7", 0), ("cache", b"1;%", SLOW)]) == [("front", "POST /x"), ("cache", "rpc")]
