@@ -66,14 +66,24 @@ Semantics
   service or a failed call, still counts: its hop is ``host:port`` and
   ``METHOD /path`` with self = total = the duration the caller saw.
 
+- Relaying: a hop does not decode its child's value; it checks its size
+  (at most 8 KiB) and characters (one regular-expression pass) and puts its
+  own hop in front, cutting the deep end if needed. Decoding and re-encoding
+  the whole path at every hop would make a chain's cost quadratic in its
+  length (a full decode of 4 KiB takes about 1 ms in Python, the check
+  10 µs). So a value can reach a caller well-formed in characters but not in
+  structure if some hop sent one; the outermost service decodes the merged
+  path and, if that fails, names its critical child as a hop of its own.
+
 Cost: a request without the header, not sampled, costs one dict lookup. A
 traced request keeps only its critical child so far (constant memory whatever
-the fan-out) and parses at most 8 KiB per child reply.
+the fan-out) and checks at most 8 KiB per child reply.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 import re
@@ -137,14 +147,15 @@ class CriticalPath:
 
 
 def _cut(name: str) -> str:
-    raw = name.encode("utf-8", "surrogatepass")
-    if len(raw) <= MAX_NAME_BYTES:
-        return name
-    return raw[:MAX_NAME_BYTES].decode("utf-8", "ignore")
+    # Lone surrogates (from undecodable bytes) become '?': the wire is UTF-8.
+    return name.encode("utf-8", "replace")[:MAX_NAME_BYTES].decode("utf-8", "ignore")
 
 
+# Names repeat (a service's name, its routes): escaping once per name halves
+# the cost of a traced request. Bounded, as operations can be unbounded.
+@functools.lru_cache(maxsize=4096)
 def _escape(name: str) -> str:
-    return urllib.parse.quote(_cut(name), safe="/", errors="surrogatepass")
+    return urllib.parse.quote(_cut(name), safe="/")
 
 
 def encode_hop(hop: Hop) -> str:
@@ -253,38 +264,83 @@ def _hop(element: str, offset: int, index: int) -> Hop:
 
 _current: ContextVar[Optional["_Request"]] = ContextVar("deepspan_dcpt_request", default=None)
 
+# What a relayed value may contain: checked in one pass of a character class,
+# so that a hop never decodes and re-encodes the whole path (which would make
+# a chain quadratic). The outermost service decodes it fully.
+_RELAYABLE = re.compile(r"1;[A-Za-z0-9\-._~/%:;+]+\Z")
+
+
+def _relayable(value) -> Optional[str]:
+    """``value`` if it may be relayed as is (a child's reply header), else None."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("latin-1")
+    if value is None or len(value) > MAX_ACCEPTED_BYTES or not _RELAYABLE.match(value):
+        return None
+    return value
+
+
+def _prepend(own: str, child: str, limit: int) -> str:
+    """``own`` hop (encoded) followed by the hops of the ``child`` value, cut
+    at the deep end to fit ``limit`` bytes, with the ``+N`` marker updated."""
+    hops = child[len(VERSION) + 1 :]
+    dropped = 0
+    head, _, last = hops.rpartition(";")
+    if last.startswith("+") and last[1:].isdigit():
+        dropped, hops = int(last[1:]), head
+    end = len(hops)
+    fixed = len(VERSION) + 1 + len(own)
+    while end > 0 and fixed + 1 + end + (len(f";+{dropped}") if dropped else 0) > limit:
+        end = max(hops.rfind(";", 0, end), 0)
+        dropped += 1
+    marker = f";+{dropped}" if dropped else ""
+    return f"{VERSION};{own};{hops[:end]}{marker}" if end else f"{VERSION};{own}{marker}"
+
 
 class _Request:
-    """One traced request being served: when it started and its slowest child so far."""
+    """One traced request being served: when it started and its slowest child
+    so far (the child's reply value, relayed as text, or its name for a hop
+    of our own if it sent none)."""
 
-    __slots__ = ("start_ns", "lock", "child_ns", "child_end_ns", "child_path", "done")
+    __slots__ = ("start_ns", "lock", "child_ns", "child_end_ns", "child_value", "child_name", "done")
 
     def __init__(self) -> None:
         self.start_ns = time.monotonic_ns()
         self.lock = threading.Lock()
         self.child_ns = -1
         self.child_end_ns = 0
-        self.child_path: Optional[CriticalPath] = None
+        self.child_value: Optional[str] = None
+        self.child_name: Optional[Tuple[str, str]] = None
         self.done = False
 
-    def add_child(self, duration_ns: int, end_ns: int, path: CriticalPath) -> None:
+    def add_child(self, duration_ns: int, end_ns: int, value: Optional[str], name: Tuple[str, str]) -> None:
         with self.lock:
             if self.done:
                 return  # Ended after the reply headers: not on this request's path.
             if duration_ns > self.child_ns or (duration_ns == self.child_ns and end_ns >= self.child_end_ns):
-                self.child_ns, self.child_end_ns, self.child_path = duration_ns, end_ns, path
+                self.child_ns, self.child_end_ns = duration_ns, end_ns
+                self.child_value, self.child_name = value, name
 
-    def finish(self, service: str, operation: str) -> CriticalPath:
+    def finish(self) -> Tuple[int, int]:
+        """Ends the request's measure: its total and self times in µs."""
         with self.lock:
             self.done = True
             total_ns = time.monotonic_ns() - self.start_ns
-            child_ns, child = self.child_ns, self.child_path
-        total_us = total_ns // 1000
-        self_us = total_us if child is None else max(0, total_ns - child_ns) // 1000
-        hop = Hop(service, operation, self_us, total_us)
-        if child is None:
-            return CriticalPath((hop,))
-        return CriticalPath((hop, *child.hops), child.dropped)
+        if self.child_name is None:
+            return total_ns // 1000, total_ns // 1000
+        return total_ns // 1000, max(0, total_ns - self.child_ns) // 1000
+
+    def child_hop(self) -> str:
+        """The critical child as a hop of its own (callee, operation, duration)."""
+        us = self.child_ns // 1000
+        return encode_hop(Hop(self.child_name[0], self.child_name[1], us, us))
+
+    def value(self, own: Hop, limit: int) -> str:
+        """The encoded path: ``own`` hop, then the critical child's hops."""
+        own_text = encode_hop(own)
+        if self.child_name is None:
+            return f"{VERSION};{own_text}"
+        child = self.child_value if self.child_value is not None else f"{VERSION};{self.child_hop()}"
+        return _prepend(own_text, child, limit)
 
 
 # --- Servers ------------------------------------------------------------------
@@ -319,14 +375,23 @@ class _Server:
         return self.sample_rate > 0.0 and random.random() < self.sample_rate
 
     def finish(self, request: _Request, operation: str, asked: bool) -> str:
-        """The reply header value, or for an outermost request the report."""
-        path = request.finish(self.service, operation)
-        cause = self.kernel_cause(path.hops[0].self_us) if self.kernel_cause is not None else None
+        """The reply header value; for an outermost request, also reports it."""
+        total_us, self_us = request.finish()
+        cause = self.kernel_cause(self_us) if self.kernel_cause is not None else None
         if cause is not None:
-            own = dataclasses.replace(path.hops[0], cause=cause[0], cause_us=int(cause[1]))
-            path = CriticalPath((own, *path.hops[1:]), path.dropped)
-        value = encode(path, self.limit)
+            cause = (str(cause[0]), min(max(0, int(cause[1])), _U64_MAX))
+        own = Hop(self.service, operation, self_us, total_us, *(cause or ()))
+        value = request.value(own, self.limit)
         if not asked:
+            try:
+                path = decode(value)
+            except DcptError as e:
+                # The child's value had the right characters but is not a
+                # path: report the child as a hop of our own instead.
+                logger.debug("ignoring the path relayed by %s: %s", request.child_name[0], e)
+                request.child_value = None
+                value = request.value(own, self.limit)
+                path = decode(value)
             self._report(path, value)
         return value
 
@@ -492,23 +557,13 @@ class OutgoingCall:
         """Record the call as a child of the request: with the path in
         ``reply_value`` (str, bytes or None), or, if there is none or it is
         not valid, as a hop named ``callee``/``operation`` lasting as long as
-        the call did."""
+        the call did. The value is relayed as text, checked for its characters
+        and size only; the outermost service decodes the merged path."""
         end_ns = time.monotonic_ns()
-        duration_ns = end_ns - self._start_ns
-        if isinstance(reply_value, (bytes, bytearray)):
-            reply_value = bytes(reply_value).decode("latin-1")
-        path = None
-        if reply_value is not None and len(reply_value) <= MAX_ACCEPTED_BYTES:
-            try:
-                path = decode(reply_value)
-            except DcptError as e:
-                logger.debug("ignoring the path sent by %s: %s", callee, e)
-        elif reply_value is not None:
-            logger.debug("ignoring a %d-byte path sent by %s (over %d)", len(reply_value), callee, MAX_ACCEPTED_BYTES)
-        if path is None:
-            us = duration_ns // 1000
-            path = CriticalPath((Hop(callee, operation, us, us),))
-        self._request.add_child(duration_ns, end_ns, path)
+        value = _relayable(reply_value)
+        if value is None and reply_value is not None:
+            logger.debug("ignoring the path sent by %s: not a valid %s value", callee, REPLY_HEADER)
+        self._request.add_child(end_ns - self._start_ns, end_ns, value, (callee, operation))
 
 
 def start_call() -> Optional[OutgoingCall]:

@@ -83,6 +83,12 @@ def test_names_are_cut_so_one_hop_always_fits():
     assert decode(value).dropped == 1
 
 
+def test_undecodable_names_still_give_a_valid_value():
+    hop = Hop("svc\udcff", "GET /\ud800x", 1, 2)
+    back = decode(encode(CriticalPath((hop,)))).hops[0]
+    assert (back.service, back.operation) == ("svc?", "GET /?x")
+
+
 def test_the_value_is_a_header_safe_token_list_without_commas():
     path = CriticalPath((Hop("a b,c;d:e+f%g\r\n\x00", "GET /x?y=1&z", 1, 2),))
     value = encode(path)

@@ -247,6 +247,10 @@ def test_a_kernel_cause_goes_on_the_hop(servers, instrumented):
     front = servers(DcptWsgiMiddleware(app, "front", kernel_cause=lambda self_us: ("cpu-wait", self_us // 2)))
     hop = ask(front).hops[0]
     assert hop.cause == "cpu-wait" and hop.cause_us == hop.self_us // 2
+    # What the provider returns is made to fit the format.
+    odd = servers(DcptWsgiMiddleware(app, "front", kernel_cause=lambda self_us: ("a:b", -5)))
+    hop = ask(odd).hops[0]
+    assert (hop.cause, hop.cause_us) == ("a:b", 0)
 
 
 def test_httpx_clients_ask_and_merge_too(servers):
@@ -311,7 +315,7 @@ def test_a_lazy_wsgi_app_is_traced_while_its_body_is_produced(servers, instrumen
 def test_other_rpc_stacks_use_start_call():
     assert dcpt.start_call() is None  # Not serving a traced request.
 
-    def serve(calls):
+    def serve(calls, asked=True):
         def app(environ, start_response):
             for callee, reply, sleep in calls:
                 call = dcpt.start_call()
@@ -320,15 +324,43 @@ def test_other_rpc_stacks_use_start_call():
             start_response("200 OK", [])
             return [b""]
 
-        headers = []
-        result = DcptWsgiMiddleware(app, "front")(
-            {"REQUEST_METHOD": "POST", "PATH_INFO": "/x", "HTTP_DEEPSPAN_DCPT": "1"},
-            lambda status, h, exc_info=None: headers.extend(h),
-        )
+        headers, reported = [], []
+        environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/x"}
+        if asked:
+            environ["HTTP_DEEPSPAN_DCPT"] = "1"
+        middleware = DcptWsgiMiddleware(app, "front", sample_rate=1.0, on_path=lambda p, v: reported.append(v))
+        result = middleware(environ, lambda status, h, exc_info=None: headers.extend(h))
         assert list(result) == [b""]
-        (value,) = [v for name, v in headers if name == REPLY_HEADER]
+        values = [v for name, v in headers if name == REPLY_HEADER] + reported
+        assert len(values) == 1
+        return values[0]
+
+    def hops(value):
         return [(h.service, h.operation) for h in decode(value).hops]
 
     # The callee's path is used when it sent one, else the callee is a hop.
-    assert serve([("db", "1;db:SELECT:7:7", SLOW), ("cache", None, 0)]) == [("front", "POST /x"), ("db", "SELECT")]
-    assert serve([("db", "1;db:SELECT:7:7", 0), ("cache", b"1;%", SLOW)]) == [("front", "POST /x"), ("cache", "rpc")]
+    assert hops(serve([("db", "1;db:SELECT:7:7", SLOW), ("cache", None, 0)])) == [("front", "POST /x"), ("db", "SELECT")]
+    assert hops(serve([("db", "1;db:SELECT:7:7", 0), ("cache", b"1;a b", SLOW)])) == [
+        ("front", "POST /x"),
+        ("cache", "rpc"),
+    ]
+    # A value with the right characters but no path is relayed as it is (a
+    # hop checks only the characters and the size of what it relays, which
+    # keeps a chain linear); the outermost service, which decodes, names the
+    # child instead.
+    garbage = [("db", "1;db:SELECT:7", SLOW)]
+    assert serve(garbage).startswith("1;front:POST%20/x:") and serve(garbage).endswith(";db:SELECT:7")
+    assert hops(serve(garbage, asked=False)) == [("front", "POST /x"), ("db", "rpc")]
+
+
+def test_relaying_cuts_the_deep_end_and_counts_what_it_cut():
+    own = "front:GET%20/:1:100"
+    assert dcpt._prepend(own, "1;a:x:1:2;b:y:1:1", 4096) == "1;front:GET%20/:1:100;a:x:1:2;b:y:1:1"
+    assert dcpt._prepend(own, "1;a:x:1:2;b:y:1:1;+5", 4096).endswith(";b:y:1:1;+5")
+    assert dcpt._prepend(own, "1;a:x:1:2;b:y:1:1;+5", 33) == "1;front:GET%20/:1:100;a:x:1:2;+6"
+    assert dcpt._prepend(own, "1;a:x:1:2;b:y:1:1;+5", 30) == "1;front:GET%20/:1:100;+7"
+    for limit in range(24, 60):
+        value = dcpt._prepend(own, "1;a:x:1:2;b:y:1:1;+9", limit)
+        path = decode(value)
+        assert len(value) <= max(limit, len("1;front:GET%20/:1:100;+11"))
+        assert len(path.hops) + path.dropped == 12
