@@ -2,6 +2,7 @@
 //! formatting over the library crates.
 
 mod analyze;
+mod dcpt;
 mod decode;
 mod demo;
 mod import_ctf;
@@ -68,6 +69,9 @@ enum Command {
     /// client/server span pairs (run folders) and TCP segments (LTTng CTF
     /// folders) matched across hosts, with its quality.
     Sync(sync::SyncArgs),
+    /// In-band critical paths (`deepspan-dcpt-path` reply headers written
+    /// by the deepspan_otel.dcpt middleware).
+    Dcpt(dcpt::DcptArgs),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +87,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Ui(args) => ui::run(args).map(|()| ExitCode::SUCCESS),
         Command::Sync(args) => sync::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Dcpt(args) => dcpt::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

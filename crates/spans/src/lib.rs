@@ -15,6 +15,7 @@
 pub mod activity;
 pub mod clock;
 pub mod critical_path;
+pub mod dcpt;
 mod error;
 mod jaeger;
 pub mod model;
