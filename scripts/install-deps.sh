@@ -29,7 +29,7 @@ fi
 # The Python SDK with its test extras, and the demo application's packages
 # (OpenTelemetry instrumentations, psycopg2), in one pip run so that pip
 # picks one consistent set of OpenTelemetry versions.
-python_modules="deepspan_otel, opentelemetry.exporter.otlp.proto.http, pytest, psycopg2, requests"
+python_modules="deepspan_otel, opentelemetry.exporter.otlp.proto.http, pytest, psycopg2, requests, httpx"
 python_modules+=", opentelemetry.instrumentation.wsgi, opentelemetry.instrumentation.requests"
 python_modules+=", opentelemetry.instrumentation.psycopg2"
 if ! python3 -c "import $python_modules" 2>/dev/null; then
