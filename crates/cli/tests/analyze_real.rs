@@ -97,6 +97,7 @@ fn record_case(case: &str, extra: &[&str]) -> Case {
     std::fs::create_dir_all(&out).expect("out dir");
     let run = dir.path().join("run");
     let mut rec = deepspan();
+    common::ahead_of_other_load(&mut rec);
     rec.arg("record")
         .arg("-o")
         .arg(&run)

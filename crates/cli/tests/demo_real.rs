@@ -31,6 +31,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn demo() -> Command {
     let mut c = deepspan();
+    common::ahead_of_other_load(&mut c);
     c.arg("demo")
         .env(
             "DEEPSPAN_DEMO_DIR",
