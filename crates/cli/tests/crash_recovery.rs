@@ -340,13 +340,15 @@ fn a_killed_flight_recorder_keeps_its_ring_buffer() {
     std::thread::sleep(Duration::from_millis(800));
     recorder.kill().unwrap();
     recorder.wait().unwrap();
-    drop(command);
 
+    // While the command runs, no `--cleanup` (of another test run on the
+    // machine) takes the instance, whose ring buffer recovery reads.
     let out = deepspan()
         .args(["record", "--recover"])
         .arg(&run)
         .output()
         .unwrap();
+    drop(command);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
