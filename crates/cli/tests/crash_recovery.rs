@@ -128,6 +128,17 @@ fn wait_gone(pid: i32) {
     }
 }
 
+/// Records `mode` into `run`, and SIGKILLs the recorder `after` tracing
+/// started. Returns the dead recorder's pid and its orphaned command.
+fn killed_recording(run: &Path, mode: &str, after: Duration) -> (u32, KillPid) {
+    let mut recorder = start_recorder(run, mode);
+    let command = KillPid(command_pid(run));
+    std::thread::sleep(after);
+    recorder.kill().expect("SIGKILL the recorder");
+    recorder.wait().unwrap();
+    (recorder.id(), command)
+}
+
 /// Kills the orphaned command at the end, whatever happened.
 struct KillPid(i32);
 impl Drop for KillPid {
@@ -179,12 +190,7 @@ fn a_killed_recorder_leaves_a_run_that_recovers_whole() {
         let delay = Duration::from_millis(if seed == 0 { 0 } else { splitmix(seed) % 2500 });
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().join("run");
-        let mut recorder = start_recorder(&run, "standard");
-        let recorder_pid = recorder.id();
-        let command = KillPid(command_pid(&run));
-        std::thread::sleep(delay);
-        recorder.kill().expect("SIGKILL the recorder");
-        recorder.wait().unwrap();
+        let (recorder_pid, command) = killed_recording(&run, "standard", delay);
         let context = format!(
             "seed {seed}, killed {} ms after tracing started",
             delay.as_millis()
@@ -296,12 +302,7 @@ fn analyze_reads_a_killed_recorders_run_with_a_note() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let mut recorder = start_recorder(&run, "standard");
-    let recorder_pid = recorder.id();
-    let command = KillPid(command_pid(&run));
-    std::thread::sleep(Duration::from_millis(500));
-    recorder.kill().unwrap();
-    recorder.wait().unwrap();
+    let (recorder_pid, command) = killed_recording(&run, "standard", Duration::from_millis(500));
     drop(command);
 
     let out = deepspan().arg("analyze").arg(&run).output().unwrap();
@@ -334,12 +335,7 @@ fn a_killed_flight_recorder_keeps_its_ring_buffer() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let mut recorder = start_recorder(&run, "flight");
-    let recorder_pid = recorder.id();
-    let command = KillPid(command_pid(&run));
-    std::thread::sleep(Duration::from_millis(800));
-    recorder.kill().unwrap();
-    recorder.wait().unwrap();
+    let (recorder_pid, command) = killed_recording(&run, "flight", Duration::from_millis(800));
 
     // While the command runs, no `--cleanup` (of another test run on the
     // machine) takes the instance, whose ring buffer recovery reads.

@@ -209,31 +209,6 @@ impl Journal {
         tasks: &[u8],
         warnings: &mut Vec<String>,
     ) -> Result<Journal, Error> {
-        Journal::create_in(run_dir, owner, manifest, meta, tasks, warnings, true)
-    }
-
-    /// [`Journal::create`] without the machine-wide owner file, for tests.
-    #[cfg(test)]
-    pub fn create_without_owner_file(
-        run_dir: &Path,
-        owner: InstanceOwner,
-        manifest: Manifest,
-        meta: &TraceDatMeta,
-        tasks: &[u8],
-        warnings: &mut Vec<String>,
-    ) -> Result<Journal, Error> {
-        Journal::create_in(run_dir, owner, manifest, meta, tasks, warnings, false)
-    }
-
-    fn create_in(
-        run_dir: &Path,
-        owner: InstanceOwner,
-        manifest: Manifest,
-        meta: &TraceDatMeta,
-        tasks: &[u8],
-        warnings: &mut Vec<String>,
-        owner_file: bool,
-    ) -> Result<Journal, Error> {
         let dir = run_dir.join(JOURNAL_DIR);
         fs::create_dir_all(&dir).map_err(|e| Error::output("create", &dir, run_dir, e))?;
         let stored = StoredMeta::from_meta(meta)
@@ -243,8 +218,8 @@ impl Journal {
         fs::write(&tasks_path, tasks).map_err(|e| Error::output("write", &tasks_path, run_dir, e))?;
         let clock_path = dir.join(CLOCK_FILE);
         let clock = append_file(&clock_path, run_dir)?;
-        let owner_file = match owner_file.then(|| write_owner(&owner)).transpose() {
-            Ok(path) => path,
+        let owner_file = match write_owner(&owner) {
+            Ok(path) => Some(path),
             Err(e) => {
                 warnings.push(format!(
                     "the instance's owner file was not written ({e}); if this recorder dies, \

@@ -10,8 +10,9 @@ use deepspan_ftrace::write_trace_dat;
 
 use crate::capture::drain_cpu;
 use crate::journal::{self, JournalContents};
-use crate::manifest::{ClockPoint, CpuManifest, Manifest, MANIFEST_FILE};
+use crate::manifest::{ClockPoint, Manifest, MANIFEST_FILE};
 use crate::meta::{read_stats, Tasks};
+use crate::session::cpu_manifest;
 use crate::tracefs::{CpuStats, Tracefs};
 use crate::Error;
 
@@ -300,16 +301,7 @@ fn finish_manifest(
     manifest.per_cpu = (0..manifest.cpus)
         .map(|cpu| {
             let s = stats.and_then(|s| s.get(cpu)).map(|(_, s)| s.clone()).unwrap_or_default();
-            CpuManifest {
-                cpu,
-                entries: s.entries,
-                overrun: s.overrun,
-                commit_overrun: s.commit_overrun,
-                dropped_events: s.dropped_events,
-                read_events: s.read_events,
-                buffer_bytes: s.bytes,
-                bytes: kept_bytes.get(cpu).copied().unwrap_or(0),
-            }
+            cpu_manifest(cpu, &s, kept_bytes.get(cpu).copied().unwrap_or(0))
         })
         .collect();
     match stats {
@@ -393,6 +385,7 @@ mod tests {
     /// A run folder as a recorder that died leaves it: the journal and the
     /// page files. The recorder is a pid that cannot exist.
     fn dead_run(dir: &Path, cpus: usize, mode: &str, instance: &str) {
+        assert!(instance.starts_with("deepspan-") && !instance.contains('/'));
         let owner = InstanceOwner {
             instance: instance.into(),
             run_dir: dir.to_path_buf(),
@@ -401,8 +394,7 @@ mod tests {
         };
         let mut warnings = Vec::new();
         let mut journal =
-            Journal::create_without_owner_file(dir, owner, manifest(cpus, mode), &meta(), b"7 7 init\n", &mut warnings)
-                .unwrap();
+            Journal::create(dir, owner, manifest(cpus, mode), &meta(), b"7 7 init\n", &mut warnings).unwrap();
         journal.clock_sample(ClockPoint { realtime_ns: 1_000_001_000_000, mono_ns: 1_000_005_000 });
         std::fs::write(dir.join("kernel/journal/clock_samples"), {
             let mut text = std::fs::read(dir.join("kernel/journal/clock_samples")).unwrap();
@@ -468,7 +460,12 @@ mod tests {
             (1, "deepspan-1/../../x", "not the name of a deepspan tracing instance"),
         ] {
             let dir = tempfile::tempdir().unwrap();
-            dead_run(dir.path(), cpus, "standard", instance);
+            dead_run(dir.path(), cpus, "standard", "deepspan-2147483647-1");
+            // As a damaged journal would name it (the recorder never does).
+            let state = dir.path().join("kernel/journal/recording.json");
+            let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+            json["owner"]["instance"] = instance.into();
+            std::fs::write(&state, serde_json::to_vec(&json).unwrap()).unwrap();
             let err = recover_from_files(dir.path()).unwrap_err().to_string();
             assert!(err.contains(expected), "{cpus} {instance}: {err}");
             assert!(!dir.path().join("manifest.json").exists());

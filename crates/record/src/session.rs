@@ -586,20 +586,22 @@ fn lost_events<'a>(mode: Mode, stats: impl Iterator<Item = &'a CpuStats>) -> u64
 }
 
 fn per_cpu(stats: &[(String, CpuStats)], bytes: &[u64]) -> Vec<CpuManifest> {
-    stats
-        .iter()
-        .enumerate()
-        .map(|(cpu, (_, s))| CpuManifest {
-            cpu,
-            entries: s.entries,
-            overrun: s.overrun,
-            commit_overrun: s.commit_overrun,
-            dropped_events: s.dropped_events,
-            read_events: s.read_events,
-            buffer_bytes: s.bytes,
-            bytes: bytes.get(cpu).copied().unwrap_or(0),
-        })
-        .collect()
+    stats.iter().enumerate().map(|(cpu, (_, s))| cpu_manifest(cpu, s, bytes.get(cpu).copied().unwrap_or(0))).collect()
+}
+
+/// One CPU's line of the manifest: its ring's statistics and the bytes of
+/// pages kept from it.
+pub(crate) fn cpu_manifest(cpu: usize, s: &CpuStats, bytes: u64) -> CpuManifest {
+    CpuManifest {
+        cpu,
+        entries: s.entries,
+        overrun: s.overrun,
+        commit_overrun: s.commit_overrun,
+        dropped_events: s.dropped_events,
+        read_events: s.read_events,
+        buffer_bytes: s.bytes,
+        bytes,
+    }
 }
 
 fn spawn(program: &std::ffi::OsStr, args: &[std::ffi::OsString], opts: &RecordOptions) -> Result<Child, Error> {
