@@ -163,14 +163,7 @@ pub(crate) fn parse_jaeger_value(doc: Json, source_name: &str) -> Result<Import,
                 .as_deref()
                 .or(trace._trace_id.as_deref())
                 .unwrap_or("");
-            let (trace_id, trace_how) = TraceId::from_text(trace_hex)
-                .and_then(|(t, how)| {
-                    if t.0 == 0 {
-                        Err("the trace id is zero".to_string())
-                    } else {
-                        Ok((t, how))
-                    }
-                })
+            let (trace_id, trace_how) = TraceId::from_text_nonzero(trace_hex)
                 .map_err(|why| {
                     Error::invalid(
                         source_name,

@@ -100,6 +100,15 @@ impl TraceId {
         // Zero means "no id" in OTLP; the hash gives it with probability 2^-128.
         Ok((TraceId(h.max(1)), IdText::Mapped))
     }
+
+    /// [`TraceId::from_text`] for a span's own trace id, which must not be
+    /// zero (OTLP and Jaeger take zero for "no trace").
+    pub fn from_text_nonzero(s: &str) -> Result<(TraceId, IdText), String> {
+        match TraceId::from_text(s)? {
+            (t, _) if t.0 == 0 => Err("the trace id is zero".to_string()),
+            ok => Ok(ok),
+        }
+    }
 }
 
 impl SpanId {

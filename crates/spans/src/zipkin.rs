@@ -166,14 +166,7 @@ pub(crate) fn parse_zipkin_value(doc: Json, source_name: &str) -> Result<Import,
         // Traces are independent: merge and de-duplicate per trace id.
         let mut by_trace: Vec<(TraceId, Vec<ZSpan>)> = Vec::new();
         for z in zspans {
-            let (t, trace_how) = TraceId::from_text(&z.trace_id)
-                .and_then(|(t, how)| {
-                    if t.0 == 0 {
-                        Err("the trace id is zero".to_string())
-                    } else {
-                        Ok((t, how))
-                    }
-                })
+            let (t, trace_how) = TraceId::from_text_nonzero(&z.trace_id)
                 .map_err(|why| {
                     Error::invalid(
                         source_name,
