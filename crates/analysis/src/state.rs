@@ -28,6 +28,7 @@ use deepspan_model::{
 
 use crate::fxhash::FastMap;
 use crate::graph::{EdgeType, Graph, VertexId};
+use crate::syscalls::{syscall_name, Arch};
 
 /// CPU number used where the CPU is not known.
 pub const NO_CPU: u32 = u32::MAX;
@@ -483,6 +484,9 @@ pub struct ModelStats {
     /// event of thread T on a CPU the model thought ran another thread (T
     /// is taken as running there from that event on).
     pub inferred_switches: u64,
+    /// Wake-ups by an interrupt that ran while a recorder thread was
+    /// current (see [`StateBuilder::recorder_threads`]).
+    pub wakeups_under_recorder: u64,
 }
 
 /// Builds a [`KernelModel`] from events pushed in time order.
@@ -516,6 +520,10 @@ pub struct StateBuilder {
     close_rows: bool,
     block_io: Vec<BlockIo>,
     packets: NetworkEnds,
+    /// See [`StateBuilder::recorder_threads`].
+    recorder_tids: Vec<Tid>,
+    /// Names syscall numbers for traces without syscall names.
+    arch: Arch,
 }
 
 /// Where network messages leave and arrive in the execution graph, by
@@ -717,6 +725,26 @@ impl StateBuilder {
             close_rows: true,
             block_io: Vec::new(),
             packets: NetworkEnds::default(),
+            recorder_tids: Vec::new(),
+            arch: Arch::default(),
+        }
+    }
+
+    /// The threads whose events the recording filtered out (a deepspan
+    /// recorder's own, `Manifest::recorder_tids`), and the architecture that
+    /// numbers the trace's system calls.
+    ///
+    /// ftrace's pid filter also drops the interrupt events that run while a
+    /// filtered thread is current, but keeps the wake-ups they cause: such a
+    /// wake-up seems to come from the filtered thread. The recorder never
+    /// wakes the threads it traces (it only reads the kernel's buffers), so
+    /// those wake-ups are taken as interrupts: a timer's when the woken
+    /// thread sleeps in `nanosleep`/`clock_nanosleep`, unexplained otherwise.
+    pub fn recorder_threads(self, tids: &[Tid], arch: Arch) -> StateBuilder {
+        StateBuilder {
+            recorder_tids: tids.iter().copied().filter(|&t| t > 0).collect(),
+            arch,
+            ..self
         }
     }
 
@@ -1444,6 +1472,22 @@ impl StateBuilder {
         }
     }
 
+    /// Why an interrupt whose events the trace lacks woke thread `t`: see
+    /// [`StateBuilder::recorder_threads`].
+    fn hidden_interrupt_reason(&self, t: usize) -> BlockReason {
+        let Some(call) = &self.threads[t].open_syscall else {
+            return BlockReason::Unexplained;
+        };
+        let name = match call.name {
+            0 => syscall_name(self.arch, call.id),
+            n => self.syscall_names.names.get(n as usize).map(|n| &**n),
+        };
+        match name {
+            Some("nanosleep" | "clock_nanosleep" | "clock_nanosleep_time64") => BlockReason::Timer,
+            _ => BlockReason::Unexplained,
+        }
+    }
+
     fn frame_reason(&self, f: &Frame) -> BlockReason {
         let by_flags = || {
             if f.block {
@@ -1504,6 +1548,10 @@ impl StateBuilder {
             .filter(|&c| c < MAX_CPUS)
             .unwrap_or(NO_CPU);
         let mut waker = self.waker(cpu, ev_tid);
+        if matches!(waker, Waker::Thread(x) if self.recorder_tids.contains(&x)) {
+            self.stats.wakeups_under_recorder += 1;
+            waker = Waker::Context(self.hidden_interrupt_reason(t));
+        }
         if matches!(waker, Waker::Context(BlockReason::Network)) {
             if let Some(sender) = self.loopback_sender(cpu).filter(|&x| x != w.tid) {
                 waker = Waker::Context(BlockReason::Loopback(sender));

@@ -549,3 +549,40 @@ fn statedump_sets_initial_state_only_for_unknown_threads() {
     assert_eq!(states(&m, 8), vec![(3, 4, ThreadState::WaitCpu)]);
     assert_eq!(states(&m, 9), vec![(4, 4, ThreadState::Unknown)]);
 }
+
+#[test]
+fn wakeups_while_the_recorder_runs_are_interrupts_not_the_recorders() {
+    // 1 sleeps in clock_nanosleep and 3 in futex (raw_syscalls: numbers
+    // only). The recorder thread 9 is current on CPU 1 when the timer
+    // interrupt wakes 1 and another interrupt wakes 3; the trace, filtered
+    // by pid, kept the wake-ups but not the interrupts.
+    let enter = |id: i64| EventKind::SysEnter {
+        id,
+        name: None,
+        args: [0; 6],
+    };
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1)
+        .ev(11, 0, enter(230))
+        .switch(12, 0, 1, 1, 3);
+    s.ev(13, 0, enter(202)).switch(14, 0, 3, 1, 0);
+    s.switch(20, 1, 0, 0, 9);
+    s.wake(50, 1, 1, true).wake(60, 1, 3, true);
+    let as_recorded = s.model();
+    assert_eq!(blocked_reason(&as_recorded, 1, 30), BlockReason::Thread(9));
+    let recorder = as_recorded.graph().worker_of(9).unwrap();
+    assert!(as_recorded.graph().vertex_at(recorder, 50).is_some());
+
+    let mut b = StateBuilder::new().recorder_threads(&[9], deepspan_analysis::Arch::X86_64);
+    for e in &s.events {
+        b.push(e);
+    }
+    let m = b.finish();
+    assert_eq!(blocked_reason(&m, 1, 30), BlockReason::Timer);
+    assert_eq!(blocked_reason(&m, 3, 30), BlockReason::Unexplained);
+    assert_eq!(m.stats().wakeups_under_recorder, 2);
+    // No graph edge from the recorder: the wake-ups came from no thread.
+    let g = m.graph();
+    let recorder = g.worker_of(9).unwrap();
+    assert!(g.vertex_at(recorder, 50).is_none());
+}

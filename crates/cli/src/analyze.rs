@@ -148,12 +148,16 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     };
     // The execution graph is for critical paths: without spans, none. No
     // analysis reads the interrupt handler runs.
+    let recorder_tids = deepspan_record::Manifest::load(run)
+        .map(|m| m.recorder_tids)
+        .unwrap_or_default();
     let builder = if spans.is_empty() {
         StateBuilder::without_graph()
     } else {
         StateBuilder::new()
     }
-    .without_interrupt_history();
+    .without_interrupt_history()
+    .recorder_threads(&recorder_tids, arch);
     let (model, lost) = kernel_trace.build_model(builder)?;
     notes.extend(kernel_trace.warnings());
     timings.phase("decode and kernel model");
@@ -166,6 +170,12 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         ));
     }
 
+    let under_recorder = model.stats().wakeups_under_recorder;
+    if under_recorder > 0 {
+        notes.push(format!(
+            "{under_recorder} wake-ups came from interrupts that ran while a recorder thread was current (the kernel leaves those interrupts out with the recorder's own events); they are counted as timer wake-ups for threads in nanosleep, else as unexplained"
+        ));
+    }
     let inferred = model.stats().inferred_switches;
     if inferred > 0 {
         notes.push(format!(

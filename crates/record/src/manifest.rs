@@ -56,6 +56,12 @@ pub struct Manifest {
     /// Non-fatal problems met while recording.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The recorder's own threads, left out of the trace. The kernel also
+    /// drops the interrupt events that run while one of them is current,
+    /// but keeps the wake-ups those interrupts cause: the analysis must not
+    /// take such a wake-up for the recorder's doing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recorder_tids: Vec<i32>,
 }
 
 /// Both clocks at one instant.
@@ -165,6 +171,7 @@ mod tests {
             command: vec!["true".into()],
             exit_code: Some(0),
             tgids: None,
+            recorder_tids: Vec::new(),
             warnings: vec![],
         };
         let dir = tempfile::tempdir().unwrap();

@@ -164,6 +164,8 @@ struct Session {
     tasks: Tasks,
     kernel_dir: PathBuf,
     warnings: Vec<String>,
+    /// Threads left out by `set_event_notrace_pid` (see `Manifest::recorder_tids`).
+    recorder_tids: Vec<i32>,
 }
 
 impl Session {
@@ -229,6 +231,7 @@ impl Session {
             tasks,
             kernel_dir: run.join("kernel"),
             warnings,
+            recorder_tids: Vec::new(),
         })
     }
 
@@ -462,6 +465,7 @@ impl Session {
             exit_code: None,
             tgids: None,
             warnings: Vec::new(),
+            recorder_tids: self.recorder_tids.clone(),
         }
     }
 
@@ -497,8 +501,9 @@ impl Session {
             tids.extend(&streams.tids);
         }
         let list: Vec<String> = tids.iter().map(i32::to_string).collect();
-        if let Err(e) = self.instance.write("set_event_notrace_pid", &list.join(" ")) {
-            self.warnings.push(format!("the recorder's own events are not filtered out: {e}"));
+        match self.instance.write("set_event_notrace_pid", &list.join(" ")) {
+            Ok(()) => self.recorder_tids = tids,
+            Err(e) => self.warnings.push(format!("the recorder's own events are not filtered out: {e}")),
         }
         Ok(())
     }
