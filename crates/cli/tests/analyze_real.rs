@@ -460,7 +460,7 @@ fn o_direct_read_waits_on_the_block_device() {
         d["evidence"]["queue_depth_max"].as_u64().unwrap() >= 1,
         "{d}"
     );
-    // The reader itself filled the queue.
+    // The reader waited on the block device for its own reads.
     let reader = report["critical_path"]
         .as_array()
         .unwrap()
@@ -468,8 +468,6 @@ fn o_direct_read_waits_on_the_block_device() {
         .find(|p| p["state"] == "BLOCK_DEVICE")
         .and_then(|p| p["tid"].as_i64())
         .unwrap();
-    let first = &d["culprits"][0];
-    assert_eq!(first["kind"], "process", "{d}");
     let tgids = std::fs::read_to_string(case.run.join("kernel/saved_tgids")).unwrap_or_default();
     let reader_pid = tgids
         .lines()
@@ -477,7 +475,16 @@ fn o_direct_read_waits_on_the_block_device() {
         .find(|(t, _)| t.parse::<i64>().ok() == Some(reader))
         .and_then(|(_, p)| p.parse::<i64>().ok())
         .unwrap_or(reader);
-    assert_eq!(first["pid"].as_i64(), Some(reader_pid), "{d}");
+    // Among the processes whose I/O queued ahead, not necessarily first:
+    // another process's writes (a build beside the test) may fill more of
+    // the queue, and the analysis rightly names it first then.
+    let named = d["culprits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["kind"] == "process" && c["pid"].as_i64() == Some(reader_pid));
+    assert!(named, "the reader (pid {reader_pid}) is not among the culprits: {d}");
+    assert!(d["evidence"]["own_block_requests"].as_u64() > Some(0), "{d}");
 }
 
 #[test]

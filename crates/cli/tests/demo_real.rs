@@ -13,7 +13,10 @@
 //!   group) in the middle of a fault.
 //!
 //! The tests run one at a time (a lock): they share the machine's CPUs,
-//! disk and names.
+//! disk and names. Other demos may run on the machine meanwhile (another
+//! checkout's tests, a user's): the processes of this test binary's demos
+//! carry a tag in their environment, and only what is tagged, or named
+//! after a process that is gone, counts as left behind.
 
 mod common;
 
@@ -29,10 +32,38 @@ use serde_json::Value;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// Set in the environment of this test binary's demos (inherited by every
+/// process they start): the value is this process's pid.
+const TAG: &str = "DEEPSPAN_DEMO_TEST_OWNER";
+
+/// Whether `pid` is a process of one of this test binary's demos.
+fn ours(pid: i32) -> bool {
+    let tag = format!("{TAG}={}", std::process::id());
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == tag.as_bytes()))
+}
+
+/// The pid a demo resource is named after (`deepspan-demo-<pid>…`,
+/// `dsd<pid>n`, `deepspan-<pid>-…`).
+fn pid_in(name: &str) -> Option<i32> {
+    let digits: String = name
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// A resource of a demo that is running and is not ours: not a leftover.
+fn someone_elses(name: &str) -> bool {
+    pid_in(name).is_some_and(|p| alive(p) && !ours(p))
+}
+
 fn demo() -> Command {
     let mut c = deepspan();
     common::ahead_of_other_load(&mut c);
     c.arg("demo")
+        .env(TAG, std::process::id().to_string())
         .env(
             "DEEPSPAN_DEMO_DIR",
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../demo"),
@@ -84,12 +115,12 @@ fn leftovers() -> Leftovers {
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         // The driver, the shop's services, hog and backup, and PostgreSQL
         // (its data folder is in a deepspan-demo-<pid>- work folder).
-        if cmd.contains("demo/driver.py")
+        let demo_process = cmd.contains("demo/driver.py")
             || cmd.contains("shop.service")
             || cmd.contains("shop.loadgen")
             || cmd.contains("harness.")
-            || cmd.contains("/deepspan-demo-")
-        {
+            || cmd.contains("/deepspan-demo-");
+        if demo_process && pid.parse().is_ok_and(ours) {
             processes.insert(format!("{pid}: {}", cmd.trim()));
         }
     }
@@ -102,15 +133,20 @@ fn leftovers() -> Leftovers {
                 .is_some_and(|p: i32| !alive(p))
         })
         .collect();
+    let mine = |names: BTreeSet<String>| -> BTreeSet<String> {
+        names.into_iter().filter(|n| !someone_elses(n)).collect()
+    };
     Leftovers {
         processes,
-        cgroups: names_in("/sys/fs/cgroup/cpu", "deepspan-demo-")
-            .into_iter()
-            .chain(names_in("/sys/fs/cgroup", "deepspan-demo-"))
-            .collect(),
-        netns: names_in("/run/netns", "deepspan-demo-"),
-        links: names_in("/sys/class/net", "dsd"),
-        work_dirs: names_in("/var/tmp", "deepspan-demo-"),
+        cgroups: mine(
+            names_in("/sys/fs/cgroup/cpu", "deepspan-demo-")
+                .into_iter()
+                .chain(names_in("/sys/fs/cgroup", "deepspan-demo-"))
+                .collect(),
+        ),
+        netns: mine(names_in("/run/netns", "deepspan-demo-")),
+        links: mine(names_in("/sys/class/net", "dsd")),
+        work_dirs: mine(names_in("/var/tmp", "deepspan-demo-")),
         dead_instances,
     }
 }
@@ -292,12 +328,15 @@ fn sigterm_during_the_network_fault_removes_namespace_link_and_everything() {
     }
     // The qdisc is the fault: a tbf on the far end of the veth.
     interrupt_during_fault("network", libc::SIGTERM, false, || {
-        names_in("/run/netns", "deepspan-demo-").iter().any(|ns| {
-            Command::new("ip")
-                .args(["netns", "exec", ns, "tc", "qdisc", "show"])
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("tbf"))
-        })
+        names_in("/run/netns", "deepspan-demo-")
+            .iter()
+            .filter(|ns| !someone_elses(ns))
+            .any(|ns| {
+                Command::new("ip")
+                    .args(["netns", "exec", ns, "tc", "qdisc", "show"])
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("tbf"))
+            })
     });
 }
 
@@ -309,6 +348,7 @@ fn ctrl_c_during_the_cgroup_fault_removes_the_cgroup_and_everything() {
     interrupt_during_fault("cpu-cgroup", libc::SIGINT, true, || {
         names_in("/sys/fs/cgroup/cpu", "deepspan-demo-")
             .iter()
+            .filter(|g| !someone_elses(g))
             .any(|g| {
                 std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/{g}/tasks"))
                     .is_ok_and(|t| !t.trim().is_empty())
@@ -336,7 +376,8 @@ fn a_driver_killed_with_sigkill_is_cleaned_up_by_the_next_one() {
         let mine = &names_in("/run/netns", "deepspan-demo-") - &before.netns;
         if let Some(pid) = mine
             .iter()
-            .find_map(|n| n["deepspan-demo-".len()..].parse().ok())
+            .filter_map(|n| n["deepspan-demo-".len()..].parse().ok())
+            .find(|&pid| ours(pid))
         {
             break pid;
         }
