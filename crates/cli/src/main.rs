@@ -7,6 +7,7 @@ mod decode;
 mod demo;
 mod import_ctf;
 mod kernel_input;
+mod profile;
 mod progress;
 mod receive;
 mod record;
@@ -72,6 +73,10 @@ enum Command {
     /// In-band critical paths (`deepspan-dcpt-path` reply headers written
     /// by the deepspan_otel.dcpt middleware).
     Dcpt(dcpt::DcptArgs),
+    /// A request's (or an operation's) wall time as a pprof profile: CPU
+    /// stacks sampled by `record --profile` on its RUNNING pieces, and its
+    /// off-CPU pieces as frames that say why it waited.
+    Profile(profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +93,7 @@ fn main() -> ExitCode {
         Command::Ui(args) => ui::run(args).map(|()| ExitCode::SUCCESS),
         Command::Sync(args) => sync::run(args).map(|()| ExitCode::SUCCESS),
         Command::Dcpt(args) => dcpt::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Profile(args) => profile::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -17,6 +17,7 @@ use crate::progress;
   deepspan record -o run1 -- ./server --port 8080
   deepspan record -o run2 --duration 10
   deepspan record -o run3 --mode flight -- ./server   # kill -USR2 <deepspan pid> to snapshot
+  deepspan record -o run4 --profile -- ./server   # CPU stacks too, for `deepspan profile`
   deepspan record --recover run1   # finish a run whose recorder was killed
   deepspan record --cleanup")]
 pub struct RecordArgs {
@@ -49,6 +50,11 @@ pub struct RecordArgs {
     /// Record without the OTLP receiver (spans can be added later with `deepspan import`).
     #[arg(long)]
     no_otlp: bool,
+    /// Also sample every CPU's call stacks (perf_event, at HZ, 99 by
+    /// default) for per-request CPU profiles (`deepspan profile`).
+    #[arg(long, value_name = "HZ", num_args = 0..=1, default_missing_value = "99",
+          value_parser = clap::value_parser!(u64).range(1..=10000))]
+    profile: Option<u64>,
     /// Remove tracefs instances left by deepspan processes that died, once no
     /// process they traced is alive, then exit.
     #[arg(long, conflicts_with_all = ["output", "command", "recover"])]
@@ -103,6 +109,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         command: args.command,
         otlp_grpc_port: bound(receiver.as_ref().and_then(|r| r.grpc_addr()), args.otlp_grpc_port),
         otlp_http_port: bound(receiver.as_ref().and_then(|r| r.http_addr()), args.otlp_http_port),
+        profile_hz: args.profile,
     };
     let bar = progress::spinner("starting");
     let summary = deepspan_record::record(&options, &mut |p: &Progress| {

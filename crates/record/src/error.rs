@@ -51,6 +51,9 @@ pub enum Error {
     #[error(transparent)]
     TraceDat(#[from] deepspan_ftrace::WriteError),
 
+    #[error("CPU profiling (--profile): {0}")]
+    Profile(#[from] deepspan_profile::Error),
+
     #[error("cannot read the run manifest {}: {reason}", path.display())]
     Manifest { path: PathBuf, reason: String },
 

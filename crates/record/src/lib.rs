@@ -38,7 +38,7 @@ use std::time::Duration;
 pub use error::Error;
 pub use events::{resolve_events, EventId, PRESETS};
 pub use journal::{owners_dir, InstanceOwner, ProcessId};
-pub use manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, Snapshot, MANIFEST_FILE};
+pub use manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, MANIFEST_FILE};
 pub use recover::{needs_recovery, recover, recover_from_files, Recovery};
 pub use session::record;
 pub use tracefs::Tracefs;
@@ -115,6 +115,9 @@ pub struct RecordOptions {
     /// command as OTEL_EXPORTER_OTLP_ENDPOINT.
     pub otlp_grpc_port: u16,
     pub otlp_http_port: u16,
+    /// Sample every CPU's stacks at this rate (Hz) while recording, into
+    /// `RUN/profile/`; None = no sampling.
+    pub profile_hz: Option<u64>,
 }
 
 impl RecordOptions {
@@ -131,6 +134,7 @@ impl RecordOptions {
             command: Vec::new(),
             otlp_grpc_port: 4317,
             otlp_http_port: 4318,
+            profile_hz: None,
         }
     }
 }

@@ -62,6 +62,21 @@ pub struct Manifest {
     /// take such a wake-up for the recorder's doing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recorder_tids: Vec<i32>,
+    /// CPU samples taken with the trace (`record --profile`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileManifest>,
+}
+
+/// What `record --profile` sampled (`deepspan_profile::Sampler`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileManifest {
+    /// The folder of samples and symbol sources, relative to the run folder.
+    pub dir: String,
+    pub hz: u64,
+    pub samples: u64,
+    /// Samples the kernel could not store.
+    pub lost: u64,
+    pub processes: u64,
 }
 
 /// Both clocks at one instant.
@@ -172,6 +187,7 @@ mod tests {
             exit_code: Some(0),
             tgids: None,
             recorder_tids: Vec::new(),
+            profile: None,
             warnings: vec![],
         };
         let dir = tempfile::tempdir().unwrap();

@@ -360,6 +360,7 @@ mod tests {
             exit_code: None,
             tgids: None,
             recorder_tids: Vec::new(),
+            profile: None,
             warnings: vec![],
         }
     }

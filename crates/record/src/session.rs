@@ -13,7 +13,7 @@ use deepspan_ftrace::{write_trace_dat, TraceDatMeta};
 use crate::capture::{drain_cpu, DrainLimit, Streams};
 use crate::events::{resolve_events, EventId};
 use crate::journal::{InstanceOwner, Journal, ProcessId};
-use crate::manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, Snapshot, FORMAT_VERSION};
+use crate::manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, FORMAT_VERSION};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
 use crate::{sys, Error, EventSelection, Mode, Progress, RecordOptions, RecordSummary};
@@ -255,6 +255,10 @@ impl Session {
         let mut manifest = self.initial_manifest(opts, start);
         let mut journal = self.journal(opts, &run.path, &manifest)?;
         self.instance.write("tracing_on", "1")?;
+        let mut sampler = match opts.profile_hz {
+            Some(hz) => Some(deepspan_profile::Sampler::start(&run.path, self.cpus, hz)?),
+            None => None,
+        };
         let mut child = match opts.command.split_first() {
             Some((program, args)) => Some(spawn(program, args, opts)?),
             None => None,
@@ -370,6 +374,20 @@ impl Session {
         }
         let end = clock_point();
         samples.push([end.realtime_ns, end.mono_ns]);
+        if let (Some(s), Some(hz)) = (sampler.take(), opts.profile_hz) {
+            match s.stop() {
+                Ok(st) => {
+                    manifest.profile = Some(ProfileManifest {
+                        dir: deepspan_profile::PROFILE_DIR.into(),
+                        hz,
+                        samples: st.samples,
+                        lost: st.lost,
+                        processes: st.processes,
+                    })
+                }
+                Err(e) => self.warnings.push(format!("CPU samples incomplete: {e}")),
+            }
+        }
 
         // Final flush into kernel/cpuN.raw.
         let trace_path = self.kernel_dir.join("trace.dat");
@@ -466,6 +484,7 @@ impl Session {
             tgids: None,
             warnings: Vec::new(),
             recorder_tids: self.recorder_tids.clone(),
+            profile: None,
         }
     }
 

@@ -6,7 +6,10 @@
 //! - `mt`: threads that sleep, contend on one mutex, and do disk I/O;
 //! - `pingpong N`: two threads passing a byte over pipes N times
 //!   (context-switch heavy);
-//! - `syscalls N`: N cheap system calls (syscall heavy, few switches).
+//! - `syscalls N`: N cheap system calls (syscall heavy, few switches);
+//! - `hot ROUNDS SPANS.json`: one CPU-bound request (a hot function, a
+//!   sleep, the hot function again), written as an OTLP JSON span with
+//!   deepspan's thread and monotonic-time attributes, for CPU profiles.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -23,7 +26,7 @@ fn gettid() -> i32 {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: deepspan-workload mt [DIR] | pingpong ROUNDS | syscalls COUNT");
+    eprintln!("usage: deepspan-workload mt [DIR] | pingpong ROUNDS | syscalls COUNT | hot ROUNDS SPANS.json");
     ExitCode::from(2)
 }
 
@@ -38,6 +41,10 @@ fn main() -> ExitCode {
         Some("syscalls") => match args.get(1).and_then(|n| n.parse().ok()) {
             Some(count) => syscalls(count),
             None => return usage(),
+        },
+        Some("hot") => match (args.get(1).and_then(|n| n.parse().ok()), args.get(2)) {
+            (Some(rounds), Some(out)) => hot(rounds, PathBuf::from(out)),
+            _ => return usage(),
         },
         _ => return usage(),
     };
@@ -249,6 +256,52 @@ fn syscalls(count: u64) -> std::io::Result<()> {
         std::process::id(),
         started.elapsed().as_secs_f64(),
         cpu_seconds()
+    );
+    Ok(())
+}
+
+/// The hot function of `hot`: integer mixing with no calls and no memory
+/// traffic, so every sample taken in it has it as its leaf frame.
+#[inline(never)]
+fn spin_hot(rounds: u64) -> u64 {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..rounds {
+        x = std::hint::black_box(x.rotate_left(7) ^ i).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    }
+    x
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid timespec for clock_gettime to fill.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn hot(rounds: u64, out: PathBuf) -> std::io::Result<()> {
+    let (wall_start, mono_start) = (clock_ns(libc::CLOCK_REALTIME), clock_ns(libc::CLOCK_MONOTONIC));
+    let a = spin_hot(rounds);
+    thread::sleep(Duration::from_millis(50));
+    let b = spin_hot(rounds);
+    let (wall_end, mono_end) = (clock_ns(libc::CLOCK_REALTIME), clock_ns(libc::CLOCK_MONOTONIC));
+    let tid = gettid();
+    let trace_id = format!("{:016x}{:016x}", mono_start, std::process::id());
+    let span_id = format!("{:016x}", mono_start ^ 0x5a5a);
+    let int_attr = |k: &str, v: u64| format!("{{\"key\":\"{k}\",\"value\":{{\"intValue\":\"{v}\"}}}}");
+    let span = format!(
+        "{{\"resourceSpans\":[{{\"resource\":{{\"attributes\":[{{\"key\":\"service.name\",\"value\":{{\"stringValue\":\"workload\"}}}},{pid}]}},\
+\"scopeSpans\":[{{\"spans\":[{{\"traceId\":\"{trace_id}\",\"spanId\":\"{span_id}\",\"name\":\"GET /hot\",\"kind\":2,\
+\"startTimeUnixNano\":\"{wall_start}\",\"endTimeUnixNano\":\"{wall_end}\",\"attributes\":[{tid},{ms},{me}]}}]}}]}}]}}\n",
+        pid = int_attr("process.pid", u64::from(std::process::id())),
+        tid = int_attr("deepspan.tid", tid as u64),
+        ms = int_attr("deepspan.mono_start_ns", mono_start),
+        me = int_attr("deepspan.mono_end_ns", mono_end),
+    );
+    fs::write(&out, span)?;
+    println!(
+        "{{\"workload\":\"hot\",\"pid\":{},\"tid\":{tid},\"span_id\":\"{span_id}\",\"hot_function\":\"spin_hot\",\"check\":{}}}",
+        std::process::id(),
+        a ^ b
     );
     Ok(())
 }

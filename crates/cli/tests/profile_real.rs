@@ -1,0 +1,90 @@
+//! `record --profile` and `deepspan profile` on a real native program: a
+//! request that spends its CPU time in one hot function, and sleeps once.
+//! The oracle is the program itself: it names its hot function and its
+//! request's span; nothing here depends on how many samples load leaves.
+
+mod common;
+
+use std::process::Command;
+
+use common::{ahead_of_other_load, deepspan, kernel_or_skip, workload};
+use deepspan_profile::pprof::Profile;
+use prost::Message;
+
+/// Iterations of the hot loop per half of the request: a few hundred ms of
+/// CPU, a few dozen samples at 99 Hz whatever else the machine runs.
+const ROUNDS: &str = "150000000";
+
+#[test]
+fn a_requests_cpu_time_is_in_its_hot_function_and_its_wall_time_adds_up() {
+    if !kernel_or_skip("profile_real") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let spans = dir.path().join("spans.json");
+    let mut record = deepspan();
+    record.arg("record").arg("-o").arg(&run).args(["--profile", "--no-otlp", "--"]).arg(workload());
+    record.args(["hot", ROUNDS]).arg(&spans);
+    let out = ahead_of_other_load(&mut record).output().unwrap();
+    assert!(out.status.success(), "record: {}", String::from_utf8_lossy(&out.stderr));
+    let told: serde_json::Value = serde_json::from_slice(
+        out.stdout.split(|&b| b == b'\n').find(|l| l.starts_with(b"{\"workload\"")).expect("the workload's line"),
+    )
+    .unwrap();
+    let span_id = told["span_id"].as_str().unwrap();
+    let hot = told["hot_function"].as_str().unwrap();
+
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["profile"]["hz"], 99, "{}", manifest["profile"]);
+
+    let ok = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ok(deepspan().arg("import").arg("-o").arg(&run).arg("--otlp").arg(&spans));
+    ok(deepspan().arg("analyze").arg(&run));
+    let pprof = dir.path().join("hot.pb.gz");
+    ok(deepspan().arg("profile").arg(&run).args(["--request", span_id, "-o"]).arg(&pprof));
+
+    let profile = decode(&std::fs::read(&pprof).unwrap());
+    let name = |loc: u64| {
+        let f = &profile.function[profile.location[loc as usize - 1].line[0].function_id as usize - 1];
+        profile.string_table[f.name as usize].as_str()
+    };
+    let on_cpu: Vec<&deepspan_profile::pprof::Sample> = profile.sample.iter().filter(|s| s.value[0] == 1).collect();
+    let in_hot = on_cpu.iter().filter(|s| s.location_id.iter().any(|&l| name(l).ends_with(hot))).count();
+    assert!(on_cpu.len() >= 5, "only {} CPU samples on the request's RUNNING pieces", on_cpu.len());
+    assert!(
+        in_hot * 100 >= on_cpu.len() * 80,
+        "{hot} is in {in_hot} of the request's {} RUNNING samples",
+        on_cpu.len()
+    );
+    // The sleep is an off-CPU frame.
+    assert!(profile.function.iter().any(|f| profile.string_table[f.name as usize].starts_with("[off-CPU: TIMER")));
+
+    // On- plus off-CPU wall time is the request's duration.
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(deepspan().arg("report").arg(&run).args(["--request", span_id, "--format", "json"])))
+            .unwrap();
+    let duration = report["request"]["end_ns"].as_u64().unwrap() - report["request"]["start_ns"].as_u64().unwrap();
+    let wall: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
+    assert!(
+        (wall as f64 - duration as f64).abs() <= duration as f64 * 0.01,
+        "profile wall time {wall} ns against a {duration} ns request"
+    );
+
+    // Go's own reader takes it.
+    let top = Command::new("go").args(["tool", "pprof", "-top"]).arg(&pprof).output().expect("go tool pprof");
+    assert!(top.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&top.stderr));
+    assert!(String::from_utf8_lossy(&top.stdout).contains(hot));
+}
+
+fn decode(gz: &[u8]) -> Profile {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(gz).read_to_end(&mut bytes).unwrap();
+    Profile::decode(&bytes[..]).unwrap()
+}
