@@ -11,3 +11,4 @@ python3 bench/otlp_load.py
 python3 bench/ctf_bench.py  # CTF decode throughput vs babeltrace2 on a recorded LTTng-UST trace
 python3 bench/ui_bench.py  # UI: request page first render, frame time while panning (>= 100 000 intervals)
 python3 bench/sync_bench.py  # clock sync (convex hull) cost per matched pair vs sorting the same pairs
+python3 bench/profile_overhead.py  # CPU sampling (record --profile) cost against recording without it

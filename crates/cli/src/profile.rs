@@ -10,7 +10,8 @@ use clap::Args;
 use deepspan_profile::{
     add_request, encode_gzip, read_samples, PathPiece, PprofBuilder, SampleIndex, Symbols, Totals,
 };
-use deepspan_store::{read_report, Report};
+use deepspan_store::report::{ReportPiece, ReportRequest};
+use deepspan_store::{read_critical_paths, read_report};
 
 #[derive(Args)]
 #[command(after_help = "Examples:
@@ -55,21 +56,16 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     let index = SampleIndex::new(&samples.samples);
     let mut symbols = Symbols::open(&profile_dir);
 
-    let ids = match (&args.request, &args.operation) {
-        (Some(id), _) => vec![id.clone()],
-        (None, Some(op)) => requests_of(&args.run, op)?,
+    let requests: Vec<(ReportRequest, Vec<ReportPiece>)> = match (&args.request, &args.operation) {
+        (Some(id), _) => {
+            let report = read_report(&args.run, id)?;
+            vec![(report.request, report.critical_path)]
+        }
+        (None, Some(op)) => read_critical_paths(&args.run, &requests_of(&args.run, op)?)?,
         (None, None) => unreachable!("clap requires --request or --operation"),
     };
-    let reports: Vec<Report> = ids
-        .iter()
-        .map(|id| read_report(&args.run, id).with_context(|| format!("request {id}")))
-        .collect::<Result<_>>()?;
-    let start = reports
-        .iter()
-        .map(|r| r.request.start_ns)
-        .min()
-        .unwrap_or(0);
-    let end = reports.iter().map(|r| r.request.end_ns).max().unwrap_or(0);
+    let start = requests.iter().map(|r| r.0.start_ns).min().unwrap_or(0);
+    let end = requests.iter().map(|r| r.0.end_ns).max().unwrap_or(0);
     let mut out = PprofBuilder::new(
         manifest.start.realtime_ns as i64,
         end.saturating_sub(start) as i64,
@@ -81,13 +77,10 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     ));
     let mut totals = Totals::default();
     let mut duration = 0u64;
-    for report in &reports {
-        let root = format!("[{}] {}", report.request.service, report.request.operation);
-        let path: Vec<PathPiece> = report.critical_path.iter().map(piece).collect();
-        duration += report
-            .request
-            .end_ns
-            .saturating_sub(report.request.start_ns);
+    for (request, critical_path) in &requests {
+        let root = format!("[{}] {}", request.service, request.operation);
+        let path: Vec<PathPiece> = critical_path.iter().map(piece).collect();
+        duration += request.end_ns.saturating_sub(request.start_ns);
         totals.add(add_request(&mut out, &root, &path, &index, &mut symbols));
     }
     let bytes = encode_gzip(&out.finish());
@@ -95,9 +88,9 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     let ms = |ns: u64| ns as f64 / 1e6;
     println!(
-        "{}: {} request(s), {:.1} ms: on-CPU {:.1} ms ({} samples, {:.1} ms in pieces too short to be sampled), off-CPU {:.1} ms",
+        "{}: {} request(s), {:.1} ms: on-CPU {:.1} ms ({} samples; {:.1} ms on threads that took no sample there), off-CPU {:.1} ms",
         args.output.display(),
-        reports.len(),
+        requests.len(),
         ms(duration),
         ms(totals.on_cpu_ns),
         totals.samples,
@@ -113,7 +106,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     Ok(())
 }
 
-fn piece(p: &deepspan_store::report::ReportPiece) -> PathPiece {
+fn piece(p: &ReportPiece) -> PathPiece {
     PathPiece {
         start_ns: p.start_ns,
         end_ns: p.end_ns,

@@ -34,7 +34,7 @@ use deepspan_analysis::{
 };
 
 pub use error::Error;
-pub use report::{read_report, Report};
+pub use report::{read_critical_paths, read_report, Report};
 
 /// The folder of a run that holds the analysis.
 pub const ANALYSIS_DIR: &str = "analysis";

@@ -2,7 +2,7 @@
 //! shows. The serialized form is the report's JSON (fields fixed by the
 //! CLI's contract); the `#[serde(skip)]` fields feed the text form only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use serde::Serialize;
@@ -174,51 +174,7 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
             && get(row, "trace_id").as_str() == Some(trace_id.as_str())
     };
 
-    let mut pieces = read_rows(&dir.join(CRITICAL_PATH), |r| ours(r))?;
-    pieces.sort_by_key(|r| get(r, "seq").as_i64().unwrap_or(0));
-    let mut critical_path: Vec<ReportPiece> = Vec::with_capacity(pieces.len());
-    let read = pieces.iter().map(|r| ReportPiece {
-        start_ns: uint(r, "start_ns"),
-        end_ns: uint(r, "end_ns"),
-        state: string(r, "state").unwrap_or_default(),
-        tid: get(r, "tid").as_i64(),
-        comm: string(r, "comm"),
-        syscall: string(r, "syscall"),
-        blocked_by_request: string(r, "blocked_by_request"),
-        detail: string(r, "detail"),
-        preempted_by: get(r, "preempted_by_tid")
-            .as_i64()
-            .map(|t| (t, string(r, "preempted_by_comm"))),
-        throttled_ns: uint(r, "throttled_ns"),
-        contended_ns: uint(r, "contended_ns"),
-        wakeup_ns: uint(r, "wakeup_ns"),
-        lost: get(r, "lost").as_bool().unwrap_or(false),
-    });
-    // The tables tell apart pieces that differ only in which span of the
-    // request the thread worked for; a report does not.
-    for p in read {
-        match critical_path.last_mut() {
-            Some(last)
-                if last.end_ns == p.start_ns
-                    && last.state == p.state
-                    && last.tid == p.tid
-                    && last.comm == p.comm
-                    && last.syscall == p.syscall
-                    && last.blocked_by_request == p.blocked_by_request
-                    && last.detail == p.detail =>
-            {
-                last.end_ns = p.end_ns;
-                last.throttled_ns += p.throttled_ns;
-                last.contended_ns += p.contended_ns;
-                last.wakeup_ns += p.wakeup_ns;
-                last.lost |= p.lost;
-                if last.preempted_by.is_none() {
-                    last.preempted_by = p.preempted_by;
-                }
-            }
-            _ => critical_path.push(p),
-        }
-    }
+    let critical_path = joined_pieces(read_rows(&dir.join(CRITICAL_PATH), |r| ours(r))?);
     let summary: Vec<ReportSummaryRow> = read_rows(&dir.join(REQUEST_SUMMARY), |r| ours(r))?
         .iter()
         .map(|r| ReportSummaryRow {
@@ -265,14 +221,7 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
         .filter_map(|b| operations.get(&b).map(|op| (b, op.clone())))
         .collect();
     Ok(Report {
-        request: ReportRequest {
-            trace_id,
-            span_id,
-            service: string(chosen, "service").unwrap_or_default(),
-            operation: string(chosen, "operation").unwrap_or_default(),
-            start_ns: uint(chosen, "start_ns"),
-            end_ns: uint(chosen, "end_ns"),
-        },
+        request: report_request(chosen),
         critical_path,
         summary,
         lost_events: uint(chosen, "lost_events"),
@@ -286,4 +235,92 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
             blockers,
         },
     })
+}
+
+fn report_request(row: &[(String, Cell)]) -> ReportRequest {
+    ReportRequest {
+        trace_id: string(row, "trace_id").unwrap_or_default(),
+        span_id: string(row, "span_id").unwrap_or_default(),
+        service: string(row, "service").unwrap_or_default(),
+        operation: string(row, "operation").unwrap_or_default(),
+        start_ns: uint(row, "start_ns"),
+        end_ns: uint(row, "end_ns"),
+    }
+}
+
+/// One request's rows of the critical-path table, in path order, as a
+/// report's pieces. The tables tell apart pieces that differ only in which
+/// span of the request the thread worked for; a report does not.
+fn joined_pieces(mut rows: Vec<Vec<(String, Cell)>>) -> Vec<ReportPiece> {
+    rows.sort_by_key(|r| get(r, "seq").as_i64().unwrap_or(0));
+    let mut critical_path: Vec<ReportPiece> = Vec::with_capacity(rows.len());
+    let read = rows.iter().map(|r| ReportPiece {
+        start_ns: uint(r, "start_ns"),
+        end_ns: uint(r, "end_ns"),
+        state: string(r, "state").unwrap_or_default(),
+        tid: get(r, "tid").as_i64(),
+        comm: string(r, "comm"),
+        syscall: string(r, "syscall"),
+        blocked_by_request: string(r, "blocked_by_request"),
+        detail: string(r, "detail"),
+        preempted_by: get(r, "preempted_by_tid").as_i64().map(|t| (t, string(r, "preempted_by_comm"))),
+        throttled_ns: uint(r, "throttled_ns"),
+        contended_ns: uint(r, "contended_ns"),
+        wakeup_ns: uint(r, "wakeup_ns"),
+        lost: get(r, "lost").as_bool().unwrap_or(false),
+    });
+    for p in read {
+        match critical_path.last_mut() {
+            Some(last)
+                if last.end_ns == p.start_ns
+                    && last.state == p.state
+                    && last.tid == p.tid
+                    && last.comm == p.comm
+                    && last.syscall == p.syscall
+                    && last.blocked_by_request == p.blocked_by_request
+                    && last.detail == p.detail =>
+            {
+                last.end_ns = p.end_ns;
+                last.throttled_ns += p.throttled_ns;
+                last.contended_ns += p.contended_ns;
+                last.wakeup_ns += p.wakeup_ns;
+                last.lost |= p.lost;
+                if last.preempted_by.is_none() {
+                    last.preempted_by = p.preempted_by;
+                }
+            }
+            _ => critical_path.push(p),
+        }
+    }
+    critical_path
+}
+
+/// The kernel critical paths of many requests (by span id, as in
+/// requests.json), reading each table once where [`read_report`] per
+/// request would read them all every time. In `span_ids` order; a span id
+/// with no analysed request is an error.
+pub fn read_critical_paths(
+    run_dir: &Path,
+    span_ids: &[String],
+) -> Result<Vec<(ReportRequest, Vec<ReportPiece>)>, Error> {
+    let dir = run_dir.join(ANALYSIS_DIR);
+    let wanted: HashSet<&str> = span_ids.iter().map(String::as_str).collect();
+    let is_wanted = |r: &[(String, Cell)]| get(r, "span_id").as_str().is_some_and(|s| wanted.contains(s));
+    let requests = read_rows(&dir.join(REQUESTS), |r| is_wanted(r))?;
+    let mut rows_of: HashMap<(String, String), Vec<Vec<(String, Cell)>>> = HashMap::new();
+    for row in read_rows(&dir.join(CRITICAL_PATH), |r| is_wanted(r))? {
+        let key = (string(&row, "trace_id").unwrap_or_default(), string(&row, "span_id").unwrap_or_default());
+        rows_of.entry(key).or_default().push(row);
+    }
+    span_ids
+        .iter()
+        .map(|id| {
+            let row = requests.iter().find(|r| get(r, "span_id").as_str() == Some(id.as_str())).ok_or_else(|| {
+                Error::NotFound { what: format!("no analysed request with span id {id} in {}", dir.display()) }
+            })?;
+            let request = report_request(row);
+            let rows = rows_of.remove(&(request.trace_id.clone(), request.span_id.clone())).unwrap_or_default();
+            Ok((request, joined_pieces(rows)))
+        })
+        .collect()
 }

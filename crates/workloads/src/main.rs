@@ -280,10 +280,12 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 
 fn hot(rounds: u64, out: PathBuf) -> std::io::Result<()> {
     let (wall_start, mono_start) = (clock_ns(libc::CLOCK_REALTIME), clock_ns(libc::CLOCK_MONOTONIC));
+    let cpu_start = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
     let a = spin_hot(rounds);
     thread::sleep(Duration::from_millis(50));
     let b = spin_hot(rounds);
     let (wall_end, mono_end) = (clock_ns(libc::CLOCK_REALTIME), clock_ns(libc::CLOCK_MONOTONIC));
+    let cpu_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) - cpu_start;
     let tid = gettid();
     let trace_id = format!("{:016x}{:016x}", mono_start, std::process::id());
     let span_id = format!("{:016x}", mono_start ^ 0x5a5a);
@@ -299,7 +301,7 @@ fn hot(rounds: u64, out: PathBuf) -> std::io::Result<()> {
     );
     fs::write(&out, span)?;
     println!(
-        "{{\"workload\":\"hot\",\"pid\":{},\"tid\":{tid},\"span_id\":\"{span_id}\",\"hot_function\":\"spin_hot\",\"check\":{}}}",
+        "{{\"workload\":\"hot\",\"pid\":{},\"tid\":{tid},\"span_id\":\"{span_id}\",\"hot_function\":\"spin_hot\",\"cpu_ns\":{cpu_ns},\"check\":{}}}",
         std::process::id(),
         a ^ b
     );
