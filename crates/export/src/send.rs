@@ -129,8 +129,10 @@ pub fn send_otlp(export: &Export, url: &str, options: &SendOptions) -> Result<Se
                     .timeout(options.timeout)
                     .connect_timeout(options.timeout)
                     .connect_lazy();
-                let mut client =
-                    TraceServiceClient::new(channel).max_encoding_message_size(64 << 20);
+                // Servers may answer gzip-compressed (Jaeger does).
+                let mut client = TraceServiceClient::new(channel)
+                    .max_encoding_message_size(64 << 20)
+                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
                 if options.gzip {
                     client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                 }
