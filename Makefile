@@ -47,6 +47,7 @@ test: deps ui
 	$(CARGO) build --release -p deepspan -p deepspan-workloads
 	$(CARGO) test --release --workspace --no-fail-fast
 	python3 -m pytest -q sdk/python/tests
+	python3 -m pytest -q tests/fleet --deepspan $(TARGET_DIR)/release/deepspan
 	node ui/e2e/e2e.mjs --deepspan $(TARGET_DIR)/release/deepspan --out $(TARGET_DIR)/ui-e2e
 
 # Benchmarks are timings: run by hand, never part of `make test`.
