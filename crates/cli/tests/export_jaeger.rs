@@ -20,6 +20,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{deepspan, kernel_or_skip};
+use deepspan_spans::{import_file, read_run_spans, Span, SpanId, TraceId};
 use serde_json::Value;
 
 fn repo() -> PathBuf {
@@ -403,6 +404,80 @@ fn check_request(run: &Path, request: &Value, trace: &Value) -> Vec<(String, i64
     children
 }
 
+/// `export --out` of a real run, imported into a new run by `deepspan
+/// import`: every span of the run comes back, those that are no request
+/// exactly as they were, request spans with only what export adds (after
+/// their own attributes and events), and the kernel children as written.
+fn round_trip(run: &Path, scratch: &Path) {
+    let file = scratch.join("export.otlp.json");
+    check(
+        "deepspan export --out",
+        deepspan()
+            .arg("export")
+            .arg(run)
+            .arg("--out")
+            .arg(&file)
+            .output()
+            .unwrap(),
+    );
+    let imported_run = scratch.join("imported");
+    check(
+        "deepspan import",
+        deepspan()
+            .arg("import")
+            .arg("-o")
+            .arg(&imported_run)
+            .arg(&file)
+            .output()
+            .unwrap(),
+    );
+    let read = |dir: &Path| -> Vec<Span> {
+        let mut reader = read_run_spans(dir).unwrap();
+        reader.by_ref().map(|s| s.unwrap()).collect()
+    };
+    let exported = import_file(&file).unwrap().spans;
+    let imported = read(&imported_run);
+    assert_eq!(
+        imported, exported,
+        "deepspan import changed the exported spans"
+    );
+    let requests: BTreeSet<String> = read_json(&run.join("analysis/requests.json"))["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["span_id"].as_str().unwrap().to_string())
+        .collect();
+    let by_id: std::collections::HashMap<(TraceId, SpanId), &Span> = imported
+        .iter()
+        .map(|s| ((s.trace_id, s.span_id), s))
+        .collect();
+    let originals = read(run);
+    for original in &originals {
+        let back = by_id
+            .get(&(original.trace_id, original.span_id))
+            .unwrap_or_else(|| panic!("span {} was not exported", original.span_id));
+        if requests.contains(&original.span_id.to_string()) {
+            let mut trimmed = (*back).clone();
+            trimmed.attributes.0.truncate(original.attributes.len());
+            trimmed.events.truncate(original.events.len());
+            trimmed.refresh_sync();
+            assert_eq!(&trimmed, original, "request span {}", original.span_id);
+            assert!(back.attributes.get("deepspan.kernel.sync").is_some());
+        } else {
+            assert_eq!(*back, original, "span {}", original.span_id);
+        }
+    }
+    let added = imported.len() - originals.len();
+    assert!(
+        added > 0
+            && imported
+                .iter()
+                .filter(|s| s.scope.name == "deepspan.kernel")
+                .count()
+                == added
+    );
+}
+
 #[test]
 fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
     if !kernel_or_skip("jaeger_shows_the_kernel_path_the_link_and_the_diagnosis") {
@@ -447,6 +522,8 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
             .contains("deepspan.kernel.throttle_start")),
         "no throttling event in {logs:?}"
     );
+
+    round_trip(&run, keep.path());
 
     // A PostgreSQL row lock, exported over OTLP/gRPC.
     let run = demo_run(keep.path(), "db-row-lock");
