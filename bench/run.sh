@@ -10,3 +10,4 @@ python3 bench/analyze_bench.py
 python3 bench/otlp_load.py
 python3 bench/ctf_bench.py  # CTF decode throughput vs babeltrace2 on a recorded LTTng-UST trace
 python3 bench/ui_bench.py  # UI: request page first render, frame time while panning (>= 100 000 intervals)
+python3 bench/export_bench.py  # deepspan export: time and bytes per 1000 requests, spans per trace before/after folding

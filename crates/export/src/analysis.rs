@@ -10,6 +10,7 @@ use std::path::Path;
 use deepspan_spans::{SpanId, TraceId};
 use deepspan_store::table::{read_rows, Cell};
 use deepspan_store::tables::{CRITICAL_PATH, SYSCALLS};
+use parquet::record::Field;
 
 use crate::Error;
 
@@ -111,6 +112,54 @@ fn text(row: &[(String, Cell)], name: &str) -> Option<String> {
 
 fn uint(row: &[(String, Cell)], name: &str) -> u64 {
     get(row, name).as_u64().unwrap_or(0)
+}
+
+fn int(f: &Field) -> Option<i64> {
+    match f {
+        Field::Int(v) => Some(i64::from(*v)),
+        Field::Long(v) => Some(*v),
+        Field::UInt(v) => Some(i64::from(*v)),
+        Field::ULong(v) => i64::try_from(*v).ok(),
+        _ => None,
+    }
+}
+
+/// Calls `each` with the values of `columns` (in that order) of every row;
+/// only those columns are decoded. A column the file lacks is an error.
+fn read_columns(
+    path: &Path,
+    columns: &[&str],
+    mut each: impl FnMut(&[Field]),
+) -> Result<(), Error> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let fail = |what: String| bad(path, what);
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let reader = SerializedFileReader::new(file).map_err(|e| fail(e.to_string()))?;
+    let schema = reader.metadata().file_metadata().schema();
+    let mut fields = Vec::with_capacity(columns.len());
+    for name in columns {
+        let field = schema
+            .get_fields()
+            .iter()
+            .find(|f| f.name() == *name)
+            .ok_or_else(|| fail(format!("no column {name:?}")))?;
+        fields.push(field.clone());
+    }
+    let projection = parquet::schema::types::Type::group_type_builder(schema.name())
+        .with_fields(fields)
+        .build()
+        .map_err(|e| fail(e.to_string()))?;
+    let rows = reader
+        .get_row_iter(Some(projection))
+        .map_err(|e| fail(e.to_string()))?;
+    let mut values = Vec::with_capacity(columns.len());
+    for row in rows {
+        let row = row.map_err(|e| fail(e.to_string()))?;
+        values.clear();
+        values.extend(row.into_columns().into_iter().map(|(_, f)| f));
+        each(&values);
+    }
+    Ok(())
 }
 
 fn bad(path: &Path, what: String) -> Error {
@@ -240,27 +289,34 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
     let mut pids = HashMap::new();
     let syscalls_file = dir.join(SYSCALLS);
     if syscalls_file.is_file() {
-        read_rows(&syscalls_file, |row| {
-            let Some(tid) = get(row, "tid").as_i64() else {
-                return false;
+        let columns = ["tid", "pid", "start_ns", "end_ns", "nr", "name", "ret"];
+        read_columns(&syscalls_file, &columns, |row| {
+            let [tid, pid, start_ns, end_ns, nr, name, ret] = row else {
+                return;
             };
-            if let Some(pid) = get(row, "pid").as_i64() {
+            let Some(tid) = int(tid) else {
+                return;
+            };
+            if let Some(pid) = int(pid) {
                 pids.entry(tid).or_insert(pid);
             }
-            let (start_ns, end_ns) = (uint(row, "start_ns"), uint(row, "end_ns"));
-            if end_ns.saturating_sub(start_ns) >= min_syscall_ns && home_threads.contains(&tid) {
+            let (start_ns, end_ns) = (int(start_ns).unwrap_or(0), int(end_ns).unwrap_or(0));
+            if end_ns.saturating_sub(start_ns) >= min_syscall_ns as i64
+                && home_threads.contains(&tid)
+            {
                 syscalls.entry(tid).or_default().push(Syscall {
                     tid,
-                    start_ns,
-                    end_ns,
-                    nr: get(row, "nr").as_i64().unwrap_or(-1),
-                    name: text(row, "name"),
-                    ret: get(row, "ret").as_i64(),
+                    start_ns: start_ns.max(0) as u64,
+                    end_ns: end_ns.max(0) as u64,
+                    nr: int(nr).unwrap_or(-1),
+                    name: match name {
+                        Field::Str(s) => Some(s.clone()),
+                        _ => None,
+                    },
+                    ret: int(ret),
                 });
             }
-            false
-        })
-        .map_err(Error::Store)?;
+        })?;
     }
     for list in syscalls.values_mut() {
         list.sort_by_key(|s| s.start_ns);
