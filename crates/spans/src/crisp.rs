@@ -30,13 +30,19 @@
 //!    (OTLP) when its status is ERROR. *Total work* is the sum of the
 //!    durations of the spans kept in step 1, and *time saved on work* the sum
 //!    of those of the erring spans (the work an early error return would
-//!    have saved).
+//!    have saved). *Time saved on the critical path* is how much earlier
+//!    the root would end if erring spans returned at once: an erring span
+//!    saves its whole duration; a span's children form parallel blocks
+//!    (children overlapping transitively), and each block saves what its
+//!    longest chain of spans in series saves, the gaps between them kept,
+//!    less its overlap with the next block; a span saves at most its
+//!    duration (CRISP's "all series" estimate).
 //!
 //! Times are the input's (ns here; CRISP's Jaeger input is in µs). Each root
 //! of a trace (a span without a parent in it) is analysed on its own, as
-//! CRISP does with `--mergeAllRoots`. Not reproduced: CRISP's time saved on
-//! the critical path (its parallel-block simulation) and its error critical
-//! path.
+//! CRISP does with `--mergeAllRoots`. Not reproduced: CRISP's pessimistic
+//! and optimistic time-saved variants, its error critical path and error
+//! depth statistics.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -80,6 +86,9 @@ pub struct CrispRoot {
     pub call_path_exclusive_ns: BTreeMap<String, u64>,
     pub total_work_ns: u64,
     pub time_saved_on_work_ns: u64,
+    /// How much shorter the root would be if erring spans returned at once,
+    /// spans in series staying in series (CRISP's "all series").
+    pub time_saved_on_cp_ns: u64,
     /// Children cut to their parent, and dropped (with their subtrees).
     pub shrunk_children: usize,
     pub dropped_children: usize,
@@ -92,6 +101,7 @@ pub struct CrispReport {
     pub op_time_exclusive_ns: BTreeMap<String, u64>,
     pub total_work_ns: u64,
     pub time_saved_on_work_ns: u64,
+    pub time_saved_on_cp_ns: u64,
 }
 
 struct Node {
@@ -265,6 +275,143 @@ impl Tree<'_> {
         parts.join("->")
     }
 
+    /// CRISP's "all series" time saved on the critical path if erring spans
+    /// returned at once (`computeTimeSavedOnCPReal` with
+    /// `ComputeAllSeriesTimeSavedForPBlock`): an erring span saves its whole
+    /// duration; otherwise its children's parallel blocks each save what the
+    /// longest chain of spans in series in them saves, with the gaps between
+    /// them kept, less the block's overlap with the next one; at most the
+    /// span's duration.
+    fn time_saved_on_cp(&self, n: usize) -> i64 {
+        let node = &self.nodes[n];
+        if node.errs {
+            return node.duration;
+        }
+        if node.children.is_empty() {
+            return 0;
+        }
+        let saved: i64 = self
+            .parallel_blocks(n)
+            .iter()
+            .map(|b| self.block_saved(b))
+            .sum();
+        saved.min(node.duration)
+    }
+
+    /// The children of `n` as parallel blocks, latest first: transitively
+    /// overlapping children (by the happens-before above) share a block.
+    fn parallel_blocks(&self, n: usize) -> Vec<Block> {
+        let children = &self.nodes[n].children;
+        let mut order = children.clone();
+        // CRISP's heap order: end descending, then start, then span id.
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&self.nodes[a], &self.nodes[b]);
+            y.end
+                .cmp(&x.end)
+                .then(x.start.cmp(&y.start))
+                .then(self.spans[x.span].span_id.cmp(&self.spans[y.span].span_id))
+        });
+        let mut blocks = Vec::new();
+        let mut current = Block::new(n, order[0], &self.nodes, 0);
+        for &c in &order[1..] {
+            if self.happens_before(n, children, c, current.first) {
+                let overlap = (self.nodes[c].end - current.start).max(0);
+                let next = Block::new(n, c, &self.nodes, overlap);
+                blocks.push(std::mem::replace(&mut current, next));
+            } else {
+                current.spans.push(c);
+                if self.nodes[c].start < self.nodes[current.first].start {
+                    current.first = c;
+                    current.start = self.nodes[c].start;
+                }
+            }
+        }
+        blocks.push(current);
+        blocks
+    }
+
+    /// The block's spans, latest end first (ties: the order added).
+    fn by_end_descending(&self, block: &Block) -> Vec<usize> {
+        let mut sorted = block.spans.clone();
+        sorted.sort_by_key(|&c| self.nodes[c].end);
+        sorted.reverse();
+        sorted
+    }
+
+    fn block_saved(&self, block: &Block) -> i64 {
+        let sorted = self.by_end_descending(block);
+        // For each span, the spans directly before it in series (not through another).
+        let mut before: HashMap<usize, Vec<usize>> = HashMap::new();
+        let mut in_flight: Vec<usize> = vec![sorted[0]];
+        before.insert(sorted[0], Vec::new());
+        let ends_before = |a: usize, b: usize| self.nodes[a].end <= self.nodes[b].start;
+        for &s in &sorted[1..] {
+            let mut finished = Vec::new();
+            for &w in &in_flight {
+                if !ends_before(s, w) {
+                    continue;
+                }
+                let direct = &before[&w];
+                if direct.is_empty() {
+                    before.get_mut(&w).expect("present").push(s);
+                    continue;
+                }
+                let in_series = direct.iter().filter(|&&d| ends_before(s, d)).count();
+                if in_series == direct.len() {
+                    finished.push(w);
+                } else if in_series == 0 {
+                    before.get_mut(&w).expect("present").push(s);
+                }
+            }
+            in_flight.retain(|w| !finished.contains(w));
+            in_flight.push(s);
+            before.insert(s, Vec::new());
+        }
+        // The spans that may end the block: the last one and those parallel to it.
+        let last = sorted[0];
+        let mut candidates = vec![last];
+        for &s in &sorted[1..] {
+            if self.happens_before(block.parent, &sorted, s, last) {
+                break;
+            }
+            candidates.push(s);
+        }
+        let mut cache: HashMap<usize, i64> = HashMap::new();
+        let mut latest = i64::MIN;
+        for &c in &candidates {
+            let saved = self.chain_saved(block, &before, &mut cache, c);
+            latest = latest.max(self.nodes[c].end - saved);
+        }
+        (block.end - latest - block.overlap).max(0)
+    }
+
+    /// How much earlier `n` ends when it and the spans before it in series
+    /// save what they can (CRISP's `ComputeAllSeriesTimeSavedForNode`).
+    fn chain_saved(
+        &self,
+        block: &Block,
+        before: &HashMap<usize, Vec<usize>>,
+        cache: &mut HashMap<usize, i64>,
+        n: usize,
+    ) -> i64 {
+        if let Some(&v) = cache.get(&n) {
+            return v;
+        }
+        let own = self.time_saved_on_cp(n);
+        let node = &self.nodes[n];
+        let mut gap = node.start - block.start;
+        let mut latest_before = block.start;
+        for &p in before.get(&n).map(Vec::as_slice).unwrap_or(&[]) {
+            gap = gap.min(node.start - self.nodes[p].end).max(0);
+            let saved = self.chain_saved(block, before, cache, p);
+            latest_before = latest_before.max(self.nodes[p].end - saved);
+        }
+        let new_end = latest_before + gap + (node.duration - own);
+        let saved = node.end - new_end;
+        cache.insert(n, saved);
+        saved
+    }
+
     fn work(&self, n: usize) -> (i64, i64) {
         let node = &self.nodes[n];
         let mut total = node.duration;
@@ -275,6 +422,31 @@ impl Tree<'_> {
             saved += s;
         }
         (total, saved)
+    }
+}
+
+/// A parallel block: children of `parent` that overlap transitively.
+struct Block {
+    parent: usize,
+    start: i64,
+    end: i64,
+    /// The earliest-starting span.
+    first: usize,
+    spans: Vec<usize>,
+    /// How much the block overlaps the one after it.
+    overlap: i64,
+}
+
+impl Block {
+    fn new(parent: usize, node: usize, nodes: &[Node], overlap: i64) -> Block {
+        Block {
+            parent,
+            start: nodes[node].start,
+            end: nodes[node].end,
+            first: node,
+            spans: vec![node],
+            overlap,
+        }
     }
 }
 
@@ -357,6 +529,7 @@ pub fn crisp_trace(trace: &Trace, options: CrispOptions) -> Vec<CrispRoot> {
             *op_time_exclusive_ns.entry(leaf.to_string()).or_default() += ns;
         }
         let (total, saved) = tree.work(root);
+        let saved_on_cp = tree.time_saved_on_cp(root);
         out.push(CrispRoot {
             trace_id: trace.trace_id.to_string(),
             root_span_id: tree.spans[tree.nodes[root].span].span_id.to_string(),
@@ -369,6 +542,7 @@ pub fn crisp_trace(trace: &Trace, options: CrispOptions) -> Vec<CrispRoot> {
             call_path_exclusive_ns,
             total_work_ns: total.max(0) as u64,
             time_saved_on_work_ns: saved.max(0) as u64,
+            time_saved_on_cp_ns: saved_on_cp.max(0) as u64,
             shrunk_children: tree.shrunk,
             dropped_children: tree.dropped,
         });
@@ -384,6 +558,7 @@ pub fn crisp_report(traces: &[Trace], options: CrispOptions) -> CrispReport {
         op_time_exclusive_ns: BTreeMap::new(),
         total_work_ns: 0,
         time_saved_on_work_ns: 0,
+        time_saved_on_cp_ns: 0,
     };
     for trace in traces {
         for root in crisp_trace(trace, options) {
@@ -392,6 +567,7 @@ pub fn crisp_report(traces: &[Trace], options: CrispOptions) -> CrispReport {
             }
             report.total_work_ns += root.total_work_ns;
             report.time_saved_on_work_ns += root.time_saved_on_work_ns;
+            report.time_saved_on_cp_ns += root.time_saved_on_cp_ns;
             report.roots.push(root);
         }
     }

@@ -84,7 +84,10 @@ fn a_larger_overlap_is_not_and_a_third_child_in_the_overlap_breaks_it() {
     // C's end lies in A/B's overlap (three events there): A does not happen
     // before B. C itself overlaps B by 2 with only B's start and its own end
     // in between: it does, and takes A's place on the path.
-    assert_eq!(excl, map(&[("[S1] P", 398), ("[S3] B", 400), ("[S4] C", 202)]));
+    assert_eq!(
+        excl,
+        map(&[("[S1] P", 398), ("[S3] B", 400), ("[S4] C", 202)])
+    );
 }
 
 #[test]
@@ -142,4 +145,27 @@ fn total_work_and_the_work_erring_spans_would_save() {
     let report = crisp_report(&traces, CrispOptions::default());
     assert_eq!(report.total_work_ns, 100 + 30 + 20 + 15 + 5);
     assert_eq!(report.time_saved_on_work_ns, 30 + 20);
+}
+
+#[test]
+fn time_saved_on_the_critical_path_keeps_series_and_stops_at_a_parallel_branch() {
+    // A (erring) then B in series: returning at once saves A's 40.
+    let mut erring = span(2, Some(1), "S2", "A", 0, 40, Internal);
+    erring.attributes.insert("error", Value::Bool(true));
+    let parent = span(1, None, "S1", "P", 0, 100, Server);
+    let after = span(3, Some(1), "S3", "B", 40, 100, Internal);
+    let traces = group_traces(vec![parent.clone(), erring.clone(), after.clone()]);
+    let report = crisp_report(&traces, CrispOptions::default());
+    assert_eq!(
+        (report.time_saved_on_cp_ns, report.time_saved_on_work_ns),
+        (40, 40)
+    );
+    // C runs beside them until 80: B can only move back to end at 80.
+    let beside = span(4, Some(1), "S4", "C", 0, 80, Internal);
+    let traces = group_traces(vec![parent, erring, after, beside]);
+    let report = crisp_report(&traces, CrispOptions::default());
+    assert_eq!(
+        (report.time_saved_on_cp_ns, report.time_saved_on_work_ns),
+        (20, 40)
+    );
 }
