@@ -398,9 +398,15 @@ fn request_attributes(span: &mut Span, request: &Request, threshold_ns: u64) {
     match d.get("root_cause") {
         Some(serde_json::Value::String(s)) => at.insert(a::ROOT_CAUSE, string(s)),
         Some(v @ serde_json::Value::Object(o)) => {
-            let name = o.get("cause").or(o.get("kind")).and_then(|c| c.as_str());
-            if let Some(name) = name {
+            let text = |key: &str| o.get(key).and_then(|c| c.as_str());
+            if let Some(name) = text("cause").or(text("kind")) {
                 at.insert(a::ROOT_CAUSE, string(name));
+            }
+            if let Some(h) = text("headline") {
+                at.insert(a::ROOT_HEADLINE, string(h));
+            }
+            if let Some(c) = text("chain") {
+                at.insert(a::ROOT_CHAIN, string(c));
             }
             at.insert(a::ROOT_CAUSE_JSON, string(v.to_string()));
         }

@@ -137,7 +137,8 @@ fn fixture() -> (Vec<Span>, RunAnalysis) {
                 {"kind": "request", "trace_id": RESTOCK_TRACE.to_string(), "span_id": RESTOCK.to_string(),
                  "service": "inventory", "operation": "POST /restock", "ns": 49000000}
             ],
-            "root_cause": {"cause": "row_lock", "table": "items"}
+            "root_cause": {"cause": "cpu_throttled", "headline": "behind [inventory] POST /restock: throttled",
+                           "chain": "[inventory] POST /checkout → behind [inventory] POST /restock → PREEMPTED (throttled)"}
         })),
         pieces: vec![
             piece(0, 10, "RUNNING", 7, "inventory"),
@@ -340,7 +341,21 @@ fn the_request_span_carries_the_diagnosis_and_kernel_events() {
     assert_eq!(attr(s, "deepspan.evidence.futex_uaddr"), &Value::Int(1234));
     assert_eq!(attr(s, a::ANOMALOUS), &Value::Bool(true));
     assert_eq!(attr(s, a::BASELINE_NS), &Value::Int(5_000_000));
-    assert_eq!(attr(s, a::ROOT_CAUSE), &Value::String("row_lock".into()));
+    assert_eq!(
+        attr(s, a::ROOT_CAUSE),
+        &Value::String("cpu_throttled".into())
+    );
+    assert_eq!(
+        attr(s, a::ROOT_CHAIN),
+        &Value::String(
+            "[inventory] POST /checkout → behind [inventory] POST /restock → PREEMPTED (throttled)"
+                .into()
+        )
+    );
+    assert!(attr(s, a::ROOT_CAUSE_JSON)
+        .as_str()
+        .unwrap()
+        .contains("\"headline\""));
     assert_eq!(attr(s, a::LOST_EVENTS), &Value::Int(3));
     let Value::Array(culprits) = attr(s, a::CULPRITS) else {
         panic!()
