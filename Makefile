@@ -3,10 +3,16 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build bench fuzz clean ui ui-e2e
+.PHONY: demo test deps build bench fuzz clean ui ui-e2e jaeger
 
 deps:
 	@scripts/install-deps.sh
+
+# Jaeger v2 for the export test (crates/cli/tests/export_jaeger.rs), built
+# from the Go module proxy once and cached under ~/.cache/deepspan; `deps`
+# builds it too. Prints the binary's path.
+jaeger:
+	@scripts/build-jaeger.sh
 
 # Where cargo puts binaries (CARGO_TARGET_DIR when set).
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
@@ -41,6 +47,7 @@ test: deps ui
 	$(CARGO) build --release -p deepspan -p deepspan-workloads
 	$(CARGO) test --release --workspace --no-fail-fast
 	python3 -m pytest -q sdk/python/tests
+	python3 -m pytest -q tests/fleet --deepspan $(TARGET_DIR)/release/deepspan
 	node ui/e2e/e2e.mjs --deepspan $(TARGET_DIR)/release/deepspan --out $(TARGET_DIR)/ui-e2e
 
 # Benchmarks are timings: run by hand, never part of `make test`.

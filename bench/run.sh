@@ -12,3 +12,4 @@ python3 bench/ctf_bench.py  # CTF decode throughput vs babeltrace2 on a recorded
 python3 bench/ui_bench.py  # UI: request page first render, frame time while panning (>= 100 000 intervals)
 python3 bench/sync_bench.py  # clock sync (convex hull) cost per matched pair vs sorting the same pairs
 python3 bench/profile_overhead.py  # CPU sampling (record --profile) cost against recording without it
+python3 bench/export_bench.py  # deepspan export: time and bytes per 1000 requests, spans per trace before/after folding

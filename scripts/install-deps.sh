@@ -32,10 +32,21 @@ fi
 python_modules="deepspan_otel, opentelemetry.exporter.otlp.proto.http, pytest, psycopg2, requests, httpx"
 python_modules+=", opentelemetry.instrumentation.wsgi, opentelemetry.instrumentation.requests"
 python_modules+=", opentelemetry.instrumentation.psycopg2"
+# chDB (in-process ClickHouse) runs the fleet tables' documented queries
+# (tests/fleet, docs/tables.md).
+python_modules+=", chdb"
 if ! python3 -c "import $python_modules" 2>/dev/null; then
-  echo "installing the deepspan-otel Python SDK (editable, with test extras) and the demo's packages"
-  python3 -m pip install -q --disable-pip-version-check -e "sdk/python[test]" -r demo/requirements.txt
+  echo "installing the deepspan-otel Python SDK (editable, with test extras), the demo's packages and chDB"
+  python3 -m pip install -q --disable-pip-version-check -e "sdk/python[test]" -r demo/requirements.txt chdb
 fi
+
+# Jaeger v2, which the export test sends spans to, built once from the Go
+# module proxy and cached (~/.cache/deepspan/jaeger-<version>; minutes).
+if ! command -v go >/dev/null; then
+  echo "go is required to build Jaeger for the export test (scripts/build-jaeger.sh)" >&2
+  exit 1
+fi
+scripts/build-jaeger.sh >/dev/null
 
 # Node 20+ and npm build the web UI (ui/); its npm packages are installed
 # by `make ui` (npm ci, from ui/package-lock.json).

@@ -5,6 +5,7 @@ mod analyze;
 mod dcpt;
 mod decode;
 mod demo;
+mod export;
 mod import_ctf;
 mod kernel_input;
 mod profile;
@@ -60,6 +61,10 @@ enum Command {
     /// database row lock, disk flood, slow network), record, analyse and
     /// check that each fault is diagnosed.
     Demo(demo::DemoArgs),
+    /// Export the run's spans to Jaeger, Tempo or a collector (OTLP), each
+    /// request with its kernel critical path as child spans, its diagnosis
+    /// as attributes and notable kernel events as span events.
+    Export(export::ExportArgs),
     /// Serve the web UI over an analysed run (127.0.0.1:7878 by default).
     ///
     /// Views: the requests, one request's span Gantt chart and kernel
@@ -90,6 +95,7 @@ fn main() -> ExitCode {
         Command::Analyze(args) => analyze::run(args).map(|()| ExitCode::SUCCESS),
         Command::Report(args) => analyze::report(args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run(args),
+        Command::Export(args) => export::run(args).map(|()| ExitCode::SUCCESS),
         Command::Ui(args) => ui::run(args).map(|()| ExitCode::SUCCESS),
         Command::Sync(args) => sync::run(args).map(|()| ExitCode::SUCCESS),
         Command::Dcpt(args) => dcpt::run(args).map(|()| ExitCode::SUCCESS),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use deepspan_spans::{
+    crisp::{crisp_report, CrispOptions, CrispReport},
     critical_path::critical_path_report_with, group_traces, import_file, import_into_run_with_ust,
     CriticalPathOptions, CriticalPathReport, Format,
 };
@@ -173,6 +174,18 @@ struct CriticalPathArgs {
     /// Exactly Jaeger UI's critical path: no clock-skew adjustment.
     #[arg(long)]
     jaeger_ui: bool,
+    /// Whose rules: deepspan's (Jaeger UI's walk with skew handling), or
+    /// CRISP's (uber-research/CRISP: overflowing children cut or capped,
+    /// exclusive time per call path with overlaps zeroed, total work and
+    /// the work erring spans would have saved), to compare with CRISP.
+    #[arg(long, value_enum, default_value_t = Semantics::Deepspan)]
+    semantics: Semantics,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Semantics {
+    Deepspan,
+    Crisp,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -195,6 +208,21 @@ fn critical_path(args: CriticalPathArgs) -> Result<()> {
         bail!("{} holds no spans", args.path.display());
     }
     let traces = group_traces(import.spans);
+    if args.semantics == Semantics::Crisp {
+        if args.jaeger_ui {
+            bail!("--jaeger-ui and --semantics crisp are two different rule sets: give one");
+        }
+        let report = crisp_report(&traces, CrispOptions::default());
+        let mut out = std::io::stdout().lock();
+        match args.format {
+            OutputFormat::Json => {
+                serde_json::to_writer_pretty(&mut out, &report)?;
+                writeln!(out)?;
+            }
+            OutputFormat::Text => write_crisp_table(&mut out, &report, &args.path)?,
+        }
+        return Ok(());
+    }
     let options = if args.jaeger_ui {
         CriticalPathOptions::jaeger_ui()
     } else {
@@ -254,6 +282,34 @@ fn write_table(out: &mut impl Write, report: &CriticalPathReport, source: &Path)
             human_ns(*ns),
             traces_with(op)
         )?;
+    }
+    Ok(())
+}
+
+/// CRISP's exclusive time per operation, largest first, and its work figures.
+fn write_crisp_table(out: &mut impl Write, report: &CrispReport, source: &Path) -> Result<()> {
+    let total: u64 = report.op_time_exclusive_ns.values().sum();
+    let mut rows: Vec<(&String, &u64)> = report.op_time_exclusive_ns.iter().collect();
+    rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    writeln!(
+        out,
+        "critical path (CRISP's rules) of {} roots from {}: {} on the path",
+        report.roots.len(),
+        source.display(),
+        human_ns(total),
+    )?;
+    writeln!(
+        out,
+        "if erring spans returned at once: {} saved on the critical path, {} of {} total work",
+        human_ns(report.time_saved_on_cp_ns),
+        human_ns(report.time_saved_on_work_ns),
+        human_ns(report.total_work_ns)
+    )?;
+    let width = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0).max(20);
+    writeln!(out, "{:<width$}  {:>12}  {:>6}", "[service] operation", "exclusive", "share")?;
+    for (op, ns) in rows {
+        let share = if total == 0 { 0.0 } else { *ns as f64 * 100.0 / total as f64 };
+        writeln!(out, "{op:<width$}  {:>12}  {share:>5.1}%", human_ns(*ns))?;
     }
     Ok(())
 }

@@ -8,6 +8,8 @@
 //! - [`store`]: a run's `spans/` folder (length-delimited OTLP protobuf);
 //! - [`critical_path`]: the span-level critical path (Jaeger UI's algorithm)
 //!   and self/exclusive time per `[service] operation`;
+//! - [`crisp`]: CRISP's semantics of the same (overflowing children,
+//!   exclusive time per call path, error work), to compare with CRISP;
 //! - [`clock`]: wall clock → CLOCK_MONOTONIC mapping from the run's samples;
 //! - [`activity`]: which span each thread works for at any time (Algorithm 1
 //!   of Gelle et al. 2021, generalised to activations).
@@ -15,6 +17,7 @@
 pub mod activity;
 pub mod clock;
 pub mod critical_path;
+pub mod crisp;
 pub mod dcpt;
 mod error;
 mod jaeger;

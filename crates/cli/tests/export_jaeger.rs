@@ -1,0 +1,591 @@
+//! `deepspan export` into a real Jaeger v2 (all-in-one, memory storage,
+//! built from the Go module proxy by scripts/build-jaeger.sh and cached):
+//! two demo runs (a CPU cgroup quota, a PostgreSQL row lock) are recorded,
+//! exported (HTTP and gRPC) and read back through Jaeger's query API
+//! (`/api/traces/{id}`): the diagnosed request's diagnosis attributes, its
+//! kernel child spans (states, threads) tiling it without clock-skew
+//! warnings, the link to the blocking request, and the same path as
+//! `deepspan report` (what the UI shows) gives.
+//!
+//! Kernel test (root, tracefs, cgroups, PostgreSQL: the demo's needs). It
+//! depends on no timing beyond bounded waits for Jaeger to be ready.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{deepspan, kernel_or_skip};
+use deepspan_spans::{import_file, read_run_spans, Span, SpanId, TraceId};
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn check(what: &str, out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The cached Jaeger binary (`DEEPSPAN_JAEGER`, else built once by the script).
+fn jaeger_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("DEEPSPAN_JAEGER") {
+        return PathBuf::from(p);
+    }
+    let out = check(
+        "scripts/build-jaeger.sh (needs go and the Go module proxy)",
+        Command::new(repo().join("scripts/build-jaeger.sh"))
+            .output()
+            .expect("run scripts/build-jaeger.sh"),
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP/1.1 GET on loopback: (status, body).
+fn get(port: u16, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no HTTP header end"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let mut body = raw[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    Ok((status, body))
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+}
+
+/// Jaeger v2 all-in-one on loopback ports of its own, killed on drop.
+struct Jaeger {
+    child: Child,
+    otlp_grpc: u16,
+    otlp_http: u16,
+    query: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Jaeger {
+    fn start() -> Jaeger {
+        let binary = jaeger_binary();
+        let dir = tempfile::tempdir().unwrap();
+        let [otlp_grpc, otlp_http, query, query_grpc, health] = [(); 5].map(|_| free_port());
+        let config = format!(
+            "service:
+  extensions: [jaeger_storage, jaeger_query, healthcheckv2]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+extensions:
+  healthcheckv2:
+    use_v2: true
+    http:
+      endpoint: 127.0.0.1:{health}
+  jaeger_query:
+    storage:
+      traces: memory_store
+    http:
+      endpoint: 127.0.0.1:{query}
+    grpc:
+      endpoint: 127.0.0.1:{query_grpc}
+  jaeger_storage:
+    backends:
+      memory_store:
+        memory:
+          max_traces: 100000
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:{otlp_grpc}
+      http:
+        endpoint: 127.0.0.1:{otlp_http}
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memory_store
+"
+        );
+        let config_path = dir.path().join("jaeger.yaml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(dir.path().join("jaeger.log")).unwrap();
+        let child = Command::new(&binary)
+            .arg("--config")
+            .arg(&config_path)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut jaeger = Jaeger {
+            child,
+            otlp_grpc,
+            otlp_http,
+            query,
+            _dir: dir,
+        };
+        let started = Instant::now();
+        loop {
+            let ready = get(health, "/status").is_ok_and(|(code, _)| code == 200)
+                && get(query, "/api/services").is_ok_and(|(code, _)| code == 200);
+            if ready {
+                break;
+            }
+            if let Some(status) = jaeger.child.try_wait().unwrap() {
+                panic!("jaeger exited ({status}): {}", jaeger.log());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "jaeger not ready after 60 s: {}",
+                jaeger.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        jaeger
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("jaeger.log")).unwrap_or_default()
+    }
+
+    fn trace(&self, trace_id: &str) -> Value {
+        let (code, body) = get(self.query, &format!("/api/traces/{trace_id}")).unwrap();
+        assert_eq!(
+            code,
+            200,
+            "trace {trace_id}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        doc["data"][0].clone()
+    }
+}
+
+impl Drop for Jaeger {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Records and analyses one demo scenario; returns its run folder.
+fn demo_run(keep: &Path, scenario: &str) -> PathBuf {
+    let mut c = deepspan();
+    common::ahead_of_other_load(&mut c);
+    let out = c
+        .args(["demo", "--scenario", scenario, "--format", "json", "--keep"])
+        .arg(keep)
+        .env("DEEPSPAN_DEMO_DIR", repo().join("demo"))
+        .env("PYTHONPATH", repo().join("sdk/python"))
+        .output()
+        .expect("run deepspan demo");
+    let run = keep.join(scenario);
+    // The demo's own verdict is demo_real.rs's business: here the run only
+    // has to hold a request with the scenario's diagnosis (checked below).
+    assert!(
+        run.join("analysis/requests.json").is_file(),
+        "deepspan demo --scenario {scenario} left no analysed run ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The request of the scenario's target operation diagnosed with its
+/// expected cause: the slowest, or with `blocker`, the one that waited
+/// longest for that request.
+fn diagnosed_request(run: &Path, blocker: Option<&str>) -> Value {
+    let expected = read_json(&run.join("demo/expected.json"));
+    let requests = read_json(&run.join("analysis/requests.json"));
+    let target = &expected["target"];
+    let waited_for = |r: &Value, b: &str| {
+        r["diagnosis"]["culprits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["kind"] == "request" && c["span_id"] == b)
+            .filter_map(|c| c["ns"].as_u64())
+            .sum::<u64>()
+    };
+    requests["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["service"] == target["service"])
+        .filter(|r| target["operation"].is_null() || r["operation"] == target["operation"])
+        .filter(|r| r["diagnosis"]["cause"] == expected["cause"])
+        .filter(|r| blocker.is_none_or(|b| waited_for(r, b) > 0))
+        // requests.json is slowest first; max_by_key keeps the last maximum.
+        .rev()
+        .max_by_key(|r| blocker.map_or(0, |b| waited_for(r, b)))
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: no {} request of {target} diagnosed {} (blocked by {blocker:?})",
+                run.display(),
+                expected["scenario"],
+                expected["cause"]
+            )
+        })
+}
+
+fn tag<'v>(span: &'v Value, key: &str) -> &'v Value {
+    span["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["key"] == key)
+        .map(|t| &t["value"])
+        .unwrap_or(&Value::Null)
+}
+
+/// The request's span and the children of its kernel path (start order),
+/// from Jaeger.
+fn from_jaeger<'t>(trace: &'t Value, span_id: &str) -> (&'t Value, Vec<&'t Value>) {
+    let spans = trace["spans"].as_array().unwrap();
+    let me = spans
+        .iter()
+        .find(|s| s["spanID"] == span_id)
+        .unwrap_or_else(|| panic!("span {span_id} not in Jaeger's trace"));
+    let mut path: Vec<&Value> = spans
+        .iter()
+        .filter(|s| {
+            s["references"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["refType"] == "CHILD_OF" && r["spanID"] == span_id)
+        })
+        // Pieces, and groups of short pieces; not system calls.
+        .filter(|s| {
+            matches!(
+                tag(s, "deepspan.kernel.kind").as_str(),
+                Some("path" | "folded")
+            )
+        })
+        .collect();
+    path.sort_by_key(|s| s["startTime"].as_u64());
+    (me, path)
+}
+
+/// What `deepspan report` (the UI's source) gives as the request's path.
+fn report(run: &Path, span_id: &str) -> Value {
+    let out = check(
+        "deepspan report",
+        deepspan()
+            .arg("report")
+            .arg(run)
+            .args(["--request", span_id, "--format", "json"])
+            .output()
+            .unwrap(),
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Checks common to both requests; returns the (state, tid) of the children.
+fn check_request(run: &Path, request: &Value, trace: &Value) -> Vec<(String, i64)> {
+    let span_id = request["span_id"].as_str().unwrap();
+    let (me, path) = from_jaeger(trace, span_id);
+    let d = &request["diagnosis"];
+    assert_eq!(tag(me, "deepspan.cause"), &d["cause"]);
+    assert_eq!(tag(me, "deepspan.headline"), &d["headline"]);
+    assert_eq!(tag(me, "deepspan.share"), &d["evidence"]["share"]);
+    assert!(tag(me, "deepspan.culprits").is_string(), "{me}");
+    assert!(!path.is_empty(), "no kernel child spans under {span_id}");
+    // The children tile the request (µs in Jaeger), and Jaeger moved none
+    // of them (its clock-skew adjuster would have left a warning).
+    let (start, duration) = (
+        me["startTime"].as_u64().unwrap(),
+        me["duration"].as_u64().unwrap(),
+    );
+    let mut at = start;
+    for child in &path {
+        let (s, d) = (
+            child["startTime"].as_u64().unwrap(),
+            child["duration"].as_u64().unwrap(),
+        );
+        assert!(s + 1 >= at && s <= at + 1, "gap or overlap before {child}");
+        assert!(
+            s >= start && s + d <= start + duration + 1,
+            "{child} outside {me}"
+        );
+        assert!(child["warnings"].is_null(), "{child}");
+        at = s + d;
+    }
+    assert!(
+        at + 2 >= start + duration,
+        "the children end at {at}, the request at {}",
+        start + duration
+    );
+    // Every child names a state and a thread of the request's path as
+    // `deepspan report` (and the UI) show it.
+    let report = report(run, span_id);
+    let reported: BTreeSet<(String, i64)> = report["critical_path"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| Some((p["state"].as_str()?.to_string(), p["tid"].as_i64()?)))
+        .collect();
+    let children: Vec<(String, i64)> = path
+        .iter()
+        .filter_map(|c| {
+            Some((
+                tag(c, "deepspan.kernel.state").as_str()?.to_string(),
+                tag(c, "deepspan.kernel.tid").as_i64()?,
+            ))
+        })
+        .collect();
+    for child in &children {
+        assert!(
+            reported.contains(child),
+            "{child:?} is not on the reported path {reported:?}"
+        );
+    }
+    children
+}
+
+/// `export --out` of a real run, imported into a new run by `deepspan
+/// import`: every span of the run comes back, those that are no request
+/// exactly as they were, request spans with only what export adds (after
+/// their own attributes and events), and the kernel children as written.
+fn round_trip(run: &Path, scratch: &Path) {
+    let file = scratch.join("export.otlp.json");
+    check(
+        "deepspan export --out",
+        deepspan()
+            .arg("export")
+            .arg(run)
+            .arg("--out")
+            .arg(&file)
+            .output()
+            .unwrap(),
+    );
+    let imported_run = scratch.join("imported");
+    check(
+        "deepspan import",
+        deepspan()
+            .arg("import")
+            .arg("-o")
+            .arg(&imported_run)
+            .arg(&file)
+            .output()
+            .unwrap(),
+    );
+    let read = |dir: &Path| -> Vec<Span> {
+        let mut reader = read_run_spans(dir).unwrap();
+        reader.by_ref().map(|s| s.unwrap()).collect()
+    };
+    let exported = import_file(&file).unwrap().spans;
+    let imported = read(&imported_run);
+    assert_eq!(
+        imported, exported,
+        "deepspan import changed the exported spans"
+    );
+    let requests: BTreeSet<String> = read_json(&run.join("analysis/requests.json"))["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["span_id"].as_str().unwrap().to_string())
+        .collect();
+    let by_id: std::collections::HashMap<(TraceId, SpanId), &Span> = imported
+        .iter()
+        .map(|s| ((s.trace_id, s.span_id), s))
+        .collect();
+    let originals = read(run);
+    for original in &originals {
+        let back = by_id
+            .get(&(original.trace_id, original.span_id))
+            .unwrap_or_else(|| panic!("span {} was not exported", original.span_id));
+        if requests.contains(&original.span_id.to_string()) {
+            let mut trimmed = (*back).clone();
+            trimmed.attributes.0.truncate(original.attributes.len());
+            trimmed.events.truncate(original.events.len());
+            trimmed.refresh_sync();
+            assert_eq!(&trimmed, original, "request span {}", original.span_id);
+            assert!(back.attributes.get("deepspan.kernel.sync").is_some());
+        } else {
+            assert_eq!(*back, original, "span {}", original.span_id);
+        }
+    }
+    let added = imported.len() - originals.len();
+    assert!(
+        added > 0
+            && imported
+                .iter()
+                .filter(|s| s.scope.name == "deepspan.kernel")
+                .count()
+                == added
+    );
+}
+
+#[test]
+fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
+    if !kernel_or_skip("jaeger_shows_the_kernel_path_the_link_and_the_diagnosis") {
+        return;
+    }
+    let jaeger = Jaeger::start();
+    let keep = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+
+    // A CPU cgroup quota, exported over OTLP/HTTP.
+    let run = demo_run(keep.path(), "cpu-cgroup");
+    check(
+        "deepspan export --otlp (HTTP)",
+        deepspan()
+            .arg("export")
+            .arg(&run)
+            .arg("--otlp")
+            .arg(format!("http://127.0.0.1:{}", jaeger.otlp_http))
+            .output()
+            .unwrap(),
+    );
+    let throttled = diagnosed_request(&run, None);
+    let trace = jaeger.trace(throttled["trace_id"].as_str().unwrap());
+    let children = check_request(&run, &throttled, &trace);
+    let (_, path) = from_jaeger(&trace, throttled["span_id"].as_str().unwrap());
+    let pricing_tid = throttled["tid"].as_i64().unwrap();
+    assert!(
+        path.iter()
+            .any(|c| tag(c, "deepspan.kernel.state") == "PREEMPTED"
+                && tag(c, "deepspan.kernel.tid") == pricing_tid
+                && c["operationName"]
+                    .as_str()
+                    .unwrap()
+                    .contains("PREEMPTED (throttled)")
+                && tag(c, "deepspan.kernel.throttled_ns").as_i64() > Some(0)),
+        "no throttled PREEMPTED child of thread {pricing_tid}: {children:?}"
+    );
+    let (me, _) = from_jaeger(&trace, throttled["span_id"].as_str().unwrap());
+    let logs: Vec<&Value> = me["logs"].as_array().unwrap().iter().collect();
+    assert!(
+        logs.iter().any(|l| l["fields"]
+            .to_string()
+            .contains("deepspan.kernel.throttle_start")),
+        "no throttling event in {logs:?}"
+    );
+
+    round_trip(&run, keep.path());
+
+    // A PostgreSQL row lock, exported over OTLP/gRPC.
+    let run = demo_run(keep.path(), "db-row-lock");
+    check(
+        "deepspan export --otlp (gRPC)",
+        deepspan()
+            .arg("export")
+            .arg(&run)
+            .args(["--protocol", "grpc", "--otlp"])
+            .arg(format!("http://127.0.0.1:{}", jaeger.otlp_grpc))
+            .output()
+            .unwrap(),
+    );
+    let expected = read_json(&run.join("demo/expected.json"));
+    let holder = expected["path"]["blocked_by_request"].as_str().unwrap();
+    let waiter = diagnosed_request(&run, Some(holder));
+    let trace = jaeger.trace(waiter["trace_id"].as_str().unwrap());
+    check_request(&run, &waiter, &trace);
+    let (me, path) = from_jaeger(&trace, waiter["span_id"].as_str().unwrap());
+    let linked: Vec<&&Value> = path
+        .iter()
+        .filter(|c| {
+            c["references"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["refType"] == "FOLLOWS_FROM" && r["spanID"] == holder)
+        })
+        .collect();
+    assert!(!linked.is_empty(), "no child links to the holder {holder}");
+    // The culprits name the PostgreSQL backend in between.
+    assert!(
+        tag(me, "deepspan.culprits")
+            .to_string()
+            .contains("process postgres"),
+        "{}",
+        tag(me, "deepspan.culprits")
+    );
+    assert!(
+        me["logs"]
+            .to_string()
+            .contains("deepspan.kernel.woken_by_request"),
+        "no wake-up event: {}",
+        me["logs"]
+    );
+    // The link leads to a span Jaeger has: the holder's request.
+    let holder_trace = linked[0]["references"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["refType"] == "FOLLOWS_FROM")
+        .unwrap()["traceID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let holder_spans = jaeger.trace(&holder_trace);
+    assert!(
+        holder_spans["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["spanID"] == holder),
+        "the holder's span is not in Jaeger"
+    );
+}

@@ -1,0 +1,405 @@
+//! Where an export goes: an OTLP/JSON file (one `ExportTraceServiceRequest`
+//! per line, one line per trace, as the Collector's file exporter writes;
+//! `deepspan import` reads it back), or an OTLP endpoint over gRPC or
+//! HTTP/protobuf, gzip-compressed, in requests of whole traces, retried with
+//! backoff when the server says to (gRPC `UNAVAILABLE` & co., HTTP
+//! 429/502/503/504 with `Retry-After`) or cannot be reached.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use deepspan_spans::{request_from_spans, ExportTraceServiceRequest, Span};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+use prost::Message;
+
+use crate::{Error, Export};
+
+/// Writes the export as OTLP/JSON lines; returns the bytes written.
+pub fn write_json(export: &Export, path: &Path) -> Result<u64, Error> {
+    let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+    let mut out = std::io::BufWriter::new(file);
+    let mut bytes = 0u64;
+    for trace in &export.traces {
+        let request = request_from_spans(trace);
+        let line = serde_json::to_vec(&request)
+            .map_err(|e| Error::Send(format!("cannot write OTLP/JSON: {e}")))?;
+        out.write_all(&line).map_err(|e| Error::io(path, e))?;
+        out.write_all(b"\n").map_err(|e| Error::io(path, e))?;
+        bytes += line.len() as u64 + 1;
+    }
+    out.flush().map_err(|e| Error::io(path, e))?;
+    Ok(bytes)
+}
+
+/// The OTLP transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Grpc,
+    HttpProtobuf,
+}
+
+impl Protocol {
+    /// The transport a URL implies: `grpc://…` or port 4317 → gRPC;
+    /// anything else (`http://…:4318`, a path ending in `/v1/traces`) → HTTP.
+    pub fn from_url(url: &str) -> Protocol {
+        if url.starts_with("grpc://") {
+            return Protocol::Grpc;
+        }
+        match url.parse::<http::Uri>().ok().and_then(|u| u.port_u16()) {
+            Some(4317) => Protocol::Grpc,
+            _ => Protocol::HttpProtobuf,
+        }
+    }
+}
+
+/// How to send.
+#[derive(Clone, Debug)]
+pub struct SendOptions {
+    /// `None`: from the URL ([`Protocol::from_url`]).
+    pub protocol: Option<Protocol>,
+    pub gzip: bool,
+    /// Tries per request, the first included.
+    pub max_attempts: u32,
+    /// Wait before the first retry; doubled each time, up to 8 s (or what
+    /// the server asks, up to 30 s).
+    pub first_backoff: Duration,
+    /// Per try.
+    pub timeout: Duration,
+    /// A request holds whole traces up to about this many protobuf bytes
+    /// (a larger trace goes alone).
+    pub max_request_bytes: usize,
+}
+
+impl Default for SendOptions {
+    fn default() -> SendOptions {
+        SendOptions {
+            protocol: None,
+            gzip: true,
+            max_attempts: 6,
+            first_backoff: Duration::from_millis(500),
+            timeout: Duration::from_secs(10),
+            max_request_bytes: 2 << 20,
+        }
+    }
+}
+
+/// What [`send_otlp`] did.
+#[derive(Clone, Debug, Default)]
+pub struct SendReport {
+    pub protocol: Option<Protocol>,
+    pub requests: usize,
+    pub spans: usize,
+    /// Protobuf bytes before compression.
+    pub bytes: u64,
+    pub retries: u32,
+    /// Spans the server said it rejected (OTLP partial success).
+    pub rejected_spans: i64,
+    /// The server's partial-success messages.
+    pub messages: Vec<String>,
+}
+
+/// Retry-After (seconds) honoured at most this long.
+const MAX_SERVER_BACKOFF: Duration = Duration::from_secs(30);
+const MAX_BACKOFF: Duration = Duration::from_secs(8);
+
+/// A try's failure: retried or not, and how long the server asked to wait.
+struct Failure {
+    retry: bool,
+    after: Option<Duration>,
+    message: String,
+}
+
+/// Sends the export to an OTLP endpoint (`http://host:4318`,
+/// `http://host:4318/v1/traces`, `http://host:4317`, `grpc://host:4317`).
+pub fn send_otlp(export: &Export, url: &str, options: &SendOptions) -> Result<SendReport, Error> {
+    let protocol = options.protocol.unwrap_or_else(|| Protocol::from_url(url));
+    let target = endpoint(url, protocol)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Send(format!("cannot start the network runtime: {e}")))?;
+    runtime.block_on(async {
+        let mut sender = match protocol {
+            Protocol::Grpc => {
+                let channel = tonic::transport::Endpoint::from_shared(target.clone())
+                    .map_err(|e| Error::Send(format!("{url}: {e}")))?
+                    .timeout(options.timeout)
+                    .connect_timeout(options.timeout)
+                    .connect_lazy();
+                // Servers may answer gzip-compressed (Jaeger does).
+                let mut client = TraceServiceClient::new(channel)
+                    .max_encoding_message_size(64 << 20)
+                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+                if options.gzip {
+                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+                }
+                Sender::Grpc(Box::new(client))
+            }
+            Protocol::HttpProtobuf => Sender::Http(
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http(),
+            ),
+        };
+        let mut report = SendReport {
+            protocol: Some(protocol),
+            ..SendReport::default()
+        };
+        for batch in batches(&export.traces, options.max_request_bytes) {
+            let request = request_from_spans(&batch.into_iter().cloned().collect::<Vec<_>>());
+            let spans: usize = request
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum();
+            let payload = request.encode_to_vec();
+            let mut backoff = options.first_backoff;
+            let mut attempt = 1;
+            let response = loop {
+                let tried = match &mut sender {
+                    Sender::Grpc(client) => send_grpc(client, request.clone(), options).await,
+                    Sender::Http(client) => send_http(client, &target, &payload, options).await,
+                };
+                match tried {
+                    Ok(r) => break r,
+                    Err(f) if f.retry && attempt < options.max_attempts => {
+                        let wait = f
+                            .after
+                            .map(|a| a.min(MAX_SERVER_BACKOFF))
+                            .unwrap_or(backoff);
+                        tokio::time::sleep(wait).await;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        attempt += 1;
+                        report.retries += 1;
+                    }
+                    Err(f) => {
+                        return Err(Error::Send(format!(
+                            "{url}: {} (after {attempt} tries; {} of {} spans sent before)",
+                            f.message,
+                            report.spans,
+                            export.spans().count()
+                        )))
+                    }
+                }
+            };
+            if let Some(p) = response.partial_success {
+                report.rejected_spans += p.rejected_spans;
+                if !p.error_message.is_empty() {
+                    report.messages.push(p.error_message);
+                }
+            }
+            report.requests += 1;
+            report.spans += spans;
+            report.bytes += payload.len() as u64;
+        }
+        Ok(report)
+    })
+}
+
+enum Sender {
+    Grpc(Box<TraceServiceClient<tonic::transport::Channel>>),
+    Http(
+        hyper_util::client::legacy::Client<
+            hyper_util::client::legacy::connect::HttpConnector,
+            http_body_util::Full<Bytes>,
+        >,
+    ),
+}
+
+/// The URL to connect to: HTTP gets `/v1/traces` when the URL has no path
+/// (as `OTEL_EXPORTER_OTLP_ENDPOINT` does); `grpc://` becomes `http://`.
+fn endpoint(url: &str, protocol: Protocol) -> Result<String, Error> {
+    let url = match url.strip_prefix("grpc://") {
+        Some(rest) => format!("http://{rest}"),
+        None => url.to_string(),
+    };
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| Error::Send(format!("{url:?} is not a URL: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(Error::Send(format!(
+                "{url}: https is not supported; send to a local collector over http (it can forward with TLS)"
+            )))
+        }
+        _ => {
+            return Err(Error::Send(format!(
+                "{url}: give an http:// (or grpc://) URL, e.g. http://127.0.0.1:4318"
+            )))
+        }
+    }
+    if uri.host().is_none() {
+        return Err(Error::Send(format!("{url}: no host")));
+    }
+    Ok(match protocol {
+        Protocol::HttpProtobuf if matches!(uri.path(), "" | "/") => {
+            format!("{}/v1/traces", url.trim_end_matches('/'))
+        }
+        _ => url,
+    })
+}
+
+/// Whole traces per request, up to about `max_bytes` each.
+fn batches(traces: &[Vec<Span>], max_bytes: usize) -> Vec<Vec<&Span>> {
+    let mut out: Vec<Vec<&Span>> = Vec::new();
+    let mut size = 0usize;
+    for trace in traces {
+        let bytes = request_from_spans(trace).encoded_len();
+        if out.is_empty() || (size + bytes > max_bytes && size > 0) {
+            out.push(Vec::new());
+            size = 0;
+        }
+        out.last_mut().expect("pushed").extend(trace.iter());
+        size += bytes;
+    }
+    out
+}
+
+async fn send_grpc(
+    client: &mut TraceServiceClient<tonic::transport::Channel>,
+    request: ExportTraceServiceRequest,
+    options: &SendOptions,
+) -> Result<ExportTraceServiceResponse, Failure> {
+    let mut r = tonic::Request::new(request);
+    r.set_timeout(options.timeout);
+    match client.export(r).await {
+        Ok(response) => Ok(response.into_inner()),
+        Err(status) => {
+            use tonic::Code::*;
+            // The OTLP specification's retryable codes.
+            let retry = matches!(
+                status.code(),
+                Unavailable
+                    | ResourceExhausted
+                    | Aborted
+                    | Cancelled
+                    | DeadlineExceeded
+                    | OutOfRange
+                    | DataLoss
+            );
+            Err(Failure {
+                retry,
+                after: None,
+                message: format!("gRPC {:?}: {}", status.code(), status.message()),
+            })
+        }
+    }
+}
+
+async fn send_http(
+    client: &hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        http_body_util::Full<Bytes>,
+    >,
+    url: &str,
+    payload: &[u8],
+    options: &SendOptions,
+) -> Result<ExportTraceServiceResponse, Failure> {
+    use http_body_util::BodyExt;
+    let mut builder = http::Request::post(url).header("content-type", "application/x-protobuf");
+    let body = if options.gzip {
+        builder = builder.header("content-encoding", "gzip");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(payload)
+            .and_then(|_| gz.finish())
+            .map_err(|e| Failure {
+                retry: false,
+                after: None,
+                message: format!("gzip: {e}"),
+            })?
+    } else {
+        payload.to_vec()
+    };
+    let request = builder
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .map_err(|e| Failure {
+            retry: false,
+            after: None,
+            message: e.to_string(),
+        })?;
+    let started = Instant::now();
+    let response = match tokio::time::timeout(options.timeout, client.request(request)).await {
+        Err(_) => {
+            return Err(Failure {
+                retry: true,
+                after: None,
+                message: format!("no answer within {:?}", options.timeout),
+            })
+        }
+        Ok(Err(e)) => {
+            return Err(Failure {
+                retry: true,
+                after: None,
+                message: format!("cannot reach the server: {e}"),
+            })
+        }
+        Ok(Ok(r)) => r,
+    };
+    let status = response.status();
+    let after = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let left = options.timeout.saturating_sub(started.elapsed());
+    let body = match tokio::time::timeout(left, response.into_body().collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        _ => Bytes::new(),
+    };
+    if status.is_success() {
+        // An empty body is a full success; a body that is not a response
+        // (some proxies answer with text) is taken as one too.
+        return Ok(ExportTraceServiceResponse::decode(body.as_ref()).unwrap_or_default());
+    }
+    let retry = matches!(status.as_u16(), 429 | 502 | 503 | 504);
+    let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+    Err(Failure {
+        retry,
+        after,
+        message: format!("HTTP {status}: {}", text.trim()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_protocol_follows_the_url() {
+        assert_eq!(Protocol::from_url("http://127.0.0.1:4317"), Protocol::Grpc);
+        assert_eq!(Protocol::from_url("grpc://collector:9999"), Protocol::Grpc);
+        assert_eq!(
+            Protocol::from_url("http://127.0.0.1:4318"),
+            Protocol::HttpProtobuf
+        );
+        assert_eq!(
+            Protocol::from_url("http://tempo/v1/traces"),
+            Protocol::HttpProtobuf
+        );
+    }
+
+    #[test]
+    fn http_urls_without_a_path_get_the_traces_path() {
+        let e = |u: &str, p| endpoint(u, p).unwrap();
+        assert_eq!(
+            e("http://h:4318", Protocol::HttpProtobuf),
+            "http://h:4318/v1/traces"
+        );
+        assert_eq!(
+            e("http://h:4318/", Protocol::HttpProtobuf),
+            "http://h:4318/v1/traces"
+        );
+        assert_eq!(
+            e("http://h:1/otlp/v1/traces", Protocol::HttpProtobuf),
+            "http://h:1/otlp/v1/traces"
+        );
+        assert_eq!(e("grpc://h:4317", Protocol::Grpc), "http://h:4317");
+        assert!(endpoint("https://h:4318", Protocol::HttpProtobuf).is_err());
+        assert!(endpoint("h:4318", Protocol::HttpProtobuf).is_err());
+    }
+}
