@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::{
     aggregate, analyze_requests, baselines, diagnose, is_anomalous, ActivationInput,
-    DiagnosisContext, FastMap, OperationSummary, RequestPath, SpanIdx, SpanInput, StateBuilder,
+    ChainIndex, DiagnosisContext, FastMap, OperationSummary, RequestPath, SpanIdx, SpanInput, StateBuilder,
     SyncSource, ThreadWork,
 };
 use deepspan_model::Tid;
@@ -236,16 +236,20 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         // A few paths in flight at most: a path of a long request is
         // megabytes.
         let (path_tx, path_rx) = std::sync::mpsc::sync_channel::<RequestPath>(4);
-        let writer = scope.spawn(|| -> Result<Vec<RequestRecord>> {
+        let writer = scope.spawn(|| -> Result<(Vec<RequestRecord>, ChainIndex)> {
             let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
             let mut paths = CriticalPathWriter::create(&staging.file(tables::CRITICAL_PATH))?;
             let mut records = Vec::new();
+            // Every path, for the root causes through chains of requests
+            // (a request's blockers may come later).
+            let mut chains = ChainIndex::new();
             let mut diagnosing = std::time::Duration::ZERO;
             for path in path_rx {
                 paths.write(&ctx, &path)?;
                 // Diagnosed while the pieces are at hand.
                 let clock = std::time::Instant::now();
                 let d = diagnose(&diagnosis, &path);
+                chains.add(&diagnosis, &path);
                 diagnosing += clock.elapsed();
                 let mut rec = RequestRecord::new(&model, arch, &lost, path, false);
                 rec.diagnosis = d;
@@ -258,7 +262,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
                     diagnosing.as_secs_f64()
                 );
             }
-            Ok(records)
+            Ok((records, chains))
         });
         let bar = progress::count_bar(0, "critical paths");
         let analysis = analyze_requests(
@@ -291,8 +295,20 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     };
     joined(states)?;
     joined(syscalls)?;
-    let (analysis, mut records) = requests?;
+    let (analysis, (mut records, chains)) = requests?;
     timings.phase("request critical paths, thread states and system calls");
+    // Root causes, once every path is known: what the requests a request
+    // waited for were held up by.
+    {
+        let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
+        for r in &mut records {
+            if let Some(d) = r.diagnosis.as_mut() {
+                d.root = chains.root_cause(&diagnosis, r.path.request).map(Box::new);
+            }
+        }
+    }
+    drop(chains);
+    timings.phase("root causes");
     // Slowest first: the order of the tables and of the printout.
     records.sort_by_key(|r| {
         (

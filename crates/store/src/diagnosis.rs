@@ -69,13 +69,50 @@ pub fn culprits_json(d: &Diagnosis, spans: &[SpanMeta]) -> Value {
     Value::Array(d.culprits.iter().map(|c| culprit_json(c, spans)).collect())
 }
 
-/// The whole object: `cause`, `headline`, `evidence`, `culprits`.
+/// The whole object: `cause`, `headline`, `evidence`, `culprits` (the
+/// proximate cause) and `root_cause`.
 pub fn diagnosis_json(d: &Diagnosis, spans: &[SpanMeta]) -> Value {
     let mut m = Map::new();
     m.insert("cause".into(), d.cause.name().into());
     m.insert("headline".into(), d.headline.clone().into());
     m.insert("evidence".into(), evidence_json(d));
     m.insert("culprits".into(), culprits_json(d, spans));
+    m.insert("root_cause".into(), root_cause_json(d, spans));
+    Value::Object(m)
+}
+
+/// `{"name": number, …}` of a list of named numbers.
+fn numbers_json(v: &[(&'static str, f64)]) -> Value {
+    let mut m = Map::new();
+    for (k, v) in v {
+        m.insert((*k).to_string(), number(*v));
+    }
+    Value::Object(m)
+}
+
+/// The root cause (`deepspan.root_cause`): `cause`, `headline`, `chain`
+/// (null when the request was not blocked by other requests: then the
+/// root cause is the cause, and the other fields are the cause's),
+/// `evidence`, `culprits`.
+pub fn root_cause_json(d: &Diagnosis, spans: &[SpanMeta]) -> Value {
+    let mut m = Map::new();
+    match &d.root {
+        Some(r) => {
+            m.insert("cause".into(), r.cause.name().into());
+            m.insert("headline".into(), r.headline.clone().into());
+            m.insert("chain".into(), r.chain.clone().into());
+            m.insert("evidence".into(), numbers_json(&r.evidence));
+            let culprits = r.culprits.iter().map(|c| culprit_json(c, spans)).collect();
+            m.insert("culprits".into(), Value::Array(culprits));
+        }
+        None => {
+            m.insert("cause".into(), d.cause.name().into());
+            m.insert("headline".into(), d.headline.clone().into());
+            m.insert("chain".into(), Value::Null);
+            m.insert("evidence".into(), evidence_json(d));
+            m.insert("culprits".into(), culprits_json(d, spans));
+        }
+    }
     Value::Object(m)
 }
 
@@ -135,6 +172,7 @@ mod tests {
                     ..culprit(CulpritKind::Request, 10)
                 },
             ],
+            root: None,
         };
         let v = diagnosis_json(&d, &spans);
         assert_eq!(v["cause"], "network");
