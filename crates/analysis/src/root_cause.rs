@@ -387,20 +387,21 @@ impl ChainIndex {
             Bucket::Unexplained => by_thread(ctx, pieces(), Cause::Unknown, pct),
             _ => working(ctx, &top_leaves, pct),
         };
-        // The requests at the end of the chains, unless named already.
-        for l in &top_leaves {
-            if !d
-                .culprits
-                .iter()
-                .any(|c| c.kind == CulpritKind::Request && c.span == Some(l.owner))
-            {
-                add_culprit(
-                    &mut d.culprits,
-                    l.piece.duration(),
-                    |c| c.kind == CulpritKind::Request && c.span == Some(l.owner),
-                    || request_culprit(l.owner),
-                );
-            }
+        // The requests at the end of the chains, unless the cause named
+        // them already.
+        let named: Vec<SpanIdx> = d
+            .culprits
+            .iter()
+            .filter(|c| c.kind == CulpritKind::Request)
+            .filter_map(|c| c.span)
+            .collect();
+        for l in top_leaves.iter().filter(|l| !named.contains(&l.owner)) {
+            add_culprit(
+                &mut d.culprits,
+                l.piece.duration(),
+                |c| c.kind == CulpritKind::Request && c.span == Some(l.owner),
+                || request_culprit(l.owner),
+            );
         }
         sort_culprits(&mut d.culprits);
         d.culprits.truncate(MAX_CULPRITS);
@@ -777,10 +778,12 @@ mod tests {
         // The throttled process and the request at the end of the chain.
         assert_eq!(root.culprits[0].kind, CulpritKind::Process);
         assert_eq!(root.culprits[0].pid, Some(30));
-        assert!(root
+        let c = root
             .culprits
             .iter()
-            .any(|c| c.kind == CulpritKind::Request && c.span == Some(2)));
+            .find(|c| c.kind == CulpritKind::Request && c.span == Some(2))
+            .expect("C is a culprit");
+        assert_eq!(c.ns, 75);
         assert!(root.headline.chars().count() <= HEADLINE_MAX);
         // B's own root is the same throttling, one level down.
         let b = d[&1].root.as_ref().unwrap();

@@ -119,7 +119,7 @@ pub fn root_cause_json(d: &Diagnosis, spans: &[SpanMeta]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deepspan_analysis::Cause;
+    use deepspan_analysis::{Cause, RootCause};
     use deepspan_model::Comm;
 
     fn meta(span_id: u64, service: &str, operation: &str) -> SpanMeta {
@@ -175,6 +175,10 @@ mod tests {
             root: None,
         };
         let v = diagnosis_json(&d, &spans);
+        // Not blocked by others: the root cause is the cause itself.
+        assert_eq!(v["root_cause"]["cause"], "network");
+        assert_eq!(v["root_cause"]["chain"], Value::Null);
+        assert_eq!(v["root_cause"]["culprits"], v["culprits"]);
         assert_eq!(v["cause"], "network");
         assert_eq!(v["evidence"], serde_json::json!({"share": 0.9, "ns": 900}));
         // A span culprit is the client span, named by its downstream service.
@@ -191,5 +195,47 @@ mod tests {
         );
         assert_eq!(v["culprits"][2]["operation"], "GET /");
         assert_eq!(v["culprits"][2]["span_id"], "0000000000000001");
+    }
+
+    #[test]
+    fn a_root_cause_through_other_requests_has_its_chain() {
+        let spans = vec![meta(1, "front", "GET /"), meta(2, "pricing", "GET /price")];
+        let root = RootCause {
+            cause: Cause::CpuThrottled,
+            headline: "PREEMPTED 70%: CPU held back".into(),
+            evidence: vec![("share", 0.7), ("ns", 70.0), ("depth", 1.0)],
+            culprits: vec![Culprit {
+                kind: CulpritKind::Request,
+                tid: None,
+                pid: None,
+                comm: None,
+                span: Some(1),
+                downstream: None,
+                name: None,
+                ns: 70,
+            }],
+            chain: "[front] GET / → behind [pricing] GET /price → PREEMPTED (throttled) 100 %"
+                .into(),
+        };
+        let d = Diagnosis {
+            cause: Cause::BlockedByRequest,
+            headline: "BLOCKED 70%".into(),
+            evidence: vec![("share", 0.7), ("ns", 70.0)],
+            culprits: Vec::new(),
+            root: Some(Box::new(root)),
+        };
+        let v = diagnosis_json(&d, &spans);
+        assert_eq!(v["cause"], "blocked_by_request");
+        let r = &v["root_cause"];
+        assert_eq!(r["cause"], "cpu_throttled");
+        assert_eq!(
+            r["chain"],
+            "[front] GET / → behind [pricing] GET /price → PREEMPTED (throttled) 100 %"
+        );
+        assert_eq!(
+            r["evidence"],
+            serde_json::json!({"share": 0.7, "ns": 70, "depth": 1})
+        );
+        assert_eq!(r["culprits"][0]["operation"], "GET /price");
     }
 }

@@ -140,7 +140,16 @@ pub const DIAGNOSES_COLUMNS: &[Column] = &[
     Column::nullable("headline", Str),
     Column::nullable("evidence_json", Str),
     Column::nullable("culprits_json", Str),
+    Column::nullable("root_cause", Str),
+    Column::nullable("root_headline", Str),
+    Column::nullable("root_chain", Str),
+    Column::nullable("root_evidence_json", Str),
+    Column::nullable("root_culprits_json", Str),
 ];
+
+/// Layout version of the `diagnoses` table: 2 added the root cause
+/// (`root_*` columns).
+pub const DIAGNOSES_VERSION: u32 = 2;
 
 pub const OPERATION_SUMMARY_COLUMNS: &[Column] = &[
     Column::new("service", Str),
@@ -714,7 +723,7 @@ pub fn write_request_summaries(
 /// One row per request: anomaly flag, baseline and diagnosis (cause,
 /// headline; evidence and culprits as JSON text, as in `requests.json`).
 pub fn write_diagnoses(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
-    let mut w = TableWriter::create(path, DIAGNOSES_COLUMNS)?;
+    let mut w = TableWriter::create_versioned(path, DIAGNOSES_COLUMNS, Some(DIAGNOSES_VERSION))?;
     for rec in r.requests {
         let Some(span) = r.span(rec.path.request) else {
             continue;
@@ -734,6 +743,15 @@ pub fn write_diagnoses(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
             d.map(|d| crate::diagnosis::culprits_json(d, r.spans).to_string())
                 .as_deref(),
         );
+        // The root cause: the cause itself when not blocked by others
+        // (`root_chain` null then).
+        let root = d.map(|d| crate::diagnosis::root_cause_json(d, r.spans));
+        let field = |name: &str| root.as_ref().map(|v| v[name].clone());
+        w.opt_str(field("cause").as_ref().and_then(|v| v.as_str()));
+        w.opt_str(field("headline").as_ref().and_then(|v| v.as_str()));
+        w.opt_str(field("chain").as_ref().and_then(|v| v.as_str()));
+        w.opt_str(field("evidence").map(|v| v.to_string()).as_deref());
+        w.opt_str(field("culprits").map(|v| v.to_string()).as_deref());
         w.end_row()?;
     }
     w.finish()
