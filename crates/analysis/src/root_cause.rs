@@ -11,7 +11,12 @@
 //! piece is the blocking request's own work (running, preempted, reading
 //! the disk …) the chain ends: that piece is a *leaf*. The leaves'
 //! buckets (as [`crate::diagnose`] buckets a path) say what the blocked
-//! time was really spent on; the largest is the root cause:
+//! time was really spent on, but only for blocking requests that were
+//! themselves outliers of their operation ([`ChainIndex::mark_anomalous`]):
+//! a blocker of its usual length (or of an operation without a baseline)
+//! is simply work the request had to wait for, whatever share of it the
+//! blocker spent waiting for a busy CPU. The largest bucket is the root
+//! cause:
 //! - queued behind throttled requests → `cpu_throttled`;
 //! - behind requests that read the disk → `disk`;
 //! - blocked by a request that ran (a row lock's holder doing its work) →
@@ -66,6 +71,8 @@ pub struct RootCause {
 /// One request's path as the chains need it.
 struct ChainPath {
     path: RequestPath,
+    /// Well above its operation's baseline ([`ChainIndex::mark_anomalous`]).
+    anomalous: bool,
     /// The bucket of each piece (as the request's own diagnosis put it).
     buckets: Vec<Bucket>,
 }
@@ -109,10 +116,33 @@ impl ChainIndex {
             path.request,
             ChainPath {
                 path: path.clone(),
+                anomalous: false,
                 buckets,
             },
         );
         self.children = OnceLock::new();
+    }
+
+    /// Marks `request` as an outlier of its operation
+    /// ([`crate::is_anomalous`]): its own waits then explain the time
+    /// others spent waiting for it (module doc).
+    pub fn mark_anomalous(&mut self, request: SpanIdx) {
+        if let Some(p) = self.paths.get_mut(&request) {
+            p.anomalous = true;
+        }
+    }
+
+    /// What a leaf's time is put down to: the owner's own waits when the
+    /// owner was abnormally slow, its work otherwise (and always for a
+    /// request that could not be followed further).
+    fn leaf_bucket(&self, l: &Leaf) -> Bucket {
+        let anomalous = self.paths.get(&l.owner).is_some_and(|p| p.anomalous);
+        match l.bucket {
+            Bucket::Lock => Bucket::Lock,
+            Bucket::OtherRequest => Bucket::Running,
+            b if anomalous => b,
+            _ => Bucket::Running,
+        }
     }
 
     /// The requests kept.
@@ -357,7 +387,7 @@ impl ChainIndex {
     ) -> RootCause {
         let mut sums: Vec<(Bucket, u64)> = Vec::new();
         for l in &leaves {
-            let b = leaf_bucket(l.bucket);
+            let b = self.leaf_bucket(l);
             match sums.iter_mut().find(|x| x.0 == b) {
                 Some(x) => x.1 += l.piece.duration(),
                 None => sums.push((b, l.piece.duration())),
@@ -367,7 +397,7 @@ impl ChainIndex {
         let (top, ns) = sums.first().copied().unwrap_or((Bucket::Running, 0));
         let top_leaves: Vec<&Leaf> = leaves
             .iter()
-            .filter(|l| leaf_bucket(l.bucket) == top)
+            .filter(|l| self.leaf_bucket(l) == top)
             .collect();
         let share = ns as f64 / total.max(1) as f64;
         let pct = (share * 100.0).round() as u64;
@@ -575,15 +605,6 @@ fn state_bucket(state: EdgeType) -> Bucket {
     }
 }
 
-/// A leaf's bucket: work for another request that could not be followed
-/// further (a cycle, the depth limit) is that request's work.
-fn leaf_bucket(b: Bucket) -> Bucket {
-    match b {
-        Bucket::OtherRequest => Bucket::Running,
-        b => b,
-    }
-}
-
 /// `p` cut to `[a, b)`, its CPU wait shared in proportion.
 fn clip(p: &RequestPiece, a: u64, b: u64) -> RequestPiece {
     let (a, b) = (a.max(p.start), b.min(p.end).max(a.max(p.start)));
@@ -697,7 +718,11 @@ mod tests {
 
         /// Each path's diagnosis, root cause filled in as `deepspan
         /// analyze` does.
-        fn diagnose(&self, paths: &[RequestPath]) -> HashMap<SpanIdx, crate::Diagnosis> {
+        fn diagnose(
+            &self,
+            paths: &[RequestPath],
+            anomalous: &[SpanIdx],
+        ) -> HashMap<SpanIdx, crate::Diagnosis> {
             let label = |s: SpanIdx| label(s);
             let ctx = DiagnosisContext::new(
                 &self.model,
@@ -710,6 +735,9 @@ mod tests {
             let mut index = ChainIndex::new();
             for p in paths {
                 index.add(&ctx, p);
+            }
+            for &r in anomalous {
+                index.mark_anomalous(r);
             }
             paths
                 .iter()
@@ -757,7 +785,7 @@ mod tests {
     #[test]
     fn a_three_deep_chain_gives_the_first_request_the_root_cause_of_the_last() {
         let f = Fixture::new(vec![span(None), span(None), span(None)]);
-        let d = f.diagnose(&three_deep(EdgeType::Preempted));
+        let d = f.diagnose(&three_deep(EdgeType::Preempted), &[0, 1, 2]);
         let a = &d[&0];
         assert_eq!(a.cause, Cause::BlockedByRequest);
         let root = a
@@ -797,7 +825,7 @@ mod tests {
     #[test]
     fn a_chain_ending_on_the_disk_is_disk() {
         let f = Fixture::new(vec![span(None), span(None), span(None)]);
-        let d = f.diagnose(&three_deep(EdgeType::BlockDevice));
+        let d = f.diagnose(&three_deep(EdgeType::BlockDevice), &[0, 1, 2]);
         let root = d[&0].root.as_ref().unwrap();
         assert_eq!(root.cause, Cause::Disk);
         assert!(
@@ -811,17 +839,20 @@ mod tests {
     fn a_blocker_doing_its_own_work_stays_blocked_by_request_with_it_as_culprit() {
         use EdgeType::*;
         let f = Fixture::new(vec![span(None), span(None)]);
-        let d = f.diagnose(&[
-            path(
-                0,
-                1,
-                vec![
-                    piece(0, 10, Running, 1, None),
-                    piece(10, 100, Running, 2, Some(1)),
-                ],
-            ),
-            path(1, 2, vec![piece(0, 100, Running, 2, None)]),
-        ]);
+        let d = f.diagnose(
+            &[
+                path(
+                    0,
+                    1,
+                    vec![
+                        piece(0, 10, Running, 1, None),
+                        piece(10, 100, Running, 2, Some(1)),
+                    ],
+                ),
+                path(1, 2, vec![piece(0, 100, Running, 2, None)]),
+            ],
+            &[0, 1],
+        );
         let root = d[&0].root.as_ref().unwrap();
         assert_eq!(root.cause, Cause::BlockedByRequest);
         assert!(root
@@ -840,19 +871,22 @@ mod tests {
         // A queued behind two [pricing] GET /price requests (2 and 3),
         // throttled both.
         let f = Fixture::new(vec![span(None), span(None), span(None), span(None)]);
-        let d = f.diagnose(&[
-            path(
-                0,
-                1,
-                vec![
-                    piece(0, 10, Running, 1, None),
-                    piece(10, 50, Preempted, 3, Some(2)),
-                    piece(50, 100, Preempted, 3, Some(3)),
-                ],
-            ),
-            path(2, 3, vec![piece(10, 50, Preempted, 3, None)]),
-            path(3, 3, vec![piece(50, 100, Preempted, 3, None)]),
-        ]);
+        let d = f.diagnose(
+            &[
+                path(
+                    0,
+                    1,
+                    vec![
+                        piece(0, 10, Running, 1, None),
+                        piece(10, 50, Preempted, 3, Some(2)),
+                        piece(50, 100, Preempted, 3, Some(3)),
+                    ],
+                ),
+                path(2, 3, vec![piece(10, 50, Preempted, 3, None)]),
+                path(3, 3, vec![piece(50, 100, Preempted, 3, None)]),
+            ],
+            &[0, 2, 3],
+        );
         let root = d[&0].root.as_ref().unwrap();
         assert_eq!(root.cause, Cause::CpuThrottled);
         assert_eq!(
@@ -862,28 +896,50 @@ mod tests {
     }
 
     #[test]
+    fn a_blocker_of_its_usual_length_is_work_to_wait_for_whatever_it_waited_on() {
+        use EdgeType::*;
+        // As in the three-deep chain, but C took its usual time: B and A
+        // waited for C's work, not for the CPU C waited on.
+        let f = Fixture::new(vec![span(None), span(None), span(None)]);
+        let d = f.diagnose(&three_deep(Preempted), &[0, 1]);
+        let root = d[&0].root.as_ref().unwrap();
+        assert_eq!(root.cause, Cause::BlockedByRequest);
+        assert_eq!(
+            root.chain,
+            "[front] GET /product → behind [shop] GET /cart → behind [pricing] GET /price \
+             → RUNNING 100 %"
+        );
+        assert_eq!(root.culprits[0].kind, CulpritKind::Process);
+        assert_eq!(root.culprits[0].pid, Some(30));
+        assert_eq!(root.culprits[1].span, Some(2));
+    }
+
+    #[test]
     fn a_cycle_is_reported_and_not_followed() {
         use EdgeType::*;
         let f = Fixture::new(vec![span(None), span(None)]);
         // A waits for B over 10..90, B for A over the same time.
-        let d = f.diagnose(&[
-            path(
-                0,
-                1,
-                vec![
-                    piece(0, 10, Running, 1, None),
-                    piece(10, 90, Running, 2, Some(1)),
-                ],
-            ),
-            path(
-                1,
-                2,
-                vec![
-                    piece(0, 10, Running, 2, None),
-                    piece(10, 90, Running, 1, Some(0)),
-                ],
-            ),
-        ]);
+        let d = f.diagnose(
+            &[
+                path(
+                    0,
+                    1,
+                    vec![
+                        piece(0, 10, Running, 1, None),
+                        piece(10, 90, Running, 2, Some(1)),
+                    ],
+                ),
+                path(
+                    1,
+                    2,
+                    vec![
+                        piece(0, 10, Running, 2, None),
+                        piece(10, 90, Running, 1, Some(0)),
+                    ],
+                ),
+            ],
+            &[0, 1],
+        );
         let root = d[&0].root.as_ref().unwrap();
         assert_eq!(evidence(root, "cycles"), Some(1.0));
         assert_eq!(evidence(root, "cycle_ns"), Some(80.0));
@@ -912,7 +968,7 @@ mod tests {
             ),
             path(1, 2, vec![piece(0, 100, BlockDevice, 2, None)]),
         ];
-        let d = f.diagnose(&paths);
+        let d = f.diagnose(&paths, &[0, 1]);
         assert_eq!(d[&0].cause, Cause::CpuThrottled);
         assert!(d[&0].root.is_none());
         assert_eq!(d[&0].root_cause(), Cause::CpuThrottled);

@@ -301,18 +301,6 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     joined(syscalls)?;
     let (analysis, (mut records, chains)) = requests?;
     timings.phase("request critical paths, thread states and system calls");
-    // Root causes, once every path is known: what the requests a request
-    // waited for were held up by.
-    {
-        let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
-        for r in &mut records {
-            if let Some(d) = r.diagnosis.as_mut() {
-                d.root = chains.root_cause(&diagnosis, r.path.request).map(Box::new);
-            }
-        }
-    }
-    drop(chains);
-    timings.phase("root causes");
     // Slowest first: the order of the tables and of the printout.
     records.sort_by_key(|r| {
         (
@@ -333,6 +321,21 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         r.anomalous = is_anomalous(r.path.duration(), b);
     }
     timings.phase("diagnoses");
+    // Root causes, once every path is known: what the requests a request
+    // waited for were held up by (those that were outliers themselves).
+    {
+        let mut chains = chains;
+        for r in records.iter().filter(|r| r.anomalous) {
+            chains.mark_anomalous(r.path.request);
+        }
+        let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
+        for r in &mut records {
+            if let Some(d) = r.diagnosis.as_mut() {
+                d.root = chains.root_cause(&diagnosis, r.path.request).map(Box::new);
+            }
+        }
+    }
+    timings.phase("root causes");
     sync_notes(
         &records,
         clock.as_ref(),
