@@ -56,7 +56,7 @@ pub use state::{
     NO_CPU, PENDING_WAKING_WINDOW_NS,
 };
 pub use summary::{
-    aggregate, summarize, OperationRow, OperationSummary, RequestSummary, SummaryRow,
+    aggregate, group_causes, summarize, CauseGroup, OperationRow, OperationSummary, RequestSummary, SummaryRow,
 };
 pub use syscalls::{syscall_name, Arch};
 

@@ -479,9 +479,15 @@ pub fn write_requests(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
         w.u64(t.throttled_ns);
         w.u64(t.blocked_by_requests_ns);
         w.u64(t.unknown_ns);
-        let top = summary.by_state.first();
-        w.opt_str(top.map(|row| crate::cause_label(row, r.spans)).as_deref());
-        w.u64(top.map_or(0, |row| row.ns));
+        // Blocking requests grouped by operation: five requests of the
+        // same queue are one cause.
+        let top = crate::cause_groups(summary, r.spans).into_iter().next();
+        w.opt_str(
+            top.as_ref()
+                .map(|g| crate::cause_group_label(g, r.spans))
+                .as_deref(),
+        );
+        w.u64(top.map_or(0, |g| g.ns));
         w.u64(rec.lost_events);
         w.bool(p.truncated);
         w.end_row()?;
