@@ -915,6 +915,68 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_its_own_sub_request_waited_for_is_lock_contention() {
+        use crate::state::SyscallInterval;
+        use EdgeType::*;
+        // A (front, thread 1) calls M (span 1, a server span under A, on
+        // thread 2); M's thread waits in a futex held by thread 3 of the
+        // same process, working for H (span 2). A's path shows H's thread
+        // (another process than A's): blocked by H; M's shows the lock.
+        let mut f = Fixture::new(vec![span(None), span(Some(0)), span(None)]);
+        f.pids.insert(3, 20);
+        let futex = SyscallInterval {
+            start: 10,
+            end: 90,
+            id: 202,
+            name: 0,
+            arg0: 0xbeef,
+            arg1: 0,
+            ret: 0,
+            entry_seen: true,
+            exit_seen: true,
+        };
+        let mut waiting = piece(10, 90, Running, 3, Some(2));
+        waiting.waiting_in = Some(futex);
+        let d = f.diagnose(
+            &[
+                path(
+                    0,
+                    1,
+                    vec![
+                        piece(0, 10, Running, 1, None),
+                        piece(10, 90, Running, 3, Some(2)),
+                        piece(90, 100, Running, 1, None),
+                    ],
+                ),
+                path(
+                    1,
+                    2,
+                    vec![
+                        piece(5, 10, Running, 2, None),
+                        waiting,
+                        piece(90, 95, Running, 2, None),
+                    ],
+                ),
+                path(2, 3, vec![piece(0, 100, Running, 3, None)]),
+            ],
+            &[0, 1],
+        );
+        assert_eq!(d[&1].cause, Cause::LockContention);
+        assert_eq!(d[&0].cause, Cause::BlockedByRequest);
+        let root = d[&0].root.as_ref().unwrap();
+        assert_eq!(root.cause, Cause::LockContention);
+        assert_eq!(evidence(root, "futex_uaddr"), Some(0xbeef as f64));
+        assert_eq!(
+            root.chain,
+            "[front] GET /product → behind [pricing] GET /price → LOCK (futex) 100 %"
+        );
+        assert!(root
+            .culprits
+            .iter()
+            .any(|c| c.kind == CulpritKind::Thread && c.tid == Some(3)));
+    }
+
+    #[test]
     fn a_cycle_is_reported_and_not_followed() {
         use EdgeType::*;
         let f = Fixture::new(vec![span(None), span(None)]);
