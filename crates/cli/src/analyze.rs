@@ -902,9 +902,13 @@ fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize, detail: boo
     for l in &mut lines {
         l.2.sort_by_key(|p| std::cmp::Reverse(p.1));
         if let Some(op) = l.0.strip_prefix("Blocked by requests of ") {
-            let n = blockers_of.get(op).map_or(0, |s| s.len());
-            l.0 = match n {
-                1 => format!("Blocked by 1 request of {op}"),
+            let ids = blockers_of.get(op);
+            l.0 = match ids.map_or(0, |s| s.len()) {
+                // One request: named, as `--detail` would.
+                1 => format!(
+                    "Blocked by request {} {op}",
+                    ids.and_then(|s| s.iter().next()).map_or("", |b| b.as_str())
+                ),
                 n => format!("Blocked by {n} requests of {op}"),
             };
         }
@@ -1002,4 +1006,40 @@ fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize, detail: boo
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn request_culprits_of_one_operation_make_one_line_unless_detail() {
+        let culprits = vec![
+            json!({"kind": "process", "comm": "pricing", "pid": 7, "ns": 900}),
+            json!({"kind": "request", "span_id": "a1", "service": "pricing", "operation": "GET /price", "ns": 500}),
+            json!({"kind": "request", "span_id": "a2", "service": "pricing", "operation": "GET /price", "ns": 300}),
+            json!({"kind": "request", "span_id": "b1", "service": "inventory", "operation": "GET /stock", "ns": 50}),
+        ];
+        let grouped = culprit_lines(&culprits, false);
+        assert_eq!(
+            grouped,
+            vec![
+                ("process".into(), "pricing, pid 7".into(), 900),
+                ("request".into(), "2 requests of [pricing] GET /price".into(), 800),
+                ("request".into(), "b1 [inventory] GET /stock".into(), 50),
+            ]
+        );
+        let detail = culprit_lines(&culprits, true);
+        assert_eq!(detail.len(), 4);
+        assert_eq!(detail[1].1, "a1 [pricing] GET /price");
+    }
+
+    #[test]
+    fn a_long_chain_wraps_at_word_boundaries() {
+        let chain = "[front] GET /product → behind 3 × [pricing] GET /price → PREEMPTED (throttled) 100 %";
+        let lines = wrap(chain, 40);
+        assert!(lines.iter().all(|l| l.chars().count() <= 40), "{lines:?}");
+        assert_eq!(lines.join(" ").replace("   ", " "), chain);
+    }
 }
