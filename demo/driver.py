@@ -10,6 +10,8 @@ diagnosis of the requests the fault hit with DIR/expected.json:
    "window_ns": [start, end],                            # CLOCK_MONOTONIC, fault active
    "culprits": [{field: value, ...}, ...],               # each must match a culprit
    "path": {"state"?, "throttled"?, "blocked_by_request"?},  # critical-path evidence
+   "felt": {"service": "front", "operation": null,       # where users feel it:
+            "root_cause"},                               # root cause expected there
    "roles": [...], "loadgen": {...}}
 
 A timeline: PostgreSQL and the four services start; the load generator
@@ -160,6 +162,10 @@ class Scenario:
     name = ""
     description = ""
     cause = ""
+    # The root cause expected on the user-facing front's requests in the
+    # fault window (through the requests they waited for): the fault's own
+    # cause, several hops away, unless a scenario says otherwise.
+    front_root_cause = None
 
     def __init__(self, cleanup, work, out):
         self.cleanup, self.work, self.out = cleanup, work, out
@@ -357,7 +363,10 @@ def run(args, cleanup):
         with open(roles_path) as f:
             roles = [json.loads(line) for line in f if line.strip()]
     expected = {"scenario": scenario.name, "description": scenario.description, "cause": scenario.cause,
-                "window_ns": scenario.window, **scenario.expected(shop, roles), "roles": roles,
+                "window_ns": scenario.window, **scenario.expected(shop, roles),
+                "felt": {"service": "front", "operation": None,
+                         "root_cause": scenario.front_root_cause or scenario.cause},
+                "roles": roles,
                 "loadgen": stats}
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(expected, f, indent=2)

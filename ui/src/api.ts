@@ -7,11 +7,27 @@ export interface Cause {
   share: number;
 }
 
-export interface Diagnosis {
+export interface CauseObject {
   cause: string;
   headline: string;
   evidence?: Record<string, number>;
   culprits?: Array<Record<string, string | number>>;
+}
+
+/** The proximate cause, and the root cause through the requests it waited for (`chain` null when it waited for none). */
+export interface Diagnosis extends CauseObject {
+  root_cause?: (CauseObject & { chain: string | null }) | null;
+}
+
+/** A request's time with its blocking requests grouped by `[service] operation`. */
+export interface CauseGroup {
+  label: string;
+  blocked_by_operation: string | null;
+  blocked_by_requests: string[];
+  state: string;
+  ns: number;
+  share: number;
+  parts: Array<{ label: string; state: string; ns: number }>;
 }
 
 export interface RequestRow {
@@ -29,6 +45,7 @@ export interface RequestRow {
   lost_events: number;
   truncated: boolean;
   causes: Cause[];
+  cause_groups?: CauseGroup[];
   anomalous?: boolean;
   baseline_ns?: number | null;
   diagnosis?: Diagnosis | null;
@@ -55,6 +72,7 @@ export interface RunInfo {
   end_ns: number;
   services: string[];
   causes: string[];
+  root_causes?: string[];
   has_diagnosis: boolean;
   notes: string[];
 }

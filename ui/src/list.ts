@@ -9,10 +9,11 @@ interface ListState {
   service: string;
   operation: string;
   cause: string;
+  root_cause: string;
   anomalous: string;
 }
 
-const state: ListState = { sort: "duration", order: "desc", service: "", operation: "", cause: "", anomalous: "" };
+const state: ListState = { sort: "duration", order: "desc", service: "", operation: "", cause: "", root_cause: "", anomalous: "" };
 
 export async function listView(app: HTMLElement): Promise<void> {
   const info = await run();
@@ -27,6 +28,7 @@ export async function listView(app: HTMLElement): Promise<void> {
     select("service", "Service", info.services),
     select("operation", "Operation", operations),
     select("cause", "Diagnosis", info.causes),
+    select("root_cause", "Root cause", info.root_causes ?? []),
     select("anomalous", "Anomalous", ["true", "false"]),
   );
   if (!info.has_diagnosis) filters.append(el("span", { class: "muted" }, "(this analysis has no diagnosis)"));
@@ -42,6 +44,7 @@ export async function listView(app: HTMLElement): Promise<void> {
       service: state.service,
       operation: state.operation,
       cause: state.cause,
+      root_cause: state.root_cause,
       anomalous: state.anomalous,
       limit: 2000,
     });
@@ -54,14 +57,16 @@ export async function listView(app: HTMLElement): Promise<void> {
     const body = el("tbody");
     for (const r of res.requests) {
       const tr = el("tr", { "data-span-id": r.span_id, class: r.anomalous ? "anomalous" : "" });
-      const top = r.causes?.[0];
+      // Blocking requests grouped by operation: "blocked by 5 requests of [pricing] GET /price".
+      const top = r.cause_groups?.[0] ?? r.causes?.[0];
+      const root = r.diagnosis?.root_cause;
       tr.innerHTML = `<td>${r.anomalous ? '<span class="badge" title="well above its operation\'s median">anomalous</span>' : ""}</td>
         <td>${esc(r.service)}</td>
         <td><a href="#/request/${esc(r.span_id)}">${esc(r.operation)}</a></td>
         <td class="num">${fmtNs(r.start_ns - info.start_ns)}</td>
         <td class="num">${fmtNs(r.duration_ns)}${r.baseline_ns ? ` <span class="muted">(median ${fmtNs(r.baseline_ns)})</span>` : ""}</td>
         <td>${top ? `${esc(top.label)} <span class="muted">${Math.round(top.share * 100)}%</span>` : ""}</td>
-        <td>${r.diagnosis ? `<span class="cause">${esc(r.diagnosis.cause)}</span> ${esc(r.diagnosis.headline)}` : ""}</td>`;
+        <td>${r.diagnosis ? `<span class="cause">${esc(r.diagnosis.cause)}</span>${root?.chain ? ` → root <span class="cause root" title="${esc(root.chain)}">${esc(root.cause)}</span>` : ""} ${esc(r.diagnosis.headline)}` : ""}</td>`;
       tr.addEventListener("click", (ev) => {
         if ((ev.target as HTMLElement).tagName !== "A") location.hash = `#/request/${r.span_id}`;
       });

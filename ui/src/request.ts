@@ -2,7 +2,7 @@
 // path, kernel critical path per thread (arrows where it moves to another
 // thread, pieces spent for a blocking request outlined), summary chart.
 
-import { Drawn, get, RequestRow, Diagnosis } from "./api";
+import { CauseObject, Drawn, get, RequestRow, Diagnosis } from "./api";
 import { BLOCKED_BY_REQUEST, el, esc, fmtNs, legend, stateColor, STATE_COLORS } from "./format";
 import { Lane, Timeline } from "./timeline";
 
@@ -132,22 +132,53 @@ function diagnosisBox(d: Diagnosis | null, blockerName: Map<string, string>): HT
     return box;
   }
   box.dataset.cause = d.cause;
-  const culprits = (d.culprits ?? [])
-    .map((c) => {
-      const who =
-        c.kind === "request" && c.span_id
-          ? `<a href="#/request/${esc(c.span_id)}">${esc(blockerName.get(String(c.span_id)) ?? `[${c.service ?? "?"}] ${c.operation ?? c.span_id}`)}</a>`
-          : esc([c.comm ?? c.name ?? c.operation, c.pid ? `pid ${c.pid}` : "", c.tid ? `tid ${c.tid}` : ""].filter(Boolean).join(" "));
-      return `<li>${esc(c.kind)}: ${who} — ${fmtNs(Number(c.ns ?? 0))}</li>`;
-    })
-    .join("");
+  box.innerHTML = causeHtml(d, blockerName);
+  const root = d.root_cause;
+  if (root?.chain) {
+    box.dataset.rootCause = root.cause;
+    const r = el("div", { class: "root-cause", id: "root-cause" });
+    r.innerHTML = `<h3>Root cause, through the requests it waited for</h3>
+      <div class="chain">${esc(root.chain)}</div>${causeHtml(root, blockerName)}`;
+    box.append(r);
+  }
+  return box;
+}
+
+/** Headline, evidence and culprits; request culprits grouped by `[service] operation`, each request one click away. */
+function causeHtml(d: CauseObject, blockerName: Map<string, string>): string {
+  const requestName = (c: Record<string, string | number>) =>
+    blockerName.get(String(c.span_id)) ?? `[${c.service ?? "?"}] ${c.operation ?? c.span_id}`;
+  const groups = new Map<string, Array<Record<string, string | number>>>();
+  const items: Array<{ ns: number; html: string }> = [];
+  for (const c of d.culprits ?? []) {
+    if (c.kind === "request" && c.span_id) {
+      const key = requestName(c);
+      if (!groups.has(key)) groups.set(key, []);
+      groups.get(key)!.push(c);
+      continue;
+    }
+    const who = esc([c.comm ?? c.name ?? c.operation, c.pid ? `pid ${c.pid}` : "", c.tid ? `tid ${c.tid}` : ""].filter(Boolean).join(" "));
+    items.push({ ns: Number(c.ns ?? 0), html: `${esc(c.kind)}: ${who} — ${fmtNs(Number(c.ns ?? 0))}` });
+  }
+  for (const [name, cs] of groups) {
+    const ns = cs.reduce((a, c) => a + Number(c.ns ?? 0), 0);
+    const link = (c: Record<string, string | number>) => `<a href="#/request/${esc(c.span_id)}">${esc(c.span_id)}</a> ${fmtNs(Number(c.ns ?? 0))}`;
+    items.push({
+      ns,
+      html:
+        cs.length === 1
+          ? `request: <a href="#/request/${esc(cs[0].span_id)}">${esc(name)}</a> — ${fmtNs(ns)}`
+          : `<details class="group"><summary>requests: ${cs.length} requests of ${esc(name)} — ${fmtNs(ns)}</summary>${cs.map(link).join("<br>")}</details>`,
+    });
+  }
+  items.sort((a, b) => b.ns - a.ns);
+  const culprits = items.map((i) => `<li>${i.html}</li>`).join("");
   const evidence = Object.entries(d.evidence ?? {})
     .map(([k, v]) => `<code>${esc(k)}=${esc(typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : v)}</code>`)
     .join(" ");
-  box.innerHTML = `<div><span class="cause">${esc(d.cause)}</span> ${esc(d.headline)}</div>
+  return `<div><span class="cause">${esc(d.cause)}</span> ${esc(d.headline)}</div>
     ${evidence ? `<div class="evidence">${evidence}</div>` : ""}
     ${culprits ? `<ul class="culprits">${culprits}</ul>` : ""}`;
-  return box;
 }
 
 function pieceTooltip(iv: Drawn, lane: Lane, origin: number, blockers: Map<string, string>): string {
@@ -224,23 +255,29 @@ function gantt(parent: HTMLElement, trace: TraceView, r: RequestRow): void {
 
 function summaryChart(parent: HTMLElement, d: RequestDetail, blockerName: Map<string, string>): void {
   // Seed 000 Fig. 16: the request's time by state, the blocking requests
-  // apart with their own parts.
+  // apart with their own parts, grouped by their [service] operation
+  // ("blocked by 5 requests of [pricing] GET /price: PREEMPTED"); the
+  // requests of a group are listed under its row.
   const byState = new Map<string, number>();
-  const byBlocker = new Map<string, Map<string, number>>();
+  const byGroup = new Map<string, { parts: Map<string, number>; requests: Map<string, number> }>();
   let total = 0;
   for (const row of d.summary) {
     total += row.ns;
     if (row.blocked_by_request) {
-      const m = byBlocker.get(row.blocked_by_request) ?? new Map<string, number>();
-      m.set(row.state, (m.get(row.state) ?? 0) + row.ns);
-      byBlocker.set(row.blocked_by_request, m);
+      const name = blockerName.get(row.blocked_by_request) ?? row.blocked_by_request;
+      const g = byGroup.get(name) ?? { parts: new Map<string, number>(), requests: new Map<string, number>() };
+      g.parts.set(row.state, (g.parts.get(row.state) ?? 0) + row.ns);
+      g.requests.set(row.blocked_by_request, (g.requests.get(row.blocked_by_request) ?? 0) + row.ns);
+      byGroup.set(name, g);
     } else byState.set(row.state, (byState.get(row.state) ?? 0) + row.ns);
   }
-  const slices: Array<{ label: string; ns: number; color: string; state: string; blocker?: string }> = [];
+  const slices: Array<{ label: string; ns: number; color: string; state: string; blockers?: Array<[string, number]> }> = [];
   for (const [s, ns] of [...byState].sort((a, b) => b[1] - a[1])) slices.push({ label: s, ns, color: stateColor(s), state: s });
-  for (const [b, m] of byBlocker) {
-    for (const [s, ns] of [...m].sort((a, b) => b[1] - a[1]))
-      slices.push({ label: `blocked by ${blockerName.get(b) ?? b}: ${s}`, ns, color: stateColor(s), state: s, blocker: b });
+  for (const [name, g] of byGroup) {
+    const blockers = [...g.requests].sort((a, b) => b[1] - a[1]);
+    const who = blockers.length === 1 ? name : `${blockers.length} requests of ${name}`;
+    for (const [s, ns] of [...g.parts].sort((a, b) => b[1] - a[1]))
+      slices.push({ label: `blocked by ${who}: ${s}`, ns, color: stateColor(s), state: s, blockers });
   }
   const wrap = el("div", { class: "summary" });
   const canvas = el("canvas", { width: "220", height: "220", id: "summary-pie" });
@@ -255,7 +292,7 @@ function summaryChart(parent: HTMLElement, d: RequestDetail, blockerName: Map<st
     ctx.closePath();
     ctx.fillStyle = s.color;
     ctx.fill();
-    if (s.blocker) {
+    if (s.blockers) {
       ctx.strokeStyle = BLOCKED_BY_REQUEST;
       ctx.lineWidth = 2;
       ctx.stroke();
@@ -265,8 +302,8 @@ function summaryChart(parent: HTMLElement, d: RequestDetail, blockerName: Map<st
   const table = el("table", { class: "breakdown" });
   table.innerHTML = slices
     .map(
-      (s) => `<tr data-state="${esc(s.state)}"><td><i class="sw" style="background:${s.color};${s.blocker ? `outline:2px solid ${BLOCKED_BY_REQUEST}` : ""}"></i>
-        ${s.blocker ? `<a href="#/request/${esc(s.blocker)}">${esc(s.label)}</a>` : esc(s.label)}</td>
+      (s) => `<tr data-state="${esc(s.state)}"><td><i class="sw" style="background:${s.color};${s.blockers ? `outline:2px solid ${BLOCKED_BY_REQUEST}` : ""}"></i>
+        ${blockerCell(s.label, s.blockers)}</td>
         <td class="num">${fmtNs(s.ns)}</td><td class="num">${total ? ((100 * s.ns) / total).toFixed(1) : "0"}%</td></tr>`,
     )
     .join("");
@@ -281,4 +318,12 @@ function summaryChart(parent: HTMLElement, d: RequestDetail, blockerName: Map<st
   for (const s of slices) states[s.state] = (states[s.state] ?? 0) + s.ns;
   parent.dataset.states = JSON.stringify(states);
   parent.append(wrap);
+}
+
+/** A summary row's label: a link to its one blocking request, or the group with its requests one click away. */
+function blockerCell(label: string, blockers: Array<[string, number]> | undefined): string {
+  if (!blockers) return esc(label);
+  if (blockers.length === 1) return `<a href="#/request/${esc(blockers[0][0])}">${esc(label)}</a>`;
+  const list = blockers.map(([id, ns]) => `<a href="#/request/${esc(id)}">${esc(id)}</a> ${fmtNs(ns)}`).join("<br>");
+  return `<details class="group"><summary>${esc(label)}</summary>${list}</details>`;
 }

@@ -35,6 +35,7 @@ use deepspan_model::{Comm, Tid};
 use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
 use crate::request::{home_segments, RequestPath, RequestPiece, SpanIdx, SpanInput, ThreadWork};
+use crate::root_cause::RootCause;
 use crate::state::{BlockPhase, BlockReason, KernelModel, SyscallInterval, ThreadState};
 use crate::syscalls::{syscall_name, Arch};
 
@@ -148,7 +149,7 @@ pub struct Culprit {
 }
 
 impl Culprit {
-    fn new(kind: CulpritKind, ns: u64) -> Culprit {
+    pub(crate) fn new(kind: CulpritKind, ns: u64) -> Culprit {
         Culprit {
             kind,
             tid: None,
@@ -172,6 +173,17 @@ pub struct Diagnosis {
     pub evidence: Vec<(&'static str, f64)>,
     /// Largest first.
     pub culprits: Vec<Culprit>,
+    /// When the request mostly waited for other requests: what those
+    /// requests were held up by, followed through them (`None` when the
+    /// request was not blocked by others: its cause is its root cause).
+    pub root: Option<Box<RootCause>>,
+}
+
+impl Diagnosis {
+    /// The root cause: the chain's deepest cause, else the cause itself.
+    pub fn root_cause(&self) -> Cause {
+        self.root.as_ref().map_or(self.cause, |r| r.cause)
+    }
 }
 
 /// Longest headline, in characters.
@@ -247,7 +259,7 @@ impl<'a> DiagnosisContext<'a> {
         }
     }
 
-    fn pid(&self, tid: Tid) -> Option<Tid> {
+    pub(crate) fn pid(&self, tid: Tid) -> Option<Tid> {
         self.pids.get(&tid).copied()
     }
 
@@ -346,7 +358,7 @@ type HomeSegments = Vec<(u64, u64, Tid)>;
 
 /// The buckets of a path's time (module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Bucket {
+pub(crate) enum Bucket {
     Lock,
     OtherRequest,
     Preempted,
@@ -402,7 +414,7 @@ pub fn diagnose(ctx: &DiagnosisContext, path: &RequestPath) -> Option<Diagnosis>
     Some(d)
 }
 
-fn home_at(path: &RequestPath, t: u64) -> Option<Tid> {
+pub(crate) fn home_at(path: &RequestPath, t: u64) -> Option<Tid> {
     path.home
         .iter()
         .find(|h| h.0 <= t && t < h.1)
@@ -410,7 +422,7 @@ fn home_at(path: &RequestPath, t: u64) -> Option<Tid> {
         .map(|h| h.2)
 }
 
-fn bucket(ctx: &DiagnosisContext, path: &RequestPath, p: &RequestPiece) -> Bucket {
+pub(crate) fn bucket(ctx: &DiagnosisContext, path: &RequestPath, p: &RequestPiece) -> Bucket {
     let home = home_at(path, p.start);
     let other_thread = p.tid.is_some() && p.tid != home;
     if other_thread {
@@ -442,7 +454,7 @@ fn bucket(ctx: &DiagnosisContext, path: &RequestPath, p: &RequestPiece) -> Bucke
 }
 
 /// Adds `ns` to the culprit matching `same`, or appends `new()`.
-fn add_culprit(
+pub(crate) fn add_culprit(
     out: &mut Vec<Culprit>,
     ns: u64,
     same: impl Fn(&Culprit) -> bool,
@@ -460,7 +472,7 @@ fn add_culprit(
 
 /// Largest first; equal times keep their kinds' order (thread, process,
 /// request, span, device), then tid, so the output is stable.
-fn sort_culprits(v: &mut [Culprit]) {
+pub(crate) fn sort_culprits(v: &mut [Culprit]) {
     v.sort_by(|a, b| {
         b.ns.cmp(&a.ns)
             .then(a.kind.cmp(&b.kind))
@@ -470,7 +482,7 @@ fn sort_culprits(v: &mut [Culprit]) {
     });
 }
 
-fn process_culprit(ctx: &DiagnosisContext, tid: Tid, at: u64) -> Culprit {
+pub(crate) fn process_culprit(ctx: &DiagnosisContext, tid: Tid, at: u64) -> Culprit {
     let pid = ctx.pid(tid);
     let mut c = Culprit::new(CulpritKind::Process, 0);
     c.pid = Some(pid.unwrap_or(tid));
@@ -484,7 +496,7 @@ fn process_culprit(ctx: &DiagnosisContext, tid: Tid, at: u64) -> Culprit {
     c
 }
 
-fn thread_culprit(ctx: &DiagnosisContext, tid: Tid, at: u64) -> Culprit {
+pub(crate) fn thread_culprit(ctx: &DiagnosisContext, tid: Tid, at: u64) -> Culprit {
     let mut c = Culprit::new(CulpritKind::Thread, 0);
     c.tid = Some(tid);
     c.pid = ctx.pid(tid);
@@ -492,13 +504,13 @@ fn thread_culprit(ctx: &DiagnosisContext, tid: Tid, at: u64) -> Culprit {
     c
 }
 
-fn request_culprit(request: SpanIdx) -> Culprit {
+pub(crate) fn request_culprit(request: SpanIdx) -> Culprit {
     let mut c = Culprit::new(CulpritKind::Request, 0);
     c.span = Some(request);
     c
 }
 
-fn who(c: &Culprit) -> String {
+pub(crate) fn who(c: &Culprit) -> String {
     let comm = c.comm.map(|x| x.to_string_lossy()).unwrap_or_default();
     match (c.kind, c.tid, c.pid) {
         (CulpritKind::Thread, Some(t), _) => format!("{t}/{comm}"),
@@ -507,7 +519,7 @@ fn who(c: &Culprit) -> String {
     }
 }
 
-fn lock<'p>(
+pub(crate) fn lock<'p>(
     ctx: &DiagnosisContext,
     pieces: impl Iterator<Item = &'p RequestPiece>,
     pct: u64,
@@ -560,10 +572,11 @@ fn lock<'p>(
         headline: format!("LOCK {pct}%: futex held by {holder}{request}"),
         evidence,
         culprits,
+        root: None,
     }
 }
 
-fn other_request<'p>(
+pub(crate) fn other_request<'p>(
     ctx: &DiagnosisContext,
     path: &RequestPath,
     pieces: impl Iterator<Item = &'p RequestPiece>,
@@ -633,10 +646,11 @@ fn other_request<'p>(
         headline: format!("BLOCKED {pct}%: {process} working for {request}"),
         evidence: Vec::new(),
         culprits,
+        root: None,
     }
 }
 
-fn preempted<'p>(
+pub(crate) fn preempted<'p>(
     ctx: &DiagnosisContext,
     pieces: impl Iterator<Item = &'p RequestPiece>,
     pct: u64,
@@ -698,6 +712,7 @@ fn preempted<'p>(
             headline: format!("PREEMPTED {pct}%: CPU held back {tp}% (cgroup quota?) {whom}"),
             evidence,
             culprits: victims,
+            root: None,
         }
     } else {
         sort_culprits(&mut runners);
@@ -714,6 +729,7 @@ fn preempted<'p>(
             headline: format!("PREEMPTED {pct}%: CPU taken by {first}{more}"),
             evidence,
             culprits: runners,
+            root: None,
         }
     }
 }
@@ -752,7 +768,7 @@ fn add_cpu_holders(
     }
 }
 
-fn network<'p>(
+pub(crate) fn network<'p>(
     ctx: &DiagnosisContext,
     pieces: impl Iterator<Item = &'p RequestPiece>,
     pct: u64,
@@ -803,12 +819,13 @@ fn network<'p>(
         headline: format!("NETWORK {pct}%: {what}"),
         evidence: Vec::new(),
         culprits,
+        root: None,
     }
 }
 
 /// TIMER, RUNNING and unexplained time: the threads, with the system call
 /// each spent it in.
-fn by_thread<'p>(
+pub(crate) fn by_thread<'p>(
     ctx: &DiagnosisContext,
     pieces: impl Iterator<Item = &'p RequestPiece>,
     cause: Cause,
@@ -864,6 +881,7 @@ fn by_thread<'p>(
         headline,
         evidence: Vec::new(),
         culprits,
+        root: None,
     }
 }
 
@@ -1013,7 +1031,7 @@ fn is_read(name: &str) -> bool {
     )
 }
 
-fn disk<'p>(
+pub(crate) fn disk<'p>(
     ctx: &DiagnosisContext,
     path: &RequestPath,
     pieces: impl Iterator<Item = &'p RequestPiece>,
@@ -1113,11 +1131,12 @@ fn disk<'p>(
         headline: format!("BLOCK_DEVICE {pct}%{miss_text}{queue}{whom}"),
         evidence,
         culprits,
+        root: None,
     }
 }
 
 /// Cuts `s` to `width` characters, marking the cut.
-fn fit(s: &str, width: usize) -> String {
+pub(crate) fn fit(s: &str, width: usize) -> String {
     if s.chars().count() <= width {
         return s.to_string();
     }

@@ -27,6 +27,7 @@ mod graph;
 mod input;
 mod merge;
 mod request;
+mod root_cause;
 mod state;
 mod summary;
 mod syscalls;
@@ -37,6 +38,7 @@ pub use diagnosis::{
     baselines, diagnose, is_anomalous, Cause, Culprit, CulpritKind, Diagnosis, DiagnosisContext,
     ANOMALY_FACTOR, ANOMALY_MIN_EXCESS_NS, HEADLINE_MAX, MAX_CULPRITS, MIN_BASELINE_REQUESTS,
 };
+pub use root_cause::{ChainIndex, RootCause, MAX_CHAIN_DEPTH};
 pub use fxhash::{FastMap, FastSet, FxHasher};
 pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Worker};
 pub use input::{build_model, Input, LostEvents};
@@ -54,7 +56,7 @@ pub use state::{
     NO_CPU, PENDING_WAKING_WINDOW_NS,
 };
 pub use summary::{
-    aggregate, summarize, OperationRow, OperationSummary, RequestSummary, SummaryRow,
+    aggregate, group_causes, summarize, CauseGroup, OperationRow, OperationSummary, RequestSummary, SummaryRow,
 };
 pub use syscalls::{syscall_name, Arch};
 

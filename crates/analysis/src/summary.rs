@@ -125,6 +125,86 @@ pub fn summarize(model: &KernelModel, arch: Arch, path: &RequestPath) -> Request
     out
 }
 
+/// A request's time as people read it: its own time per (state, thread),
+/// and the time it spent for other requests grouped by what those requests
+/// were (their `[service] operation`, the caller's key), with a count:
+/// "5 requests of [pricing] GET /price", not five lines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CauseGroup<K> {
+    /// The blocking requests' key; `None` for the request's own time (then
+    /// `parts` is its one row).
+    pub blocked_by: Option<K>,
+    /// The blocking requests of the group, most time first.
+    pub requests: Vec<(SpanIdx, u64)>,
+    pub ns: u64,
+    /// The group's time per (state, thread), largest first (the blocking
+    /// requests' rows summed; `blocked_by` is left as the largest one's).
+    pub parts: Vec<SummaryRow>,
+}
+
+/// Groups a request summary's rows (see [`CauseGroup`]); `key` names a
+/// blocking request's group. Largest first.
+pub fn group_causes<K: Eq + Clone + Ord>(
+    summary: &RequestSummary,
+    key: impl Fn(SpanIdx) -> K,
+) -> Vec<CauseGroup<K>> {
+    let mut out: Vec<CauseGroup<K>> = Vec::new();
+    for row in &summary.by_state {
+        let Some(b) = row.blocked_by else {
+            out.push(CauseGroup {
+                blocked_by: None,
+                requests: Vec::new(),
+                ns: row.ns,
+                parts: vec![row.clone()],
+            });
+            continue;
+        };
+        let k = key(b);
+        let i = match out.iter().position(|g| g.blocked_by.as_ref() == Some(&k)) {
+            Some(i) => i,
+            None => {
+                out.push(CauseGroup {
+                    blocked_by: Some(k),
+                    requests: Vec::new(),
+                    ns: 0,
+                    parts: Vec::new(),
+                });
+                out.len() - 1
+            }
+        };
+        let g = &mut out[i];
+        g.ns += row.ns;
+        match g.requests.iter_mut().find(|r| r.0 == b) {
+            Some(r) => r.1 += row.ns,
+            None => g.requests.push((b, row.ns)),
+        }
+        match g
+            .parts
+            .iter_mut()
+            .find(|p| p.state == row.state && p.tid == row.tid && p.comm == row.comm)
+        {
+            Some(p) => {
+                p.ns += row.ns;
+                p.throttled_ns += row.throttled_ns;
+                p.contended_ns += row.contended_ns;
+                p.wakeup_ns += row.wakeup_ns;
+            }
+            None => g.parts.push(row.clone()),
+        }
+    }
+    for g in &mut out {
+        g.requests.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        g.parts.sort_by(|a, b| {
+            b.ns.cmp(&a.ns)
+                .then(a.state.cmp(&b.state))
+                .then(a.tid.cmp(&b.tid))
+        });
+    }
+    // Stable: equal times keep the summary's order.
+    out.sort_by(|a, b| b.ns.cmp(&a.ns));
+    out
+}
+
 /// Time of an operation's requests in one (state, thread name, blocked or
 /// not), summed over the requests.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,4 +292,55 @@ pub fn aggregate<'a, K: Hash + Eq + Clone + Ord>(
         .collect();
     out.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.key.cmp(&b.key)));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(state: EdgeType, tid: Tid, blocked_by: Option<SpanIdx>, ns: u64) -> SummaryRow {
+        SummaryRow {
+            state,
+            tid: Some(tid),
+            comm: None,
+            blocked_by,
+            ns,
+            throttled_ns: if state == EdgeType::Preempted { ns } else { 0 },
+            contended_ns: 0,
+            wakeup_ns: 0,
+        }
+    }
+
+    #[test]
+    fn blocking_requests_are_grouped_by_their_operation_with_a_count() {
+        use EdgeType::*;
+        // Requests 1, 2, 3 are "price", 4 is "stock".
+        let summary = RequestSummary {
+            total_ns: 1000,
+            by_state: vec![
+                row(Preempted, 9, Some(1), 300),
+                row(Preempted, 9, Some(2), 250),
+                row(Running, 7, None, 200),
+                row(Preempted, 9, Some(3), 150),
+                row(Running, 8, Some(4), 60),
+                row(Running, 9, Some(1), 40),
+            ],
+            ..RequestSummary::default()
+        };
+        let groups = group_causes(&summary, |r| if r == 4 { "stock" } else { "price" });
+        assert_eq!(groups.len(), 3);
+        let price = &groups[0];
+        assert_eq!(price.blocked_by, Some("price"));
+        assert_eq!(price.ns, 740);
+        assert_eq!(price.requests, vec![(1, 340), (2, 250), (3, 150)]);
+        // Parts per (state, thread), summed over the requests.
+        assert_eq!(price.parts.len(), 2);
+        assert_eq!((price.parts[0].state, price.parts[0].ns), (Preempted, 700));
+        assert_eq!(price.parts[0].throttled_ns, 700);
+        assert_eq!((price.parts[1].state, price.parts[1].ns), (Running, 40));
+        // The request's own time stays one group per row.
+        assert_eq!((groups[1].blocked_by, groups[1].ns), (None, 200));
+        assert_eq!(groups[2].blocked_by, Some("stock"));
+        assert_eq!(groups[2].requests, vec![(4, 60)]);
+    }
 }

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::{
     aggregate, analyze_requests, baselines, diagnose, is_anomalous, ActivationInput,
-    DiagnosisContext, FastMap, OperationSummary, RequestPath, SpanIdx, SpanInput, StateBuilder,
+    ChainIndex, DiagnosisContext, FastMap, OperationSummary, RequestPath, SpanIdx, SpanInput, StateBuilder,
     SyncSource, ThreadWork,
 };
 use deepspan_model::Tid;
@@ -57,6 +57,10 @@ pub struct ReportArgs {
     /// Text format: most critical-path pieces to list (0 = all).
     #[arg(long, default_value_t = 60)]
     max_pieces: usize,
+    /// Text format: list blocking requests one by one, not grouped by
+    /// `[service] operation`.
+    #[arg(long)]
+    detail: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -236,16 +240,20 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         // A few paths in flight at most: a path of a long request is
         // megabytes.
         let (path_tx, path_rx) = std::sync::mpsc::sync_channel::<RequestPath>(4);
-        let writer = scope.spawn(|| -> Result<Vec<RequestRecord>> {
+        let writer = scope.spawn(|| -> Result<(Vec<RequestRecord>, ChainIndex)> {
             let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
             let mut paths = CriticalPathWriter::create(&staging.file(tables::CRITICAL_PATH))?;
             let mut records = Vec::new();
+            // Every path, for the root causes through chains of requests
+            // (a request's blockers may come later).
+            let mut chains = ChainIndex::new();
             let mut diagnosing = std::time::Duration::ZERO;
             for path in path_rx {
                 paths.write(&ctx, &path)?;
                 // Diagnosed while the pieces are at hand.
                 let clock = std::time::Instant::now();
                 let d = diagnose(&diagnosis, &path);
+                chains.add(&diagnosis, &path);
                 diagnosing += clock.elapsed();
                 let mut rec = RequestRecord::new(&model, arch, &lost, path, false);
                 rec.diagnosis = d;
@@ -258,7 +266,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
                     diagnosing.as_secs_f64()
                 );
             }
-            Ok(records)
+            Ok((records, chains))
         });
         let bar = progress::count_bar(0, "critical paths");
         let analysis = analyze_requests(
@@ -291,7 +299,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     };
     joined(states)?;
     joined(syscalls)?;
-    let (analysis, mut records) = requests?;
+    let (analysis, (mut records, chains)) = requests?;
     timings.phase("request critical paths, thread states and system calls");
     // Slowest first: the order of the tables and of the printout.
     records.sort_by_key(|r| {
@@ -313,6 +321,21 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         r.anomalous = is_anomalous(r.path.duration(), b);
     }
     timings.phase("diagnoses");
+    // Root causes, once every path is known: what the requests a request
+    // waited for were held up by (those that were outliers themselves).
+    {
+        let mut chains = chains;
+        for r in records.iter().filter(|r| r.anomalous) {
+            chains.mark_anomalous(r.path.request);
+        }
+        let diagnosis = DiagnosisContext::new(&model, arch, &inputs, &pids, &span_label, &work);
+        for r in &mut records {
+            if let Some(d) = r.diagnosis.as_mut() {
+                d.root = chains.root_cause(&diagnosis, r.path.request).map(Box::new);
+            }
+        }
+    }
+    timings.phase("root causes");
     sync_notes(
         &records,
         clock.as_ref(),
@@ -588,6 +611,20 @@ fn print_slowest(out: &mut impl Write, r: &AnalysisResults, top: usize) -> Resul
         )?;
         if let Some(d) = &rec.diagnosis {
             writeln!(out, "  {}", fit(&d.headline, 78))?;
+            if let Some(root) = &d.root {
+                let share = root
+                    .evidence
+                    .iter()
+                    .find(|e| e.0 == "share")
+                    .map_or(0.0, |e| e.1);
+                let line = format!(
+                    "root: {} {:.0}%: {}",
+                    root.cause.name(),
+                    share * 100.0,
+                    root.chain
+                );
+                writeln!(out, "  {}", fit(&line, 78))?;
+            }
         }
     }
     Ok(())
@@ -630,15 +667,16 @@ pub fn report(args: ReportArgs) -> Result<()> {
             text.push(b'\n');
             out.write_all(&text)?;
         }
-        ReportFormat::Text => print_report(&mut out, &report, args.max_pieces)?,
+        ReportFormat::Text => print_report(&mut out, &report, args.max_pieces, args.detail)?,
     }
     out.flush()?;
     Ok(())
 }
 
 /// The diagnosis block of the text report: cause and headline, whether the
-/// request is an outlier, the evidence and the culprits.
-fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64) -> Result<()> {
+/// request is an outlier, the evidence and the culprits; then the root
+/// cause when the request was blocked by others (the chain first).
+fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64, detail: bool) -> Result<()> {
     let Some(d) = &r.diagnosis else {
         return Ok(());
     };
@@ -656,13 +694,50 @@ fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64) -> Result<()
         "Diagnosis: {}  ({anomaly})",
         d["cause"].as_str().unwrap_or("?")
     )?;
+    print_cause(out, d, detail)?;
+    let root = &d["root_cause"];
+    if let Some(chain) = root["chain"].as_str() {
+        writeln!(
+            out,
+            "Root cause: {}  (through the requests it waited for)",
+            root["cause"].as_str().unwrap_or("?")
+        )?;
+        for line in wrap(chain, 78) {
+            writeln!(out, "  {line}")?;
+        }
+        print_cause(out, root, detail)?;
+    }
+    Ok(())
+}
+
+/// Words of `text` in lines of at most `width` characters.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split(' ') {
+        let last = lines.last_mut().expect("one line at least");
+        if !last.is_empty() && last.chars().count() + 1 + word.chars().count() > width {
+            lines.push(format!("  {word}"));
+        } else {
+            if !last.is_empty() {
+                last.push(' ');
+            }
+            last.push_str(word);
+        }
+    }
+    lines
+}
+
+/// Headline, evidence and culprits of a cause object (the diagnosis or
+/// its root cause). Request culprits are grouped by `[service] operation`
+/// unless `detail`.
+fn print_cause(out: &mut impl Write, d: &serde_json::Value, detail: bool) -> Result<()> {
     writeln!(out, "  {}", fit(d["headline"].as_str().unwrap_or(""), 78))?;
     if let Some(ev) = d["evidence"].as_object() {
         let items: Vec<String> = ev
             .iter()
             .map(|(k, v)| match v.as_f64() {
                 Some(f) if k.ends_with("_ns") || k == "ns" => format!("{k}={}", human_ns(f as u64)),
-                Some(f) if k == "share" || k.ends_with("_ratio") => {
+                Some(f) if k.ends_with("share") || k.ends_with("_ratio") => {
                     format!("{k}={:.0}%", f * 100.0)
                 }
                 Some(f) if k == "futex_uaddr" => format!("{k}={:#x}", f as u64),
@@ -682,11 +757,49 @@ fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64) -> Result<()
         }
         writeln!(out, "{line}")?;
     }
-    for c in d["culprits"].as_array().into_iter().flatten().take(5) {
+    let culprits: Vec<serde_json::Value> = d["culprits"].as_array().cloned().unwrap_or_default();
+    for (kind, who, ns) in culprit_lines(&culprits, detail).into_iter().take(5) {
+        writeln!(
+            out,
+            "  culprit {:<8} {:<51}{:>10}",
+            kind,
+            fit(&who, 51),
+            human_ns(ns)
+        )?;
+    }
+    Ok(())
+}
+
+/// `(kind, who, ns)` per culprit, largest first; request culprits of the
+/// same `[service] operation` make one line ("5 requests of [pricing] GET
+/// /price") unless `detail`.
+fn culprit_lines(culprits: &[serde_json::Value], detail: bool) -> Vec<(String, String, u64)> {
+    let mut lines: Vec<(String, String, u64)> = Vec::new();
+    // (operation label, requests, ns, the line's index)
+    let mut groups: Vec<(String, usize, usize)> = Vec::new();
+    for c in culprits {
         let field = |k: &str| {
             c.get(k)
+                .filter(|v| !v.is_null())
                 .map(|v| v.to_string().trim_matches('"').to_string())
         };
+        let kind = field("kind").unwrap_or_default();
+        let ns = c["ns"].as_u64().unwrap_or(0);
+        let operation = format!(
+            "[{}] {}",
+            field("service").unwrap_or_default(),
+            field("operation").unwrap_or_default()
+        );
+        if kind == "request" && !detail {
+            if let Some(g) = groups.iter_mut().find(|g| g.0 == operation) {
+                g.1 += 1;
+                let line = &mut lines[g.2];
+                line.1 = format!("{} requests of {}", g.1, g.0);
+                line.2 += ns;
+                continue;
+            }
+            groups.push((operation.clone(), 1, lines.len()));
+        }
         let mut who = Vec::new();
         if let Some(comm) = field("comm") {
             who.push(comm);
@@ -698,35 +811,25 @@ fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64) -> Result<()
             who.push(format!("pid {p}"));
         }
         if let Some(s) = field("span_id") {
-            who.push(format!(
-                "{s} [{}] {}",
-                field("service").unwrap_or_default(),
-                field("operation").unwrap_or_default()
-            ));
+            who.push(format!("{s} {operation}"));
         }
         if let Some(n) = field("name") {
             who.push(n);
         }
-        let ns = c["ns"].as_u64().unwrap_or(0);
-        writeln!(
-            out,
-            "  culprit {:<8} {:<51}{:>10}",
-            field("kind").unwrap_or_default(),
-            fit(&who.join(", "), 51),
-            human_ns(ns)
-        )?;
+        lines.push((kind, who.join(", "), ns));
     }
-    Ok(())
+    lines.sort_by(|a, b| b.2.cmp(&a.2));
+    lines
 }
 
 /// The text report: the diagnosis, a breakdown like seed 000's Fig. 16,
 /// then the path.
-fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize) -> Result<()> {
+fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize, detail: bool) -> Result<()> {
     let q = &r.request;
     let duration = q.end_ns.saturating_sub(q.start_ns);
     let title = format!("Request {}  [{}] {}", q.span_id, q.service, q.operation);
     writeln!(out, "{}", fit(&title, 80))?;
-    print_diagnosis(out, r, duration)?;
+    print_diagnosis(out, r, duration, detail)?;
     writeln!(
         out,
         "\n  trace {} {}  sync: {}  lost events: {}",
@@ -759,6 +862,8 @@ fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize) -> Result<(
     // (label, ns, parts as (label, ns))
     type Line = (String, u64, Vec<(String, u64)>);
     let mut lines: Vec<Line> = Vec::new();
+    let mut blockers_of: std::collections::HashMap<String, std::collections::HashSet<String>> =
+        std::collections::HashMap::new();
     for s in &r.summary {
         let thread = format!(
             "[{}] {}{}",
@@ -768,19 +873,44 @@ fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize) -> Result<(
         );
         match &s.blocked_by_request {
             Some(b) => {
-                let label = match r.details.blockers.get(b) {
-                    Some(op) => format!("Blocked by request {b} {op}"),
-                    None => format!("Blocked by request {b}"),
+                // Grouped by the blocking requests' `[service] operation`
+                // (one line for the five requests a queue held it behind),
+                // or one line per request with `--detail`.
+                let op = r.details.blockers.get(b);
+                let label = match (op, detail) {
+                    (Some(op), false) => {
+                        blockers_of.entry(op.clone()).or_default().insert(b.clone());
+                        format!("Blocked by requests of {op}")
+                    }
+                    (Some(op), true) => format!("Blocked by request {b} {op}"),
+                    (None, _) => format!("Blocked by request {b}"),
                 };
                 match lines.iter_mut().find(|l| l.0 == label) {
                     Some(l) => {
                         l.1 += s.ns;
-                        l.2.push((thread, s.ns));
+                        match l.2.iter_mut().find(|p| p.0 == thread) {
+                            Some(p) => p.1 += s.ns,
+                            None => l.2.push((thread, s.ns)),
+                        }
                     }
                     None => lines.push((label, s.ns, vec![(thread, s.ns)])),
                 }
             }
             None => lines.push((thread, s.ns, Vec::new())),
+        }
+    }
+    for l in &mut lines {
+        l.2.sort_by_key(|p| std::cmp::Reverse(p.1));
+        if let Some(op) = l.0.strip_prefix("Blocked by requests of ") {
+            let ids = blockers_of.get(op);
+            l.0 = match ids.map_or(0, |s| s.len()) {
+                // One request: named, as `--detail` would.
+                1 => format!(
+                    "Blocked by request {} {op}",
+                    ids.and_then(|s| s.iter().next()).map_or("", |b| b.as_str())
+                ),
+                n => format!("Blocked by {n} requests of {op}"),
+            };
         }
     }
     lines.sort_by_key(|l| std::cmp::Reverse(l.1));
@@ -876,4 +1006,40 @@ fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize) -> Result<(
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn request_culprits_of_one_operation_make_one_line_unless_detail() {
+        let culprits = vec![
+            json!({"kind": "process", "comm": "pricing", "pid": 7, "ns": 900}),
+            json!({"kind": "request", "span_id": "a1", "service": "pricing", "operation": "GET /price", "ns": 500}),
+            json!({"kind": "request", "span_id": "a2", "service": "pricing", "operation": "GET /price", "ns": 300}),
+            json!({"kind": "request", "span_id": "b1", "service": "inventory", "operation": "GET /stock", "ns": 50}),
+        ];
+        let grouped = culprit_lines(&culprits, false);
+        assert_eq!(
+            grouped,
+            vec![
+                ("process".into(), "pricing, pid 7".into(), 900),
+                ("request".into(), "2 requests of [pricing] GET /price".into(), 800),
+                ("request".into(), "b1 [inventory] GET /stock".into(), 50),
+            ]
+        );
+        let detail = culprit_lines(&culprits, true);
+        assert_eq!(detail.len(), 4);
+        assert_eq!(detail[1].1, "a1 [pricing] GET /price");
+    }
+
+    #[test]
+    fn a_long_chain_wraps_at_word_boundaries() {
+        let chain = "[front] GET /product → behind 3 × [pricing] GET /price → PREEMPTED (throttled) 100 %";
+        let lines = wrap(chain, 40);
+        assert!(lines.iter().all(|l| l.chars().count() <= 40), "{lines:?}");
+        assert_eq!(lines.join(" ").replace("   ", " "), chain);
+    }
 }

@@ -41,6 +41,11 @@ pub struct DemoArgs {
     /// Python interpreter with the demo's packages.
     #[arg(long, default_value = "python3")]
     python: String,
+    /// Check the runs kept in DIR by an earlier `--keep DIR` (DIR/SCENARIO,
+    /// as `deepspan analyze` left them) without recording again: to judge
+    /// a new analysis on the same recordings.
+    #[arg(long, value_name = "DIR", conflicts_with = "keep")]
+    check: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -61,6 +66,9 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
             SCENARIOS.join(", ")
         );
     };
+    if let Some(dir) = &args.check {
+        return check_kept(dir, &names, args.format);
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("deepspan demo needs root: it traces the kernel and makes cgroups and network namespaces");
@@ -194,6 +202,54 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
     })
 }
 
+/// `--check DIR`: the verdicts of kept runs (those of `names` that are
+/// there).
+fn check_kept(dir: &std::path::Path, names: &[&str], format: Format) -> Result<ExitCode> {
+    let mut verdicts: Vec<(Verdict, PathBuf)> = Vec::new();
+    for name in names {
+        let run = dir.join(name);
+        if run.join("demo/expected.json").is_file() {
+            verdicts.push((deepspan_demo::check_run(&run)?, run));
+        }
+    }
+    if verdicts.is_empty() {
+        bail!(
+            "{} has no kept scenario runs (DIR/SCENARIO/demo/expected.json)",
+            dir.display()
+        );
+    }
+    match format {
+        Format::Json => {
+            let scenarios: Vec<Value> = verdicts
+                .iter()
+                .map(|(v, run)| {
+                    let mut j = serde_json::to_value(v).expect("verdicts serialize");
+                    j["run"] = run.display().to_string().into();
+                    j
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({ "scenarios": scenarios }))?
+            );
+        }
+        Format::Text => {
+            println!(
+                "{:<12} {:<19} {:<19} {:>9}  result",
+                "scenario", "expected", "found", "anomalous"
+            );
+            for (v, _) in &verdicts {
+                print_verdict(v, Duration::ZERO);
+            }
+        }
+    }
+    Ok(if verdicts.iter().all(|v| v.0.ok) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 /// Fails early, with what to do, when python3 lacks the demo's packages.
 fn check_python(python: &str, demo_dir: &std::path::Path) -> Result<()> {
     let out = std::process::Command::new(python)
@@ -307,6 +363,27 @@ fn print_verdict(v: &Verdict, elapsed: Duration) {
             80
         )
     );
+    if let Some(r) = &v.root {
+        // Where the fault is felt: the root cause against the proximate.
+        println!(
+            "{}",
+            cut(
+                &format!(
+                    "  root cause on {} {}: {} in {} of {} anomalous (proximate: {})",
+                    r.requests_of,
+                    if r.ok { "ok" } else { "FAIL" },
+                    r.found_root_cause.as_deref().unwrap_or("-"),
+                    r.root_matching,
+                    r.anomalous,
+                    r.proximate_matching
+                ),
+                80
+            )
+        );
+        if let Some(chain) = &r.chain {
+            println!("{}", cut(&format!("    {chain}"), 80));
+        }
+    }
     if !v.ok {
         for p in &v.problems {
             println!("{}", cut(&format!("  ! {p}"), 80));

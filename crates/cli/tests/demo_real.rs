@@ -232,6 +232,25 @@ fn every_scenario_is_diagnosed_and_nothing_is_left_behind() {
             ));
         }
         if s["diagnosis_available"] == true {
+            // Where users feel the fault: the root cause on front's
+            // requests, through the requests they waited for.
+            let root = &s["root"];
+            assert!(root.is_object(), "{name}: no root verdict in {s}");
+            eprintln!(
+                "{name}: root cause on {}: {} in {} of {} anomalous (proximate {}); {}",
+                root["requests_of"],
+                root["found_root_cause"],
+                root["root_matching"],
+                root["anomalous"],
+                root["proximate_matching"],
+                root["chain"]
+            );
+            if root["ok"] != true {
+                failed.push(format!(
+                    "{name}: root cause on {}: expected {}, found {}",
+                    root["requests_of"], root["expected_root_cause"], root["found_root_cause"]
+                ));
+            }
             if s["ok"] != true || s["found_cause"] != s["expected_cause"] {
                 failed.push(format!(
                     "{name}: expected {}, found {} ({})",

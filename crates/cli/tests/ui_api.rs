@@ -439,6 +439,15 @@ fn api_on_a_recorded_run() {
             "headline": "test",
             "evidence": {"share": 0.99},
             "culprits": [{"kind": "request", "span_id": holder, "ns": 1}],
+            // The waiter's root cause through the holder (as a chain of
+            // requests would give it); the holder's is its own cause.
+            "root_cause": {
+                "cause": if is_waiter { "cpu_throttled" } else { "timer" },
+                "headline": "test",
+                "chain": if is_waiter { Value::from("a → behind b → PREEMPTED (throttled) 90 %") } else { Value::Null },
+                "evidence": {"share": 0.9},
+                "culprits": [],
+            },
         });
     }
     std::fs::write(&path, serde_json::to_vec(&doc).unwrap()).unwrap();
@@ -449,6 +458,14 @@ fn api_on_a_recorded_run() {
         serde_json::json!(["lock_contention", "timer"]),
         "{info}"
     );
+    assert_eq!(
+        info["root_causes"],
+        serde_json::json!(["cpu_throttled", "timer"]),
+        "{info}"
+    );
+    let throttled = json(&s, "/api/requests?root_cause=cpu_throttled");
+    assert_eq!(throttled["total"], 1);
+    assert_eq!(throttled["requests"][0]["span_id"], waiter);
     let locked = json(&s, "/api/requests?cause=lock_contention");
     assert_eq!(locked["total"], 1);
     assert_eq!(locked["requests"][0]["span_id"], waiter);

@@ -15,6 +15,14 @@
 //! the slow targets (more than twice their operation's median and 1 ms
 //! over it) holding at least half of their time over the median must have
 //! the expected state or blocking request on top.
+//!
+//! Where the fault is *felt* (`felt` in expected.json: the user-facing
+//! service, usually `front`, several hops from the fault), the *root
+//! cause* verdict looks at those requests in the fault window: the root
+//! cause (the diagnosis's `root_cause`, through the requests they waited
+//! for) behind most of the anomalous ones' excess time must be the
+//! expected one; how many of them have it, by root and by proximate cause,
+//! is reported too.
 
 use std::collections::HashMap;
 
@@ -36,6 +44,46 @@ pub struct Expected {
     pub culprits: Vec<serde_json::Map<String, Value>>,
     /// What the kernel critical path of the slow targets must show.
     pub path: PathExpectation,
+    /// Where the fault is felt besides its target: the user-facing
+    /// requests and the root cause expected on them (through the requests
+    /// they waited for). Absent in older expected.json files.
+    #[serde(default)]
+    pub felt: Option<Felt>,
+}
+
+/// The user-facing requests a fault reaches and their expected root cause.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Felt {
+    pub service: String,
+    #[serde(default)]
+    pub operation: Option<String>,
+    /// Contract name (`cpu_throttled`, …).
+    pub root_cause: String,
+}
+
+/// The root-cause verdict on the requests where the fault is felt.
+#[derive(Clone, Debug, Serialize)]
+pub struct RootVerdict {
+    /// `[front]` (or `[front] GET /product`).
+    pub requests_of: String,
+    pub expected_root_cause: String,
+    /// The root cause behind most of the anomalous requests' excess time
+    /// (as `found_cause` is found).
+    pub found_root_cause: Option<String>,
+    /// Requests in the fault window, the anomalous ones, and of those how
+    /// many have the expected root cause and the expected proximate cause.
+    pub requests: usize,
+    pub anomalous: usize,
+    pub root_matching: usize,
+    pub proximate_matching: usize,
+    /// `root_matching / anomalous`.
+    pub root_share: f64,
+    /// Share of the anomalous requests' excess time whose root cause is
+    /// the expected one.
+    pub root_excess_share: f64,
+    /// A chain that led there (the slowest request's), when one did.
+    pub chain: Option<String>,
+    pub ok: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -72,6 +120,9 @@ pub struct Verdict {
     pub expected_culprits: Vec<serde_json::Map<String, Value>>,
     pub culprits_found: bool,
     pub path_check: PathCheck,
+    /// The root causes where the fault is felt (when expected.json says
+    /// where).
+    pub root: Option<RootVerdict>,
     /// Why the scenario is not ok, in words.
     pub problems: Vec<String>,
 }
@@ -87,6 +138,10 @@ pub struct TopRequest {
     pub cause: Option<String>,
     pub headline: Option<String>,
     pub culprits: Vec<Value>,
+    /// The root cause, and its chain when the request was blocked by
+    /// others.
+    pub root_cause: Option<String>,
+    pub root_chain: Option<String>,
     /// The top entry of the request's kernel-path summary, e.g.
     /// `[1301/pricing] PREEMPTED (throttled)` and its share.
     pub path_top: Option<String>,
@@ -137,6 +192,25 @@ impl<'a> Req<'a> {
 
     fn cause(&self) -> Option<&'a str> {
         self.diagnosis()?.get("cause")?.as_str()
+    }
+
+    /// The root cause; the cause itself in analyses made before root
+    /// causes.
+    fn root_cause(&self) -> Option<&'a str> {
+        let d = self.diagnosis()?;
+        match d.get("root_cause").filter(|r| !r.is_null()) {
+            Some(r) => r.get("cause")?.as_str(),
+            None => d.get("cause")?.as_str(),
+        }
+    }
+
+    fn root_chain(&self) -> Option<&'a str> {
+        self.diagnosis()?.get("root_cause")?.get("chain")?.as_str()
+    }
+
+    fn excess(&self) -> u64 {
+        let baseline = self.v.get("baseline_ns").and_then(Value::as_u64).unwrap_or(0);
+        self.duration.saturating_sub(baseline)
     }
 
     fn top_path_cause(&self) -> Option<&'a Value> {
@@ -217,9 +291,27 @@ pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
     }
 
     let path_check = path_check(expected, &all, &targets);
+    let root = expected
+        .felt
+        .as_ref()
+        .filter(|_| diagnosis_available)
+        .map(|f| root_verdict(expected, f, &all));
+    if let Some(r) = &root {
+        if !r.ok {
+            problems.push(format!(
+                "expected root cause {} on {} requests, found {} ({} of {} anomalous)",
+                r.expected_root_cause,
+                r.requests_of,
+                r.found_root_cause.as_deref().unwrap_or("none"),
+                r.root_matching,
+                r.anomalous
+            ));
+        }
+    }
     let ok = diagnosis_available
         && found_cause.as_deref() == Some(expected.cause.as_str())
-        && culprits_found;
+        && culprits_found
+        && root.as_ref().is_none_or(|r| r.ok);
 
     let mut shown: Vec<&Req> = if diagnosis_available {
         anomalous.clone()
@@ -240,7 +332,59 @@ pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
         expected_culprits: expected.culprits.clone(),
         culprits_found,
         path_check,
+        root,
         problems,
+    }
+}
+
+/// The root causes of the requests where the fault is felt (`felt`) over
+/// the fault window: ok when the expected one is behind most of the
+/// anomalous ones' excess time (the load's many small outliers weigh
+/// less than the fault's long waits, as for the found cause).
+fn root_verdict(expected: &Expected, felt: &Felt, all: &[Req]) -> RootVerdict {
+    let [w0, w1] = expected.window_ns;
+    let target = Target {
+        service: felt.service.clone(),
+        operation: felt.operation.clone(),
+    };
+    let requests: Vec<&Req> = all
+        .iter()
+        .filter(|r| r.service == felt.service && felt.operation.iter().all(|op| r.operation == op))
+        .filter(|r| r.start < w1 && r.end > w0)
+        .collect();
+    let mut anomalous: Vec<&Req> = requests
+        .iter()
+        .copied()
+        .filter(|r| r.v.get("anomalous").and_then(Value::as_bool) == Some(true))
+        .collect();
+    anomalous.sort_by_key(|r| std::cmp::Reverse(r.duration));
+    let want = felt.root_cause.as_str();
+    let root_matching = anomalous.iter().filter(|r| r.root_cause() == Some(want)).count();
+    let proximate_matching = anomalous.iter().filter(|r| r.cause() == Some(want)).count();
+    let excess: u64 = anomalous.iter().map(|r| r.excess()).sum();
+    let excess_matching: u64 = anomalous
+        .iter()
+        .filter(|r| r.root_cause() == Some(want))
+        .map(|r| r.excess())
+        .sum();
+    let found_root_cause = dominant(&anomalous, |r| r.root_cause());
+    let chain = anomalous
+        .iter()
+        .filter(|r| r.root_cause() == Some(want))
+        .find_map(|r| r.root_chain())
+        .map(str::to_string);
+    RootVerdict {
+        requests_of: target_label(&target),
+        expected_root_cause: felt.root_cause.clone(),
+        ok: found_root_cause.as_deref() == Some(want),
+        found_root_cause,
+        requests: requests.len(),
+        anomalous: anomalous.len(),
+        root_matching,
+        proximate_matching,
+        root_share: root_matching as f64 / anomalous.len().max(1) as f64,
+        root_excess_share: excess_matching as f64 / excess.max(1) as f64,
+        chain,
     }
 }
 
@@ -255,12 +399,16 @@ fn target_label(t: &Target) -> String {
 /// baseline, the whole duration without one); ties go to the cause of more
 /// requests, then by name.
 fn dominant_cause(reqs: &[&Req]) -> Option<String> {
+    dominant(reqs, |r| r.cause())
+}
+
+/// [`dominant_cause`] of any cause of a request (the root cause …).
+fn dominant<'a>(reqs: &[&Req<'a>], cause: impl Fn(&Req<'a>) -> Option<&'a str>) -> Option<String> {
     let mut by: HashMap<&str, (u64, usize)> = HashMap::new();
     for r in reqs {
-        if let Some(c) = r.cause() {
-            let baseline = r.v.get("baseline_ns").and_then(Value::as_u64).unwrap_or(0);
+        if let Some(c) = cause(r) {
             let e = by.entry(c).or_default();
-            e.0 += r.duration.saturating_sub(baseline);
+            e.0 += r.excess();
             e.1 += 1;
         }
     }
@@ -386,6 +534,8 @@ fn top_request(r: &Req) -> TopRequest {
             .and_then(Value::as_array)
             .map(|a| a.iter().take(3).cloned().collect())
             .unwrap_or_default(),
+        root_cause: r.root_cause().map(str::to_string),
+        root_chain: r.root_chain().map(str::to_string),
         path_top: c
             .and_then(|c| c.get("label"))
             .and_then(Value::as_str)

@@ -289,7 +289,7 @@ impl<C: Columns> ColumnarTable<C> {
     /// Creates (or truncates) `path` for a table of these columns, which
     /// `C` must match.
     pub fn create(path: &Path, schema: &[Column]) -> Result<ColumnarTable<C>, Error> {
-        let (file, buffers) = TableFile::create(path, schema)?;
+        let (file, buffers) = TableFile::create(path, schema, None)?;
         let mut buffers = buffers.into_iter();
         let columns = C::from_buffers(&mut buffers).map_err(|what| Error::Schema {
             path: path.to_path_buf(),

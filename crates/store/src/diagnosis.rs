@@ -69,20 +69,57 @@ pub fn culprits_json(d: &Diagnosis, spans: &[SpanMeta]) -> Value {
     Value::Array(d.culprits.iter().map(|c| culprit_json(c, spans)).collect())
 }
 
-/// The whole object: `cause`, `headline`, `evidence`, `culprits`.
+/// The whole object: `cause`, `headline`, `evidence`, `culprits` (the
+/// proximate cause) and `root_cause`.
 pub fn diagnosis_json(d: &Diagnosis, spans: &[SpanMeta]) -> Value {
     let mut m = Map::new();
     m.insert("cause".into(), d.cause.name().into());
     m.insert("headline".into(), d.headline.clone().into());
     m.insert("evidence".into(), evidence_json(d));
     m.insert("culprits".into(), culprits_json(d, spans));
+    m.insert("root_cause".into(), root_cause_json(d, spans));
+    Value::Object(m)
+}
+
+/// `{"name": number, …}` of a list of named numbers.
+fn numbers_json(v: &[(&'static str, f64)]) -> Value {
+    let mut m = Map::new();
+    for (k, v) in v {
+        m.insert((*k).to_string(), number(*v));
+    }
+    Value::Object(m)
+}
+
+/// The root cause (`deepspan.root_cause`): `cause`, `headline`, `chain`
+/// (null when the request was not blocked by other requests: then the
+/// root cause is the cause, and the other fields are the cause's),
+/// `evidence`, `culprits`.
+pub fn root_cause_json(d: &Diagnosis, spans: &[SpanMeta]) -> Value {
+    let mut m = Map::new();
+    match &d.root {
+        Some(r) => {
+            m.insert("cause".into(), r.cause.name().into());
+            m.insert("headline".into(), r.headline.clone().into());
+            m.insert("chain".into(), r.chain.clone().into());
+            m.insert("evidence".into(), numbers_json(&r.evidence));
+            let culprits = r.culprits.iter().map(|c| culprit_json(c, spans)).collect();
+            m.insert("culprits".into(), Value::Array(culprits));
+        }
+        None => {
+            m.insert("cause".into(), d.cause.name().into());
+            m.insert("headline".into(), d.headline.clone().into());
+            m.insert("chain".into(), Value::Null);
+            m.insert("evidence".into(), evidence_json(d));
+            m.insert("culprits".into(), culprits_json(d, spans));
+        }
+    }
     Value::Object(m)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deepspan_analysis::Cause;
+    use deepspan_analysis::{Cause, RootCause};
     use deepspan_model::Comm;
 
     fn meta(span_id: u64, service: &str, operation: &str) -> SpanMeta {
@@ -135,8 +172,13 @@ mod tests {
                     ..culprit(CulpritKind::Request, 10)
                 },
             ],
+            root: None,
         };
         let v = diagnosis_json(&d, &spans);
+        // Not blocked by others: the root cause is the cause itself.
+        assert_eq!(v["root_cause"]["cause"], "network");
+        assert_eq!(v["root_cause"]["chain"], Value::Null);
+        assert_eq!(v["root_cause"]["culprits"], v["culprits"]);
         assert_eq!(v["cause"], "network");
         assert_eq!(v["evidence"], serde_json::json!({"share": 0.9, "ns": 900}));
         // A span culprit is the client span, named by its downstream service.
@@ -153,5 +195,47 @@ mod tests {
         );
         assert_eq!(v["culprits"][2]["operation"], "GET /");
         assert_eq!(v["culprits"][2]["span_id"], "0000000000000001");
+    }
+
+    #[test]
+    fn a_root_cause_through_other_requests_has_its_chain() {
+        let spans = vec![meta(1, "front", "GET /"), meta(2, "pricing", "GET /price")];
+        let root = RootCause {
+            cause: Cause::CpuThrottled,
+            headline: "PREEMPTED 70%: CPU held back".into(),
+            evidence: vec![("share", 0.7), ("ns", 70.0), ("depth", 1.0)],
+            culprits: vec![Culprit {
+                kind: CulpritKind::Request,
+                tid: None,
+                pid: None,
+                comm: None,
+                span: Some(1),
+                downstream: None,
+                name: None,
+                ns: 70,
+            }],
+            chain: "[front] GET / → behind [pricing] GET /price → PREEMPTED (throttled) 100 %"
+                .into(),
+        };
+        let d = Diagnosis {
+            cause: Cause::BlockedByRequest,
+            headline: "BLOCKED 70%".into(),
+            evidence: vec![("share", 0.7), ("ns", 70.0)],
+            culprits: Vec::new(),
+            root: Some(Box::new(root)),
+        };
+        let v = diagnosis_json(&d, &spans);
+        assert_eq!(v["cause"], "blocked_by_request");
+        let r = &v["root_cause"];
+        assert_eq!(r["cause"], "cpu_throttled");
+        assert_eq!(
+            r["chain"],
+            "[front] GET / → behind [pricing] GET /price → PREEMPTED (throttled) 100 %"
+        );
+        assert_eq!(
+            r["evidence"],
+            serde_json::json!({"share": 0.7, "ns": 70, "depth": 1})
+        );
+        assert_eq!(r["culprits"][0]["operation"], "GET /price");
     }
 }

@@ -65,6 +65,8 @@ struct RequestJson {
     truncated: bool,
     totals: TotalsJson,
     causes: Vec<CauseJson>,
+    /// As `causes`, the blocking requests grouped by `[service] operation`.
+    cause_groups: Vec<CauseGroupJson>,
     syscalls: Vec<SyscallJson>,
     baseline_ns: Option<u64>,
     anomalous: bool,
@@ -101,6 +103,32 @@ struct CauseJson {
     blocked_by_request: Option<String>,
     ns: u64,
     share: f64,
+    throttled_ns: u64,
+    contended_ns: u64,
+    wakeup_ns: u64,
+}
+
+#[derive(Serialize)]
+struct CauseGroupJson {
+    label: String,
+    /// The blocking requests' `[service] operation`; null for the
+    /// request's own time.
+    blocked_by_operation: Option<String>,
+    /// The blocking requests (span ids), most time first.
+    blocked_by_requests: Vec<String>,
+    /// State of the largest part.
+    state: &'static str,
+    ns: u64,
+    share: f64,
+    /// Per (state, thread): `label`, `state`, `ns`.
+    parts: Vec<CausePartJson>,
+}
+
+#[derive(Serialize)]
+struct CausePartJson {
+    label: String,
+    state: &'static str,
+    ns: u64,
     throttled_ns: u64,
     contended_ns: u64,
     wakeup_ns: u64,
@@ -234,6 +262,35 @@ fn request_json(r: &AnalysisResults, i: usize) -> Option<RequestJson> {
                 wakeup_ns: row.wakeup_ns,
             })
             .collect(),
+        cause_groups: crate::cause_groups(s, r.spans)
+            .into_iter()
+            .take(TOP)
+            .map(|g| CauseGroupJson {
+                label: crate::cause_group_label(&g, r.spans),
+                blocked_by_requests: g
+                    .requests
+                    .iter()
+                    .filter_map(|(b, _)| r.spans.get(*b as usize))
+                    .map(|b| span_hex(b.span_id))
+                    .collect(),
+                state: g.parts.first().map_or("UNKNOWN", |p| path_state_name(p.state)),
+                ns: g.ns,
+                share: g.ns as f64 / total,
+                parts: g
+                    .parts
+                    .iter()
+                    .map(|row| CausePartJson {
+                        label: part_label(row, r.spans),
+                        state: path_state_name(row.state),
+                        ns: row.ns,
+                        throttled_ns: row.throttled_ns,
+                        contended_ns: row.contended_ns,
+                        wakeup_ns: row.wakeup_ns,
+                    })
+                    .collect(),
+                blocked_by_operation: g.blocked_by,
+            })
+            .collect(),
         syscalls: s
             .by_syscall
             .iter()
@@ -250,4 +307,14 @@ fn request_json(r: &AnalysisResults, i: usize) -> Option<RequestJson> {
             .as_ref()
             .map(|d| crate::diagnosis::diagnosis_json(d, r.spans)),
     })
+}
+
+/// A part of a group, labelled as its thread's state (the group names the
+/// blocking requests already).
+fn part_label(row: &deepspan_analysis::SummaryRow, spans: &[crate::SpanMeta]) -> String {
+    let own = deepspan_analysis::SummaryRow {
+        blocked_by: None,
+        ..row.clone()
+    };
+    cause_label(&own, spans)
 }

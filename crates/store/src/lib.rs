@@ -29,8 +29,8 @@ pub mod tables;
 use std::path::{Path, PathBuf};
 
 use deepspan_analysis::{
-    Arch, Diagnosis, KernelModel, LostEvents, OperationSummary, RequestPath, RequestSummary,
-    SpanIdx, SummaryRow,
+    group_causes, Arch, CauseGroup, Diagnosis, KernelModel, LostEvents, OperationSummary,
+    RequestPath, RequestSummary, SpanIdx, SummaryRow,
 };
 
 pub use error::Error;
@@ -153,6 +153,28 @@ pub fn cause_label(row: &SummaryRow, spans: &[SpanMeta]) -> String {
         row.wakeup_ns,
     ));
     label
+}
+
+/// A request's causes with the blocking requests grouped by their
+/// `[service] operation` (`deepspan_analysis::group_causes`), largest
+/// first.
+pub fn cause_groups(summary: &RequestSummary, spans: &[SpanMeta]) -> Vec<CauseGroup<String>> {
+    group_causes(summary, |b| {
+        spans
+            .get(b as usize)
+            .map(|s| s.operation_label())
+            .unwrap_or_else(|| format!("#{b}"))
+    })
+}
+
+/// A group as reports show it: its one row's label for the request's own
+/// time or a single blocking request, `blocked by 5 requests of [pricing]
+/// GET /price` for several.
+pub fn cause_group_label(g: &CauseGroup<String>, spans: &[SpanMeta]) -> String {
+    match (&g.blocked_by, g.requests.len()) {
+        (Some(op), n) if n > 1 => format!("blocked by {n} requests of {op}"),
+        _ => g.parts.first().map(|row| cause_label(row, spans)).unwrap_or_default(),
+    }
 }
 
 /// What mostly kept a runnable thread off the CPU, as a label suffix

@@ -206,12 +206,23 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
                         source: e,
                     })
                 };
-                diagnosis = Some(serde_json::json!({
+                let mut d = serde_json::json!({
                     "cause": cause,
                     "headline": string(row, "headline").unwrap_or_default(),
                     "evidence": parse("evidence_json")?,
                     "culprits": parse("culprits_json")?,
-                }));
+                });
+                // Version 2 tables: the root cause.
+                if let Some(root) = string(row, "root_cause") {
+                    d["root_cause"] = serde_json::json!({
+                        "cause": root,
+                        "headline": string(row, "root_headline").unwrap_or_default(),
+                        "chain": string(row, "root_chain"),
+                        "evidence": parse("root_evidence_json")?,
+                        "culprits": parse("root_culprits_json")?,
+                    });
+                }
+                diagnosis = Some(d);
             }
         }
     }

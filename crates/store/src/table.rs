@@ -254,7 +254,13 @@ pub struct TableWriter {
 impl TableFile {
     /// Creates (or truncates) `path` for a table of these columns; returns
     /// the file and an empty buffer per column, in schema order.
-    pub(crate) fn create(path: &Path, columns: &[Column]) -> Result<(TableFile, Vec<Buffer>), Error> {
+    /// `version`: the table's layout version, stored as the file's
+    /// `deepspan.table_version` key (tables without one are version 1).
+    pub(crate) fn create(
+        path: &Path,
+        columns: &[Column],
+        version: Option<u32>,
+    ) -> Result<(TableFile, Vec<Buffer>), Error> {
         let fields = columns
             .iter()
             .map(|c| {
@@ -294,7 +300,13 @@ impl TableFile {
             // Min/max per row group is what query engines prune with; per
             // page costs time for little.
             .set_statistics_enabled(EnabledStatistics::Chunk)
-            .set_created_by(format!("deepspan {}", env!("CARGO_PKG_VERSION")));
+            .set_created_by(format!("deepspan {}", env!("CARGO_PKG_VERSION")))
+            .set_key_value_metadata(version.map(|v| {
+                vec![parquet::file::metadata::KeyValue::new(
+                    TABLE_VERSION_KEY.to_string(),
+                    v.to_string(),
+                )]
+            }));
         for c in columns {
             // Dictionaries pay for names and small ids; for timestamps and
             // durations (nearly all distinct) the writer would build one only
@@ -421,10 +433,24 @@ impl TableFile {
     }
 }
 
+/// The Parquet key-value metadata key of a table's layout version (a
+/// table without it is version 1).
+pub const TABLE_VERSION_KEY: &str = "deepspan.table_version";
+
 impl TableWriter {
     /// Creates (or truncates) `path` for a table of these columns.
     pub fn create(path: &Path, columns: &[Column]) -> Result<TableWriter, Error> {
-        let (file, buffers) = TableFile::create(path, columns)?;
+        TableWriter::create_versioned(path, columns, None)
+    }
+
+    /// As [`TableWriter::create`], recording the table's layout `version`
+    /// (key [`TABLE_VERSION_KEY`]) when there is one.
+    pub fn create_versioned(
+        path: &Path,
+        columns: &[Column],
+        version: Option<u32>,
+    ) -> Result<TableWriter, Error> {
+        let (file, buffers) = TableFile::create(path, columns, version)?;
         Ok(TableWriter {
             file,
             buffers,
@@ -807,6 +833,27 @@ mod tests {
         assert_eq!(r[3].1, Cell::Null);
         assert_eq!(r[4].1, Cell::Bool(true));
         assert_eq!(r[5].1.as_f64(), Some(500.0));
+    }
+
+    #[test]
+    fn a_versioned_table_says_its_version_in_the_file_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let cols = [Column::new("a", Kind::I64)];
+        let version_of = |name: &str, version: Option<u32>| {
+            let path = dir.path().join(name);
+            let mut w = TableWriter::create_versioned(&path, &cols, version).unwrap();
+            w.i64(1);
+            w.end_row().unwrap();
+            w.finish().unwrap();
+            let reader = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+            let kv = reader.metadata().file_metadata().key_value_metadata().cloned();
+            kv.unwrap_or_default()
+                .into_iter()
+                .find(|k| k.key == TABLE_VERSION_KEY)
+                .and_then(|k| k.value)
+        };
+        assert_eq!(version_of("v2.parquet", Some(2)).as_deref(), Some("2"));
+        assert_eq!(version_of("v1.parquet", None), None);
     }
 
     #[test]

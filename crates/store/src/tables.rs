@@ -140,7 +140,16 @@ pub const DIAGNOSES_COLUMNS: &[Column] = &[
     Column::nullable("headline", Str),
     Column::nullable("evidence_json", Str),
     Column::nullable("culprits_json", Str),
+    Column::nullable("root_cause", Str),
+    Column::nullable("root_headline", Str),
+    Column::nullable("root_chain", Str),
+    Column::nullable("root_evidence_json", Str),
+    Column::nullable("root_culprits_json", Str),
 ];
+
+/// Layout version of the `diagnoses` table: 2 added the root cause
+/// (`root_*` columns).
+pub const DIAGNOSES_VERSION: u32 = 2;
 
 pub const OPERATION_SUMMARY_COLUMNS: &[Column] = &[
     Column::new("service", Str),
@@ -470,9 +479,15 @@ pub fn write_requests(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
         w.u64(t.throttled_ns);
         w.u64(t.blocked_by_requests_ns);
         w.u64(t.unknown_ns);
-        let top = summary.by_state.first();
-        w.opt_str(top.map(|row| crate::cause_label(row, r.spans)).as_deref());
-        w.u64(top.map_or(0, |row| row.ns));
+        // Blocking requests grouped by operation: five requests of the
+        // same queue are one cause.
+        let top = crate::cause_groups(summary, r.spans).into_iter().next();
+        w.opt_str(
+            top.as_ref()
+                .map(|g| crate::cause_group_label(g, r.spans))
+                .as_deref(),
+        );
+        w.u64(top.map_or(0, |g| g.ns));
         w.u64(rec.lost_events);
         w.bool(p.truncated);
         w.end_row()?;
@@ -714,7 +729,7 @@ pub fn write_request_summaries(
 /// One row per request: anomaly flag, baseline and diagnosis (cause,
 /// headline; evidence and culprits as JSON text, as in `requests.json`).
 pub fn write_diagnoses(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
-    let mut w = TableWriter::create(path, DIAGNOSES_COLUMNS)?;
+    let mut w = TableWriter::create_versioned(path, DIAGNOSES_COLUMNS, Some(DIAGNOSES_VERSION))?;
     for rec in r.requests {
         let Some(span) = r.span(rec.path.request) else {
             continue;
@@ -734,6 +749,15 @@ pub fn write_diagnoses(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
             d.map(|d| crate::diagnosis::culprits_json(d, r.spans).to_string())
                 .as_deref(),
         );
+        // The root cause: the cause itself when not blocked by others
+        // (`root_chain` null then).
+        let root = d.map(|d| crate::diagnosis::root_cause_json(d, r.spans));
+        let field = |name: &str| root.as_ref().map(|v| v[name].clone());
+        w.opt_str(field("cause").as_ref().and_then(|v| v.as_str()));
+        w.opt_str(field("headline").as_ref().and_then(|v| v.as_str()));
+        w.opt_str(field("chain").as_ref().and_then(|v| v.as_str()));
+        w.opt_str(field("evidence").map(|v| v.to_string()).as_deref());
+        w.opt_str(field("culprits").map(|v| v.to_string()).as_deref());
         w.end_row()?;
     }
     w.finish()

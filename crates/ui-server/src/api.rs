@@ -202,6 +202,11 @@ pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
         .iter()
         .filter_map(|r| r["diagnosis"]["cause"].as_str())
         .collect();
+    let root_causes: BTreeSet<&str> = d
+        .requests()
+        .iter()
+        .filter_map(|r| r["diagnosis"]["root_cause"]["cause"].as_str())
+        .collect();
     Ok(Json(json!({
         "run": d.dir.root().display().to_string(),
         "trace": d.requests_json["trace"],
@@ -216,6 +221,7 @@ pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
         "thread_states": states,
         "services": services,
         "causes": causes,
+        "root_causes": root_causes,
         "has_diagnosis": d.requests().iter().any(|r| r.get("diagnosis").is_some()),
         "span_warnings": st.spans.warnings,
     })))
@@ -231,6 +237,7 @@ pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiRes
             "service",
             "operation",
             "cause",
+            "root_cause",
             "anomalous",
             "limit",
             "start_ns",
@@ -282,6 +289,11 @@ pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiRes
         .filter(|r| {
             p.str("cause")
                 .is_none_or(|v| r["diagnosis"]["cause"].as_str() == Some(v))
+        })
+        .filter(|r| {
+            p.str("root_cause").is_none_or(|v| {
+                r["diagnosis"]["root_cause"]["cause"].as_str() == Some(v)
+            })
         })
         .filter(|r| anomalous.is_none_or(|a| r["anomalous"].as_bool().unwrap_or(false) == a))
         .filter(|r| from.is_none_or(|f| r["end_ns"].as_i64().unwrap_or(0) > f))

@@ -234,3 +234,87 @@ fn culprit_numbers_match_by_value() {
     ));
     assert!(!matches(&json!({"kind": "process", "comm": "backup"}), &m));
 }
+
+/// `expected()` felt on front, with root cause `cpu_throttled`.
+fn expected_felt() -> Expected {
+    let mut e = expected();
+    e.felt = Some(Felt {
+        service: "front".into(),
+        operation: None,
+        root_cause: "cpu_throttled".into(),
+    });
+    e
+}
+
+/// A front request in the window, with this proximate and root cause.
+fn front(span: u64, dur: u64, cause: &str, root: &str, chain: Option<&str>) -> Value {
+    let mut r = req(
+        span,
+        1500,
+        dur,
+        Some(json!({"cause": cause, "headline": "", "evidence": {}, "culprits": [],
+            "root_cause": {"cause": root, "headline": "", "chain": chain, "evidence": {}, "culprits": []}})),
+        running(),
+    );
+    r["service"] = json!("front");
+    r["operation"] = json!("GET /product");
+    r["baseline_ns"] = json!(5_000_000);
+    r
+}
+
+fn media_ok() -> Vec<Value> {
+    vec![req(
+        1,
+        1500,
+        500_000_000,
+        Some(lock_diag("00000000000000aa")),
+        blocked(),
+    )]
+}
+
+#[test]
+fn the_root_cause_where_the_fault_is_felt_is_judged_with_the_proximate_one() {
+    let mut extra = media_ok();
+    let chain = "[front] GET /product → behind 5 × [pricing] GET /price → PREEMPTED (throttled) 98 %";
+    extra.push(front(11, 900_000_000, "blocked_by_request", "cpu_throttled", Some(chain)));
+    extra.push(front(12, 800_000_000, "cpu_throttled", "cpu_throttled", None));
+    extra.push(front(13, 40_000_000, "cpu_contention", "cpu_contention", None));
+    let v = check(&expected_felt(), &run(extra, true));
+    let root = v.root.as_ref().expect("a root verdict");
+    assert!(v.ok && root.ok, "{v:?}");
+    assert_eq!(root.requests_of, "[front]");
+    assert_eq!(root.found_root_cause.as_deref(), Some("cpu_throttled"));
+    assert_eq!((root.requests, root.anomalous), (3, 3));
+    assert_eq!((root.root_matching, root.proximate_matching), (2, 1));
+    assert!((root.root_share - 2.0 / 3.0).abs() < 1e-9);
+    assert!(root.root_excess_share > 0.95, "{root:?}");
+    assert_eq!(root.chain.as_deref(), Some(chain));
+}
+
+#[test]
+fn a_wrong_root_cause_where_the_fault_is_felt_fails_the_scenario() {
+    let mut extra = media_ok();
+    extra.push(front(11, 900_000_000, "blocked_by_request", "blocked_by_request", Some("x")));
+    let v = check(&expected_felt(), &run(extra, true));
+    let root = v.root.as_ref().unwrap();
+    assert!(!root.ok && !v.ok, "{v:?}");
+    assert_eq!(root.found_root_cause.as_deref(), Some("blocked_by_request"));
+    assert!(
+        v.problems.iter().any(|p| p.contains("expected root cause cpu_throttled")),
+        "{:?}",
+        v.problems
+    );
+    // Without `felt`, no root verdict: the proximate one alone decides.
+    let v = check(&expected(), &run(media_ok(), true));
+    assert!(v.root.is_none() && v.ok, "{v:?}");
+}
+
+#[test]
+fn analyses_without_root_causes_count_the_cause_as_root() {
+    let mut extra = media_ok();
+    let mut r = front(11, 900_000_000, "cpu_throttled", "x", None);
+    r["diagnosis"].as_object_mut().unwrap().remove("root_cause");
+    extra.push(r);
+    let v = check(&expected_felt(), &run(extra, true));
+    assert_eq!(v.root.unwrap().found_root_cause.as_deref(), Some("cpu_throttled"));
+}
