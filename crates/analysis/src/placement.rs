@@ -153,7 +153,7 @@ pub fn infer_placements(
         }
         if let Some(p) = out[r].clone() {
             out[i] = Some(Placement {
-                evidence: vec![format!("inside request span #{r}, placed like it")],
+                evidence: vec!["inside its request: placed like it".to_string()],
                 ..p
             });
         }

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 
 use deepspan_analysis::{
     analyze_requests, infer_placements, Arch, EdgeType, InferredPlace, KernelModel, Placement,
-    PlacementMethod, PlacementSpan, Processes, RequestPath, SpanInput, StateBuilder, SyncSource,
+    PlacementMethod, PlacementSpan, Processes, RequestPath, ScannedProcess, SpanInput,
+    StateBuilder, SyncSource,
 };
 use deepspan_model::{Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
 
@@ -307,4 +308,34 @@ fn without_a_named_process_both_a_receive_and_a_send_are_needed() {
         &processes(&[(101, 100)]),
     );
     assert_eq!(p[0], None);
+}
+
+#[test]
+fn the_listening_port_picks_the_process_when_the_name_does_not() {
+    // Two python3 processes with the same I/O; only process 200 listened on
+    // the span's port (the recorder's /proc scan).
+    let mut s = Script::named(&[(101, "python3"), (201, "python3")]);
+    s.switch(0, 0, 0, 0, 101)
+        .switch(0, 1, 0, 0, 201)
+        .call(100, 1_000, 0, RECVFROM, 10)
+        .call(100, 1_000, 1, RECVFROM, 10)
+        .call(4_900, 4_950, 0, SENDTO, 10)
+        .call(4_900, 4_950, 1, SENDTO, 10);
+    let model = s.model();
+    let mut span = server_span("unknown_service:python3", 1_100, 5_000);
+    span.port = Some(8080);
+    let mut p = processes(&[(101, 100), (201, 200)]);
+    p.scanned = vec![ScannedProcess {
+        pid: 200,
+        comm: "python3".into(),
+        cmdline: "python3 server.py".into(),
+        listening_ports: vec![8080],
+    }];
+    let placed = place(&model, &[span], &p);
+    let placed = placed[0].as_ref().expect("placed");
+    assert_eq!((placed.pid, placed.tid), (200, Some(201)));
+    assert!(
+        placed.evidence[0].contains("listening on port 8080"),
+        "{placed:?}"
+    );
 }

@@ -274,8 +274,9 @@ impl Session {
         let started = Instant::now();
         let mut next_tick = started + Duration::from_secs(1);
         // The command's services start after the first scan: scanned again
-        // 1, 2, 4, 8 … s in (cheap, and late starters are seen too).
-        let (mut ticks, mut next_scan) = (0u64, 1u64);
+        // every second for 10 s, then at 16, 32, 64 … s (cheap; late
+        // starters are seen too).
+        let mut ticks = 0u64;
         let mut exit_code = None;
         let mut stop_requested: Option<Instant> = None;
         let (mut forwarded_int, mut forwarded_term) = (false, false);
@@ -347,9 +348,8 @@ impl Session {
             }
             if now >= next_tick {
                 ticks += 1;
-                if ticks == next_scan {
+                if ticks <= 10 || ticks.is_power_of_two() {
                     self.processes.scan();
-                    next_scan *= 2;
                 }
                 let p = clock_point();
                 samples.push([p.realtime_ns, p.mono_ns]);
