@@ -45,7 +45,8 @@ pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Work
 pub use input::{build_model, Input, LostEvents};
 pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
 pub use placement::{
-    infer_placements, Placement, PlacementMethod, PlacementSpan, Processes, ScannedProcess,
+    clock_offset_bound, infer_placements, OffsetBound, Placement, PlacementMethod, PlacementSpan,
+    Processes, ScannedProcess,
     IO_WINDOW_NS, MISSING_IO_COST_NS, RUN_LIMIT_NS,
 };
 pub use request::{

@@ -727,3 +727,86 @@ mod tests {
         assert_eq!(requests_of(&spans), vec![0, 0, 2, 2]);
     }
 }
+
+/// What placed requests say about the wall → kernel clock mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffsetBound {
+    /// The correction to add to mapped times lies in `[lower_ns, upper_ns]`
+    /// (0 inside: the mapping is consistent with the trace).
+    pub lower_ns: i64,
+    pub upper_ns: i64,
+    /// Requests whose windows contain that range, of `of` that gave one.
+    pub agreeing: usize,
+    pub of: usize,
+}
+
+/// Bounds the clock mapping's remaining offset with the requests placed on
+/// a thread: a span's start and end were taken while its thread ran, and
+/// after its request's receive returned, so the correction δ to the mapped
+/// times must put the start in the RUNNING interval around it (after the
+/// receive) and the end in the one around it. Each request gives such a
+/// window of δ; the answer is the range inside the most windows (a few
+/// requests may be misplaced, or their runs cut by lost events).
+pub fn clock_offset_bound(
+    model: &KernelModel,
+    arch: Arch,
+    spans: &[PlacementSpan],
+    placements: &[Option<Placement>],
+) -> Option<OffsetBound> {
+    let processes = Processes::default();
+    let finder = Finder {
+        model,
+        arch,
+        processes: &processes,
+        threads_of: BTreeMap::new(),
+    };
+    let mut windows: Vec<(i64, i64)> = Vec::new();
+    for (span, p) in spans.iter().zip(placements) {
+        let (Some(p), Some((s, e))) = (p, span.times) else {
+            continue;
+        };
+        let (true, Some(tid)) = (span.entry || span.parent.is_none(), p.tid) else {
+            continue;
+        };
+        let Some(th) = model.thread(tid) else {
+            continue;
+        };
+        let running = |t: u64| {
+            th.state_at(t)
+                .filter(|st| st.state == ThreadState::Running)
+                .map(|st| (st.start as i64 - t as i64, st.end as i64 - t as i64))
+        };
+        let (Some(a), Some(b)) = (running(s), running(e)) else {
+            continue;
+        };
+        let mut lower = a.0.max(b.0);
+        let upper = a.1.min(b.1);
+        if let Some((gap, _)) = finder.receive_before(th, s) {
+            // The receive returned `gap` before the mapped start.
+            lower = lower.max(-(gap as i64));
+        }
+        if lower <= upper {
+            windows.push((lower, upper));
+        }
+    }
+    // The range covered by the most windows: sweep over their ends.
+    let mut ends: Vec<(i64, i32)> = windows.iter().flat_map(|w| [(w.0, 1), (w.1, -1)]).collect();
+    // Opening before closing at one point: touching windows share it.
+    ends.sort_by_key(|&(x, d)| (x, -d));
+    let (mut depth, mut best, mut range) = (0i32, 0i32, None);
+    for (k, &(x, d)) in ends.iter().enumerate() {
+        depth += d;
+        if d > 0 && depth > best {
+            best = depth;
+            let until = ends[k + 1..].iter().find(|e| e.1 < 0).map_or(x, |e| e.0);
+            range = Some((x, until));
+        }
+    }
+    let (lower_ns, upper_ns) = range?;
+    Some(OffsetBound {
+        lower_ns,
+        upper_ns,
+        agreeing: best as usize,
+        of: windows.len(),
+    })
+}

@@ -10,9 +10,9 @@ use common::requests::Work;
 use std::collections::HashMap;
 
 use deepspan_analysis::{
-    analyze_requests, infer_placements, Arch, EdgeType, InferredPlace, KernelModel, Placement,
-    PlacementMethod, PlacementSpan, Processes, RequestPath, ScannedProcess, SpanInput,
-    StateBuilder, SyncSource,
+    analyze_requests, clock_offset_bound, infer_placements, Arch, EdgeType, InferredPlace,
+    KernelModel, Placement, PlacementMethod, PlacementSpan, Processes, RequestPath, ScannedProcess,
+    SpanInput, StateBuilder, SyncSource,
 };
 use deepspan_model::{Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
 
@@ -338,4 +338,31 @@ fn the_listening_port_picks_the_process_when_the_name_does_not() {
         placed.evidence[0].contains("listening on port 8080"),
         "{placed:?}"
     );
+}
+
+#[test]
+fn placed_requests_bound_the_clock_mapping_offset() {
+    // Thread 101 ran over [0, 6000) and received until 1000: a span mapped
+    // to [1100, 5000] may move by -100 ns (back to the receive) to +1000 ns
+    // (its end to the end of the run).
+    let model = pool();
+    let spans = vec![server_span("web", 1_100, 5_000)];
+    let p = place(&model, &spans, &processes(&[(101, 100), (102, 100)]));
+    let b = clock_offset_bound(&model, Arch::X86_64, &spans, &p).expect("a bound");
+    assert_eq!(
+        (b.lower_ns, b.upper_ns, b.agreeing, b.of),
+        (-100, 1_000, 1, 1)
+    );
+    // A request its thread was not running at (asleep from 6000) gives no
+    // window and is not counted; the others agree.
+    let moved = vec![
+        server_span("web", 1_100, 5_000),
+        server_span("web", 1_100, 5_000),
+        server_span("web", 6_500, 7_000),
+    ];
+    let mut placed = place(&model, &moved[..1], &processes(&[(101, 100), (102, 100)]));
+    placed.push(placed[0].clone());
+    placed.push(placed[0].clone());
+    let b = clock_offset_bound(&model, Arch::X86_64, &moved, &placed).expect("a bound");
+    assert_eq!((b.agreeing, b.of), (2, 2), "{b:?}");
 }

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::{
-    aggregate, analyze_requests, baselines, diagnose, infer_placements, is_anomalous,
-    ActivationInput, DiagnosisContext, FastMap, InferredPlace, OperationSummary, Placement,
-    PlacementMethod, PlacementSpan, Processes, RequestPath, ScannedProcess, SpanIdx, SpanInput,
-    StateBuilder, SyncSource, ThreadWork,
+    aggregate, analyze_requests, baselines, clock_offset_bound, diagnose, infer_placements,
+    is_anomalous, ActivationInput, DiagnosisContext, FastMap, InferredPlace, OffsetBound,
+    OperationSummary, Placement, PlacementMethod, PlacementSpan, Processes, RequestPath,
+    ScannedProcess, SpanIdx, SpanInput, StateBuilder, SyncSource, ThreadWork,
 };
 use deepspan_model::Tid;
 use deepspan_spans::activity::ActivityOptions;
@@ -231,6 +231,9 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             .map(|(s, i)| placement_span(s, i))
             .collect();
         let placements = infer_placements(&model, arch, &placing, &processes);
+        if let Some(b) = clock_offset_bound(&model, arch, &placing, &placements) {
+            notes.push(offset_note(&b));
+        }
         for (input, p) in inputs.iter_mut().zip(&placements) {
             let Some(p) = p else { continue };
             match p.method {
@@ -556,6 +559,31 @@ fn port_of(text: &str) -> Option<u16> {
     let authority = rest.split(['/', '?', '#']).next()?;
     let (_, port) = authority.rsplit_once(':')?;
     port.parse().ok()
+}
+
+/// What the requests placed on threads say of the clock mapping.
+fn offset_note(b: &OffsetBound) -> String {
+    let us = |ns: i64| ns as f64 / 1e3;
+    let verdict = if b.lower_ns <= 0 && 0 <= b.upper_ns {
+        "consistent with the mapping as is".to_string()
+    } else {
+        let off = if b.lower_ns > 0 {
+            b.lower_ns
+        } else {
+            b.upper_ns
+        };
+        format!(
+            "the mapped span times are off by at least {:.1} µs",
+            us(off)
+        )
+    };
+    format!(
+        "clock mapping checked against the requests placed on a thread: {} of {} ran at their spans' start (after their receive) and end for a correction between {:+.1} and {:+.1} µs: {verdict}",
+        b.agreeing,
+        b.of,
+        us(b.lower_ns),
+        us(b.upper_ns)
+    )
 }
 
 /// `RUN/analysis/placements.json`: how each span without deepspan fields
