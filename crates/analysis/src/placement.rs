@@ -11,20 +11,23 @@
 //! 1. **Process**: the resource's `process.pid`; else the processes whose
 //!    name (comm, 15 bytes) or command line names the service; else the
 //!    process listening on the span's server port (from the recording's
-//!    /proc scan); else every process, and then only a thread with both a
-//!    receive and a send around the span is taken.
+//!    /proc scan); else the process where most of the service's requests
+//!    fit best (a majority vote over every process's threads).
 //! 2. **Thread**: of that process's threads, the one that was running at
 //!    the span's start and at its end, whose socket receive (its own, or the
 //!    one of the thread that woke it: an acceptor or event loop handing the
 //!    request to a pool thread) returned just before the start, and whose
 //!    send went out nearest the end. Each of the four is a distance in
 //!    nanoseconds; the thread with the smallest sum wins. A `thread.name`
-//!    attribute must equal the thread's comm (cut to 15 bytes).
-//! 3. **Process level**: where no single thread is credible — the best
-//!    thread did not run near both ends (Go goroutines move between
-//!    threads), or one thread carried requests that overlap in time (an
-//!    event loop: asyncio, Node) — the request is placed on its process as
-//!    a whole, never on an invented thread.
+//!    attribute must equal the thread's comm (cut to 15 bytes). Requests
+//!    take their threads surest first; one whose thread is taken by an
+//!    overlapping request takes the next credible thread of the same
+//!    process (a pool).
+//! 3. **Process level**: where no single thread is credible — none ran
+//!    near both ends with the request's I/O (Go goroutines move between
+//!    threads), or the best thread serves requests interleaved (an event
+//!    loop: asyncio, Node) — the request is placed on its process as a
+//!    whole, never on an invented thread.
 //!
 //! Spans inside a request (internal, client) go where their request went.
 //! Every placement says why ([`Placement::evidence`]) and how sure it is
@@ -138,12 +141,13 @@ pub fn infer_placements(
     let mut out: Vec<Option<Placement>> = vec![None; spans.len()];
     let request_of = requests_of(spans);
     // Requests first.
-    let requests: Vec<(usize, Candidates)> = spans
+    let mut requests: Vec<(usize, Candidates)> = spans
         .iter()
         .enumerate()
         .filter(|(i, span)| request_of[*i] == *i && !span.sdk_placed)
         .filter_map(|(i, span)| Some((i, finder.candidates(span)?)))
         .collect();
+    name_processes_by_vote(spans, &mut requests);
     assign(requests, &mut out);
     // Spans inside a request go where it went.
     for (i, span) in spans.iter().enumerate() {
@@ -470,6 +474,93 @@ impl Candidates {
     }
 }
 
+/// A service whose spans name no process (no `process.pid`, a name that is
+/// no process's, no known port) is served by one process all the same: the
+/// one where most of its requests fit best. Its requests are then placed in
+/// that process only, so a client process (which also sends and receives
+/// around each request) cannot take them.
+fn name_processes_by_vote(spans: &[PlacementSpan], requests: &mut [(usize, Candidates)]) {
+    let mut votes: HashMap<&str, BTreeMap<Tid, usize>> = HashMap::new();
+    for (i, c) in requests.iter() {
+        if c.named {
+            continue;
+        }
+        let best = c.fits.first().filter(|f| c.credible(f));
+        let tally = votes.entry(spans[*i].service.as_str()).or_default();
+        if let Some(f) = best {
+            *tally.entry(f.pid).or_default() += 1;
+        }
+    }
+    let winners: HashMap<&str, (Tid, usize, usize)> = votes
+        .into_iter()
+        .filter_map(|(service, tally)| {
+            let total: usize = tally.values().sum();
+            let (&pid, &n) = tally
+                .iter()
+                .max_by_key(|(pid, n)| (**n, std::cmp::Reverse(**pid)))?;
+            // A majority, not a plurality of scattered guesses.
+            (n * 2 > total).then_some((service, (pid, n, total)))
+        })
+        .collect();
+    for (i, c) in requests.iter_mut() {
+        if c.named {
+            continue;
+        }
+        let service = spans[*i].service.as_str();
+        let Some(&(pid, n, total)) = winners.get(service) else {
+            continue;
+        };
+        c.fits.retain(|f| f.pid == pid);
+        c.pids = vec![pid];
+        c.named = true;
+        c.process_confidence = 0.6;
+        c.process_evidence = format!(
+            "no process named by the span; process {pid} is where {n} of {total} requests of service {service:?} fit best"
+        );
+    }
+}
+
+/// Fewest interleaved requests that make a thread an event loop.
+const MIN_INTERLEAVED: usize = 4;
+
+/// Threads that serve requests interleaved: of the requests a thread fits
+/// best, at least a quarter, and [`MIN_INTERLEAVED`], overlap another of
+/// them. A pool thread, which serves one request at a time, is only now and
+/// then the best fit of two requests at once (two threads with similar
+/// I/O): the assignment gives one of them the next best thread.
+/// `(tid, overlapping, of)`.
+fn event_loops(requests: &[(usize, Candidates)]) -> Vec<(Tid, usize, usize)> {
+    let mut by_tid: BTreeMap<Tid, Vec<(u64, u64)>> = BTreeMap::new();
+    for (_, c) in requests {
+        if let Some(f) = c.fits.first().filter(|f| c.credible(f)) {
+            by_tid.entry(f.tid).or_default().push((c.start, c.end));
+        }
+    }
+    let mut out = Vec::new();
+    for (tid, mut v) in by_tid {
+        v.sort_unstable();
+        let mut overlapping = vec![false; v.len()];
+        // The request reaching furthest so far, and its index.
+        let mut reach: Option<(u64, usize)> = None;
+        for (k, &(s, e)) in v.iter().enumerate() {
+            if let Some((end, j)) = reach {
+                if s + OVERLAP_SLACK_NS < end {
+                    overlapping[k] = true;
+                    overlapping[j] = true;
+                }
+            }
+            if reach.is_none_or(|(end, _)| e > end) {
+                reach = Some((e, k));
+            }
+        }
+        let n = overlapping.iter().filter(|o| **o).count();
+        if n >= MIN_INTERLEAVED && n * 4 >= v.len() {
+            out.push((tid, n, v.len()));
+        }
+    }
+    out
+}
+
 /// Requests overlapping by more than this on one thread were not both its
 /// (the mapping error is µs).
 const OVERLAP_SLACK_NS: u64 = 100_000;
@@ -485,6 +576,7 @@ fn assign(requests: Vec<(usize, Candidates)>, out: &mut [Option<Placement>]) {
         let c = &requests[k].1;
         (c.fits.first().map_or(u64::MAX, Fit::cost), requests[k].0)
     });
+    let loops = event_loops(&requests);
     // Per thread: (start, end, request index in `requests`).
     let mut taken: HashMap<Tid, Vec<(u64, u64, usize)>> = HashMap::new();
     let overlapping = |taken: &HashMap<Tid, Vec<(u64, u64, usize)>>, tid: Tid, s: u64, e: u64| {
@@ -499,8 +591,21 @@ fn assign(requests: Vec<(usize, Candidates)>, out: &mut [Option<Placement>]) {
         let (i, c) = (&requests[k].0, &requests[k].1);
         let mut passed_over = Vec::new();
         let mut placed = None;
+        if let Some(&(tid, overlapping, of)) = c
+            .fits
+            .first()
+            .filter(|f| c.credible(f))
+            .and_then(|f| loops.iter().find(|l| l.0 == f.tid))
+        {
+            out[*i] = c.on_process(format!(
+                "thread {tid} serves requests interleaved (an event loop: {overlapping} of the {of} requests it fits best overlap another)"
+            ));
+            continue;
+        }
+        let first_pid = c.fits.first().map(|f| f.pid);
         for (n, f) in c.fits.iter().enumerate() {
-            if !c.credible(f) {
+            // Another thread of the same process (a pool), never of another.
+            if !c.credible(f) || Some(f.pid) != first_pid {
                 break;
             }
             match overlapping(&taken, f.tid, c.start, c.end) {

@@ -521,9 +521,11 @@ fn progress_rank(state: ThreadState) -> u8 {
 
 /// The path of a request placed on a process as a whole (no thread of its
 /// own): over `[start, end)`, at each instant the state of the process's
-/// most advanced thread ([`progress_rank`]; the thread already shown first
-/// on a tie, then the lowest tid). Every piece names a real thread in the
-/// state it was in.
+/// most advanced thread: a running one, else a runnable one, else the
+/// waiting thread shown last (the one that ran before it waited), else the
+/// wait of highest [`progress_rank`]; the thread already shown first on a
+/// tie, then the lowest tid. Every piece names a real thread in the state
+/// it was in.
 fn process_pieces(model: &KernelModel, threads: &[Tid], start: u64, end: u64) -> Vec<RequestPiece> {
     let histories: Vec<(Tid, &[crate::state::StateInterval])> = threads
         .iter()
@@ -543,7 +545,7 @@ fn process_pieces(model: &KernelModel, threads: &[Tid], start: u64, end: u64) ->
     let mut shown: Option<Tid> = None;
     for w in cuts.windows(2) {
         let (a, b) = (w[0], w[1]);
-        let mut best: Option<(u8, bool, Tid, ThreadState)> = None;
+        let mut best: Option<(u8, bool, u8, Tid, ThreadState)> = None;
         for (k, (tid, states)) in histories.iter().enumerate() {
             while next[k] < states.len() && states[next[k]].end <= a {
                 next[k] += 1;
@@ -551,13 +553,17 @@ fn process_pieces(model: &KernelModel, threads: &[Tid], start: u64, end: u64) ->
             let Some(st) = states.get(next[k]).filter(|s| s.start <= a) else {
                 continue;
             };
-            // Smaller is better: rank, then the thread already shown, then tid.
-            let key = (progress_rank(st.state), shown != Some(*tid), *tid, st.state);
-            if best.is_none_or(|b| (key.0, key.1, key.2) < (b.0, b.1, b.2)) {
+            // Smaller is better: running, then runnable, then waiting; among
+            // waits the thread already shown (the one that just ran: its wait
+            // is the process's, not that of a thread idle all along), then
+            // the rank of the wait, then tid.
+            let rank = progress_rank(st.state);
+            let key = (rank.min(2), shown != Some(*tid), rank, *tid, st.state);
+            if best.is_none_or(|b| (key.0, key.1, key.2, key.3) < (b.0, b.1, b.2, b.3)) {
                 best = Some(key);
             }
         }
-        let Some((_, _, tid, state)) = best else {
+        let Some((_, _, _, tid, state)) = best else {
             continue;
         };
         shown = Some(tid);

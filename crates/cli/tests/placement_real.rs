@@ -21,6 +21,9 @@ use serde_json::Value;
 
 const REQUESTS: usize = 80;
 
+/// The recordings of this file one at a time (each would be the other's load).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn server_py() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/placement/stock_server.py")
 }
@@ -54,13 +57,19 @@ fn analyze(run: &Path, placement: &str) -> Output {
     )
 }
 
-#[test]
-fn a_stock_opentelemetry_server_is_placed_on_its_threads_from_the_kernel_trace() {
-    if !kernel_or_skip(
-        "a_stock_opentelemetry_server_is_placed_on_its_threads_from_the_kernel_trace",
-    ) {
-        return;
-    }
+/// A recording of the stock server, with its own log of who served what.
+struct Recorded {
+    _dir: tempfile::TempDir,
+    run: PathBuf,
+    /// Span id → the OS thread that served it.
+    served: HashMap<String, i64>,
+    served_pid: i64,
+}
+
+/// Records `stock_server.py` in `mode` (`threads` or `asyncio`) under
+/// `deepspan record`, REQUESTS requests from 4 client threads.
+fn record_stock_server(mode: &str) -> Recorded {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let probe = Command::new("python3")
         .args([
             "-c",
@@ -89,6 +98,7 @@ fn a_stock_opentelemetry_server_is_placed_on_its_threads_from_the_kernel_trace()
         .arg(&out)
         .arg(REQUESTS.to_string())
         .arg("4")
+        .arg(mode)
         // Stock OpenTelemetry: no deepspan SDK on the path.
         .env_remove("PYTHONPATH");
     check(
@@ -119,6 +129,27 @@ fn a_stock_opentelemetry_server_is_placed_on_its_threads_from_the_kernel_trace()
         REQUESTS,
         "every request was served and logged"
     );
+    Recorded {
+        _dir: dir,
+        run,
+        served,
+        served_pid,
+    }
+}
+
+#[test]
+fn a_stock_opentelemetry_server_is_placed_on_its_threads_from_the_kernel_trace() {
+    if !kernel_or_skip(
+        "a_stock_opentelemetry_server_is_placed_on_its_threads_from_the_kernel_trace",
+    ) {
+        return;
+    }
+    let Recorded {
+        _dir,
+        run,
+        served,
+        served_pid,
+    } = record_stock_server("threads");
 
     // Without inference (the SDK's fields only): no request has a path.
     analyze(&run, "sdk");
@@ -190,5 +221,61 @@ fn a_stock_opentelemetry_server_is_placed_on_its_threads_from_the_kernel_trace()
     assert!(
         text.contains(&format!("of process {pid}")),
         "placed in the server process {pid}:\n{text}"
+    );
+}
+
+#[test]
+fn an_asyncio_server_is_placed_on_its_process_never_on_an_invented_thread() {
+    if !kernel_or_skip("an_asyncio_server_is_placed_on_its_process_never_on_an_invented_thread") {
+        return;
+    }
+    // One event loop thread serves every request, interleaved (each sleeps
+    // 5 ms while the others run): no single thread is a request's own.
+    let Recorded {
+        _dir,
+        run,
+        served,
+        served_pid,
+    } = record_stock_server("asyncio");
+    let loop_threads: std::collections::HashSet<i64> = served.values().copied().collect();
+    assert_eq!(loop_threads.len(), 1, "one event loop thread");
+    let analyzed = analyze(&run, "auto");
+    let stderr = String::from_utf8_lossy(&analyzed.stderr);
+    let requests = requests_json(&run);
+    let placements: Value = serde_json::from_slice(
+        &std::fs::read(run.join("analysis/placements.json")).expect("placements.json"),
+    )
+    .expect("placements.json is JSON");
+    let pid_of: HashMap<&str, i64> = placements["placements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["span_id"].as_str().unwrap(), p["pid"].as_i64().unwrap()))
+        .collect();
+    let mut on_process = 0;
+    for r in &requests {
+        let id = r["span_id"].as_str().unwrap();
+        match r["sync"].as_str().unwrap() {
+            "process" => {
+                on_process += 1;
+                assert_eq!(pid_of.get(id), Some(&served_pid), "{r}");
+                assert!(
+                    r["diagnosis"].is_object(),
+                    "a process-level path is diagnosed: {r}"
+                );
+            }
+            // A request alone on the loop at its time may have it.
+            "inferred" => assert_eq!(r["tid"].as_i64(), served.get(id).copied(), "{r}"),
+            other => panic!("request {id} placed by {other}:\n{stderr}"),
+        }
+    }
+    eprintln!("{on_process} of {REQUESTS} requests placed on the server process as a whole");
+    assert!(
+        on_process * 10 >= REQUESTS * 9,
+        "{on_process} of {REQUESTS} on the process:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("on their process as a whole (sync: process)"),
+        "{stderr}"
     );
 }
