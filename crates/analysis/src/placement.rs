@@ -525,16 +525,25 @@ const MIN_INTERLEAVED: usize = 4;
 
 /// Threads that serve requests interleaved: of the requests a thread fits
 /// best, at least a quarter, and [`MIN_INTERLEAVED`], overlap another of
-/// them. A pool thread, which serves one request at a time, is only now and
+/// them and fit no other thread of the process about as well. A pool thread, which serves one request at a time, is only now and
 /// then the best fit of two requests at once (two threads with similar
 /// I/O): the assignment gives one of them the next best thread.
 /// `(tid, overlapping, of)`.
 fn event_loops(requests: &[(usize, Candidates)]) -> Vec<(Tid, usize, usize)> {
-    let mut by_tid: BTreeMap<Tid, Vec<(u64, u64)>> = BTreeMap::new();
+    // Per best thread: (start, end, whether another thread of the same
+    // process fits about as well).
+    let mut by_tid: BTreeMap<Tid, Vec<(u64, u64, bool)>> = BTreeMap::new();
     for (_, c) in requests {
-        if let Some(f) = c.fits.first().filter(|f| c.credible(f)) {
-            by_tid.entry(f.tid).or_default().push((c.start, c.end));
-        }
+        let Some(best) = c.fits.first().filter(|f| c.credible(f)) else {
+            continue;
+        };
+        let alternative = c.fits[1..].iter().any(|f| {
+            f.pid == best.pid && c.credible(f) && f.cost() <= 2 * best.cost() + GOOD_ALTERNATIVE_NS
+        });
+        by_tid
+            .entry(best.tid)
+            .or_default()
+            .push((c.start, c.end, alternative));
     }
     let mut out = Vec::new();
     for (tid, mut v) in by_tid {
@@ -542,7 +551,7 @@ fn event_loops(requests: &[(usize, Candidates)]) -> Vec<(Tid, usize, usize)> {
         let mut overlapping = vec![false; v.len()];
         // The request reaching furthest so far, and its index.
         let mut reach: Option<(u64, usize)> = None;
-        for (k, &(s, e)) in v.iter().enumerate() {
+        for (k, &(s, e, _)) in v.iter().enumerate() {
             if let Some((end, j)) = reach {
                 if s + OVERLAP_SLACK_NS < end {
                     overlapping[k] = true;
@@ -553,13 +562,23 @@ fn event_loops(requests: &[(usize, Candidates)]) -> Vec<(Tid, usize, usize)> {
                 reach = Some((e, k));
             }
         }
-        let n = overlapping.iter().filter(|o| **o).count();
+        // Interleaved requests another thread could as well have served
+        // are a pool's, sorted out by the assignment.
+        let n = v
+            .iter()
+            .zip(&overlapping)
+            .filter(|(r, o)| **o && !r.2)
+            .count();
         if n >= MIN_INTERLEAVED && n * 4 >= v.len() {
             out.push((tid, n, v.len()));
         }
     }
     out
 }
+
+/// Slack on "about as good" for another thread's fit (twice the cost, plus
+/// this): pool threads doing the same work fit alike.
+const GOOD_ALTERNATIVE_NS: u64 = 200_000;
 
 /// Requests overlapping by more than this on one thread were not both its
 /// (the mapping error is µs).
@@ -749,9 +768,18 @@ impl<'a> Finder<'a> {
 
     /// The send nearest the end (inside the span or after it).
     fn send_near(&self, th: &ThreadHistory, start: u64, end: u64) -> Option<(u64, &'static str)> {
-        th.syscalls_in(start, end + IO_WINDOW_NS)
+        let calls = th.syscalls_in(start, end + IO_WINDOW_NS);
+        // A send after the thread received again past the end belongs to
+        // the next exchange: a client receives its answer after the
+        // server's span ends, then sends its next request.
+        let next_receive = calls
             .iter()
-            .filter(|s| s.start >= start)
+            .filter(|s| s.start >= end && s.exit_seen && s.ret > 0)
+            .find(|s| matches!(self.io(s), Io::Receive | Io::Read))
+            .map_or(u64::MAX, |s| s.end);
+        calls
+            .iter()
+            .filter(|s| s.start >= start && s.start < next_receive)
             .filter_map(|s| {
                 let gap = s.start.abs_diff(end);
                 match self.io(s) {
