@@ -1,6 +1,10 @@
 """OpenTelemetry set-up shared by the services: a tracer provider named
 after the service, the deepspan processor, and an OTLP/HTTP exporter to
-OTEL_EXPORTER_OTLP_ENDPOINT (what `deepspan record` gives its command)."""
+OTEL_EXPORTER_OTLP_ENDPOINT (what `deepspan record` gives its command).
+
+With DEEPSPAN_DEMO_NO_SDK=1 (`deepspan demo --no-sdk`) the deepspan
+processor is left out: stock OpenTelemetry only, and `deepspan analyze`
+places the requests on threads from the kernel trace."""
 
 import ctypes
 import os
@@ -26,7 +30,8 @@ def set_thread_name(name):
 def setup(service):
     """Installs the tracer provider of `service` and returns it."""
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    deepspan_otel.install(provider)
+    if not os.environ.get("DEEPSPAN_DEMO_NO_SDK"):
+        deepspan_otel.install(provider)
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

@@ -58,6 +58,24 @@ interface TimelineResponse {
   drawn_states: Record<string, number>;
 }
 
+/** How the request was placed on kernel threads (its `sync`), for people. */
+function placementLabel(sync: string): string {
+  switch (sync) {
+    case "exact":
+      return "the deepspan SDK (exact)";
+    case "clock_mapped":
+      return "its thread id, wall clock mapped (clock_mapped)";
+    case "inferred":
+      return "inference from the kernel trace (inferred; evidence in analysis/placements.json)";
+    case "process":
+      return "its process as a whole: no single thread credible (process)";
+    case "none":
+      return "nothing: no thread known (none)";
+    default:
+      return sync;
+  }
+}
+
 export async function requestView(app: HTMLElement, id: string): Promise<void> {
   const detail = await get<RequestDetail>(`/api/requests/${encodeURIComponent(id)}`);
   const r = detail.request;
@@ -67,7 +85,7 @@ export async function requestView(app: HTMLElement, id: string): Promise<void> {
   const head = el("section", { class: "panel", id: "request-head" });
   head.innerHTML = `<h1>[${esc(r.service)}] ${esc(r.operation)} ${r.anomalous ? '<span class="badge">anomalous</span>' : ""}</h1>
     <p class="muted">duration <b>${fmtNs(r.duration_ns)}</b>${r.baseline_ns ? ` (median of its operation ${fmtNs(r.baseline_ns)})` : ""}
-    · trace ${esc(r.trace_id)} · span ${esc(r.span_id)} · placed on threads by ${esc(r.sync)}
+    · trace ${esc(r.trace_id)} · span ${esc(r.span_id)} · placed on threads by ${esc(placementLabel(r.sync))}
     ${r.lost_events ? ` · <span class="warn">${r.lost_events} kernel events lost during it</span>` : ""}
     ${r.truncated ? ' · <span class="warn">path truncated</span>' : ""}</p>`;
   head.append(diagnosisBox(detail.diagnosis, blockerName));

@@ -15,6 +15,8 @@
 //!   path, each piece attributed to the request or to the request it was
 //!   blocked by (seed 000, section 3.4); [`summarize`] and [`aggregate`]
 //!   tell where the time went, per request and per operation (section 3.5).
+//! - [`infer_placements`] places spans without deepspan fields on the
+//!   process and thread that served them, from the kernel trace alone.
 //! - [`diagnose`] names the cause of a request's waiting, with evidence and
 //!   culprits (seed 001's top-down method); [`baselines`] and
 //!   [`is_anomalous`] flag the outliers of each operation.
@@ -26,6 +28,7 @@ mod fxhash;
 mod graph;
 mod input;
 mod merge;
+mod placement;
 mod request;
 mod root_cause;
 mod state;
@@ -43,8 +46,13 @@ pub use fxhash::{FastMap, FastSet, FxHasher};
 pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Worker};
 pub use input::{build_model, Input, LostEvents};
 pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
+pub use placement::{
+    clock_offset_bound, infer_placements, OffsetBound, Placement, PlacementMethod, PlacementSpan,
+    Processes, ScannedProcess,
+    IO_WINDOW_NS, MISSING_IO_COST_NS, RUN_LIMIT_NS,
+};
 pub use request::{
-    analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait,
+    analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait, InferredPlace,
     RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource, SyscallLabelKey, ThreadWork,
     FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, RESUME_GAP_NS, WAKEUP_GRACE_NS,
 };

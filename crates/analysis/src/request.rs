@@ -67,17 +67,27 @@ pub enum SyncSource {
     /// samples (µs precision); the thread from `deepspan.tid`, activations,
     /// or `thread.id` when told it is an OS tid.
     ClockMapped,
+    /// Wall-clock times mapped, the thread inferred from the kernel trace
+    /// (no deepspan fields: `crate::placement`).
+    Inferred,
+    /// Wall-clock times mapped, placed on its process as a whole: no single
+    /// thread is credible (event loops, goroutines); the path follows, at
+    /// each instant, the process thread that is furthest along (running,
+    /// then waiting for a CPU, then waiting for the disk, the network …).
+    Process,
     /// Nothing places the request on a thread or on the kernel clock: it has
     /// no kernel critical path.
     None,
 }
 
 impl SyncSource {
-    /// `exact`, `clock_mapped` or `none`.
+    /// `exact`, `clock_mapped`, `inferred`, `process` or `none`.
     pub fn name(self) -> &'static str {
         match self {
             SyncSource::Exact => "exact",
             SyncSource::ClockMapped => "clock_mapped",
+            SyncSource::Inferred => "inferred",
+            SyncSource::Process => "process",
             SyncSource::None => "none",
         }
     }
@@ -108,6 +118,18 @@ pub struct SpanInput {
     pub holder: Option<Tid>,
     /// Activations of the span, in any order.
     pub activations: Vec<ActivationInput>,
+    /// How the span was placed when it has no deepspan fields (`holder`
+    /// then holds the inferred thread).
+    pub inferred: Option<InferredPlace>,
+}
+
+/// Placement of a span without deepspan fields, from the kernel trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InferredPlace {
+    /// On the span's `holder` thread.
+    Thread,
+    /// On its process as a whole: these are the process's threads.
+    Process(Vec<Tid>),
 }
 
 /// Which span a thread works for over time: the span active on it
@@ -218,6 +240,15 @@ pub fn is_request(span: &SpanInput) -> bool {
 
 /// How `span` is placed on threads and time.
 pub fn sync_source(span: &SpanInput) -> SyncSource {
+    match (&span.inferred, span.times) {
+        (Some(InferredPlace::Thread), Some(_)) if span.holder.is_some() => {
+            return SyncSource::Inferred
+        }
+        (Some(InferredPlace::Process(threads)), Some(_)) if !threads.is_empty() => {
+            return SyncSource::Process
+        }
+        _ => {}
+    }
     let placed = span.holder.is_some() || !span.activations.is_empty();
     match span.times {
         Some(_) if placed && span.exact_times => SyncSource::Exact,
@@ -383,7 +414,27 @@ fn analyze_group(
                 / 2
                 + 2,
         );
-        if sync != SyncSource::None {
+        if let (SyncSource::Process, Some(InferredPlace::Process(threads))) = (sync, &span.inferred)
+        {
+            for base in process_pieces(model, threads, start, end) {
+                let owner = Owner {
+                    request: r,
+                    home: None,
+                };
+                attribute(
+                    model,
+                    spans,
+                    &out.request_of,
+                    work,
+                    owner,
+                    &served,
+                    base,
+                    scratch,
+                    &mut pieces,
+                );
+            }
+            fill_gaps(model, &homes[n], start, end, &mut pieces);
+        } else if sync != SyncSource::None {
             // (piece, how many other paths share it)
             let nodes: Box<dyn Iterator<Item = (Piece, u32)>> = match &merged {
                 Some(m) => Box::new(m.path_nodes(n as u32).into_iter().map(|i| {
@@ -450,6 +501,97 @@ fn analyze_group(
             truncated: truncated[n],
         });
     }
+}
+
+/// How far along a state is, for process-level paths: the process is
+/// where its most advanced thread is (running beats waiting for a CPU,
+/// which beats waiting for the disk, the network, another thread, a timer).
+fn progress_rank(state: ThreadState) -> u8 {
+    match state.edge_type() {
+        EdgeType::Running => 0,
+        EdgeType::Preempted => 1,
+        EdgeType::BlockDevice => 2,
+        EdgeType::Network => 3,
+        EdgeType::Blocked => 4,
+        EdgeType::Timer => 5,
+        EdgeType::Unknown => 7,
+        _ => 6,
+    }
+}
+
+/// The path of a request placed on a process as a whole (no thread of its
+/// own): over `[start, end)`, at each instant the state of the process's
+/// most advanced thread: a running one, else a runnable one, else the
+/// waiting thread shown last (the one that ran before it waited), else the
+/// wait of highest [`progress_rank`]; the thread already shown first on a
+/// tie, then the lowest tid. Every piece names a real thread in the state
+/// it was in.
+fn process_pieces(model: &KernelModel, threads: &[Tid], start: u64, end: u64) -> Vec<RequestPiece> {
+    let histories: Vec<(Tid, &[crate::state::StateInterval])> = threads
+        .iter()
+        .filter_map(|&t| Some((t, model.thread(t)?.states_in(start, end))))
+        .filter(|(_, s)| !s.is_empty())
+        .collect();
+    let mut cuts: Vec<u64> = vec![start, end];
+    for (_, states) in &histories {
+        for s in *states {
+            cuts.extend([s.start.clamp(start, end), s.end.clamp(start, end)]);
+        }
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut next = vec![0usize; histories.len()];
+    let mut out: Vec<RequestPiece> = Vec::new();
+    let mut shown: Option<Tid> = None;
+    for w in cuts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let mut best: Option<(u8, bool, u8, Tid, ThreadState)> = None;
+        for (k, (tid, states)) in histories.iter().enumerate() {
+            while next[k] < states.len() && states[next[k]].end <= a {
+                next[k] += 1;
+            }
+            let Some(st) = states.get(next[k]).filter(|s| s.start <= a) else {
+                continue;
+            };
+            // Smaller is better: running, then runnable, then waiting; among
+            // waits the thread already shown (the one that just ran: its wait
+            // is the process's, not that of a thread idle all along), then
+            // the rank of the wait, then tid.
+            let rank = progress_rank(st.state);
+            let key = (rank.min(2), shown != Some(*tid), rank, *tid, st.state);
+            if best.is_none_or(|b| (key.0, key.1, key.2, key.3) < (b.0, b.1, b.2, b.3)) {
+                best = Some(key);
+            }
+        }
+        let Some((_, _, _, tid, state)) = best else {
+            continue;
+        };
+        shown = Some(tid);
+        match out.last_mut() {
+            Some(last)
+                if last.end == a && last.tid == Some(tid) && last.state == state.edge_type() =>
+            {
+                last.end = b
+            }
+            _ => out.push(RequestPiece {
+                start: a,
+                end: b,
+                state: state.edge_type(),
+                tid: Some(tid),
+                comm: None,
+                qualifier: None,
+                syscall: None,
+                waiting_in: None,
+                span: None,
+                blocked_by: None,
+                shared: 0,
+                vertical: false,
+                lost: model.overlaps_lost(a, b),
+                cpu_wait: None,
+            }),
+        }
+    }
+    out
 }
 
 struct ThreadPath {

@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::{
-    aggregate, analyze_requests, baselines, diagnose, is_anomalous, ActivationInput,
-    ChainIndex, DiagnosisContext, FastMap, OperationSummary, RequestPath, SpanIdx, SpanInput, StateBuilder,
-    SyncSource, ThreadWork,
+    aggregate, analyze_requests, baselines, clock_offset_bound, diagnose, infer_placements,
+    is_anomalous, ActivationInput, ChainIndex, DiagnosisContext, FastMap, InferredPlace,
+    OffsetBound, OperationSummary, Placement, PlacementMethod, PlacementSpan, Processes,
+    RequestPath, ScannedProcess, SpanIdx, SpanInput, StateBuilder, SyncSource, ThreadWork,
 };
 use deepspan_model::Tid;
 use deepspan_spans::activity::ActivityOptions;
@@ -40,6 +41,20 @@ pub struct AnalyzeArgs {
     /// How many of the slowest requests to print.
     #[arg(long, default_value_t = 10)]
     top: usize,
+    /// How spans are placed on threads: `auto` (deepspan SDK fields where
+    /// present, else inferred from the kernel trace), `sdk` (SDK fields
+    /// only; spans without them have no kernel path), `inferred` (SDK
+    /// fields ignored: every span placed from the kernel trace, to compare).
+    #[arg(long, value_enum, default_value_t = PlacementMode::Auto)]
+    placement: PlacementMode,
+}
+
+/// `analyze --placement`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PlacementMode {
+    Auto,
+    Sdk,
+    Inferred,
 }
 
 #[derive(Args)]
@@ -138,7 +153,13 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
     let mut notes: Vec<String> = Vec::new();
 
     // Spans first: they decide whether the model needs its graph.
-    let spans = read_spans(run, &mut notes)?;
+    let mut spans = read_spans(run, &mut notes)?;
+    if args.placement == PlacementMode::Inferred {
+        // As if no span had the SDK: every one is placed from the trace.
+        for s in &mut spans {
+            s.sync = Default::default();
+        }
+    }
     let clock = match ClockMap::from_manifest(run) {
         Ok(c) => Some(c),
         Err(e) => {
@@ -187,24 +208,75 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         ));
     }
 
+    let pids = read_tgids(run);
     let opts = ActivityOptions {
         thread_id_is_os_tid: args.thread_id_is_os_tid,
     };
-    let activity = ThreadActivity::from_spans(&spans, clock.as_ref(), opts);
-    notes.extend(activity.notes.iter().cloned());
     let index: HashMap<SpanRef, SpanIdx> = spans
         .iter()
         .enumerate()
         .map(|(i, s)| (SpanRef::of(s), i as SpanIdx))
         .collect();
-    let inputs: Vec<SpanInput> = spans
+    let mut inputs: Vec<SpanInput> = spans
         .iter()
         .map(|s| span_input(s, &index, clock.as_ref(), opts))
         .collect();
+    // Spans without SDK fields: placed from the kernel trace.
+    let placements = if args.placement == PlacementMode::Sdk {
+        Vec::new()
+    } else {
+        let processes = Processes {
+            tgid_of: pids.clone(),
+            scanned: read_process_scan(run, &mut notes),
+        };
+        let placing: Vec<PlacementSpan> = spans
+            .iter()
+            .zip(&inputs)
+            .map(|(s, i)| placement_span(s, i))
+            .collect();
+        let placements = infer_placements(&model, arch, &placing, &processes);
+        if let Some(b) = clock_offset_bound(&model, arch, &placing, &placements) {
+            notes.push(offset_note(&b));
+        }
+        for (input, p) in inputs.iter_mut().zip(&placements) {
+            let Some(p) = p else { continue };
+            match p.method {
+                PlacementMethod::Thread => {
+                    input.holder = p.tid;
+                    input.inferred = Some(InferredPlace::Thread);
+                }
+                PlacementMethod::Process => {
+                    let mut threads: Vec<Tid> = pids
+                        .iter()
+                        .filter(|(_, &pid)| pid == p.pid)
+                        .map(|(&t, _)| t)
+                        .chain(
+                            model
+                                .threads()
+                                .filter(|t| t.pid == Some(p.pid))
+                                .map(|t| t.tid),
+                        )
+                        .collect();
+                    threads.sort_unstable();
+                    threads.dedup();
+                    input.inferred = Some(InferredPlace::Process(threads));
+                }
+            }
+        }
+        placements
+    };
+    let inferred_tid = |i: usize, _: &Span| {
+        placements
+            .get(i)
+            .and_then(|p| p.as_ref())
+            .and_then(|p| p.tid)
+            .and_then(|t| u32::try_from(t).ok())
+    };
+    let activity = ThreadActivity::from_spans_placed(&spans, clock.as_ref(), opts, inferred_tid);
+    notes.extend(activity.notes.iter().cloned());
     let metas: Vec<SpanMeta> = spans.iter().map(span_meta).collect();
-    timings.phase("spans and thread activity");
+    timings.phase("spans, placement and thread activity");
 
-    let pids = read_tgids(run);
     let trace_file = trace_path
         .strip_prefix(run)
         .unwrap_or(&trace_path)
@@ -386,6 +458,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             Err(_) => bail!("the requests.json writer thread panicked"),
         }
     })?;
+    write_placements(&staging.file(PLACEMENTS_JSON), &spans, &placements)?;
     let dir = staging.commit()?;
     timings.phase("request tables");
 
@@ -467,6 +540,143 @@ fn span_input(
                 })
             })
             .collect(),
+        inferred: None,
+    }
+}
+
+/// What placement reads of a span: its resource and attributes.
+fn placement_span(s: &Span, input: &SpanInput) -> PlacementSpan {
+    let attr = |k: &str| s.attributes.get(k).or_else(|| s.resource.attributes.get(k));
+    let int = |k: &str| {
+        attr(k).and_then(|v| {
+            v.as_i64()
+                .or_else(|| v.as_str().and_then(|t| t.parse().ok()))
+        })
+    };
+    let port = ["server.port", "net.host.port", "host.port"]
+        .iter()
+        .find_map(|k| int(k))
+        .and_then(|p| u16::try_from(p).ok())
+        .or_else(|| {
+            ["url.full", "http.url", "http.host", "server.address"]
+                .iter()
+                .find_map(|k| attr(k).and_then(|v| v.as_str()).and_then(port_of))
+        });
+    PlacementSpan {
+        parent: input.parent,
+        entry: input.entry,
+        times: input.times,
+        sdk_placed: input.holder.is_some() || !input.activations.is_empty(),
+        pid: int("process.pid").and_then(|p| Tid::try_from(p).ok()),
+        service: s.service_name().to_string(),
+        thread_name: attr("thread.name")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
+        port,
+    }
+}
+
+/// The port of `scheme://host:port/…` or `host:port`, if it says one.
+fn port_of(text: &str) -> Option<u16> {
+    let rest = text.split_once("://").map_or(text, |x| x.1);
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (_, port) = authority.rsplit_once(':')?;
+    port.parse().ok()
+}
+
+/// What the requests placed on threads say of the clock mapping.
+fn offset_note(b: &OffsetBound) -> String {
+    let us = |ns: i64| ns as f64 / 1e3;
+    let verdict = if b.lower_ns <= 0 && 0 <= b.upper_ns {
+        "consistent with the mapping as is".to_string()
+    } else {
+        let off = if b.lower_ns > 0 {
+            b.lower_ns
+        } else {
+            b.upper_ns
+        };
+        format!(
+            "the mapped span times are off by at least {:.1} µs",
+            us(off)
+        )
+    };
+    format!(
+        "clock mapping checked against the requests placed on a thread: {} of {} ran at their spans' start (after their receive) and end for a correction between {:+.1} and {:+.1} µs: {verdict}",
+        b.agreeing,
+        b.of,
+        us(b.lower_ns),
+        us(b.upper_ns)
+    )
+}
+
+/// `RUN/analysis/placements.json`: how each span without deepspan fields
+/// was placed, with its evidence.
+pub const PLACEMENTS_JSON: &str = "placements.json";
+
+/// One line of [`PLACEMENTS_JSON`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PlacementRecord {
+    trace_id: String,
+    span_id: String,
+    sync: String,
+    pid: i32,
+    tid: Option<i32>,
+    confidence: f64,
+    evidence: Vec<String>,
+}
+
+fn write_placements(path: &Path, spans: &[Span], placements: &[Option<Placement>]) -> Result<()> {
+    let records: Vec<PlacementRecord> = spans
+        .iter()
+        .zip(placements)
+        .filter_map(|(s, p)| {
+            let p = p.as_ref()?;
+            Some(PlacementRecord {
+                trace_id: format!("{:032x}", s.trace_id.0),
+                span_id: format!("{:016x}", s.span_id.0),
+                sync: p.method.name().to_string(),
+                pid: p.pid,
+                tid: p.tid,
+                confidence: (p.confidence * 1000.0).round() / 1000.0,
+                evidence: p.evidence.clone(),
+            })
+        })
+        .collect();
+    let text = serde_json::to_vec_pretty(&serde_json::json!({ "placements": records }))?;
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The placement of request `span_id` from a run's `placements.json`.
+fn read_placement(run: &Path, span_id: &str) -> Option<PlacementRecord> {
+    let text = std::fs::read(run.join("analysis").join(PLACEMENTS_JSON)).ok()?;
+    let mut doc: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    let list: Vec<PlacementRecord> = serde_json::from_value(doc["placements"].take()).ok()?;
+    list.into_iter().find(|p| p.span_id == span_id)
+}
+
+/// The recorder's /proc scan (`RUN/processes.json`), when the run has one.
+fn read_process_scan(run: &Path, notes: &mut Vec<String>) -> Vec<ScannedProcess> {
+    let path = run.join(deepspan_record::PROCESS_SCAN);
+    let Ok(text) = std::fs::read(&path) else {
+        return Vec::new();
+    };
+    match serde_json::from_slice::<Vec<deepspan_record::ProcessEntry>>(&text) {
+        Ok(list) => list
+            .into_iter()
+            .map(|p| ScannedProcess {
+                pid: p.pid,
+                comm: p.comm,
+                cmdline: p.cmdline,
+                listening_ports: p.listening_ports,
+            })
+            .collect(),
+        Err(e) => {
+            notes.push(format!(
+                "{}: {e}; the process scan is not used",
+                path.display()
+            ));
+            Vec::new()
+        }
     }
 }
 
@@ -537,6 +747,15 @@ fn sync_notes(
         notes.push(format!(
             "{mapped} request(s) placed through the clock samples (sync: clock_mapped), precision about {:.1} µs",
             precision as f64 / 1e3
+        ));
+    }
+    let inferred = count(SyncSource::Inferred);
+    let process = count(SyncSource::Process);
+    if inferred + process > 0 {
+        notes.push(format!(
+            "placement: {} exact (SDK), {mapped} clock_mapped, {inferred} inferred on a thread from the kernel trace, {process} on their process as a whole (sync: process), {} none; evidence in analysis/{PLACEMENTS_JSON}",
+            count(SyncSource::Exact),
+            count(SyncSource::None)
         ));
     }
     let none = count(SyncSource::None);
@@ -667,7 +886,10 @@ pub fn report(args: ReportArgs) -> Result<()> {
             text.push(b'\n');
             out.write_all(&text)?;
         }
-        ReportFormat::Text => print_report(&mut out, &report, args.max_pieces, args.detail)?,
+        ReportFormat::Text => {
+            let placement = read_placement(&args.run, &report.request.span_id);
+            print_report(&mut out, &report, placement.as_ref(), args.max_pieces, args.detail)?
+        }
     }
     out.flush()?;
     Ok(())
@@ -824,7 +1046,13 @@ fn culprit_lines(culprits: &[serde_json::Value], detail: bool) -> Vec<(String, S
 
 /// The text report: the diagnosis, a breakdown like seed 000's Fig. 16,
 /// then the path.
-fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize, detail: bool) -> Result<()> {
+fn print_report(
+    out: &mut impl Write,
+    r: &Report,
+    placement: Option<&PlacementRecord>,
+    max_pieces: usize,
+    detail: bool,
+) -> Result<()> {
     let q = &r.request;
     let duration = q.end_ns.saturating_sub(q.start_ns);
     let title = format!("Request {}  [{}] {}", q.span_id, q.service, q.operation);
@@ -838,6 +1066,20 @@ fn print_report(out: &mut impl Write, r: &Report, max_pieces: usize, detail: boo
         r.details.sync,
         r.lost_events
     )?;
+    if let Some(p) = placement {
+        let on = match p.tid {
+            Some(t) => format!("thread {t} of process {}", p.pid),
+            None => format!("process {} as a whole", p.pid),
+        };
+        writeln!(
+            out,
+            "  placed from the kernel trace on {on}, confidence {:.2}:",
+            p.confidence
+        )?;
+        for e in &p.evidence {
+            writeln!(out, "    {}", fit(e, 76))?;
+        }
+    }
     if r.details.truncated {
         writeln!(
             out,

@@ -46,6 +46,11 @@ pub struct DemoArgs {
     /// a new analysis on the same recordings.
     #[arg(long, value_name = "DIR", conflicts_with = "keep")]
     check: Option<PathBuf>,
+    /// Run the shop with stock OpenTelemetry only (no deepspan_otel): every
+    /// request is placed on its thread from the kernel trace alone
+    /// (`sync: inferred`).
+    #[arg(long)]
+    no_sdk: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -53,6 +58,9 @@ enum Format {
     Text,
     Json,
 }
+
+/// Tells the demo shop's services not to install deepspan_otel.
+const NO_SDK_ENV: &str = "DEEPSPAN_DEMO_NO_SDK";
 
 pub fn run(args: DemoArgs) -> Result<ExitCode> {
     let names: Vec<&str> = if args.scenario == "all" {
@@ -72,6 +80,13 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("deepspan demo needs root: it traces the kernel and makes cgroups and network namespaces");
+    }
+    if args.no_sdk {
+        // Inherited by the recorder, the driver and the shop's services
+        // (demo/shop/telemetry.py reads it); set before any thread starts.
+        std::env::set_var(NO_SDK_ENV, "1");
+    } else {
+        std::env::remove_var(NO_SDK_ENV);
     }
     let exe = std::env::current_exe().context("locate the deepspan executable")?;
     let demo_dir = find_demo_dir(&exe)?;

@@ -617,9 +617,16 @@ fn sleep_is_timer() {
             .find(|r| r["span_id"] == "000000000000abcd")
             .map(|r| r["sync"].as_str().unwrap().to_string())
     };
+    // With the SDK's placement only (no inference from the kernel trace,
+    // which `tests/placement_real.rs` covers).
     let out = check(
-        "deepspan analyze",
-        deepspan().arg("analyze").arg(&case.run).output().unwrap(),
+        "deepspan analyze --placement sdk",
+        deepspan()
+            .arg("analyze")
+            .arg(&case.run)
+            .args(["--placement", "sdk"])
+            .output()
+            .unwrap(),
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("--thread-id-is-os-tid"));
     let requests: Value =

@@ -9,6 +9,7 @@
 //! RUN/kernel/trace.dat         the kernel trace (trace.dat v6, readable by trace-cmd)
 //! RUN/kernel/snapshots/NNN.dat flight-mode snapshots (one per SIGUSR2)
 //! RUN/kernel/saved_tgids       `tid tgid` lines: which threads belong to which process
+//! RUN/processes.json           /proc scan at start and end: pid, comm, command line, listening ports
 //! ```
 //!
 //! Top-level tracing settings are never changed, and the instance is removed
@@ -26,6 +27,7 @@ mod events;
 mod journal;
 mod manifest;
 mod meta;
+mod procscan;
 mod recover;
 mod session;
 mod sys;
@@ -39,6 +41,7 @@ pub use error::Error;
 pub use events::{resolve_events, EventId, PRESETS};
 pub use journal::{owners_dir, InstanceOwner, ProcessId};
 pub use manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, MANIFEST_FILE};
+pub use procscan::{ProcessEntry, ProcessScan, PROCESS_SCAN};
 pub use recover::{needs_recovery, recover, recover_from_files, Recovery};
 pub use session::record;
 pub use tracefs::Tracefs;

@@ -53,6 +53,9 @@ pub struct Manifest {
     /// Thread id → thread-group id lines (`pid tgid`) relative to the run folder.
     #[serde(default)]
     pub tgids: Option<String>,
+    /// The /proc scan (`processes.json`) relative to the run folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<String>,
     /// Non-fatal problems met while recording.
     #[serde(default)]
     pub warnings: Vec<String>,
@@ -186,6 +189,7 @@ mod tests {
             command: vec!["true".into()],
             exit_code: Some(0),
             tgids: None,
+            processes: None,
             recorder_tids: Vec::new(),
             profile: None,
             warnings: vec![],

@@ -359,6 +359,7 @@ mod tests {
             command: vec!["true".into()],
             exit_code: None,
             tgids: None,
+            processes: None,
             recorder_tids: Vec::new(),
             profile: None,
             warnings: vec![],

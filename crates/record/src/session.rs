@@ -15,6 +15,7 @@ use crate::events::{resolve_events, EventId};
 use crate::journal::{InstanceOwner, Journal, ProcessId};
 use crate::manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, FORMAT_VERSION};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
+use crate::procscan::{ProcessScan, PROCESS_SCAN};
 use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
 use crate::{sys, Error, EventSelection, Mode, Progress, RecordOptions, RecordSummary};
 
@@ -162,6 +163,8 @@ struct Session {
     page_size: u32,
     meta: TraceDatMeta,
     tasks: Tasks,
+    /// Processes, command lines and listening ports (`processes.json`).
+    processes: ProcessScan,
     kernel_dir: PathBuf,
     warnings: Vec<String>,
     /// Threads left out by `set_event_notrace_pid` (see `Manifest::recorder_tids`).
@@ -220,6 +223,8 @@ impl Session {
         let meta = static_meta(tracefs, &events, page_size)?;
         let mut tasks = Tasks::default();
         tasks.scan_proc();
+        let mut processes = ProcessScan::default();
+        processes.scan();
         Ok(Session {
             streams: None,
             instance,
@@ -229,6 +234,7 @@ impl Session {
             page_size,
             meta,
             tasks,
+            processes,
             kernel_dir: run.join("kernel"),
             warnings,
             recorder_tids: Vec::new(),
@@ -271,6 +277,10 @@ impl Session {
 
         let started = Instant::now();
         let mut next_tick = started + Duration::from_secs(1);
+        // The command's services start after the first scan: scanned again
+        // every second for 10 s, then at 16, 32, 64 … s (cheap; late
+        // starters are seen too).
+        let mut ticks = 0u64;
         let mut exit_code = None;
         let mut stop_requested: Option<Instant> = None;
         let (mut forwarded_int, mut forwarded_term) = (false, false);
@@ -341,6 +351,10 @@ impl Session {
                 }
             }
             if now >= next_tick {
+                ticks += 1;
+                if ticks <= 10 || ticks.is_power_of_two() {
+                    self.processes.scan();
+                }
                 let p = clock_point();
                 samples.push([p.realtime_ns, p.mono_ns]);
                 journal.clock_sample(p);
@@ -401,6 +415,7 @@ impl Session {
         let stats = read_stats(&self.instance.path(""), self.cpus);
         self.tasks.add_kernel(&self.tracefs);
         self.tasks.scan_proc();
+        self.processes.scan();
         if let Err(e) = self.instance.remove() {
             self.warnings.push(format!("tracing instance not removed: {e}"));
         }
@@ -443,6 +458,10 @@ impl Session {
             Ok(()) => manifest.tgids = Some("kernel/saved_tgids".into()),
             Err(e) => self.warnings.push(format!("cannot write {}: {e}", tgids_path.display())),
         }
+        match fs::write(run.path.join(PROCESS_SCAN), self.processes.to_json()) {
+            Ok(()) => manifest.processes = Some(PROCESS_SCAN.into()),
+            Err(e) => self.warnings.push(format!("cannot write {PROCESS_SCAN}: {e}")),
+        }
         manifest.warnings = std::mem::take(&mut self.warnings);
         manifest.save(&run.path)?;
         journal.finish();
@@ -482,6 +501,7 @@ impl Session {
             command: opts.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
             exit_code: None,
             tgids: None,
+            processes: None,
             warnings: Vec::new(),
             recorder_tids: self.recorder_tids.clone(),
             profile: None,

@@ -126,21 +126,38 @@ impl ThreadActivity {
         clock: Option<&ClockMap>,
         opts: ActivityOptions,
     ) -> ThreadActivity {
+        Self::from_spans_placed(spans, clock, opts, |_, _| None)
+    }
+
+    /// [`ThreadActivity::from_spans`], with `inferred(i, span)` giving the
+    /// thread of the `i`-th span when it carries none (placed from the
+    /// kernel trace): such a span is active on that thread from its start
+    /// to its end, like the paper's spans.
+    pub fn from_spans_placed<'a>(
+        spans: impl IntoIterator<Item = &'a Span>,
+        clock: Option<&ClockMap>,
+        opts: ActivityOptions,
+        mut inferred: impl FnMut(usize, &Span) -> Option<u32>,
+    ) -> ThreadActivity {
         let mut events = Vec::new();
         let mut notes = Vec::new();
         let (mut no_tid, mut no_clock) = (0usize, 0usize);
-        for s in spans {
+        for (i, s) in spans.into_iter().enumerate() {
             let r = SpanRef::of(s);
-            let tid = s.sync.tid.or_else(|| {
-                if opts.thread_id_is_os_tid {
-                    s.attributes
-                        .get("thread.id")
-                        .and_then(Value::as_i64)
-                        .and_then(|t| u32::try_from(t).ok())
-                } else {
-                    None
-                }
-            });
+            let tid = s
+                .sync
+                .tid
+                .or_else(|| {
+                    if opts.thread_id_is_os_tid {
+                        s.attributes
+                            .get("thread.id")
+                            .and_then(Value::as_i64)
+                            .and_then(|t| u32::try_from(t).ok())
+                    } else {
+                        None
+                    }
+                })
+                .or_else(|| inferred(i, s));
             let times = span_mono_exact(s).or_else(|| clock.map(|c| c.span_mono(s)));
             for a in &s.sync.activations {
                 events.push(SyncEvent {

@@ -1,0 +1,945 @@
+//! Placement of spans that carry no deepspan fields (`sync: inferred` and
+//! `sync: process`): which process, then which thread, served each request,
+//! found from the kernel trace alone.
+//!
+//! A stock OpenTelemetry SDK gives a span wall-clock times, a resource
+//! (`service.name`, sometimes `process.pid`) and attributes (`thread.name`,
+//! the server port), but no OS thread. The kernel trace says what every
+//! thread did; the span's times, mapped to the kernel clock, say when the
+//! request started and ended. So:
+//!
+//! 1. **Process**: the resource's `process.pid`; else the processes whose
+//!    name (comm, 15 bytes) or command line names the service; else the
+//!    process listening on the span's server port (from the recording's
+//!    /proc scan); else the process where most of the service's requests
+//!    fit best (a majority vote over every process's threads).
+//! 2. **Thread**: of that process's threads, the one that was running at
+//!    the span's start and at its end, whose socket receive (its own, or the
+//!    one of the thread that woke it: an acceptor or event loop handing the
+//!    request to a pool thread) returned just before the start, and whose
+//!    send went out nearest the end. Each of the four is a distance in
+//!    nanoseconds; the thread with the smallest sum wins. A `thread.name`
+//!    attribute must equal the thread's comm (cut to 15 bytes). Requests
+//!    take their threads surest first; one whose thread is taken by an
+//!    overlapping request takes the next credible thread of the same
+//!    process (a pool).
+//! 3. **Process level**: where no single thread is credible — none ran
+//!    near both ends with the request's I/O (Go goroutines move between
+//!    threads), or the best thread serves requests interleaved (an event
+//!    loop: asyncio, Node) — the request is placed on its process as a
+//!    whole, never on an invented thread.
+//!
+//! Spans inside a request (internal, client) go where their request went.
+//! Every placement says why ([`Placement::evidence`]) and how sure it is
+//! ([`Placement::confidence`], 0 to 1).
+
+use std::collections::{BTreeMap, HashMap};
+
+use deepspan_model::Tid;
+
+use crate::request::SpanIdx;
+use crate::state::{BlockReason, KernelModel, SyscallInterval, ThreadHistory, ThreadState};
+use crate::syscalls::{syscall_name, Arch};
+
+/// Farthest a thread's run may be from a span's start or end for the
+/// thread to have made that span (the span's times are taken while it
+/// runs; the mapping error and missed switch-ins move it a little).
+pub const RUN_LIMIT_NS: u64 = 20_000_000;
+
+/// Farthest a receive may be before a span's start, or a send from its end,
+/// to count as the request's (a request read, then queued for a CPU under
+/// a quota, can take this long to start its span).
+pub const IO_WINDOW_NS: u64 = 1_000_000_000;
+
+/// What a missing receive or send costs a thread's score: a thread with
+/// both beats one without unless the other is far off.
+pub const MISSING_IO_COST_NS: u64 = 50_000_000;
+
+/// One span, as placement needs it.
+#[derive(Clone, Debug, Default)]
+pub struct PlacementSpan {
+    /// Index of the parent span in the same slice.
+    pub parent: Option<SpanIdx>,
+    /// A server or consumer span: it starts a request.
+    pub entry: bool,
+    /// Start and end on the kernel clock (mapped wall times).
+    pub times: Option<(u64, u64)>,
+    /// The span carries deepspan fields: placed by them, not inferred.
+    pub sdk_placed: bool,
+    /// Resource `process.pid`.
+    pub pid: Option<Tid>,
+    /// Resource `service.name`.
+    pub service: String,
+    /// `thread.name` attribute.
+    pub thread_name: Option<String>,
+    /// The port the request came in on (`server.port`, `net.host.port`,
+    /// `url.full` …).
+    pub port: Option<u16>,
+}
+
+/// A process seen by the recorder's /proc scan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScannedProcess {
+    pub pid: Tid,
+    pub comm: String,
+    /// Arguments joined by spaces.
+    pub cmdline: String,
+    /// TCP ports it listened on.
+    pub listening_ports: Vec<u16>,
+}
+
+/// What is known about processes besides the kernel model.
+#[derive(Clone, Debug, Default)]
+pub struct Processes {
+    /// Thread → thread-group (process) id, from the recording.
+    pub tgid_of: HashMap<Tid, Tid>,
+    /// The recorder's /proc scan, if any.
+    pub scanned: Vec<ScannedProcess>,
+}
+
+/// How a span was placed without deepspan fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlacementMethod {
+    /// On one thread, found from its system calls and runs.
+    Thread,
+    /// On its process as a whole: no single thread is credible.
+    Process,
+}
+
+impl PlacementMethod {
+    /// `inferred` (on a thread) or `process`: the request's `sync`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlacementMethod::Thread => "inferred",
+            PlacementMethod::Process => "process",
+        }
+    }
+}
+
+/// Where a span was placed, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    pub method: PlacementMethod,
+    pub pid: Tid,
+    /// The thread ([`PlacementMethod::Thread`] only).
+    pub tid: Option<Tid>,
+    /// 0 (a guess) to 1 (no other reading of the trace fits).
+    pub confidence: f64,
+    /// What the placement rests on, one fact per line.
+    pub evidence: Vec<String>,
+}
+
+/// Places every span that has no deepspan fields: `result[i]` is span `i`'s
+/// placement (`None`: SDK-placed, no times, or nothing credible).
+pub fn infer_placements(
+    model: &KernelModel,
+    arch: Arch,
+    spans: &[PlacementSpan],
+    processes: &Processes,
+) -> Vec<Option<Placement>> {
+    let finder = Finder::new(model, arch, processes);
+    let mut out: Vec<Option<Placement>> = vec![None; spans.len()];
+    let request_of = requests_of(spans);
+    // Requests first.
+    let mut requests: Vec<(usize, Candidates)> = spans
+        .iter()
+        .enumerate()
+        .filter(|(i, span)| request_of[*i] == *i && !span.sdk_placed)
+        .filter_map(|(i, span)| Some((i, finder.candidates(span)?)))
+        .collect();
+    name_processes_by_vote(spans, &mut requests);
+    assign(requests, &mut out);
+    // Spans inside a request go where it went.
+    for (i, span) in spans.iter().enumerate() {
+        let r = request_of[i];
+        if r == i || span.sdk_placed || span.times.is_none() {
+            continue;
+        }
+        if let Some(p) = out[r].clone() {
+            out[i] = Some(Placement {
+                evidence: vec!["inside its request: placed like it".to_string()],
+                ..p
+            });
+        }
+    }
+    out
+}
+
+/// The request (index) of every span: itself when it is a root or an entry,
+/// else its nearest such ancestor.
+fn requests_of(spans: &[PlacementSpan]) -> Vec<usize> {
+    (0..spans.len())
+        .map(|i| {
+            let mut cur = i;
+            for _ in 0..4096 {
+                let s = &spans[cur];
+                match s.parent {
+                    Some(p) if !s.entry && (p as usize) < spans.len() => cur = p as usize,
+                    _ => return cur,
+                }
+            }
+            i
+        })
+        .collect()
+}
+
+/// What kind of I/O a system call is, for placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Io {
+    /// Socket receive (recvfrom, recvmsg …): strong.
+    Receive,
+    /// read/readv: a socket or not.
+    Read,
+    /// Socket send.
+    Send,
+    /// write/writev: a socket or not.
+    Write,
+    Other,
+}
+
+fn io_kind(name: &str) -> Io {
+    match name.strip_prefix("sys_").unwrap_or(name) {
+        "recvfrom" | "recvmsg" | "recvmmsg" | "recv" => Io::Receive,
+        "read" | "readv" => Io::Read,
+        "sendto" | "sendmsg" | "sendmmsg" | "send" | "sendfile" | "sendfile64" => Io::Send,
+        "write" | "writev" => Io::Write,
+        _ => Io::Other,
+    }
+}
+
+/// A candidate thread's fit to a request.
+#[derive(Clone, Debug)]
+struct Fit {
+    tid: Tid,
+    pid: Tid,
+    /// Distance from the start (end) to the thread's nearest run.
+    run_start: u64,
+    run_end: u64,
+    /// Receive before the start: (gap, by the thread that woke it).
+    receive: Option<(u64, Option<Tid>, &'static str)>,
+    /// Send nearest the end: gap.
+    send: Option<(u64, &'static str)>,
+    name_matched: bool,
+}
+
+impl Fit {
+    fn cost(&self) -> u64 {
+        self.run_start
+            + self.run_end
+            + self
+                .receive
+                .map_or(MISSING_IO_COST_NS, |r| r.0.min(MISSING_IO_COST_NS))
+            + self
+                .send
+                .map_or(MISSING_IO_COST_NS, |s| s.0.min(MISSING_IO_COST_NS))
+    }
+}
+
+struct Finder<'a> {
+    model: &'a KernelModel,
+    arch: Arch,
+    processes: &'a Processes,
+    /// Process → its threads.
+    threads_of: BTreeMap<Tid, Vec<Tid>>,
+}
+
+impl<'a> Finder<'a> {
+    fn new(model: &'a KernelModel, arch: Arch, processes: &'a Processes) -> Finder<'a> {
+        let mut threads_of: BTreeMap<Tid, Vec<Tid>> = BTreeMap::new();
+        for th in model.threads() {
+            if th.tid <= 0 {
+                continue;
+            }
+            if let Some(pid) = pid_of(th, processes) {
+                threads_of.entry(pid).or_default().push(th.tid);
+            }
+        }
+        Finder {
+            model,
+            arch,
+            processes,
+            threads_of,
+        }
+    }
+
+    fn io(&self, s: &SyscallInterval) -> Io {
+        let name = self
+            .model
+            .syscall_name(s)
+            .or_else(|| syscall_name(self.arch, s.id));
+        name.map_or(Io::Other, io_kind)
+    }
+
+    /// The processes the span may come from, what says so, and how sure.
+    fn processes_for(&self, span: &PlacementSpan) -> (Vec<Tid>, String, f64) {
+        if let Some(pid) = span.pid.filter(|p| self.threads_of.contains_key(p)) {
+            return (
+                vec![pid],
+                format!("process {pid} from the resource's process.pid"),
+                1.0,
+            );
+        }
+        let service = span.service.as_str();
+        if !service.is_empty() && !service.starts_with("unknown_service") {
+            let cut: String =
+                String::from_utf8_lossy(&service.as_bytes()[..service.len().min(15)]).into();
+            let by_comm: Vec<Tid> = self
+                .threads_of
+                .iter()
+                .filter(|(pid, tids)| {
+                    let leader = self.model.thread(**pid).into_iter();
+                    leader
+                        .chain(tids.iter().filter_map(|t| self.model.thread(*t)))
+                        .any(|th| th.names().iter().any(|n| n.1.to_string_lossy() == cut))
+                })
+                .map(|(p, _)| *p)
+                .collect();
+            if !by_comm.is_empty() {
+                let n = by_comm.len();
+                return (
+                    self.narrow_by_port(by_comm, span),
+                    format!("service.name {service:?} is the name of {n} process(es)"),
+                    0.9,
+                );
+            }
+            let by_cmdline: Vec<Tid> = self
+                .processes
+                .scanned
+                .iter()
+                .filter(|p| names_service(&p.cmdline, service))
+                .map(|p| p.pid)
+                .filter(|p| self.threads_of.contains_key(p))
+                .collect();
+            if !by_cmdline.is_empty() {
+                let n = by_cmdline.len();
+                return (
+                    self.narrow_by_port(by_cmdline, span),
+                    format!("service.name {service:?} is in the command line of {n} process(es)"),
+                    0.8,
+                );
+            }
+        }
+        if let Some(port) = span.port {
+            let listening: Vec<Tid> = self
+                .processes
+                .scanned
+                .iter()
+                .filter(|p| p.listening_ports.contains(&port))
+                .map(|p| p.pid)
+                .filter(|p| self.threads_of.contains_key(p))
+                .collect();
+            if !listening.is_empty() {
+                return (
+                    listening,
+                    format!("the process listening on port {port}"),
+                    0.8,
+                );
+            }
+        }
+        (
+            self.threads_of.keys().copied().collect(),
+            "no process named: every process considered".into(),
+            0.5,
+        )
+    }
+
+    fn narrow_by_port(&self, pids: Vec<Tid>, span: &PlacementSpan) -> Vec<Tid> {
+        let Some(port) = span.port else { return pids };
+        let listening: Vec<Tid> = pids
+            .iter()
+            .copied()
+            .filter(|p| {
+                self.processes
+                    .scanned
+                    .iter()
+                    .any(|s| s.pid == *p && s.listening_ports.contains(&port))
+            })
+            .collect();
+        if listening.is_empty() {
+            pids
+        } else {
+            listening
+        }
+    }
+
+    /// Every thread of the span's process(es) that could have served it,
+    /// best fit first.
+    fn candidates(&self, span: &PlacementSpan) -> Option<Candidates> {
+        let (start, end) = span.times?;
+        let (pids, process_evidence, process_confidence) = self.processes_for(span);
+        let mut fits: Vec<Fit> = Vec::new();
+        for &pid in &pids {
+            for &tid in self.threads_of.get(&pid).into_iter().flatten() {
+                if let Some(f) = self.fit(tid, pid, start, end, span.thread_name.as_deref()) {
+                    fits.push(f);
+                }
+            }
+        }
+        fits.sort_by_key(|f| (f.cost(), f.tid));
+        Some(Candidates {
+            start,
+            end,
+            named: process_confidence > 0.5,
+            pids,
+            process_evidence,
+            process_confidence,
+            fits,
+        })
+    }
+}
+
+/// The threads that could have served one request.
+struct Candidates {
+    start: u64,
+    end: u64,
+    /// The process was named by the span (pid, service, port).
+    named: bool,
+    pids: Vec<Tid>,
+    process_evidence: String,
+    process_confidence: f64,
+    /// Best first.
+    fits: Vec<Fit>,
+}
+
+impl Candidates {
+    /// A thread that ran near both ends and did the request's I/O (both
+    /// receive and send when the process was not named).
+    fn credible(&self, f: &Fit) -> bool {
+        f.run_start <= RUN_LIMIT_NS
+            && f.run_end <= RUN_LIMIT_NS
+            && (f.receive.is_some() || f.send.is_some())
+            && (self.named || (f.receive.is_some() && f.send.is_some()))
+    }
+
+    /// Placed on its process as a whole.
+    fn on_process(&self, why: String) -> Option<Placement> {
+        if !self.named || self.pids.len() != 1 {
+            return None;
+        }
+        Some(Placement {
+            method: PlacementMethod::Process,
+            pid: self.pids[0],
+            tid: None,
+            confidence: self.process_confidence * 0.5,
+            evidence: vec![self.process_evidence.clone(), why],
+        })
+    }
+
+    /// Placed on the thread of `fits[k]`.
+    fn on_thread(&self, k: usize, passed_over: &[String]) -> Placement {
+        let best = &self.fits[k];
+        let mut evidence = vec![self.process_evidence.clone()];
+        evidence.extend(passed_over.iter().cloned());
+        evidence.push(format!(
+            "thread {} ran {} from the start and {} from the end",
+            best.tid,
+            human(best.run_start),
+            human(best.run_end)
+        ));
+        if let Some((gap, waker, call)) = best.receive {
+            match waker {
+                Some(w) => evidence.push(format!(
+                    "{call} returned {} before the start on thread {w}, which then woke it (hand-off)",
+                    human(gap)
+                )),
+                None => evidence.push(format!("{call} returned {} before the start", human(gap))),
+            }
+        }
+        if let Some((gap, call)) = best.send {
+            evidence.push(format!("{call} {} from the end", human(gap)));
+        }
+        if best.name_matched {
+            evidence.push("thread.name is its comm".into());
+        }
+        // Sure when the next best thread fits much worse.
+        let margin = match self.fits.get(k + 1) {
+            Some(next) => {
+                let (a, b) = (best.cost() as f64, next.cost() as f64);
+                ((b - a) / b.max(1.0)).clamp(0.0, 1.0)
+            }
+            None => 1.0,
+        };
+        let io = match (best.receive.is_some(), best.send.is_some()) {
+            (true, true) => 1.0,
+            _ => 0.7,
+        };
+        let passed = if passed_over.is_empty() { 1.0 } else { 0.8 };
+        Placement {
+            method: PlacementMethod::Thread,
+            pid: best.pid,
+            tid: Some(best.tid),
+            confidence: self.process_confidence * io * passed * (0.5 + 0.5 * margin),
+            evidence,
+        }
+    }
+}
+
+/// A service whose spans name no process (no `process.pid`, a name that is
+/// no process's, no known port) is served by one process all the same: the
+/// one where most of its requests fit best. Its requests are then placed in
+/// that process only, so a client process (which also sends and receives
+/// around each request) cannot take them.
+fn name_processes_by_vote(spans: &[PlacementSpan], requests: &mut [(usize, Candidates)]) {
+    let mut votes: HashMap<&str, BTreeMap<Tid, usize>> = HashMap::new();
+    for (i, c) in requests.iter() {
+        if c.named {
+            continue;
+        }
+        let best = c.fits.first().filter(|f| c.credible(f));
+        let tally = votes.entry(spans[*i].service.as_str()).or_default();
+        if let Some(f) = best {
+            *tally.entry(f.pid).or_default() += 1;
+        }
+    }
+    let winners: HashMap<&str, (Tid, usize, usize)> = votes
+        .into_iter()
+        .filter_map(|(service, tally)| {
+            let total: usize = tally.values().sum();
+            let (&pid, &n) = tally
+                .iter()
+                .max_by_key(|(pid, n)| (**n, std::cmp::Reverse(**pid)))?;
+            // A majority, not a plurality of scattered guesses.
+            (n * 2 > total).then_some((service, (pid, n, total)))
+        })
+        .collect();
+    for (i, c) in requests.iter_mut() {
+        if c.named {
+            continue;
+        }
+        let service = spans[*i].service.as_str();
+        let Some(&(pid, n, total)) = winners.get(service) else {
+            continue;
+        };
+        c.fits.retain(|f| f.pid == pid);
+        c.pids = vec![pid];
+        c.named = true;
+        c.process_confidence = 0.6;
+        c.process_evidence = format!(
+            "no process named by the span; process {pid} is where {n} of {total} requests of service {service:?} fit best"
+        );
+    }
+}
+
+/// Fewest interleaved requests that make a thread an event loop.
+const MIN_INTERLEAVED: usize = 4;
+
+/// Threads that serve requests interleaved: of the requests a thread fits
+/// best, at least a quarter, and [`MIN_INTERLEAVED`], overlap another of
+/// them and fit no other thread of the process about as well. A pool thread, which serves one request at a time, is only now and
+/// then the best fit of two requests at once (two threads with similar
+/// I/O): the assignment gives one of them the next best thread.
+/// `(tid, overlapping, of)`.
+fn event_loops(requests: &[(usize, Candidates)]) -> Vec<(Tid, usize, usize)> {
+    // Per best thread: (start, end, whether another thread of the same
+    // process fits about as well).
+    let mut by_tid: BTreeMap<Tid, Vec<(u64, u64, bool)>> = BTreeMap::new();
+    for (_, c) in requests {
+        let Some(best) = c.fits.first().filter(|f| c.credible(f)) else {
+            continue;
+        };
+        let alternative = c.fits[1..].iter().any(|f| {
+            f.pid == best.pid && c.credible(f) && f.cost() <= 2 * best.cost() + GOOD_ALTERNATIVE_NS
+        });
+        by_tid
+            .entry(best.tid)
+            .or_default()
+            .push((c.start, c.end, alternative));
+    }
+    let mut out = Vec::new();
+    for (tid, mut v) in by_tid {
+        v.sort_unstable();
+        let mut overlapping = vec![false; v.len()];
+        // The request reaching furthest so far, and its index.
+        let mut reach: Option<(u64, usize)> = None;
+        for (k, &(s, e, _)) in v.iter().enumerate() {
+            if let Some((end, j)) = reach {
+                if s + OVERLAP_SLACK_NS < end {
+                    overlapping[k] = true;
+                    overlapping[j] = true;
+                }
+            }
+            if reach.is_none_or(|(end, _)| e > end) {
+                reach = Some((e, k));
+            }
+        }
+        // Interleaved requests another thread could as well have served
+        // are a pool's, sorted out by the assignment.
+        let n = v
+            .iter()
+            .zip(&overlapping)
+            .filter(|(r, o)| **o && !r.2)
+            .count();
+        if n >= MIN_INTERLEAVED && n * 4 >= v.len() {
+            out.push((tid, n, v.len()));
+        }
+    }
+    out
+}
+
+/// Slack on "about as good" for another thread's fit (twice the cost, plus
+/// this): pool threads doing the same work fit alike.
+const GOOD_ALTERNATIVE_NS: u64 = 200_000;
+
+/// Requests overlapping by more than this on one thread were not both its
+/// (the mapping error is µs).
+const OVERLAP_SLACK_NS: u64 = 100_000;
+
+/// Gives each request a thread: the surest first (lowest cost), each taking
+/// its best credible thread not already carrying an overlapping request. A
+/// request whose best thread is taken and that has no other credible one
+/// shares a thread with overlapping requests (an event loop): all of those
+/// go to their process as a whole.
+fn assign(requests: Vec<(usize, Candidates)>, out: &mut [Option<Placement>]) {
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by_key(|&k| {
+        let c = &requests[k].1;
+        (c.fits.first().map_or(u64::MAX, Fit::cost), requests[k].0)
+    });
+    let loops = event_loops(&requests);
+    // Per thread: (start, end, request index in `requests`).
+    let mut taken: HashMap<Tid, Vec<(u64, u64, usize)>> = HashMap::new();
+    let overlapping = |taken: &HashMap<Tid, Vec<(u64, u64, usize)>>, tid: Tid, s: u64, e: u64| {
+        taken.get(&tid).and_then(|v| {
+            v.iter()
+                .find(|x| s + OVERLAP_SLACK_NS < x.1 && x.0 + OVERLAP_SLACK_NS < e)
+                .map(|x| x.2)
+        })
+    };
+    let mut shared: Vec<(usize, Tid)> = Vec::new();
+    for k in order {
+        let (i, c) = (&requests[k].0, &requests[k].1);
+        let mut passed_over = Vec::new();
+        let mut placed = None;
+        if let Some(&(tid, overlapping, of)) = c
+            .fits
+            .first()
+            .filter(|f| c.credible(f))
+            .and_then(|f| loops.iter().find(|l| l.0 == f.tid))
+        {
+            out[*i] = c.on_process(format!(
+                "thread {tid} serves requests interleaved (an event loop: {overlapping} of the {of} requests it fits best overlap another)"
+            ));
+            continue;
+        }
+        let first_pid = c.fits.first().map(|f| f.pid);
+        for (n, f) in c.fits.iter().enumerate() {
+            // Another thread of the same process (a pool), never of another.
+            if !c.credible(f) || Some(f.pid) != first_pid {
+                break;
+            }
+            match overlapping(&taken, f.tid, c.start, c.end) {
+                Some(other) => {
+                    if passed_over.is_empty() {
+                        shared.push((k, f.tid));
+                    }
+                    passed_over.push(format!(
+                        "thread {} fits but carried request span #{} at the same time",
+                        f.tid, requests[other].0
+                    ));
+                }
+                None => {
+                    placed = Some(c.on_thread(n, &passed_over));
+                    break;
+                }
+            }
+        }
+        match placed {
+            Some(p) => {
+                let tid = p.tid.expect("placed on a thread");
+                taken.entry(tid).or_default().push((c.start, c.end, k));
+                shared.retain(|x| x.0 != k);
+                out[*i] = Some(p);
+            }
+            None if passed_over.is_empty() => {
+                out[*i] = c.on_process(
+                    "no single thread ran at both the start and the end with the request's I/O"
+                        .into(),
+                );
+            }
+            None => {}
+        }
+    }
+    // Event loops: the requests that found their thread taken, and those
+    // holding it over the same time, go to the process.
+    for (k, tid) in shared {
+        let c = &requests[k].1;
+        let why = format!("thread {tid} carried requests overlapping in time (an event loop)");
+        out[requests[k].0] = c.on_process(why.clone());
+        for &(s, e, holder) in taken.get(&tid).into_iter().flatten() {
+            if s + OVERLAP_SLACK_NS < c.end && c.start + OVERLAP_SLACK_NS < e {
+                let i = requests[holder].0;
+                if out[i]
+                    .as_ref()
+                    .is_some_and(|p| p.method == PlacementMethod::Thread)
+                {
+                    out[i] = requests[holder].1.on_process(why.clone());
+                }
+            }
+        }
+    }
+}
+
+impl<'a> Finder<'a> {
+    /// How well thread `tid` fits a request over `[start, end]`; `None` when
+    /// it cannot have served it.
+    fn fit(
+        &self,
+        tid: Tid,
+        pid: Tid,
+        start: u64,
+        end: u64,
+        thread_name: Option<&str>,
+    ) -> Option<Fit> {
+        let th = self.model.thread(tid)?;
+        let mut name_matched = false;
+        if let Some(want) = thread_name {
+            let cut = &want.as_bytes()[..want.len().min(15)];
+            match th.name_at(start) {
+                Some(c) if c.as_bytes() == cut => name_matched = true,
+                Some(_) => return None,
+                None => {}
+            }
+        }
+        let run_start = self.run_distance(th, start)?;
+        let run_end = self.run_distance(th, end)?;
+        let receive = self
+            .receive_before(th, start)
+            .map(|(g, c)| (g, None, c))
+            .or_else(|| {
+                // Handed over: the thread that woke it last before the start received.
+                let woken = th
+                    .states_in(start.saturating_sub(IO_WINDOW_NS), start)
+                    .iter()
+                    .rev()
+                    .find_map(|s| match s.state {
+                        ThreadState::Blocked(BlockReason::Thread(w))
+                            if s.end <= start + RUN_LIMIT_NS =>
+                        {
+                            Some((w, s.end))
+                        }
+                        _ => None,
+                    })?;
+                let waker = self.model.thread(woken.0)?;
+                let (gap, call) = self.receive_before(waker, woken.1)?;
+                Some((gap + (start.saturating_sub(woken.1)), Some(woken.0), call))
+            });
+        let send = self.send_near(th, start, end);
+        Some(Fit {
+            tid,
+            pid,
+            run_start,
+            run_end,
+            receive,
+            send,
+            name_matched,
+        })
+    }
+
+    /// Distance from `t` to the nearest interval in which the thread ran
+    /// (0 inside one), within [`RUN_LIMIT_NS`] ... else `None`.
+    fn run_distance(&self, th: &ThreadHistory, t: u64) -> Option<u64> {
+        th.states_in(t.saturating_sub(RUN_LIMIT_NS), t + RUN_LIMIT_NS)
+            .iter()
+            .filter(|s| s.state == ThreadState::Running)
+            .map(|s| {
+                if t < s.start {
+                    s.start - t
+                } else {
+                    t.saturating_sub(s.end)
+                }
+            })
+            .min()
+    }
+
+    /// The last receive that returned data before `t` (within the window):
+    /// its gap to `t` and name. A read counts, dearer (it may be a file).
+    fn receive_before(&self, th: &ThreadHistory, t: u64) -> Option<(u64, &'static str)> {
+        let calls = th.syscalls_in(t.saturating_sub(IO_WINDOW_NS), t);
+        calls
+            .iter()
+            .rev()
+            .filter(|s| s.exit_seen && s.ret > 0 && s.end <= t)
+            .find_map(|s| match self.io(s) {
+                Io::Receive => Some((t - s.end, "socket receive")),
+                Io::Read => Some((t - s.end + 1_000, "read")),
+                _ => None,
+            })
+    }
+
+    /// The send nearest the end (inside the span or after it).
+    fn send_near(&self, th: &ThreadHistory, start: u64, end: u64) -> Option<(u64, &'static str)> {
+        let calls = th.syscalls_in(start, end + IO_WINDOW_NS);
+        // A send after the thread received again past the end belongs to
+        // the next exchange: a client receives its answer after the
+        // server's span ends, then sends its next request.
+        let next_receive = calls
+            .iter()
+            .filter(|s| s.start >= end && s.exit_seen && s.ret > 0)
+            .find(|s| matches!(self.io(s), Io::Receive | Io::Read))
+            .map_or(u64::MAX, |s| s.end);
+        calls
+            .iter()
+            .filter(|s| s.start >= start && s.start < next_receive)
+            .filter_map(|s| {
+                let gap = s.start.abs_diff(end);
+                match self.io(s) {
+                    Io::Send => Some((gap, "socket send")),
+                    Io::Write => Some((gap + 1_000, "write")),
+                    _ => None,
+                }
+            })
+            .min_by_key(|x| x.0)
+    }
+}
+
+/// The process of a thread: the recording's tgid map, else the model's.
+fn pid_of(th: &ThreadHistory, processes: &Processes) -> Option<Tid> {
+    processes.tgid_of.get(&th.tid).copied().or(th.pid)
+}
+
+/// True when `cmdline`'s words include the service name's (split on
+/// anything but letters and digits: `my-svc` matches `python my_svc.py`).
+fn names_service(cmdline: &str, service: &str) -> bool {
+    let words = |s: &str| -> Vec<String> {
+        s.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let want = words(service);
+    let have = words(cmdline);
+    !want.is_empty() && have.windows(want.len()).any(|w| w == want.as_slice())
+}
+
+fn human(ns: u64) -> String {
+    if ns < 1_000 {
+        format!("{ns} ns")
+    } else if ns < 1_000_000 {
+        format!("{:.1} µs", ns as f64 / 1e3)
+    } else {
+        format!("{:.2} ms", ns as f64 / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_names_match_command_line_words() {
+        assert!(names_service("python3 -m shop.service front", "front"));
+        assert!(names_service(
+            "python3 /srv/my_svc.py --port 8080",
+            "my-svc"
+        ));
+        assert!(!names_service("python3 -m shop.service frontend", "front"));
+        assert!(!names_service("anything", ""));
+    }
+
+    #[test]
+    fn children_follow_their_request() {
+        let spans = vec![
+            PlacementSpan {
+                entry: true,
+                ..PlacementSpan::default()
+            },
+            PlacementSpan {
+                parent: Some(0),
+                ..PlacementSpan::default()
+            },
+            PlacementSpan {
+                parent: Some(1),
+                entry: true,
+                ..PlacementSpan::default()
+            },
+            PlacementSpan {
+                parent: Some(2),
+                ..PlacementSpan::default()
+            },
+        ];
+        assert_eq!(requests_of(&spans), vec![0, 0, 2, 2]);
+    }
+}
+
+/// What placed requests say about the wall → kernel clock mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffsetBound {
+    /// The correction to add to mapped times lies in `[lower_ns, upper_ns]`
+    /// (0 inside: the mapping is consistent with the trace).
+    pub lower_ns: i64,
+    pub upper_ns: i64,
+    /// Requests whose windows contain that range, of `of` that gave one.
+    pub agreeing: usize,
+    pub of: usize,
+}
+
+/// Bounds the clock mapping's remaining offset with the requests placed on
+/// a thread: a span's start and end were taken while its thread ran, and
+/// after its request's receive returned, so the correction δ to the mapped
+/// times must put the start in the RUNNING interval around it (after the
+/// receive) and the end in the one around it. Each request gives such a
+/// window of δ; the answer is the range inside the most windows (a few
+/// requests may be misplaced, or their runs cut by lost events).
+pub fn clock_offset_bound(
+    model: &KernelModel,
+    arch: Arch,
+    spans: &[PlacementSpan],
+    placements: &[Option<Placement>],
+) -> Option<OffsetBound> {
+    let processes = Processes::default();
+    let finder = Finder {
+        model,
+        arch,
+        processes: &processes,
+        threads_of: BTreeMap::new(),
+    };
+    let mut windows: Vec<(i64, i64)> = Vec::new();
+    for (span, p) in spans.iter().zip(placements) {
+        let (Some(p), Some((s, e))) = (p, span.times) else {
+            continue;
+        };
+        let (true, Some(tid)) = (span.entry || span.parent.is_none(), p.tid) else {
+            continue;
+        };
+        let Some(th) = model.thread(tid) else {
+            continue;
+        };
+        let running = |t: u64| {
+            th.state_at(t)
+                .filter(|st| st.state == ThreadState::Running)
+                .map(|st| (st.start as i64 - t as i64, st.end as i64 - t as i64))
+        };
+        let (Some(a), Some(b)) = (running(s), running(e)) else {
+            continue;
+        };
+        let mut lower = a.0.max(b.0);
+        let upper = a.1.min(b.1);
+        if let Some((gap, _)) = finder.receive_before(th, s) {
+            // The receive returned `gap` before the mapped start.
+            lower = lower.max(-(gap as i64));
+        }
+        if lower <= upper {
+            windows.push((lower, upper));
+        }
+    }
+    // The range covered by the most windows: sweep over their ends.
+    let mut ends: Vec<(i64, i32)> = windows.iter().flat_map(|w| [(w.0, 1), (w.1, -1)]).collect();
+    // Opening before closing at one point: touching windows share it.
+    ends.sort_by_key(|&(x, d)| (x, -d));
+    let (mut depth, mut best, mut range) = (0i32, 0i32, None);
+    for (k, &(x, d)) in ends.iter().enumerate() {
+        depth += d;
+        if d > 0 && depth > best {
+            best = depth;
+            let until = ends[k + 1..].iter().find(|e| e.1 < 0).map_or(x, |e| e.0);
+            range = Some((x, until));
+        }
+    }
+    let (lower_ns, upper_ns) = range?;
+    Some(OffsetBound {
+        lower_ns,
+        upper_ns,
+        agreeing: best as usize,
+        of: windows.len(),
+    })
+}

@@ -1,0 +1,368 @@
+//! Placement of spans without deepspan fields on hand-made kernel models
+//! whose serving threads are known: a thread pool, an event loop, a
+//! hand-off from an acceptor thread, process identification, and the
+//! process-level path.
+
+mod common;
+
+use common::requests::Work;
+
+use std::collections::HashMap;
+
+use deepspan_analysis::{
+    analyze_requests, clock_offset_bound, infer_placements, Arch, EdgeType, InferredPlace,
+    KernelModel, Placement, PlacementMethod, PlacementSpan, Processes, RequestPath, ScannedProcess,
+    SpanInput, StateBuilder, SyncSource,
+};
+use deepspan_model::{Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
+
+const RECVFROM: i64 = 45;
+const SENDTO: i64 = 44;
+const FUTEX: i64 = 202;
+const SLEEPING: i64 = 1;
+
+/// Kernel events of a few threads; each thread's name is its process's.
+#[derive(Default)]
+struct Script {
+    events: Vec<Event>,
+    names: HashMap<Tid, &'static str>,
+}
+
+impl Script {
+    fn named(names: &[(Tid, &'static str)]) -> Script {
+        Script {
+            names: names.iter().copied().collect(),
+            ..Script::default()
+        }
+    }
+    fn comm(&self, t: Tid) -> Comm {
+        let name = self.names.get(&t).copied().unwrap_or("swapper");
+        Comm::from_bytes(name.as_bytes())
+    }
+    fn ev(&mut self, ts: u64, cpu: u32, kind: EventKind) -> &mut Self {
+        self.events.push(Event {
+            ts,
+            cpu,
+            tid: -1,
+            kind,
+        });
+        self
+    }
+    fn switch(&mut self, ts: u64, cpu: u32, prev: Tid, prev_state: i64, next: Tid) -> &mut Self {
+        let kind = EventKind::SchedSwitch(SchedSwitch {
+            prev_tid: prev,
+            prev_comm: self.comm(prev),
+            prev_prio: 120,
+            prev_state,
+            next_tid: next,
+            next_comm: self.comm(next),
+            next_prio: 120,
+        });
+        self.ev(ts, cpu, kind)
+    }
+    fn waking(&mut self, ts: u64, cpu: u32, tid: Tid) -> &mut Self {
+        let kind = EventKind::SchedWaking(Wakeup {
+            tid,
+            comm: self.comm(tid),
+            prio: 120,
+            target_cpu: cpu as i32,
+        });
+        self.ev(ts, cpu, kind)
+    }
+    /// A system call of the thread current on `cpu`.
+    fn call(&mut self, start: u64, end: u64, cpu: u32, id: i64, ret: i64) -> &mut Self {
+        self.ev(
+            start,
+            cpu,
+            EventKind::SysEnter {
+                id,
+                name: None,
+                args: [5, 0, 0, 0, 0, 0],
+            },
+        )
+        .ev(
+            end,
+            cpu,
+            EventKind::SysExit {
+                id,
+                name: None,
+                ret,
+            },
+        )
+    }
+    fn model(&mut self) -> KernelModel {
+        self.events.sort_by_key(|e| e.ts);
+        let mut b = StateBuilder::new();
+        for e in &self.events {
+            b.push(e);
+        }
+        b.finish()
+    }
+}
+
+fn server_span(service: &str, start: u64, end: u64) -> PlacementSpan {
+    PlacementSpan {
+        entry: true,
+        times: Some((start, end)),
+        service: service.to_string(),
+        ..PlacementSpan::default()
+    }
+}
+
+fn processes(tgids: &[(Tid, Tid)]) -> Processes {
+    Processes {
+        tgid_of: tgids.iter().copied().collect(),
+        scanned: Vec::new(),
+    }
+}
+
+fn place(model: &KernelModel, spans: &[PlacementSpan], p: &Processes) -> Vec<Option<Placement>> {
+    infer_placements(model, Arch::X86_64, spans, p)
+}
+
+/// Thread 101 reads the request, serves it and sends the answer; thread
+/// 102 of the same pool sleeps in a futex meanwhile.
+fn pool() -> KernelModel {
+    let mut s = Script::named(&[(101, "web"), (102, "web")]);
+    s.switch(0, 0, 0, 0, 101)
+        .switch(0, 1, 0, 0, 102)
+        .call(10, 9_000, 1, FUTEX, 0)
+        .switch(20, 1, 102, SLEEPING, 0)
+        .call(100, 1_000, 0, RECVFROM, 120)
+        .call(4_900, 4_950, 0, SENDTO, 300)
+        .switch(6_000, 0, 101, SLEEPING, 0);
+    s.model()
+}
+
+#[test]
+fn the_thread_that_received_served_and_sent_is_placed() {
+    let model = pool();
+    let spans = vec![
+        server_span("web", 1_100, 5_000),
+        PlacementSpan {
+            parent: Some(0),
+            times: Some((2_000, 3_000)),
+            service: "web".into(),
+            ..PlacementSpan::default()
+        },
+    ];
+    let p = place(&model, &spans, &processes(&[(101, 100), (102, 100)]));
+    let request = p[0].as_ref().expect("placed");
+    assert_eq!(request.method, PlacementMethod::Thread);
+    assert_eq!((request.pid, request.tid), (100, Some(101)));
+    assert!(request.confidence > 0.5, "{request:?}");
+    let text = request.evidence.join("\n");
+    assert!(
+        text.contains("socket receive returned 100 ns before the start"),
+        "{text}"
+    );
+    assert!(text.contains("socket send 100 ns from the end"), "{text}");
+    // The child goes where its request went.
+    assert_eq!(p[1].as_ref().map(|c| c.tid), Some(Some(101)));
+}
+
+#[test]
+fn spans_with_sdk_fields_or_a_thread_name_of_another_thread_are_not_placed_there() {
+    let model = pool();
+    let mut sdk = server_span("web", 1_100, 5_000);
+    sdk.sdk_placed = true;
+    let mut named = server_span("web", 1_100, 5_000);
+    named.thread_name = Some("worker-2".into());
+    let p = place(&model, &[sdk, named], &processes(&[(101, 100), (102, 100)]));
+    assert_eq!(p[0], None);
+    // No thread of that name: the process as a whole, never a guess.
+    let q = p[1].as_ref().expect("placed on the process");
+    assert_eq!((q.method, q.tid), (PlacementMethod::Process, None));
+}
+
+#[test]
+fn the_service_name_picks_the_process() {
+    // Two processes, each with a thread that received and sent at the
+    // same times: only the service name tells them apart.
+    let mut s = Script::named(&[(101, "web"), (201, "api")]);
+    s.switch(0, 0, 0, 0, 101)
+        .switch(0, 1, 0, 0, 201)
+        .call(100, 1_000, 0, RECVFROM, 10)
+        .call(100, 1_000, 1, RECVFROM, 10)
+        .call(4_900, 4_950, 0, SENDTO, 10)
+        .call(4_900, 4_950, 1, SENDTO, 10);
+    let model = s.model();
+    let spans = vec![
+        server_span("api", 1_100, 5_000),
+        server_span("web", 1_100, 5_000),
+    ];
+    let p = place(&model, &spans, &processes(&[(101, 100), (201, 200)]));
+    assert_eq!(p[0].as_ref().and_then(|x| x.tid), Some(201));
+    assert_eq!(p[1].as_ref().and_then(|x| x.tid), Some(101));
+    assert!(p[0].as_ref().unwrap().evidence[0].contains("service.name \"api\""));
+    // The resource's process.pid outranks the name.
+    let mut by_pid = server_span("api", 1_100, 5_000);
+    by_pid.pid = Some(100);
+    let p = place(&model, &[by_pid], &processes(&[(101, 100), (201, 200)]));
+    assert_eq!(p[0].as_ref().and_then(|x| x.tid), Some(101));
+}
+
+#[test]
+fn a_request_handed_over_by_an_acceptor_is_placed_on_the_pool_thread() {
+    // 301 receives, wakes 302 and sleeps; 302 serves and sends.
+    let mut s = Script::named(&[(301, "srv"), (302, "srv")]);
+    s.switch(0, 0, 0, 0, 301)
+        .switch(0, 1, 0, 0, 302)
+        .call(10, 1_060, 1, FUTEX, 0)
+        .switch(20, 1, 302, SLEEPING, 0)
+        .call(100, 1_000, 0, RECVFROM, 80)
+        .waking(1_050, 0, 302)
+        .switch(1_060, 1, 0, 0, 302)
+        .switch(1_070, 0, 301, SLEEPING, 0)
+        .call(4_900, 4_950, 1, SENDTO, 10)
+        .switch(6_000, 1, 302, SLEEPING, 0);
+    let model = s.model();
+    let p = place(
+        &model,
+        &[server_span("srv", 1_100, 5_000)],
+        &processes(&[(301, 300), (302, 300)]),
+    );
+    let placed = p[0].as_ref().expect("placed");
+    assert_eq!(placed.tid, Some(302));
+    let text = placed.evidence.join("\n");
+    assert!(
+        text.contains("on thread 301, which then woke it (hand-off)"),
+        "{text}"
+    );
+}
+
+/// One thread (201) receives two requests and answers both, interleaved;
+/// 202 sleeps.
+fn event_loop() -> KernelModel {
+    let mut s = Script::named(&[(201, "loop"), (202, "loop")]);
+    s.switch(0, 0, 0, 0, 201)
+        .switch(0, 1, 0, 0, 202)
+        .call(10, 9_000, 1, FUTEX, 0)
+        .switch(20, 1, 202, SLEEPING, 0)
+        .call(100, 1_000, 0, RECVFROM, 10)
+        .call(1_200, 1_500, 0, RECVFROM, 10)
+        .call(4_900, 4_950, 0, SENDTO, 10)
+        .call(5_900, 5_950, 0, SENDTO, 10)
+        .switch(7_000, 0, 201, SLEEPING, 0);
+    s.model()
+}
+
+#[test]
+fn requests_interleaved_on_one_thread_go_to_the_process() {
+    let model = event_loop();
+    // Long enough apart to be more than clock error (100 µs of overlap).
+    let spans = vec![
+        server_span("loop", 1_100, 500_000),
+        server_span("loop", 1_600, 600_000),
+    ];
+    let p = place(&model, &spans, &processes(&[(201, 200), (202, 200)]));
+    for x in &p {
+        let x = x.as_ref().expect("placed");
+        assert_eq!(
+            (x.method, x.pid, x.tid),
+            (PlacementMethod::Process, 200, None),
+            "{x:?}"
+        );
+        assert!(x.evidence.iter().any(|e| e.contains("event loop")), "{x:?}");
+    }
+}
+
+#[test]
+fn a_process_level_path_names_real_threads_in_their_states() {
+    let model = event_loop();
+    let spans = vec![SpanInput {
+        entry: true,
+        times: Some((1_100, 6_500)),
+        inferred: Some(InferredPlace::Process(vec![201, 202])),
+        ..SpanInput::default()
+    }];
+    let mut paths: Vec<RequestPath> = Vec::new();
+    analyze_requests(&model, &spans, &Work(vec![]), &mut |_, _| {}, &mut |p| {
+        paths.push(p)
+    });
+    let path = &paths[0];
+    assert_eq!(path.sync, SyncSource::Process);
+    assert!(path.home.is_empty(), "no thread of its own");
+    // 201 runs all along: the process is where it is.
+    assert!(!path.pieces.is_empty());
+    for piece in &path.pieces {
+        assert_eq!(piece.tid, Some(201), "{piece:?}");
+        assert_eq!(piece.state, EdgeType::Running, "{piece:?}");
+    }
+    let covered: u64 = path.pieces.iter().map(|p| p.duration()).sum();
+    assert_eq!(covered, 6_500 - 1_100);
+}
+
+#[test]
+fn without_a_named_process_both_a_receive_and_a_send_are_needed() {
+    let mut s = Script::named(&[(101, "python3")]);
+    s.switch(0, 0, 0, 0, 101)
+        .call(100, 1_000, 0, RECVFROM, 10)
+        .switch(9_000, 0, 101, SLEEPING, 0);
+    let model = s.model();
+    // unknown_service: every process is considered, and a receive alone
+    // is not enough.
+    let p = place(
+        &model,
+        &[server_span("unknown_service", 1_100, 5_000)],
+        &processes(&[(101, 100)]),
+    );
+    assert_eq!(p[0], None);
+}
+
+#[test]
+fn the_listening_port_picks_the_process_when_the_name_does_not() {
+    // Two python3 processes with the same I/O; only process 200 listened on
+    // the span's port (the recorder's /proc scan).
+    let mut s = Script::named(&[(101, "python3"), (201, "python3")]);
+    s.switch(0, 0, 0, 0, 101)
+        .switch(0, 1, 0, 0, 201)
+        .call(100, 1_000, 0, RECVFROM, 10)
+        .call(100, 1_000, 1, RECVFROM, 10)
+        .call(4_900, 4_950, 0, SENDTO, 10)
+        .call(4_900, 4_950, 1, SENDTO, 10);
+    let model = s.model();
+    let mut span = server_span("unknown_service:python3", 1_100, 5_000);
+    span.port = Some(8080);
+    let mut p = processes(&[(101, 100), (201, 200)]);
+    p.scanned = vec![ScannedProcess {
+        pid: 200,
+        comm: "python3".into(),
+        cmdline: "python3 server.py".into(),
+        listening_ports: vec![8080],
+    }];
+    let placed = place(&model, &[span], &p);
+    let placed = placed[0].as_ref().expect("placed");
+    assert_eq!((placed.pid, placed.tid), (200, Some(201)));
+    assert!(
+        placed.evidence[0].contains("listening on port 8080"),
+        "{placed:?}"
+    );
+}
+
+#[test]
+fn placed_requests_bound_the_clock_mapping_offset() {
+    // Thread 101 ran over [0, 6000) and received until 1000: a span mapped
+    // to [1100, 5000] may move by -100 ns (back to the receive) to +1000 ns
+    // (its end to the end of the run).
+    let model = pool();
+    let spans = vec![server_span("web", 1_100, 5_000)];
+    let p = place(&model, &spans, &processes(&[(101, 100), (102, 100)]));
+    let b = clock_offset_bound(&model, Arch::X86_64, &spans, &p).expect("a bound");
+    assert_eq!(
+        (b.lower_ns, b.upper_ns, b.agreeing, b.of),
+        (-100, 1_000, 1, 1)
+    );
+    // A request its thread was not running at (asleep from 6000) gives no
+    // window and is not counted; the others agree.
+    let moved = vec![
+        server_span("web", 1_100, 5_000),
+        server_span("web", 1_100, 5_000),
+        server_span("web", 6_500, 7_000),
+    ];
+    let mut placed = place(&model, &moved[..1], &processes(&[(101, 100), (102, 100)]));
+    placed.push(placed[0].clone());
+    placed.push(placed[0].clone());
+    let b = clock_offset_bound(&model, Arch::X86_64, &moved, &placed).expect("a bound");
+    assert_eq!((b.agreeing, b.of), (2, 2), "{b:?}");
+}

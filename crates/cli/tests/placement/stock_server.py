@@ -1,0 +1,142 @@
+"""A Python HTTP server with stock OpenTelemetry only (no deepspan_otel):
+the placement test records it and checks that `deepspan analyze` finds the
+thread that served each request from the kernel trace alone.
+
+    stock_server.py OUT [REQUESTS] [CLIENTS] [threads|asyncio]
+
+Serves on 127.0.0.1 (`threads`: ThreadingHTTPServer, a thread per
+connection; `asyncio`: one event loop thread serving all connections,
+requests interleaved), one server span per request, exported over OTLP/HTTP to
+OTEL_EXPORTER_OTLP_ENDPOINT (what `deepspan record` gives its command).
+A client process sends REQUESTS requests from CLIENTS threads. The oracle,
+OUT/served.jsonl, is written by the server itself: each request's span id
+with `threading.get_native_id()` of the thread that served it."""
+
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanKind
+
+CLIENT = r"""
+import http.client, sys, threading
+port, n, clients = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+def run(k):
+    for i in range(k, n, clients):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("GET", f"/work?i={i}")
+        r = c.getresponse(); r.read(); c.close()
+ts = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
+[t.start() for t in ts]; [t.join() for t in ts]
+"""
+
+
+def serve_asyncio(tracer, served, requests, clients):
+    """One event loop: each request reads its line and headers, sleeps 5 ms
+    (other requests run meanwhile), does some CPU work and answers."""
+
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        port = writer.get_extra_info("sockname")[1]
+        with tracer.start_as_current_span(
+            "GET /work", kind=SpanKind.SERVER, attributes={"http.request.method": "GET", "server.port": port}
+        ) as span:
+            await asyncio.sleep(0.005)
+            digest = hashlib.sha256(b"x" * 200_000).hexdigest()
+            body = json.dumps({"digest": digest}).encode()
+            writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+            ctx = span.get_span_context()
+            served.append({"span_id": format(ctx.span_id, "016x"), "tid": threading.get_native_id(), "pid": os.getpid()})
+        writer.close()
+
+    async def run():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CLIENT, str(port), str(requests), str(clients)
+        )
+        code = await client.wait()
+        server.close()
+        await server.wait_closed()
+        return code
+
+    return asyncio.run(run())
+
+
+def main():
+    out = sys.argv[1]
+    requests = int(sys.argv[2]) if len(sys.argv) > 2 else 80
+    clients = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    mode = sys.argv[4] if len(sys.argv) > 4 else "threads"
+    provider = TracerProvider(resource=Resource.create({"service.name": "plain-http"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=10), schedule_delay_millis=500))
+    tracer = provider.get_tracer("stock-server")
+    served = []
+    lock = threading.Lock()
+    if mode == "asyncio":
+        code = serve_asyncio(tracer, served, requests, clients)
+        provider.force_flush(10_000)
+        provider.shutdown()
+        write_served(out, served)
+        sys.exit(code)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            port = self.server.server_address[1]
+            with tracer.start_as_current_span(
+                "GET /work", kind=SpanKind.SERVER, attributes={"http.request.method": "GET", "server.port": port}
+            ) as span:
+                # Some work: CPU, then a short sleep, then a CPU-bound child.
+                digest = hashlib.sha256(b"x" * 200_000).hexdigest()
+                time.sleep(0.002)
+                with tracer.start_as_current_span("render"):
+                    body = json.dumps({"digest": digest, "n": sum(range(20_000))}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                ctx = span.get_span_context()
+                with lock:
+                    served.append(
+                        {"span_id": format(ctx.span_id, "016x"), "tid": threading.get_native_id(), "pid": os.getpid()}
+                    )
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    worker = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
+    worker.start()
+    client = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(server.server_address[1]), str(requests), str(clients)], timeout=120
+    )
+    server.shutdown()
+    worker.join()
+    server.server_close()
+    provider.force_flush(10_000)
+    provider.shutdown()
+    write_served(out, served)
+    sys.exit(client.returncode)
+
+
+def write_served(out, served):
+    with open(os.path.join(out, "served.jsonl"), "w") as f:
+        for s in served:
+            f.write(json.dumps(s) + "\n")
+
+
+if __name__ == "__main__":
+    main()
