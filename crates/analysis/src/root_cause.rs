@@ -660,6 +660,7 @@ mod tests {
             exact_times: true,
             holder: None,
             activations: Vec::new(),
+            inferred: None,
         }
     }
 
