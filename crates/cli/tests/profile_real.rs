@@ -1,14 +1,17 @@
-//! `record --profile` and `deepspan profile` on a real native program: a
-//! request that spends its CPU time in one hot function, and sleeps once.
-//! The oracle is the program itself: it names its hot function and its
-//! request's span; nothing here depends on how many samples load leaves.
+//! `record --profile` and `deepspan profile` on real programs: a request
+//! that spends its CPU time in one hot function and sleeps once, in native
+//! code (`deepspan-workload hot`) and in Java (JIT-compiled code, named
+//! through the JVM's perf map). The oracle is the program itself: it names
+//! its hot function and its request's span; nothing here depends on how many
+//! samples load leaves.
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{ahead_of_other_load, deepspan, kernel_or_skip, workload};
-use deepspan_profile::pprof::Profile;
+use deepspan_profile::pprof::{Profile, Sample};
 use prost::Message;
 
 /// Iterations of the hot loop per half of the request: a few hundred ms of
@@ -21,54 +24,28 @@ fn a_requests_cpu_time_is_in_its_hot_function_and_its_wall_time_adds_up() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
     let spans = dir.path().join("spans.json");
-    let mut record = deepspan();
-    record.arg("record").arg("-o").arg(&run).args(["--profile", "--no-otlp", "--"]).arg(workload());
-    record.args(["hot", ROUNDS]).arg(&spans);
-    let out = ahead_of_other_load(&mut record).output().unwrap();
-    assert!(out.status.success(), "record: {}", String::from_utf8_lossy(&out.stderr));
-    let told: serde_json::Value = serde_json::from_slice(
-        out.stdout.split(|&b| b == b'\n').find(|l| l.starts_with(b"{\"workload\"")).expect("the workload's line"),
-    )
-    .unwrap();
-    let span_id = told["span_id"].as_str().unwrap();
-    let hot = told["hot_function"].as_str().unwrap();
+    let mut program = Command::new(workload());
+    program.args(["hot", ROUNDS]).arg(&spans);
+    let recorded = record_request(dir.path(), &program, &spans);
+    let hot = recorded.told["hot_function"].as_str().unwrap();
 
     let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(recorded.run.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["profile"]["hz"], 99, "{}", manifest["profile"]);
-
-    let ok = |cmd: &mut Command| {
-        let out = cmd.output().unwrap();
-        assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    ok(deepspan().arg("import").arg("-o").arg(&run).arg("--otlp").arg(&spans));
-    ok(deepspan().arg("analyze").arg(&run));
-    let pprof = dir.path().join("hot.pb.gz");
-    ok(deepspan().arg("profile").arg(&run).args(["--request", span_id, "-o"]).arg(&pprof));
-
-    let profile = decode(&std::fs::read(&pprof).unwrap());
-    let name = |loc: u64| {
-        let f = &profile.function[profile.location[loc as usize - 1].line[0].function_id as usize - 1];
-        profile.string_table[f.name as usize].as_str()
-    };
-    let on_cpu: Vec<&deepspan_profile::pprof::Sample> = profile.sample.iter().filter(|s| s.value[0] == 1).collect();
-    let in_hot = on_cpu.iter().filter(|s| s.location_id.iter().any(|&l| name(l).ends_with(hot))).count();
-    assert!(on_cpu.len() >= 5, "only {} CPU samples on the request's RUNNING pieces", on_cpu.len());
-    assert!(
-        in_hot * 100 >= on_cpu.len() * 80,
-        "{hot} is in {in_hot} of the request's {} RUNNING samples",
-        on_cpu.len()
-    );
+    assert_hot(&recorded.profile, hot);
     // The sleep is an off-CPU frame.
+    let profile = &recorded.profile;
     assert!(profile.function.iter().any(|f| profile.string_table[f.name as usize].starts_with("[off-CPU: TIMER")));
 
     // On- plus off-CPU wall time is the request's duration.
-    let report: serde_json::Value =
-        serde_json::from_str(&ok(deepspan().arg("report").arg(&run).args(["--request", span_id, "--format", "json"])))
-            .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(deepspan().arg("report").arg(&recorded.run).args([
+        "--request",
+        &recorded.span_id,
+        "--format",
+        "json",
+    ])))
+    .unwrap();
     let duration = report["request"]["end_ns"].as_u64().unwrap() - report["request"]["start_ns"].as_u64().unwrap();
     let wall: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
     assert!(
@@ -77,9 +54,92 @@ fn a_requests_cpu_time_is_in_its_hot_function_and_its_wall_time_adds_up() {
     );
 
     // Go's own reader takes it.
-    let top = Command::new("go").args(["tool", "pprof", "-top"]).arg(&pprof).output().expect("go tool pprof");
+    let top = Command::new("go").args(["tool", "pprof", "-top"]).arg(&recorded.pprof).output().expect("go tool pprof");
     assert!(top.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&top.stderr));
     assert!(String::from_utf8_lossy(&top.stdout).contains(hot));
+}
+
+/// JIT-compiled code has no symbols in any file: the JVM writes its perf map
+/// (`/tmp/perf-PID.map`) at exit, and keeps frame pointers when asked.
+#[test]
+fn a_java_requests_hot_method_is_named_through_the_jits_perf_map() {
+    if !kernel_or_skip("profile_real java") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workloads/java/HotRequest.java");
+    let javac = Command::new("javac").arg("-d").arg(dir.path()).arg(&source).output().expect("javac (OpenJDK)");
+    assert!(javac.status.success(), "javac: {}", String::from_utf8_lossy(&javac.stderr));
+    let spans = dir.path().join("spans.json");
+    let mut program = Command::new("java");
+    program
+        .args(["-XX:+PreserveFramePointer", "-XX:+UnlockDiagnosticVMOptions", "-XX:+DumpPerfMapAtExit", "-cp"])
+        .arg(dir.path())
+        .args(["HotRequest", "300000000"])
+        .arg(&spans);
+    let recorded = record_request(dir.path(), &program, &spans);
+    assert!(
+        std::fs::read_dir(recorded.run.join("profile")).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("perf-")),
+        "the JVM's perf map was not kept with the run"
+    );
+    assert_hot(&recorded.profile, recorded.told["hot_function"].as_str().unwrap());
+}
+
+struct Recorded {
+    run: PathBuf,
+    /// The program's own line about itself.
+    told: serde_json::Value,
+    span_id: String,
+    pprof: PathBuf,
+    profile: Profile,
+}
+
+/// Records `program` with `--profile`, imports the span it wrote to
+/// `spans`, analyses, and profiles that request.
+fn record_request(dir: &Path, program: &Command, spans: &Path) -> Recorded {
+    let run = dir.join("run");
+    let mut record = deepspan();
+    record.arg("record").arg("-o").arg(&run).args(["--profile", "--no-otlp", "--"]);
+    record.arg(program.get_program()).args(program.get_args());
+    let out = ahead_of_other_load(&mut record).output().unwrap();
+    assert!(out.status.success(), "record: {}", String::from_utf8_lossy(&out.stderr));
+    let told: serde_json::Value = serde_json::from_slice(
+        out.stdout.split(|&b| b == b'\n').find(|l| l.starts_with(b"{\"workload\"")).expect("the program's line"),
+    )
+    .unwrap();
+    let span_id = told["span_id"].as_str().unwrap().to_string();
+    ok(deepspan().arg("import").arg("-o").arg(&run).arg("--otlp").arg(spans));
+    ok(deepspan().arg("analyze").arg(&run));
+    let pprof = dir.join("request.pb.gz");
+    ok(deepspan().arg("profile").arg(&run).args(["--request", &span_id, "-o"]).arg(&pprof));
+    let profile = decode(&std::fs::read(&pprof).unwrap());
+    Recorded { run, told, span_id, pprof, profile }
+}
+
+/// The hot function is on the stack of ≥ 80 % of the request's CPU samples.
+fn assert_hot(profile: &Profile, hot: &str) {
+    let name = |loc: u64| {
+        let f = &profile.function[profile.location[loc as usize - 1].line[0].function_id as usize - 1];
+        profile.string_table[f.name as usize].as_str()
+    };
+    let on_cpu: Vec<&Sample> = profile.sample.iter().filter(|s| s.value[0] == 1).collect();
+    let in_hot = on_cpu.iter().filter(|s| s.location_id.iter().any(|&l| name(l).contains(hot))).count();
+    assert!(on_cpu.len() >= 5, "only {} CPU samples on the request's RUNNING pieces", on_cpu.len());
+    assert!(
+        in_hot * 100 >= on_cpu.len() * 80,
+        "{hot} is in {in_hot} of the request's {} RUNNING samples",
+        on_cpu.len()
+    );
+}
+
+fn ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn decode(gz: &[u8]) -> Profile {
