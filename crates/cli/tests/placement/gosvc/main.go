@@ -16,9 +16,9 @@
 // OTEL_EXPORTER_OTLP_ENDPOINT (what `deepspan record` gives its command).
 // Each served request's span id goes to DIR/served.jsonl with the pid.
 //
-// `load` waits for DIR/server.json and, when the file DIR/go is named by
-// -wait-go, for that file too (the test's go-ahead once it has put the
-// server under a CPU quota), then sends N requests from C goroutines, a
+// `load` waits for DIR/server.json and, with -wait-go, for the file DIR/go
+// too (the test's go-ahead once it has put the server under a CPU quota),
+// then sends N requests from C goroutines, a
 // connection each, and exits. `run` starts both as child processes of its
 // own (so the test can move the server alone into a cgroup) and waits.
 // Every wait is bounded, so a broken test ends instead of hanging.
