@@ -47,6 +47,10 @@ if ! command -v go >/dev/null; then
   exit 1
 fi
 scripts/build-jaeger.sh >/dev/null
+# The Go service of the placement test (stock OpenTelemetry for Go,
+# crates/cli/tests/placement/gosvc): its modules, fetched now so the test
+# builds it from the module cache.
+(cd crates/cli/tests/placement/gosvc && go mod download)
 
 # Node 20+ and npm build the web UI (ui/); its npm packages are installed
 # by `make ui` (npm ci, from ui/package-lock.json).

@@ -47,8 +47,8 @@ pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Work
 pub use input::{build_model, Input, LostEvents};
 pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
 pub use placement::{
-    clock_offset_bound, infer_placements, OffsetBound, Placement, PlacementMethod, PlacementSpan,
-    Processes, ScannedProcess,
+    clock_offset_bound, infer_placements, runs_requests_on_any_thread, OffsetBound, Placement,
+    PlacementMethod, PlacementSpan, Processes, ScannedProcess,
     IO_WINDOW_NS, MISSING_IO_COST_NS, RUN_LIMIT_NS,
 };
 pub use request::{

@@ -23,11 +23,12 @@
 //!    take their threads surest first; one whose thread is taken by an
 //!    overlapping request takes the next credible thread of the same
 //!    process (a pool).
-//! 3. **Process level**: where no single thread is credible — none ran
-//!    near both ends with the request's I/O (Go goroutines move between
-//!    threads), or the best thread serves requests interleaved (an event
-//!    loop: asyncio, Node) — the request is placed on its process as a
-//!    whole, never on an invented thread.
+//! 3. **Process level**: where no single thread is credible — the span's
+//!    runtime moves requests between threads (`telemetry.sdk.language`
+//!    `go`: goroutines), none ran near both ends with the request's I/O,
+//!    or the best thread serves requests interleaved (an event loop:
+//!    asyncio, Node) — the request is placed on its process as a whole,
+//!    never on an invented thread.
 //!
 //! Spans inside a request (internal, client) go where their request went.
 //! Every placement says why ([`Placement::evidence`]) and how sure it is
@@ -75,6 +76,21 @@ pub struct PlacementSpan {
     /// The port the request came in on (`server.port`, `net.host.port`,
     /// `url.full` …).
     pub port: Option<u16>,
+    /// Resource `telemetry.sdk.language` (`go`, `java`, `python` …): some
+    /// runtimes run a request on whichever OS thread is free
+    /// ([`runs_requests_on_any_thread`]).
+    pub sdk_language: Option<String>,
+}
+
+/// Runtimes that schedule their own tasks onto OS threads (M:N) and move a
+/// task to another thread at any blocking point or preemption: Go's
+/// goroutines, the BEAM's processes. A thread that ran at a request's start
+/// and end and did its I/O may have run other requests in between, and the
+/// request other threads: no thread is the request's own, so its process
+/// is (`sync: process`). Event loops (Node, asyncio) are found from the
+/// trace instead: a request that overlaps no other is their loop thread's.
+pub fn runs_requests_on_any_thread(sdk_language: &str) -> bool {
+    matches!(sdk_language, "go" | "erlang")
 }
 
 /// A process seen by the recorder's /proc scan.
@@ -379,6 +395,11 @@ impl<'a> Finder<'a> {
         Some(Candidates {
             start,
             end,
+            any_thread_runtime: span
+                .sdk_language
+                .as_deref()
+                .filter(|l| runs_requests_on_any_thread(l))
+                .map(str::to_string),
             named: process_confidence > 0.5,
             pids,
             process_evidence,
@@ -392,6 +413,9 @@ impl<'a> Finder<'a> {
 struct Candidates {
     start: u64,
     end: u64,
+    /// The span's SDK language when its runtime moves requests between
+    /// threads (Go): placed on the process, never on a thread.
+    any_thread_runtime: Option<String>,
     /// The process was named by the span (pid, service, port).
     named: bool,
     pids: Vec<Tid>,
@@ -422,6 +446,33 @@ impl Candidates {
             tid: None,
             confidence: self.process_confidence * 0.5,
             evidence: vec![self.process_evidence.clone(), why],
+        })
+    }
+
+    /// Placed on its process as a whole because its runtime moves requests
+    /// between threads (`language`): the named process, else, among several
+    /// of the name, the one whose thread fits best.
+    fn on_any_thread_process(&self, language: &str) -> Option<Placement> {
+        let why = format!(
+            "telemetry.sdk.language is {language:?}: its runtime runs a request on any free OS thread, so none is the request's own"
+        );
+        if let Some(p) = self.on_process(why.clone()) {
+            return Some(p);
+        }
+        let best = self.fits.first().filter(|f| self.credible(f))?;
+        Some(Placement {
+            method: PlacementMethod::Process,
+            pid: best.pid,
+            tid: None,
+            confidence: self.process_confidence * 0.5,
+            evidence: vec![
+                self.process_evidence.clone(),
+                format!(
+                    "process {}: its thread {} fits the request best",
+                    best.pid, best.tid
+                ),
+                why,
+            ],
         })
     }
 
@@ -610,6 +661,10 @@ fn assign(requests: Vec<(usize, Candidates)>, out: &mut [Option<Placement>]) {
         let (i, c) = (&requests[k].0, &requests[k].1);
         let mut passed_over = Vec::new();
         let mut placed = None;
+        if let Some(language) = &c.any_thread_runtime {
+            out[*i] = c.on_any_thread_process(language);
+            continue;
+        }
         if let Some(&(tid, overlapping, of)) = c
             .fits
             .first()

@@ -294,6 +294,59 @@ fn a_process_level_path_names_real_threads_in_their_states() {
 }
 
 #[test]
+fn a_go_request_goes_to_its_process_even_when_one_thread_fits() {
+    // Thread 101 received, ran and sent around the request: a thread would
+    // fit, but the Go runtime may have run the request's goroutine on 102
+    // in between and others on 101. The process, never a thread.
+    let model = pool();
+    let mut go = server_span("web", 1_100, 5_000);
+    go.sdk_language = Some("go".into());
+    let mut python = go.clone();
+    python.sdk_language = Some("python".into());
+    let p = place(&model, &[go, python], &processes(&[(101, 100), (102, 100)]));
+    let go = p[0].as_ref().expect("placed");
+    assert_eq!(
+        (go.method, go.pid, go.tid),
+        (PlacementMethod::Process, 100, None)
+    );
+    assert!(
+        go.evidence
+            .iter()
+            .any(|e| e.contains("telemetry.sdk.language is \"go\"")),
+        "{go:?}"
+    );
+    assert_eq!(
+        p[1].as_ref().and_then(|x| x.tid),
+        Some(101),
+        "other runtimes keep threads"
+    );
+}
+
+#[test]
+fn a_go_request_among_processes_of_one_name_goes_to_the_one_that_fits() {
+    // Two processes named "gosvc" (a server and its load generator, one
+    // binary); only 101's process received and sent around the request.
+    let mut s = Script::named(&[(101, "gosvc"), (201, "gosvc")]);
+    s.switch(0, 0, 0, 0, 101)
+        .switch(0, 1, 0, 0, 201)
+        .call(10, 9_000, 1, FUTEX, 0)
+        .switch(20, 1, 201, SLEEPING, 0)
+        .call(100, 1_000, 0, RECVFROM, 10)
+        .call(4_900, 4_950, 0, SENDTO, 10)
+        .switch(6_000, 0, 101, SLEEPING, 0);
+    let model = s.model();
+    let mut span = server_span("gosvc", 1_100, 5_000);
+    span.sdk_language = Some("go".into());
+    let p = place(&model, &[span], &processes(&[(101, 100), (201, 200)]));
+    let placed = p[0].as_ref().expect("placed");
+    assert_eq!(
+        (placed.method, placed.pid, placed.tid),
+        (PlacementMethod::Process, 100, None),
+        "{placed:?}"
+    );
+}
+
+#[test]
 fn without_a_named_process_both_a_receive_and_a_send_are_needed() {
     let mut s = Script::named(&[(101, "python3")]);
     s.switch(0, 0, 0, 0, 101)

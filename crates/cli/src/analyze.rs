@@ -573,6 +573,12 @@ fn placement_span(s: &Span, input: &SpanInput) -> PlacementSpan {
             .and_then(|v| v.as_str())
             .map(str::to_string),
         port,
+        sdk_language: s
+            .resource
+            .attributes
+            .get("telemetry.sdk.language")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
     }
 }
 
