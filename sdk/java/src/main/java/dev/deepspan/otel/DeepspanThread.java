@@ -29,11 +29,9 @@ final class DeepspanThread {
   final long tid;
 
   private final ArrayList<ReadWriteSpan> active = new ArrayList<>(4);
-  private final Attributes tidOnly;
 
   DeepspanThread(long tid) {
     this.tid = tid;
-    this.tidOnly = Attributes.of(DeepspanAttributes.TID, tid);
   }
 
   static DeepspanThread current() {
@@ -105,7 +103,6 @@ final class DeepspanThread {
     if (span.hasEnded()) {
       return;
     }
-    span.addEvent(
-        name, tidOnly.toBuilder().put(DeepspanAttributes.MONO_NS, mono).build());
+    span.addEvent(name, Attributes.of(DeepspanAttributes.TID, tid, DeepspanAttributes.MONO_NS, mono));
   }
 }
