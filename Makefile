@@ -58,7 +58,7 @@ test: deps ui java-sdk
 	node ui/e2e/e2e.mjs --deepspan $(TARGET_DIR)/release/deepspan --out $(TARGET_DIR)/ui-e2e
 
 # Benchmarks are timings: run by hand, never part of `make test`.
-bench: build
+bench: build java-sdk
 	@bench/run.sh
 
 # Runs each fuzz target (cargo-fuzz) for FUZZ_SECONDS each.
