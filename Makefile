@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build bench fuzz clean ui ui-e2e jaeger
+.PHONY: demo test deps build bench fuzz clean ui ui-e2e jaeger java-sdk
 
 deps:
 	@scripts/install-deps.sh
@@ -13,6 +13,13 @@ deps:
 # builds it too. Prints the binary's path.
 jaeger:
 	@scripts/build-jaeger.sh
+
+# The OpenTelemetry Java agent extension (sdk/java): its unit tests, then
+# sdk/java/target/deepspan-otel-extension.jar and the stock agent it is tested
+# with, sdk/java/target/agent/opentelemetry-javaagent.jar (Maven Central,
+# cached in ~/.m2).
+java-sdk: deps
+	cd sdk/java && mvn -B --no-transfer-progress package
 
 # Where cargo puts binaries (CARGO_TARGET_DIR when set).
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
@@ -43,7 +50,7 @@ demo: deps ui
 
 # The whole test suite; kernel tests need root and tracefs, and fail instead
 # of skipping when DEEPSPAN_REQUIRE_KERNEL is set (CI sets it).
-test: deps ui
+test: deps ui java-sdk
 	$(CARGO) build --release -p deepspan -p deepspan-workloads
 	$(CARGO) test --release --workspace --no-fail-fast
 	python3 -m pytest -q sdk/python/tests
@@ -51,7 +58,7 @@ test: deps ui
 	node ui/e2e/e2e.mjs --deepspan $(TARGET_DIR)/release/deepspan --out $(TARGET_DIR)/ui-e2e
 
 # Benchmarks are timings: run by hand, never part of `make test`.
-bench: build
+bench: build java-sdk
 	@bench/run.sh
 
 # Runs each fuzz target (cargo-fuzz) for FUZZ_SECONDS each.

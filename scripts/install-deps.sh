@@ -12,8 +12,10 @@ cd "$(dirname "$0")/.."
 # serves the row-lock diagnosis test (a throwaway cluster per test) and the
 # demo (`make demo`, demo/), which also makes network namespaces, veth pairs
 # and tc qdiscs (iproute2). Chromium runs the web UI's end-to-end test
-# (ui/e2e, headless, driven by playwright-core).
-debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace postgresql-15 iproute2 chromium)
+# (ui/e2e, headless, driven by playwright-core). Maven and JDK 17 build the
+# Java agent extension (sdk/java, `make java-sdk`) and run its test server.
+debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace postgresql-15 iproute2 chromium
+  maven openjdk-17-jdk-headless)
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
