@@ -213,7 +213,9 @@ impl ThreadActivity {
             }
         }
         if no_tid > 0 {
-            notes.push(format!("{no_tid} span(s) have no OS thread id (deepspan.tid) nor activations; not placed on any thread"));
+            notes.push(format!(
+                "{no_tid} span(s) are on no single thread (no deepspan.tid, no activations, no thread inferred): thread activity leaves them out; the placement note says where they went"
+            ));
         }
         if no_clock > 0 {
             notes.push(format!("{no_clock} span(s) have a thread id but no monotonic times and no clock map was given; not placed"));
