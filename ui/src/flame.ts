@@ -98,6 +98,7 @@ export class FlameGraph {
     this.focus = this.top;
     this.root = document.createElement("div");
     this.root.className = "flame";
+    this.root.dataset.focus = profile.tree.name;
     this.canvas = document.createElement("canvas");
     this.root.append(this.canvas);
     const hint = document.createElement("div");
