@@ -163,7 +163,11 @@ async function flameGraph(panel: HTMLElement, id: string): Promise<void> {
     return;
   }
   panel.hidden = false;
-  const total = p.tree.value_ns || 1;
+  if (!p.tree.value_ns) {
+    panel.innerHTML = `<h2>Which code</h2><p class="muted">This request has no kernel critical path, so no flame graph.</p>`;
+    return;
+  }
+  const total = p.tree.value_ns;
   const pct = (ns: number) => `${((100 * ns) / total).toFixed(1)}%`;
   panel.innerHTML = `<h2>Which code: flame graph <small>(widths: wall time on the kernel critical path; on-CPU time shared among the samples taken in it)</small></h2>
     <p class="muted">on the CPU <b>${fmtNs(p.on_cpu_ns)}</b> (${pct(p.on_cpu_ns)}; ${p.samples} samples at ${p.hz} Hz${p.unsampled_ns ? `, ${fmtNs(p.unsampled_ns)} on threads no sample fell on` : ""})

@@ -40,7 +40,7 @@ pub static ASSETS: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../../ui/dis
 pub fn load(run_dir: &Path) -> Result<Arc<AppState>, DataError> {
     let dir = RunDir::open(run_dir)?;
     let spans = RunSpans::load(&dir)?;
-    let profiles = Profiles::open(&dir)?;
+    let profiles = Profiles::open(&dir);
     let data = RunData::load(dir)?;
     Ok(Arc::new(AppState {
         data,

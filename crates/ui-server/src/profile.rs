@@ -17,7 +17,7 @@ use deepspan_profile::{
 };
 use serde_json::Value;
 
-use crate::data::{DataError, Piece, RunData, RunDir, NONE};
+use crate::data::{Piece, RunData, RunDir, NONE};
 
 /// Where a run keeps its samples, as its manifest says.
 #[derive(Clone, Debug)]
@@ -36,7 +36,8 @@ struct Job {
 
 /// The run's CPU samples, if it was recorded with `--profile`.
 pub struct Profiles {
-    recorded: Option<Recorded>,
+    /// None: recorded without `--profile`; Err: the manifest is unreadable.
+    recorded: Result<Option<Recorded>, String>,
     /// The profiling thread, started on first use.
     worker: OnceLock<mpsc::Sender<Job>>,
 }
@@ -52,37 +53,38 @@ pub struct RequestProfile {
 }
 
 impl Profiles {
-    /// Reads the manifest's `profile` entry; the samples wait for [`Profiles::request`].
-    pub fn open(dir: &RunDir) -> Result<Profiles, DataError> {
+    /// Reads the manifest's `profile` entry; the samples wait for
+    /// [`Profiles::request`]. A manifest that cannot be read does not stop
+    /// the server: the flame graph endpoint says what is wrong instead.
+    pub fn open(dir: &RunDir) -> Profiles {
         let recorded = match dir.file("manifest.json") {
-            Err(_) => None,
-            Ok(path) => {
-                let text = std::fs::read(&path).map_err(|e| {
-                    DataError::Missing(format!("cannot read {}: {e}", path.display()))
-                })?;
-                let manifest: Value = serde_json::from_slice(&text).map_err(|e| {
-                    DataError::Bad(format!("{} is not valid JSON: {e}", path.display()))
-                })?;
-                match manifest["profile"]["dir"].as_str() {
-                    None => None,
-                    Some(rel) => Some(Recorded {
+            Err(_) => Ok(None),
+            Ok(path) => std::fs::read(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                .and_then(|text| {
+                    serde_json::from_slice::<Value>(&text)
+                        .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))
+                })
+                .and_then(|manifest| match manifest["profile"]["dir"].as_str() {
+                    None => Ok(None),
+                    Some(rel) => Ok(Some(Recorded {
                         // Through RunDir::file: a manifest cannot point outside the run.
-                        dir: dir.file(rel)?,
+                        dir: dir.file(rel).map_err(|e| e.to_string())?,
                         hz: manifest["profile"]["hz"].as_u64().unwrap_or(0),
                         lost: manifest["profile"]["lost"].as_u64().unwrap_or(0),
-                    }),
-                }
-            }
+                    })),
+                }),
         };
-        Ok(Profiles {
+        Profiles {
             recorded,
             worker: OnceLock::new(),
-        })
+        }
     }
 
-    /// Whether the run has CPU samples.
+    /// Whether the run was recorded with CPU samples (or its manifest
+    /// could not be read, which [`Profiles::request`] reports).
     pub fn recorded(&self) -> bool {
-        self.recorded.is_some()
+        !matches!(self.recorded, Ok(None))
     }
 
     /// The profiling thread: reads the samples once, then answers jobs
@@ -132,7 +134,7 @@ impl Profiles {
     ) -> Result<RequestProfile, String> {
         let recorded = self
             .recorded
-            .as_ref()
+            .clone()?
             .ok_or_else(|| "this run has no CPU samples".to_string())?;
         let pieces = data.paths.get(span_id).map(Vec::as_slice).unwrap_or(&[]);
         let path: Vec<PathPiece> = pieces.iter().map(|p| path_piece(data, p)).collect();
@@ -148,7 +150,7 @@ impl Profiles {
             reply,
         };
         let gone = || "the profiling thread stopped".to_string();
-        self.worker(recorded).send(job).map_err(|_| gone())?;
+        self.worker(&recorded).send(job).map_err(|_| gone())?;
         let (all, totals, truncated) = answer.recv().map_err(|_| gone())??;
         let tree = all.children.into_iter().next().unwrap_or(FlameNode {
             name: root,
@@ -192,5 +194,58 @@ fn path_piece(data: &RunData, p: &Piece) -> PathPiece {
         syscall: text(p.syscall),
         blocked_by_request,
         throttled_ns: p.throttled_ns.max(0) as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_with_manifest(manifest: &str) -> (tempfile::TempDir, RunDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir_all(run.join("analysis")).unwrap();
+        std::fs::write(run.join("analysis/requests.json"), "{\"requests\": []}").unwrap();
+        std::fs::write(run.join("manifest.json"), manifest).unwrap();
+        std::fs::create_dir_all(dir.path().join("elsewhere")).unwrap();
+        std::fs::create_dir_all(run.join("profile")).unwrap();
+        let run_dir = RunDir::open(&run).unwrap();
+        (dir, run_dir)
+    }
+
+    #[test]
+    fn the_manifest_says_whether_there_are_samples_and_cannot_point_outside_the_run() {
+        let (_d, run) = run_with_manifest("{}");
+        let p = Profiles::open(&run);
+        assert!(!p.recorded());
+
+        let (_d, run) = run_with_manifest(
+            r#"{"profile": {"dir": "profile", "hz": 99, "samples": 3, "lost": 0}}"#,
+        );
+        let p = Profiles::open(&run);
+        assert!(p.recorded());
+        let recorded = p.recorded.unwrap().unwrap();
+        assert_eq!(
+            (recorded.hz, recorded.dir.ends_with("run/profile")),
+            (99, true)
+        );
+
+        // A manifest pointing outside the run, or unreadable: reported at the
+        // endpoint (recorded() is true so that it answers), never followed.
+        let (_d, run) = run_with_manifest(r#"{"profile": {"dir": "../elsewhere", "hz": 99}}"#);
+        let p = Profiles::open(&run);
+        assert!(p.recorded());
+        assert!(
+            matches!(&p.recorded, Err(e) if e.contains("outside the run folder")),
+            "{:?}",
+            p.recorded
+        );
+        let (_d, run) = run_with_manifest("{not json");
+        let p = Profiles::open(&run);
+        assert!(
+            matches!(&p.recorded, Err(e) if e.contains("not valid JSON")),
+            "{:?}",
+            p.recorded.err()
+        );
     }
 }
