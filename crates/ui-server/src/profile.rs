@@ -27,11 +27,15 @@ struct Recorded {
     lost: u64,
 }
 
+/// The whole tree (root `all`), the totals, a note on a cut samples file;
+/// or why the samples could not be read.
+type Answer = Result<(FlameNode, Totals, Option<String>), String>;
+
 /// A path to turn into a flame tree, and where to send it.
 struct Job {
     root: String,
     path: Vec<PathPiece>,
-    reply: mpsc::Sender<Result<(FlameNode, Totals, Option<String>), String>>,
+    reply: mpsc::Sender<Answer>,
 }
 
 /// The run's CPU samples, if it was recorded with `--profile`.
