@@ -2,8 +2,9 @@
 // downloaded browser): records a real run (two Python requests contending
 // on a lock, crates/cli/tests/analyze/cases.py), analyses it, serves it,
 // and checks that the list, the slowest request's kernel critical path and
-// its summary render with the states the recording must have. Screenshots
-// go to --out.
+// its summary render with the states the recording must have, and (the
+// run is recorded with --profile) that its flame graph adds up to the
+// path, shows the wait off the CPU and zooms. Screenshots go to --out.
 //
 //   node ui/e2e/e2e.mjs --deepspan target/release/deepspan --out target/ui-e2e [--run RUN]
 //
@@ -72,7 +73,7 @@ async function main() {
     const caseOut = join(work, "out");
     mkdirSync(caseOut);
     console.log("ui e2e: recording the lock case");
-    sh(deepspan, ["record", "-o", run, "--otlp-grpc-port", "0", "--otlp-http-port", "0", "--", "python3", join(repo, "crates/cli/tests/analyze/cases.py"), "lock", caseOut], {
+    sh(deepspan, ["record", "-o", run, "--profile", "--otlp-grpc-port", "0", "--otlp-http-port", "0", "--", "python3", join(repo, "crates/cli/tests/analyze/cases.py"), "lock", caseOut], {
       PYTHONPATH: join(repo, "sdk/python"),
     });
     sh(deepspan, ["analyze", run]);
@@ -145,6 +146,37 @@ async function main() {
     }
     check(/RUNNING|TIMER|PREEMPTED|BLOCKED/.test(tip) && /thread/.test(tip), `the tooltip says ${JSON.stringify(tip)}`);
     await page.screenshot({ path: join(out, "slowest-request.png"), fullPage: true });
+
+    // 2b. Its flame graph (the recording above samples CPUs): on- plus
+    // off-CPU time is the path's, the sleep is an off-CPU frame, a click zooms.
+    if (ids || (await page.$("#flame:not([hidden])"))) {
+      await page.waitForSelector("#flame-graph[data-ready='1']", { timeout: 30_000 });
+      const on = Number(await page.$eval("#flame", (e) => e.dataset.onNs));
+      const off = Number(await page.$eval("#flame", (e) => e.dataset.offNs));
+      console.log(`ui e2e: flame graph: on-CPU ${on} ns, off-CPU ${off} ns, path ${total} ns`);
+      check(on > 0 && off > 0.5 * total, `the flame graph has on-CPU ${on} ns and off-CPU ${off} ns of a ${total} ns path that mostly sleeps`);
+      check(Math.abs(on + off - total) <= 0.01 * total, `the flame graph's ${on + off} ns are not the summary's ${total} ns`);
+      await page.$eval("#flame", (e) => e.scrollIntoView());
+      const fb = await page.$eval("#flame-graph canvas", (c) => {
+        const r = c.getBoundingClientRect();
+        return { x: r.left, y: r.top, w: r.width };
+      });
+      // Row 2, leftmost: the widest frame under the request's thread, its sleep (or its wait for the holder's).
+      await page.mouse.move(fb.x + fb.w * 0.05, fb.y + 2 * 18 + 9);
+      const ftip = (await page.$("#tooltip:not([hidden])")) ? await page.$eval("#tooltip", (e) => e.textContent) : "";
+      check(/off the CPU/.test(ftip) && /% of the request/.test(ftip), `the flame graph's tooltip says ${JSON.stringify(ftip)}`);
+      const top = await page.$eval("#flame-graph", (e) => e.dataset.focus);
+      await page.mouse.click(fb.x + fb.w * 0.05, fb.y + 2 * 18 + 9);
+      const focus = await page.$eval("#flame-graph", (e) => e.dataset.focus);
+      check(focus?.startsWith("[off-CPU"), `a click zoomed into ${JSON.stringify(focus)}, not the off-CPU frame`);
+      await page.$eval("#flame", (e) => e.scrollIntoView());
+      await page.screenshot({ path: join(out, "flame-zoomed.png") });
+      await page.mouse.dblclick(fb.x + fb.w * 0.5, fb.y + 9);
+      const back = await page.$eval("#flame-graph", (e) => e.dataset.focus);
+      check(back === top, `a double-click zoomed to ${JSON.stringify(back)}, not back out to ${JSON.stringify(top)}`);
+      await page.$eval("#flame", (e) => e.scrollIntoView());
+      await page.screenshot({ path: join(out, "flame.png") });
+    }
 
     // 3. The waiter: blocked by the holder, through the holder's thread.
     if (ids) {

@@ -77,7 +77,15 @@ export interface RunInfo {
   notes: string[];
 }
 
-export class ApiError extends Error {}
+export class ApiError extends Error {
+  constructor(
+    message: string,
+    /** The HTTP status (404: no such thing, 400: bad parameters). */
+    readonly status = 0,
+  ) {
+    super(message);
+  }
+}
 
 export async function get<T>(path: string, params: Record<string, string | number | undefined> = {}): Promise<T> {
   const q = new URLSearchParams();
@@ -85,7 +93,7 @@ export async function get<T>(path: string, params: Record<string, string | numbe
   const url = q.toString() ? `${path}?${q}` : path;
   const res = await fetch(url);
   const body = await res.json().catch(() => ({ error: `${res.status} ${res.statusText}` }));
-  if (!res.ok) throw new ApiError(body.error ?? `${res.status} ${res.statusText}`);
+  if (!res.ok) throw new ApiError(body.error ?? `${res.status} ${res.statusText}`, res.status);
   return body as T;
 }
 

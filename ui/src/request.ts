@@ -1,8 +1,11 @@
 // One request: diagnosis, span Gantt chart with the span-level critical
 // path, kernel critical path per thread (arrows where it moves to another
-// thread, pieces spent for a blocking request outlined), summary chart.
+// thread, pieces spent for a blocking request outlined), summary chart,
+// and the flame graph of its CPU samples when the run was recorded with
+// --profile.
 
-import { CauseObject, Drawn, get, RequestRow, Diagnosis } from "./api";
+import { ApiError, CauseObject, Drawn, get, RequestRow, Diagnosis } from "./api";
+import { FLAME_LEGEND, FlameGraph, ProfileResponse } from "./flame";
 import { BLOCKED_BY_REQUEST, el, esc, fmtNs, legend, stateColor, STATE_COLORS } from "./format";
 import { Lane, Timeline } from "./timeline";
 
@@ -141,6 +144,41 @@ export async function requestView(app: HTMLElement, id: string): Promise<void> {
   sum.innerHTML = "<h2>Where the time went</h2>";
   app.append(sum);
   summaryChart(sum, detail, blockerName);
+
+  // Flame graph: only for runs recorded with --profile (404 otherwise).
+  const flame = el("section", { class: "panel", id: "flame" });
+  flame.hidden = true;
+  app.append(flame);
+  await flameGraph(flame, id);
+}
+
+async function flameGraph(panel: HTMLElement, id: string): Promise<void> {
+  let p: ProfileResponse;
+  try {
+    p = await get<ProfileResponse>(`/api/requests/${encodeURIComponent(id)}/profile`);
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 404) return;
+    panel.hidden = false;
+    panel.innerHTML = `<h2>Which code</h2><p class="error">${esc((e as Error).message)}</p>`;
+    return;
+  }
+  panel.hidden = false;
+  if (!p.tree.value_ns) {
+    panel.innerHTML = `<h2>Which code</h2><p class="muted">This request has no kernel critical path, so no flame graph.</p>`;
+    return;
+  }
+  const total = p.tree.value_ns;
+  const pct = (ns: number) => `${((100 * ns) / total).toFixed(1)}%`;
+  panel.innerHTML = `<h2>Which code: flame graph <small>(widths: wall time on the kernel critical path; on-CPU time shared among the samples taken in it)</small></h2>
+    <p class="muted">on the CPU <b>${fmtNs(p.on_cpu_ns)}</b> (${pct(p.on_cpu_ns)}; ${p.samples} samples at ${p.hz} Hz${p.unsampled_ns ? `, ${fmtNs(p.unsampled_ns)} on threads no sample fell on` : ""})
+    · off the CPU <b>${fmtNs(p.off_cpu_ns)}</b> (${pct(p.off_cpu_ns)})
+    ${p.notes.map((n) => ` · <span class="warn">${esc(n)}</span>`).join("")}</p>`;
+  panel.append(legend([], FLAME_LEGEND));
+  panel.dataset.onNs = String(p.on_cpu_ns);
+  panel.dataset.offNs = String(p.off_cpu_ns);
+  const graph = new FlameGraph(panel, p);
+  graph.root.id = "flame-graph";
+  graph.root.dataset.ready = "1";
 }
 
 function diagnosisBox(d: Diagnosis | null, blockerName: Map<string, string>): HTMLElement {

@@ -53,7 +53,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     if let Some(cut) = &samples.truncated {
         eprintln!("deepspan: note: {cut}");
     }
-    let index = SampleIndex::new(&samples.samples);
+    let index = SampleIndex::new(samples.samples);
     let mut symbols = Symbols::open(&profile_dir);
 
     let requests: Vec<(ReportRequest, Vec<ReportPiece>)> = match (&args.request, &args.operation) {

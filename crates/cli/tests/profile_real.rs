@@ -3,7 +3,8 @@
 //! code (`deepspan-workload hot`) and in Java (JIT-compiled code, named
 //! through the JVM's perf map). The oracle is the program itself: it names
 //! its hot function and its request's span; nothing here depends on how many
-//! samples load leaves.
+//! samples load leaves. The native request's flame graph from `deepspan ui`
+//! adds up the same way.
 
 mod common;
 
@@ -57,6 +58,93 @@ fn a_requests_cpu_time_is_in_its_hot_function_and_its_wall_time_adds_up() {
     let top = Command::new("go").args(["tool", "pprof", "-top"]).arg(&recorded.pprof).output().expect("go tool pprof");
     assert!(top.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&top.stderr));
     assert!(String::from_utf8_lossy(&top.stdout).contains(hot));
+
+    let on_cpu = profile.sample.iter().filter(|s| s.value[0] == 1).count();
+    // The UI's flame graph of the same request: the same stacks as a tree.
+    let ui = Ui::serve(&recorded.run);
+    let flame = ui.json(&format!("/api/requests/{}/profile", recorded.span_id));
+    let tree = &flame["tree"];
+    assert_eq!(
+        tree["name"],
+        format!(
+            "[{}] {}",
+            report["request"]["service"].as_str().unwrap(),
+            report["request"]["operation"].as_str().unwrap()
+        )
+    );
+    let total = tree["value_ns"].as_u64().unwrap();
+    assert!(
+        (total as f64 - duration as f64).abs() <= duration as f64 * 0.01,
+        "flame graph total {total} ns against a {duration} ns request"
+    );
+    assert_eq!(total, flame["on_cpu_ns"].as_u64().unwrap() + flame["off_cpu_ns"].as_u64().unwrap(), "{flame}");
+    assert_eq!(tree["on_cpu_ns"], flame["on_cpu_ns"]);
+    assert_eq!(tree["samples"].as_u64().unwrap() as usize, on_cpu, "the pprof file's samples, in the tree");
+    let mut nodes = Vec::new();
+    walk(tree, &mut nodes);
+    // The hot function: on the CPU, with ≥ 80 % of the request's samples.
+    let hot_samples: u64 = nodes
+        .iter()
+        .filter(|n| n["name"].as_str().unwrap().ends_with(hot))
+        .map(|n| n["samples"].as_u64().unwrap())
+        .max()
+        .unwrap_or(0);
+    assert!(hot_samples * 100 >= on_cpu as u64 * 80, "{hot} has {hot_samples} of {} samples in the tree", on_cpu);
+    assert!(nodes.iter().filter(|n| n["name"].as_str().unwrap().ends_with(hot)).all(|n| n["on_cpu"] == true));
+    let sleep =
+        nodes.iter().find(|n| n["name"].as_str().unwrap().starts_with("[off-CPU: TIMER")).expect("the sleep's frame");
+    assert_eq!(sleep["on_cpu"], false);
+    assert_eq!(sleep["on_cpu_ns"], 0);
+    assert!(sleep["value_ns"].as_u64().unwrap() > 0);
+}
+
+fn walk<'a>(node: &'a serde_json::Value, out: &mut Vec<&'a serde_json::Value>) {
+    out.push(node);
+    for c in node["children"].as_array().unwrap() {
+        walk(c, out);
+    }
+}
+
+/// `deepspan ui RUN` on a free port, stopped when dropped.
+struct Ui {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Ui {
+    fn serve(run: &std::path::Path) -> Ui {
+        use std::io::BufRead;
+        let mut child = deepspan()
+            .arg("ui")
+            .arg(run)
+            .args(["--port", "0"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start deepspan ui");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().trim_start_matches("http://").trim_end_matches('/').to_string();
+        Ui { child, addr }
+    }
+
+    /// GET over HTTP/1.0: the body ends with the connection, unchunked.
+    fn json(&self, path: &str) -> serde_json::Value {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&self.addr).unwrap();
+        write!(c, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "GET {path}: {head}\n{body}");
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e})"))
+    }
+}
+
+impl Drop for Ui {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// JIT-compiled code has no symbols in any file: the JVM writes its perf map

@@ -1,7 +1,7 @@
 //! `deepspan ui`'s JSON API on a real recorded and analysed run (two Python
 //! requests contending on a lock, tests/analyze/cases.py): time ranges and
 //! level of detail, bad parameters (400 with a message), unknown requests
-//! (404), and attempts to read files outside the run folder (`..`, encoded
+//! (404; a flame graph of a run recorded without `--profile` too), and attempts to read files outside the run folder (`..`, encoded
 //! `%2e%2e`, absolute paths, symlinks), sent as raw HTTP so that no client
 //! normalizes them first.
 
@@ -352,6 +352,8 @@ fn api_on_a_recorded_run() {
         ("/api/requests?anomalous=maybe", "anomalous"),
         ("/api/requests/not-hex", "request id"),
         ("/api/requests/zz/timeline", "request id"),
+        ("/api/requests/zz/profile", "request id"),
+        ("/api/requests/0123456789abcdef/profile?x=1", "x"),
         ("/api/concurrent?start_ns=%zz", "percent"),
     ] {
         let body = error(&s, path, 400);
@@ -364,6 +366,10 @@ fn api_on_a_recorded_run() {
     }
     // Unknown things: 404.
     error(&s, "/api/requests/0123456789abcdef", 404);
+    error(&s, "/api/requests/0123456789abcdef/profile", 404);
+    // Recorded without --profile: no flame graph, and the answer says why.
+    let body = error(&s, &format!("/api/requests/{holder}/profile"), 404);
+    assert!(body.contains("record it with `deepspan record --profile`"), "{body}");
     error(&s, "/api/no-such-endpoint", 404);
     error(&s, "/api/thread_states?tids=999999999", 404);
     error(&s, "/no-such-page.html", 404);

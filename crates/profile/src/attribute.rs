@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 
-use crate::pprof::PprofBuilder;
 use crate::samples::Sample;
 use crate::symbols::{Frame, Symbols};
 
@@ -27,14 +26,15 @@ pub struct PathPiece {
     pub throttled_ns: u64,
 }
 
-/// The run's samples by thread, in time order.
-pub struct SampleIndex<'a> {
-    by_tid: HashMap<i32, Vec<&'a Sample>>,
+/// The run's samples by thread, in time order. It owns them, so that a
+/// long-lived holder (the UI server) keeps one copy.
+pub struct SampleIndex {
+    by_tid: HashMap<i32, Vec<Sample>>,
 }
 
-impl<'a> SampleIndex<'a> {
-    pub fn new(samples: &'a [Sample]) -> SampleIndex<'a> {
-        let mut by_tid: HashMap<i32, Vec<&Sample>> = HashMap::new();
+impl SampleIndex {
+    pub fn new(samples: Vec<Sample>) -> SampleIndex {
+        let mut by_tid: HashMap<i32, Vec<Sample>> = HashMap::new();
         for s in samples {
             by_tid.entry(s.tid).or_default().push(s);
         }
@@ -44,8 +44,17 @@ impl<'a> SampleIndex<'a> {
         SampleIndex { by_tid }
     }
 
+    /// How many samples it holds.
+    pub fn len(&self) -> usize {
+        self.by_tid.values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_tid.is_empty()
+    }
+
     /// The samples of `tid` in `[start, end)`.
-    pub fn within(&self, tid: i32, start: u64, end: u64) -> &[&'a Sample] {
+    pub fn within(&self, tid: i32, start: u64, end: u64) -> &[Sample] {
         let Some(list) = self.by_tid.get(&tid) else { return &[] };
         let from = list.partition_point(|s| s.time_ns < start);
         let to = list.partition_point(|s| s.time_ns < end);
@@ -73,6 +82,23 @@ impl Totals {
     }
 }
 
+/// What a stack stands for: samples and wall time, on or off the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackValue<'a> {
+    /// CPU samples behind the stack (0 for off-CPU and unsampled time).
+    pub samples: u64,
+    pub wall_ns: u64,
+    /// The kernel state of an off-CPU stack; None when on the CPU.
+    pub off_cpu_state: Option<&'a str>,
+}
+
+/// Where [`add_request`] puts the stacks it builds: a pprof profile
+/// ([`crate::PprofBuilder`]) or a flame tree ([`crate::FlameTree`]).
+pub trait StackSink {
+    /// One stack, root first.
+    fn add_stack(&mut self, root_first: &[Frame], value: StackValue);
+}
+
 /// Adds one request's path to `out` under the root frame `root`.
 ///
 /// A thread's RUNNING time on the path is shared among all the samples it
@@ -80,7 +106,7 @@ impl Totals {
 /// shorter than the sampling period (a preempted thread), and a sample
 /// stands for the code of the whole period around it.
 pub fn add_request(
-    out: &mut PprofBuilder,
+    out: &mut impl StackSink,
     root: &str,
     path: &[PathPiece],
     samples: &SampleIndex,
@@ -101,9 +127,9 @@ pub fn add_request(
             match running.iter_mut().find(|r| r.0 == piece.tid) {
                 Some(r) => {
                     r.2 += ns;
-                    r.3.extend_from_slice(taken);
+                    r.3.extend(taken);
                 }
-                None => running.push((piece.tid, thread, ns, taken.to_vec())),
+                None => running.push((piece.tid, thread, ns, taken.iter().collect())),
             }
         } else {
             totals.off_cpu_ns += ns;
@@ -111,14 +137,14 @@ pub fn add_request(
             if let Some(call) = &piece.syscall {
                 stack.push(Frame { function: format!("syscall: {call}"), module: "[kernel]".into() });
             }
-            out.add(&stack, [0, ns as i64], &[("cpu", "off"), ("state", &piece.state)]);
+            out.add_stack(&stack, StackValue { samples: 0, wall_ns: ns, off_cpu_state: Some(&piece.state) });
         }
     }
     for (_, thread, ns, taken) in running {
         if taken.is_empty() {
             totals.unsampled_ns += ns;
             let stack = [marker(root), thread, marker("[on-CPU: not sampled]")];
-            out.add(&stack, [0, ns as i64], &[("cpu", "on")]);
+            out.add_stack(&stack, StackValue { samples: 0, wall_ns: ns, off_cpu_state: None });
             continue;
         }
         totals.samples += taken.len() as u64;
@@ -129,7 +155,7 @@ pub fn add_request(
             let mut stack = vec![marker(root), thread.clone(), marker("[on-CPU]")];
             let leaf_first: Vec<(u64, bool)> = s.frames().collect();
             stack.extend(leaf_first.iter().rev().map(|&(addr, kernel)| symbols.frame(s.pid, addr, kernel)));
-            out.add(&stack, [1, share as i64], &[("cpu", "on")]);
+            out.add_stack(&stack, StackValue { samples: 1, wall_ns: share, off_cpu_state: None });
         }
     }
     totals
@@ -164,6 +190,7 @@ fn marker(name: &str) -> Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pprof::PprofBuilder;
     use crate::samples::{PERF_CONTEXT_KERNEL, PERF_CONTEXT_USER};
 
     #[test]
@@ -178,7 +205,7 @@ mod tests {
             callchain: vec![PERF_CONTEXT_KERNEL, 0xffff_ffff_8100_0000, PERF_CONTEXT_USER, 0x1000, 0x2000],
         };
         let samples = vec![sample(100, 5), sample(150, 5), sample(180, 5), sample(400, 6), sample(950, 5)];
-        let index = SampleIndex::new(&samples);
+        let index = SampleIndex::new(samples);
         let piece = |start, end, state: &str, tid| PathPiece {
             start_ns: start,
             end_ns: end,

@@ -7,9 +7,11 @@
 //!   kept (kallsyms, mappings, JIT perf maps), through blazesym;
 //! - [`attribute`]: a request's critical path with its samples, as on- and
 //!   off-CPU stacks whose times add up to the request's duration;
-//! - [`pprof`]: those stacks as gzip protobuf pprof.
+//! - [`pprof`]: those stacks as gzip protobuf pprof;
+//! - [`flame`]: the same stacks merged into a tree for the UI's flame graph.
 
 pub mod attribute;
+pub mod flame;
 pub mod pprof;
 pub mod sampler;
 pub mod samples;
@@ -17,7 +19,8 @@ pub mod symbols;
 
 use std::path::{Path, PathBuf};
 
-pub use attribute::{add_request, PathPiece, SampleIndex, Totals};
+pub use attribute::{add_request, PathPiece, SampleIndex, StackSink, StackValue, Totals};
+pub use flame::{FlameNode, FlameTree};
 pub use pprof::{encode_gzip, PprofBuilder};
 pub use sampler::{Sampler, SamplerStats, DEFAULT_HZ};
 pub use samples::{read_samples, Sample, Samples, PROFILE_DIR};

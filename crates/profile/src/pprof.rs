@@ -8,6 +8,7 @@ use std::io::Write;
 
 use prost::Message;
 
+use crate::attribute::{StackSink, StackValue};
 use crate::symbols::Frame;
 
 #[derive(Clone, PartialEq, Message)]
@@ -152,6 +153,17 @@ impl PprofBuilder {
         self.profile.location.push(Location { id, line: vec![Line { function_id: id }] });
         self.locations.insert(f.clone(), id);
         id
+    }
+}
+
+impl StackSink for PprofBuilder {
+    /// Labelled `cpu=on|off`, and `state=STATE` when off the CPU.
+    fn add_stack(&mut self, root_first: &[Frame], value: StackValue) {
+        let values = [value.samples as i64, value.wall_ns as i64];
+        match value.off_cpu_state {
+            Some(state) => self.add(root_first, values, &[("cpu", "off"), ("state", state)]),
+            None => self.add(root_first, values, &[("cpu", "on")]),
+        }
     }
 }
 

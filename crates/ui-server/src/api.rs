@@ -13,11 +13,13 @@ use serde_json::{json, Value};
 
 use crate::data::{RunData, RunSpans, NONE};
 use crate::lod::{reduce, Drawn};
+use crate::profile::Profiles;
 
 /// What every handler sees.
 pub struct AppState {
     pub data: RunData,
     pub spans: RunSpans,
+    pub profiles: Profiles,
 }
 
 pub type Shared = Arc<AppState>;
@@ -408,6 +410,50 @@ pub async fn request_spans(
     Ok(Json(json!({
         "request_span_id": span,
         "trace": view,
+    })))
+}
+
+/// `GET /api/requests/{id}/profile`: the request's flame graph (on-CPU
+/// samples and off-CPU pieces of its critical path, `deepspan_profile`),
+/// 404 when the run was recorded without `--profile`.
+pub async fn request_profile(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult {
+    Params::parse(q, &[])?;
+    let (r, span) = find_request(&st, &id)?;
+    if !st.profiles.recorded() {
+        return Err(ApiError::not_found(
+            "this run has no CPU samples: record it with `deepspan record --profile`",
+        ));
+    }
+    let request = r.clone();
+    let state = st.clone();
+    // Reading the samples (first time) and symbolizing block.
+    let profile = tokio::task::spawn_blocking(move || {
+        state.profiles.request(&state.data, &span, &request)
+    })
+    .await
+    .map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("profile task failed: {e}"),
+    })?
+    .map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("cannot read the run's CPU samples: {e}"),
+    })?;
+    let t = profile.totals;
+    Ok(Json(json!({
+        "span_id": r["span_id"],
+        "duration_ns": r["duration_ns"],
+        "hz": profile.hz,
+        "on_cpu_ns": t.on_cpu_ns,
+        "off_cpu_ns": t.off_cpu_ns,
+        "samples": t.samples,
+        "unsampled_ns": t.unsampled_ns,
+        "notes": profile.notes,
+        "tree": profile.tree,
     })))
 }
 

@@ -4,6 +4,8 @@
 //!   thread, concurrent requests, thread states and CPUs over a time
 //!   window) with level of detail computed here ([`lod`]), so a browser
 //!   draws at most about one interval per pixel whatever the run's size;
+//! - `/api/requests/{id}/profile`: the request's flame graph from the CPU
+//!   samples of `record --profile` ([`profile`]), loaded on first use;
 //! - everything else: the single-page app from `ui/`, compiled into the
 //!   binary ([`ASSETS`]); asset paths are looked up in that embedded
 //!   table, never on disk.
@@ -15,6 +17,7 @@
 pub mod api;
 pub mod data;
 pub mod lod;
+pub mod profile;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -28,6 +31,7 @@ use include_dir::{include_dir, Dir};
 
 pub use api::AppState;
 pub use data::{DataError, RunData, RunDir, RunSpans};
+pub use profile::Profiles;
 
 /// The built UI (`ui/dist`); build.rs stops the build when it is missing.
 pub static ASSETS: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../../ui/dist");
@@ -36,8 +40,13 @@ pub static ASSETS: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../../ui/dis
 pub fn load(run_dir: &Path) -> Result<Arc<AppState>, DataError> {
     let dir = RunDir::open(run_dir)?;
     let spans = RunSpans::load(&dir)?;
+    let profiles = Profiles::open(&dir);
     let data = RunData::load(dir)?;
-    Ok(Arc::new(AppState { data, spans }))
+    Ok(Arc::new(AppState {
+        data,
+        spans,
+        profiles,
+    }))
 }
 
 /// The routes: the API and the embedded app.
@@ -48,6 +57,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/requests/{id}", get(api::request))
         .route("/api/requests/{id}/spans", get(api::request_spans))
         .route("/api/requests/{id}/timeline", get(api::request_timeline))
+        .route("/api/requests/{id}/profile", get(api::request_profile))
         .route("/api/concurrent", get(api::concurrent))
         .route("/api/threads", get(api::threads))
         .route("/api/thread_states", get(api::thread_states))
