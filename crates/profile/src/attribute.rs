@@ -169,17 +169,15 @@ fn thread_frame(piece: &PathPiece) -> Frame {
     })
 }
 
-/// `[off-CPU: STATE]`, `[off-CPU: PREEMPTED (throttled)]`,
-/// `[off-CPU: blocked by request X]`.
+/// `[off-CPU: STATE]`, `[off-CPU: PREEMPTED (throttled)]`, and for time
+/// spent waiting on another request, what that request's thread was doing:
+/// `[off-CPU: blocked by request X: TIMER]`.
 pub fn off_cpu_label(piece: &PathPiece) -> String {
-    if let Some(x) = &piece.blocked_by_request {
-        return format!("[off-CPU: blocked by request {x}]");
-    }
     let throttled = piece.state == "PREEMPTED" && piece.throttled_ns * 2 >= piece.end_ns.saturating_sub(piece.start_ns);
-    if throttled {
-        "[off-CPU: PREEMPTED (throttled)]".to_string()
-    } else {
-        format!("[off-CPU: {}]", piece.state)
+    let state = if throttled { "PREEMPTED (throttled)".to_string() } else { piece.state.clone() };
+    match &piece.blocked_by_request {
+        Some(x) => format!("[off-CPU: blocked by request {x}: {state}]"),
+        None => format!("[off-CPU: {state}]"),
     }
 }
 

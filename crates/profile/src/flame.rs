@@ -204,7 +204,7 @@ mod tests {
         assert!(!disk.on_cpu);
         assert_eq!((disk.value_ns, disk.on_cpu_ns, disk.samples), (300, 0, 0));
         assert_eq!(disk.children[0].name, "syscall: read");
-        let blocked = find(&all, "[off-CPU: blocked by request [db] SELECT]").unwrap();
+        let blocked = find(&all, "[off-CPU: blocked by request [db] SELECT: BLOCKED]").unwrap();
         assert_eq!((blocked.value_ns, blocked.on_cpu), (300, false));
     }
 
