@@ -453,24 +453,45 @@ fn summary(mode: &str, requests: &[(&Served, &Value)]) -> String {
     )
 }
 
+/// Every waiter `lock_contention` with a holder's thread among the
+/// culprits, but for at most one per round: HotSpot's monitor makes one
+/// waiter "responsible", parked with timeouts of 1, 8, 64, 512 ms… so that
+/// a lost wake-up cannot strand it; when the holder's exit wakes another
+/// waiter instead, that one gets the monitor after its own timeout with no
+/// wake-up from the holder in the kernel trace. The trace cannot tell that
+/// wait from a sleep: it must then be `timer`, in a futex, on its own
+/// thread, never anything else.
 fn check_lock(a: &Analysed, mode: &str, placement: &str) {
     let holders: Vec<&Served> = of_role(a, "holder").into_iter().map(|(s, _)| s).collect();
     assert_eq!(holders.len(), ROUNDS, "every holder served");
     let waiters = of_role(a, "waiter");
     assert_eq!(waiters.len(), ROUNDS * WAITERS, "every waiter served");
     eprintln!("lock, {}", summary(mode, &waiters));
+    let mut timed_out = 0;
     for (s, r) in &waiters {
         assert_eq!(r["sync"], placement, "{r}\n{}", a.analyze_stderr);
         assert_eq!(r["tid"].as_i64(), Some(s.tid), "placed on its thread: {r}");
         let d = &r["diagnosis"];
-        assert_eq!(d["cause"], "lock_contention", "{r}\n{}", a.analyze_stderr);
         let culprits = d["culprits"].as_array().expect("culprits");
+        if d["cause"] == "timer" {
+            timed_out += 1;
+            assert!(
+                culprits[0]["tid"].as_i64() == Some(s.tid) && culprits[0]["name"] == "futex",
+                "a responsible waiter's own timed futex wait: {d}"
+            );
+            continue;
+        }
+        assert_eq!(d["cause"], "lock_contention", "{r}\n{}", a.analyze_stderr);
         assert!(
             culprits.iter().any(|c| c["kind"] == "thread"
                 && holders.iter().any(|h| c["tid"].as_i64() == Some(h.tid))),
             "a holder's thread among the culprits: {d}"
         );
     }
+    assert!(
+        timed_out <= ROUNDS,
+        "{timed_out} waiters got the monitor by a timeout, more than one a round"
+    );
 }
 
 fn check_quota(a: &Analysed, mode: &str, placement: &str) {
@@ -483,8 +504,9 @@ fn check_quota(a: &Analysed, mode: &str, placement: &str) {
         a.throttled_periods,
         summary(mode, &under_quota)
     );
-    for (_, r) in &under_quota {
+    for (s, r) in &under_quota {
         assert_eq!(r["sync"], placement, "{r}\n{}", a.analyze_stderr);
+        assert_eq!(r["tid"].as_i64(), Some(s.tid), "placed on its thread: {r}");
         let d = &r["diagnosis"];
         assert_eq!(d["cause"], "cpu_throttled", "{r}\n{}", a.analyze_stderr);
         let culprits = d["culprits"].as_array().expect("culprits");
