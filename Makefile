@@ -17,9 +17,12 @@ jaeger:
 # The OpenTelemetry Java agent extension (sdk/java): its unit tests, then
 # sdk/java/target/deepspan-otel-extension.jar and the stock agent it is tested
 # with, sdk/java/target/agent/opentelemetry-javaagent.jar (Maven Central,
-# cached in ~/.m2).
+# cached in ~/.m2). Then the fault extension for WireMock, the third-party
+# application of crates/cli/tests/java_app.rs, and WireMock's jars in its
+# target/lib.
 java-sdk: deps
 	cd sdk/java && mvn -B --no-transfer-progress package
+	cd sdk/java/testapp/wiremock-fault && mvn -B --no-transfer-progress package
 
 # Where cargo puts binaries (CARGO_TARGET_DIR when set).
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)

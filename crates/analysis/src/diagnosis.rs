@@ -398,7 +398,11 @@ pub fn diagnose(ctx: &DiagnosisContext, path: &RequestPath) -> Option<Diagnosis>
     let share = ns as f64 / total.max(1) as f64;
     let pct = (share * 100.0).round() as u64;
     let mut d = match top {
-        Bucket::Lock => lock(ctx, pieces, pct),
+        Bucket::Lock => lock(
+            ctx,
+            pieces.map(|p| (p, polled_lock_holder(ctx, path, p))),
+            pct,
+        ),
         Bucket::OtherRequest => other_request(ctx, path, pieces, pct),
         Bucket::Preempted => preempted(ctx, pieces, pct),
         Bucket::BlockDevice => disk(ctx, path, pieces, pct),
@@ -440,6 +444,9 @@ pub(crate) fn bucket(ctx: &DiagnosisContext, path: &RequestPath, p: &RequestPiec
             return Bucket::Lock;
         }
     }
+    if polled_lock_holder(ctx, path, p).is_some() {
+        return Bucket::Lock;
+    }
     if p.blocked_by.is_some() {
         return Bucket::OtherRequest;
     }
@@ -451,6 +458,40 @@ pub(crate) fn bucket(ctx: &DiagnosisContext, path: &RequestPath, p: &RequestPiec
         EdgeType::Network => Bucket::Network,
         _ => Bucket::Unexplained,
     }
+}
+
+/// The thread holding the lock that a request's own thread polled during
+/// `p`: some locks are waited for in timed futex waits that time out and
+/// resume (the JVM's monitors: one waiter parks with a growing timeout so
+/// that a lost wake-up cannot strand it), so the path shows the request's
+/// own thread in TIMER. `resume_timeouts` attributes such a timeout to the
+/// request whose thread ended the resumed wait; when that request's thread
+/// at the time is another thread of the same process, the wait was for a
+/// lock it held, and it is that thread.
+pub(crate) fn polled_lock_holder(
+    ctx: &DiagnosisContext,
+    path: &RequestPath,
+    p: &RequestPiece,
+) -> Option<Tid> {
+    let home = home_at(path, p.start)?;
+    if p.tid != Some(home) || p.state != EdgeType::Timer {
+        return None;
+    }
+    let in_futex = p
+        .syscall
+        .or(p.waiting_in)
+        .is_some_and(|s| ctx.syscall_base(&s).is_some_and(|n| n.starts_with("futex")));
+    if !in_futex {
+        return None;
+    }
+    let other = ctx.spans.get(p.blocked_by? as usize)?;
+    let mid = p.start + p.duration() / 2;
+    let holder = home_segments(other)
+        .into_iter()
+        .find(|h| h.0 <= mid && mid < h.1)
+        .map(|h| h.2)?;
+    let home_pid = ctx.pid(home)?;
+    (holder != home && ctx.pid(holder) == Some(home_pid)).then_some(holder)
 }
 
 /// Adds `ns` to the culprit matching `same`, or appends `new()`.
@@ -519,16 +560,20 @@ pub(crate) fn who(c: &Culprit) -> String {
     }
 }
 
+/// `pieces` with, for a lock the request's own thread polled, the thread
+/// holding it ([`polled_lock_holder`]).
 pub(crate) fn lock<'p>(
     ctx: &DiagnosisContext,
-    pieces: impl Iterator<Item = &'p RequestPiece>,
+    pieces: impl Iterator<Item = (&'p RequestPiece, Option<Tid>)>,
     pct: u64,
 ) -> Diagnosis {
     let mut culprits = Vec::new();
     let mut futex: Vec<(u64, u64)> = Vec::new();
-    for p in pieces {
+    for (p, polled_holder) in pieces {
         let d = p.duration();
-        let Some(tid) = p.tid else { continue };
+        let Some(tid) = polled_holder.or(p.tid) else {
+            continue;
+        };
         add_culprit(
             &mut culprits,
             d,
@@ -543,7 +588,10 @@ pub(crate) fn lock<'p>(
                 || request_culprit(r),
             );
         }
-        if let Some(w) = p.waiting_in {
+        if let Some(w) = p
+            .waiting_in
+            .or(p.syscall.filter(|_| polled_holder.is_some()))
+        {
             match futex.iter_mut().find(|f| f.0 == w.arg0) {
                 Some(f) => f.1 += d,
                 None => futex.push((w.arg0, d)),

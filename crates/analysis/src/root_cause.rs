@@ -37,9 +37,9 @@
 use std::sync::OnceLock;
 
 use crate::diagnosis::{
-    add_culprit, by_thread, disk, fit, lock, network, preempted, process_culprit, request_culprit,
-    sort_culprits, who, Bucket, Cause, Culprit, CulpritKind, DiagnosisContext, HEADLINE_MAX,
-    MAX_CULPRITS,
+    add_culprit, by_thread, disk, fit, lock, network, polled_lock_holder, preempted,
+    process_culprit, request_culprit, sort_culprits, who, Bucket, Cause, Culprit, CulpritKind,
+    DiagnosisContext, HEADLINE_MAX, MAX_CULPRITS,
 };
 use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
@@ -403,7 +403,17 @@ impl ChainIndex {
         let pct = (share * 100.0).round() as u64;
         let pieces = || top_leaves.iter().map(|l| &l.piece);
         let mut d = match top {
-            Bucket::Lock => lock(ctx, pieces(), pct),
+            Bucket::Lock => lock(
+                ctx,
+                top_leaves.iter().map(|l| {
+                    let holder = self
+                        .paths
+                        .get(&l.owner)
+                        .and_then(|kept| polled_lock_holder(ctx, &kept.path, &l.piece));
+                    (&l.piece, holder)
+                }),
+                pct,
+            ),
             Bucket::Preempted => preempted(ctx, pieces(), pct),
             Bucket::BlockDevice => {
                 // The page-cache figures are those of the request that
@@ -975,6 +985,69 @@ mod tests {
             .culprits
             .iter()
             .any(|c| c.kind == CulpritKind::Thread && c.tid == Some(3)));
+    }
+
+    /// The JVM's monitor: the waiting request's own thread (1) polls the
+    /// lock in a timed futex wait that times out and resumes, while the
+    /// holder request's thread (2) runs with it; `resume_timeouts` gave the
+    /// TIMER piece to the holder's request. In one process that is a lock
+    /// held by thread 2; across processes, still a request blocking it.
+    #[test]
+    fn a_lock_polled_by_the_requests_own_thread_is_lock_contention_held_by_the_holder() {
+        use crate::state::SyscallInterval;
+        use EdgeType::*;
+        let futex = SyscallInterval {
+            start: 10,
+            end: 90,
+            id: 202,
+            name: 0,
+            arg0: 0xfeed,
+            arg1: 0,
+            ret: 0,
+            entry_seen: true,
+            exit_seen: true,
+        };
+        let on_thread = |tid| SpanInput {
+            holder: Some(tid),
+            ..span(None)
+        };
+        let mut polled = piece(10, 90, Timer, 1, Some(1));
+        polled.syscall = Some(futex);
+        let paths = [
+            path(
+                0,
+                1,
+                vec![
+                    piece(0, 10, Running, 1, None),
+                    polled,
+                    piece(90, 100, Running, 1, None),
+                ],
+            ),
+            path(1, 2, vec![piece(0, 100, Running, 2, None)]),
+        ];
+        let mut f = Fixture::new(vec![on_thread(1), on_thread(2)]);
+        f.pids.insert(2, 10);
+        let d = f.diagnose(&paths, &[0]);
+        let waiter = &d[&0];
+        assert_eq!(waiter.cause, Cause::LockContention, "{waiter:?}");
+        let first_thread = waiter
+            .culprits
+            .iter()
+            .find(|c| c.kind == CulpritKind::Thread)
+            .unwrap();
+        assert_eq!(first_thread.tid, Some(2), "the holder's thread: {waiter:?}");
+        assert!(waiter
+            .culprits
+            .iter()
+            .any(|c| c.kind == CulpritKind::Request && c.span == Some(1)));
+        assert!(waiter
+            .evidence
+            .iter()
+            .any(|e| e.0 == "futex_uaddr" && e.1 == 0xfeed as f64));
+
+        // The holder in another process: no lock of the waiter's process.
+        f.pids.insert(2, 20);
+        assert_eq!(f.diagnose(&paths, &[0])[&0].cause, Cause::BlockedByRequest);
     }
 
     #[test]

@@ -1,0 +1,548 @@
+//! A real Java web application that no one here wrote — WireMock 3 (a Jetty
+//! 11 server, org.wiremock:wiremock from Maven Central) — under `deepspan
+//! record` with the stock OpenTelemetry Java agent, with two faults:
+//!
+//! - a lock: a WireMock extension compiled here
+//!   (sdk/java/testapp/wiremock-fault, loaded through WireMock's own
+//!   extension option, WireMock unchanged) makes a "holder" request keep a
+//!   `synchronized` monitor for 600 ms of CPU while other requests of the
+//!   application wait on the same monitor;
+//! - a CPU quota: this test moves the JVM into a CPU cgroup (v1) of 10 ms
+//!   per 100 ms while each request needs 30 ms of CPU.
+//!
+//! Each fault runs twice: with deepspan's agent extension (SDK placement)
+//! and with the plain agent alone, analysed with `--placement inferred`.
+//! The oracle is the set-up, not the analysis: the extension logs each
+//! request's role and kernel thread id, and the test set the quota.
+//!
+//! Needs root, a JDK and Maven (`make java-sdk` builds the extension,
+//! fetches the agent and WireMock; this test runs Maven when they are
+//! missing).
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{deepspan, kernel_or_skip, KillOnDrop};
+use serde_json::Value;
+
+/// Lock case: rounds of one holder and WAITERS requests that need its lock.
+const ROUNDS: usize = 2;
+const WAITERS: usize = 4;
+/// CPU the holder spends inside the monitor, against a moment for a waiter.
+const HOLD_CPU_MS: u64 = 600;
+/// Quota case: requests, each needing WORK_CPU_MS of CPU, from CLIENTS.
+const CPU_REQUESTS: usize = 12;
+const CLIENTS: usize = 2;
+const WORK_CPU_MS: u64 = 30;
+/// 10 ms of CPU per 100 ms: a request alone needs three periods.
+const QUOTA_US: u64 = 10_000;
+const PERIOD_US: u64 = 100_000;
+
+/// One JVM at a time: the two tests would otherwise share the CPUs.
+static ONE_JVM: Mutex<()> = Mutex::new(());
+
+fn sdk_java() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/java")
+}
+
+fn check(what: &str, out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn maven_package(dir: &Path) {
+    check(
+        &format!("mvn package in {} (make java-sdk)", dir.display()),
+        Command::new("mvn")
+            .args(["-B", "-q", "package", "-DskipTests"])
+            .current_dir(dir)
+            .output()
+            .expect("run mvn (Maven, scripts/install-deps.sh)"),
+    );
+}
+
+/// The jars: deepspan's extension, the stock agent, and WireMock's class
+/// path with the fault extension.
+struct Jars {
+    extension: PathBuf,
+    agent: PathBuf,
+    classpath: String,
+}
+
+fn jars() -> Jars {
+    let target = sdk_java().join("target");
+    let extension = target.join("deepspan-otel-extension.jar");
+    let agent = target.join("agent/opentelemetry-javaagent.jar");
+    if !extension.is_file() || !agent.is_file() {
+        maven_package(&sdk_java());
+    }
+    let app = sdk_java().join("testapp/wiremock-fault");
+    let fault = app.join("target/wiremock-fault.jar");
+    let lib = app.join("target/lib");
+    if !fault.is_file() || !lib.join("wiremock-3.13.2.jar").is_file() {
+        maven_package(&app);
+    }
+    Jars {
+        extension,
+        agent,
+        classpath: format!("{}:{}/*", fault.display(), lib.display()),
+    }
+}
+
+/// GET `path` with a traceparent made of `trace_id`.
+fn get(port: u16, path: &str, trace_id: u128) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to WireMock");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+         traceparent: 00-{trace_id:032x}-{:016x}-01\r\nConnection: close\r\n\r\n",
+        trace_id as u64 | 1
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(
+        response.starts_with("HTTP/1.1 200"),
+        "GET {path}: {response}"
+    );
+}
+
+/// WireMock's own admin call that stops it (and so the recording).
+fn shutdown(port: u16) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to WireMock");
+    write!(
+        stream,
+        "POST /__admin/shutdown HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+}
+
+/// A CPU cgroup (v1, CFS quota) of this test, removed on every exit path,
+/// a panic included.
+struct CpuQuota(PathBuf);
+
+impl CpuQuota {
+    fn create(quota_us: u64, period_us: u64) -> CpuQuota {
+        let root = Path::new("/sys/fs/cgroup/cpu");
+        assert!(
+            root.join("cpu.cfs_quota_us").is_file(),
+            "this test needs the v1 cpu controller with CFS quotas at {}",
+            root.display()
+        );
+        let dir = root.join(format!("deepspan-test-javaapp-{}", std::process::id()));
+        std::fs::create_dir(&dir).expect("create the test cgroup");
+        let group = CpuQuota(dir);
+        std::fs::write(group.0.join("cpu.cfs_period_us"), period_us.to_string())
+            .expect("set cpu.cfs_period_us");
+        std::fs::write(group.0.join("cpu.cfs_quota_us"), quota_us.to_string())
+            .expect("set cpu.cfs_quota_us");
+        group
+    }
+
+    /// Moves every thread of `pid` in (threads it starts later follow).
+    fn confine(&self, pid: i64) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
+            .expect("move the JVM into the cgroup");
+    }
+
+    /// Periods the group was throttled in, from the kernel's own count.
+    fn throttled_periods(&self) -> u64 {
+        let stat = std::fs::read_to_string(self.0.join("cpu.stat")).expect("cpu.stat");
+        stat.lines()
+            .find_map(|l| l.strip_prefix("nr_throttled "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("nr_throttled in cpu.stat")
+    }
+}
+
+impl Drop for CpuQuota {
+    fn drop(&mut self) {
+        // Any thread left in it (a failed run) goes back to the root group.
+        if let Ok(tasks) = std::fs::read_to_string(self.0.join("tasks")) {
+            for tid in tasks.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/cpu/tasks", tid);
+            }
+        }
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("could not remove the test cgroup {}", self.0.display());
+    }
+}
+
+/// One line of the fault extension's log: the oracle.
+#[derive(Clone, Debug)]
+struct Served {
+    role: String,
+    tid: i64,
+    pid: i64,
+}
+
+/// The fault log by trace id.
+fn served(log: &Path) -> HashMap<String, Served> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("a JSON line");
+            let traceparent = v["traceparent"].as_str().unwrap();
+            (
+                traceparent.split('-').nth(1).unwrap().to_string(),
+                Served {
+                    role: v["role"].as_str().unwrap().to_string(),
+                    tid: v["tid"].as_i64().unwrap(),
+                    pid: v["pid"].as_i64().unwrap(),
+                },
+            )
+        })
+        .collect()
+}
+
+fn wait_for_trace(log: &Path, trace_id: u128) -> Served {
+    let key = format!("{trace_id:032x}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(s) = served(log).remove(&key) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} never reached the fault extension"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Fault {
+    Lock,
+    Quota,
+}
+
+/// A recorded and analysed run of WireMock under one fault.
+struct Analysed {
+    /// requests.json's requests by trace id.
+    requests: HashMap<String, Value>,
+    served: HashMap<String, Served>,
+    /// The trace ids sent under the fault (the warm-up's are not).
+    under_fault: Vec<String>,
+    throttled_periods: u64,
+    analyze_stderr: String,
+}
+
+fn run(fault: Fault, with_extension: bool) -> Analysed {
+    let jars = jars();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    // WireMock answers every GET from one stub in its root folder.
+    let root = dir.path().join("wiremock");
+    std::fs::create_dir_all(root.join("mappings")).unwrap();
+    std::fs::write(
+        root.join("mappings/any.json"),
+        r#"{"request":{"method":"GET","urlPattern":"/.*"},"response":{"status":200,"body":"ok\n"}}"#,
+    )
+    .unwrap();
+    let log = dir.path().join("fault.jsonl");
+    let run = dir.path().join("run");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+
+    let mut rec = deepspan();
+    common::ahead_of_other_load(&mut rec);
+    rec.arg("record")
+        .arg("-o")
+        .arg(&run)
+        .args(["--otlp-grpc-port", "0", "--otlp-http-port", "0", "--"])
+        .arg("java")
+        .arg(format!("-javaagent:{}", jars.agent.display()));
+    if with_extension {
+        rec.arg(format!(
+            "-Dotel.javaagent.extensions={}",
+            jars.extension.display()
+        ));
+    }
+    rec.arg(format!("-Ddeepspan.fault.log={}", log.display()))
+        .arg(format!("-Ddeepspan.fault.hold_cpu_ms={HOLD_CPU_MS}"))
+        .arg(format!("-Ddeepspan.fault.work_cpu_ms={WORK_CPU_MS}"))
+        .arg("-cp")
+        .arg(&jars.classpath)
+        .arg("wiremock.Run")
+        .args(["--port", &port.to_string()])
+        .arg("--root-dir")
+        .arg(&root)
+        .args(["--extensions", "deepspan.fault.LockFault"])
+        .args(["--disable-banner", "--no-request-journal"])
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .env("OTEL_SERVICE_NAME", "wiremock")
+        .env("OTEL_METRICS_EXPORTER", "none")
+        .env("OTEL_LOGS_EXPORTER", "none")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("record.log")).unwrap());
+    let mut recorder = KillOnDrop(rec.spawn().expect("run deepspan record"));
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            recorder.0.try_wait().unwrap().is_none(),
+            "deepspan record ended before WireMock listened"
+        );
+        assert!(Instant::now() < deadline, "WireMock never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Warm up (class loading, the agent's first spans), then the fault.
+    let mut trace = 0x7a_0000_0000u128 + ((fault as u128) << 24) + ((with_extension as u128) << 20);
+    let mut next = || {
+        trace += 1;
+        trace
+    };
+    for _ in 0..3 {
+        get(port, "/cpu/warm", next());
+    }
+    let warm = next();
+    get(port, "/hold/warm", warm);
+    let jvm_pid = wait_for_trace(&log, warm).pid;
+
+    let mut quota = None;
+    let mut under_fault = Vec::new();
+    match fault {
+        Fault::Lock => {
+            for round in 0..ROUNDS {
+                let holder = next();
+                let waiters: Vec<u128> = (0..WAITERS).map(|_| next()).collect();
+                under_fault.push(holder);
+                under_fault.extend(&waiters);
+                std::thread::scope(|s| {
+                    s.spawn(|| get(port, &format!("/hold/{round}"), holder));
+                    // The waiters go once the holder has the monitor.
+                    wait_for_trace(&log, holder);
+                    for (i, &w) in waiters.iter().enumerate() {
+                        s.spawn(move || get(port, &format!("/api/{round}/{i}"), w));
+                    }
+                });
+            }
+        }
+        Fault::Quota => {
+            let group = CpuQuota::create(QUOTA_US, PERIOD_US);
+            group.confine(jvm_pid);
+            let ids: Vec<u128> = (0..CPU_REQUESTS).map(|_| next()).collect();
+            under_fault.extend(&ids);
+            std::thread::scope(|s| {
+                for c in 0..CLIENTS {
+                    let ids = &ids;
+                    s.spawn(move || {
+                        for (i, &id) in ids.iter().enumerate().skip(c).step_by(CLIENTS) {
+                            get(port, &format!("/cpu/{i}"), id);
+                        }
+                    });
+                }
+            });
+            quota = Some(group);
+        }
+    }
+    shutdown(port);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = recorder.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "deepspan record did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let throttled_periods = quota.as_ref().map_or(0, |q| q.throttled_periods());
+    drop(quota);
+    let record_log = std::fs::read_to_string(dir.path().join("record.log")).unwrap_or_default();
+    assert!(status.success(), "deepspan record: {status}\n{record_log}");
+
+    let mut analyze = deepspan();
+    analyze.arg("analyze").arg(&run);
+    if !with_extension {
+        analyze.args(["--placement", "inferred"]);
+    }
+    let analyzed = check(
+        "deepspan analyze",
+        analyze.output().expect("run deepspan analyze"),
+    );
+    let doc: Value = serde_json::from_slice(
+        &std::fs::read(run.join("analysis/requests.json")).expect("requests.json"),
+    )
+    .expect("requests.json is JSON");
+    let requests = doc["requests"]
+        .as_array()
+        .expect("requests")
+        .iter()
+        .map(|r| (r["trace_id"].as_str().unwrap().to_string(), r.clone()))
+        .collect();
+    let served = served(&log);
+    assert!(
+        served.values().all(|s| s.pid == jvm_pid),
+        "one JVM served all"
+    );
+    Analysed {
+        requests,
+        served,
+        under_fault: under_fault.iter().map(|t| format!("{t:032x}")).collect(),
+        throttled_periods,
+        analyze_stderr: String::from_utf8_lossy(&analyzed.stderr).into_owned(),
+    }
+}
+
+fn count<'a>(values: impl Iterator<Item = &'a str>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for v in values {
+        *counts.entry(v.to_string()).or_default() += 1;
+    }
+    counts
+}
+
+/// The requests of `role` sent under the fault with their analysis, each
+/// one present.
+fn of_role<'a>(a: &'a Analysed, role: &str) -> Vec<(&'a Served, &'a Value)> {
+    let mut found: Vec<(&Served, &Value)> =
+        a.served
+            .iter()
+            .filter(|(trace, s)| s.role == role && a.under_fault.contains(trace))
+            .map(|(trace, s)| {
+                let r = a.requests.get(trace).unwrap_or_else(|| {
+                    panic!("no request for trace {trace}:\n{}", a.analyze_stderr)
+                });
+                (s, r)
+            })
+            .collect();
+    found.sort_by_key(|(s, _)| s.tid);
+    found
+}
+
+fn summary(mode: &str, requests: &[(&Served, &Value)]) -> String {
+    format!(
+        "{mode}: {} requests, placed {:?}, causes {:?}",
+        requests.len(),
+        count(
+            requests
+                .iter()
+                .map(|(_, r)| r["sync"].as_str().unwrap_or("-"))
+        ),
+        count(
+            requests
+                .iter()
+                .map(|(_, r)| r["diagnosis"]["cause"].as_str().unwrap_or("-"))
+        ),
+    )
+}
+
+/// Every waiter `lock_contention` with a holder's thread among the
+/// culprits, but for at most one per round: HotSpot's monitor makes one
+/// waiter "responsible", parked with timeouts of 1, 8, 64, 512 ms… so that
+/// a lost wake-up cannot strand it; when the holder's exit wakes another
+/// waiter instead, that one gets the monitor after its own timeout with no
+/// wake-up from the holder in the kernel trace. The trace cannot tell that
+/// wait from a sleep: it must then be `timer`, in a futex, on its own
+/// thread, never anything else.
+fn check_lock(a: &Analysed, mode: &str, placement: &str) {
+    let holders: Vec<&Served> = of_role(a, "holder").into_iter().map(|(s, _)| s).collect();
+    assert_eq!(holders.len(), ROUNDS, "every holder served");
+    let waiters = of_role(a, "waiter");
+    assert_eq!(waiters.len(), ROUNDS * WAITERS, "every waiter served");
+    eprintln!("lock, {}", summary(mode, &waiters));
+    let mut timed_out = 0;
+    for (s, r) in &waiters {
+        assert_eq!(r["sync"], placement, "{r}\n{}", a.analyze_stderr);
+        assert_eq!(r["tid"].as_i64(), Some(s.tid), "placed on its thread: {r}");
+        let d = &r["diagnosis"];
+        let culprits = d["culprits"].as_array().expect("culprits");
+        if d["cause"] == "timer" {
+            timed_out += 1;
+            assert!(
+                culprits[0]["tid"].as_i64() == Some(s.tid) && culprits[0]["name"] == "futex",
+                "a responsible waiter's own timed futex wait: {d}"
+            );
+            continue;
+        }
+        assert_eq!(d["cause"], "lock_contention", "{r}\n{}", a.analyze_stderr);
+        assert!(
+            culprits.iter().any(|c| c["kind"] == "thread"
+                && holders.iter().any(|h| c["tid"].as_i64() == Some(h.tid))),
+            "a holder's thread among the culprits: {d}"
+        );
+    }
+    assert!(
+        timed_out <= ROUNDS,
+        "{timed_out} waiters got the monitor by a timeout, more than one a round"
+    );
+}
+
+fn check_quota(a: &Analysed, mode: &str, placement: &str) {
+    assert!(a.throttled_periods > 0, "the quota never throttled the JVM");
+    let under_quota = of_role(a, "cpu");
+    assert_eq!(under_quota.len(), CPU_REQUESTS, "every request served");
+    let jvm = under_quota[0].0.pid;
+    eprintln!(
+        "quota ({} periods throttled), {}",
+        a.throttled_periods,
+        summary(mode, &under_quota)
+    );
+    for (s, r) in &under_quota {
+        assert_eq!(r["sync"], placement, "{r}\n{}", a.analyze_stderr);
+        assert_eq!(r["tid"].as_i64(), Some(s.tid), "placed on its thread: {r}");
+        let d = &r["diagnosis"];
+        assert_eq!(d["cause"], "cpu_throttled", "{r}\n{}", a.analyze_stderr);
+        let culprits = d["culprits"].as_array().expect("culprits");
+        assert!(
+            culprits
+                .iter()
+                .any(|c| c["kind"] == "process" && c["pid"].as_i64() == Some(jvm)),
+            "the JVM {jvm} among the culprits: {d}"
+        );
+    }
+}
+
+#[test]
+fn wiremock_waiting_on_a_synchronized_lock_is_lock_contention_with_and_without_the_extension() {
+    if !kernel_or_skip("wiremock_waiting_on_a_synchronized_lock_is_lock_contention") {
+        return;
+    }
+    let _one = ONE_JVM.lock().unwrap_or_else(|e| e.into_inner());
+    check_lock(&run(Fault::Lock, true), "with the extension", "exact");
+    check_lock(
+        &run(Fault::Lock, false),
+        "agent alone, inferred",
+        "inferred",
+    );
+}
+
+#[test]
+fn wiremock_under_a_cpu_quota_is_cpu_throttled_with_and_without_the_extension() {
+    if !kernel_or_skip("wiremock_under_a_cpu_quota_is_cpu_throttled") {
+        return;
+    }
+    let _one = ONE_JVM.lock().unwrap_or_else(|e| e.into_inner());
+    check_quota(&run(Fault::Quota, true), "with the extension", "exact");
+    check_quota(
+        &run(Fault::Quota, false),
+        "agent alone, inferred",
+        "inferred",
+    );
+}
