@@ -25,10 +25,10 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
-use common::{deepspan, kernel_or_skip};
+use common::{check, deepspan, kernel_or_skip};
 use serde_json::Value;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -67,17 +67,6 @@ fn require_python() {
         "python3 with opentelemetry-sdk and the OTLP exporter is needed (pip install -e 'sdk/python[test]'): {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn check(what: &str, out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 /// A recorded, imported and analysed case.
@@ -328,53 +317,13 @@ fn lock_contention_blames_the_holder() {
     assert_eq!(diagnosis(&holder)["cause"], "timer", "{holder}");
 }
 
-/// A CPU cgroup (v1) made for one test and removed on every exit path.
-struct Cgroup(PathBuf);
-
-impl Cgroup {
-    fn create(quota_us: u64, period_us: u64) -> Cgroup {
-        let root = Path::new("/sys/fs/cgroup/cpu");
-        assert!(
-            root.join("tasks").is_file(),
-            "the cgroup test needs the v1 cpu controller at {}",
-            root.display()
-        );
-        let dir = root.join(format!("deepspan-test-{}", std::process::id()));
-        let _ = std::fs::create_dir(&dir);
-        let group = Cgroup(dir);
-        std::fs::write(group.0.join("cpu.cfs_period_us"), period_us.to_string())
-            .expect("set cpu.cfs_period_us");
-        std::fs::write(group.0.join("cpu.cfs_quota_us"), quota_us.to_string())
-            .expect("set cpu.cfs_quota_us");
-        group
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        // Any thread left in it (a failed run) goes back to the root group.
-        if let Ok(tasks) = std::fs::read_to_string(self.0.join("tasks")) {
-            for tid in tasks.lines() {
-                let _ = std::fs::write("/sys/fs/cgroup/cpu/tasks", tid);
-            }
-        }
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        eprintln!("could not remove the test cgroup {}", self.0.display());
-    }
-}
-
 #[test]
 fn cpu_cgroup_quota_shows_as_preempted() {
     let Some(_one) = exclusive_kernel_test("cpu_cgroup_quota_shows_as_preempted") else {
         return;
     };
-    let group = Cgroup::create(1000, 100_000);
-    let case = record_case("cgroup", &[group.0.to_str().unwrap()]);
+    let group = common::CpuQuota::create("analyze", 1000, 100_000);
+    let case = record_case("cgroup", &[group.path().to_str().unwrap()]);
     drop(group);
     let report = case.report_json("throttled");
     assert_well_formed(&report);

@@ -19,10 +19,10 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{deepspan, kernel_or_skip, KillOnDrop};
+use common::{check, deepspan, kernel_or_skip, KillOnDrop};
 use deepspan_spans::{read_run_spans, ClockMap, Span, SpanKind};
 use serde_json::Value;
 
@@ -32,17 +32,6 @@ const CLIENTS: usize = 2;
 
 fn sdk_java() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/java")
-}
-
-fn check(what: &str, out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 /// The extension jar and the stock agent jar, built by Maven when missing.

@@ -25,11 +25,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{deepspan, kernel_or_skip, KillOnDrop};
+use common::{check, deepspan, kernel_or_skip, CpuQuota, KillOnDrop};
 use serde_json::Value;
 
 /// Lock case: rounds of one holder and WAITERS requests that need its lock.
@@ -50,17 +50,6 @@ static ONE_JVM: Mutex<()> = Mutex::new(());
 
 fn sdk_java() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/java")
-}
-
-fn check(what: &str, out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 fn maven_package(dir: &Path) {
@@ -134,62 +123,6 @@ fn shutdown(port: u16) {
     .unwrap();
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
-}
-
-/// A CPU cgroup (v1, CFS quota) of this test, removed on every exit path,
-/// a panic included.
-struct CpuQuota(PathBuf);
-
-impl CpuQuota {
-    fn create(quota_us: u64, period_us: u64) -> CpuQuota {
-        let root = Path::new("/sys/fs/cgroup/cpu");
-        assert!(
-            root.join("cpu.cfs_quota_us").is_file(),
-            "this test needs the v1 cpu controller with CFS quotas at {}",
-            root.display()
-        );
-        let dir = root.join(format!("deepspan-test-javaapp-{}", std::process::id()));
-        std::fs::create_dir(&dir).expect("create the test cgroup");
-        let group = CpuQuota(dir);
-        std::fs::write(group.0.join("cpu.cfs_period_us"), period_us.to_string())
-            .expect("set cpu.cfs_period_us");
-        std::fs::write(group.0.join("cpu.cfs_quota_us"), quota_us.to_string())
-            .expect("set cpu.cfs_quota_us");
-        group
-    }
-
-    /// Moves every thread of `pid` in (threads it starts later follow).
-    fn confine(&self, pid: i64) {
-        std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
-            .expect("move the JVM into the cgroup");
-    }
-
-    /// Periods the group was throttled in, from the kernel's own count.
-    fn throttled_periods(&self) -> u64 {
-        let stat = std::fs::read_to_string(self.0.join("cpu.stat")).expect("cpu.stat");
-        stat.lines()
-            .find_map(|l| l.strip_prefix("nr_throttled "))
-            .and_then(|n| n.trim().parse().ok())
-            .expect("nr_throttled in cpu.stat")
-    }
-}
-
-impl Drop for CpuQuota {
-    fn drop(&mut self) {
-        // Any thread left in it (a failed run) goes back to the root group.
-        if let Ok(tasks) = std::fs::read_to_string(self.0.join("tasks")) {
-            for tid in tasks.lines() {
-                let _ = std::fs::write("/sys/fs/cgroup/cpu/tasks", tid);
-            }
-        }
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        eprintln!("could not remove the test cgroup {}", self.0.display());
-    }
 }
 
 /// One line of the fault extension's log: the oracle.
@@ -346,7 +279,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
             }
         }
         Fault::Quota => {
-            let group = CpuQuota::create(QUOTA_US, PERIOD_US);
+            let group = CpuQuota::create("javaapp", QUOTA_US, PERIOD_US);
             group.confine(jvm_pid);
             let ids: Vec<u128> = (0..CPU_REQUESTS).map(|_| next()).collect();
             under_fault.extend(&ids);

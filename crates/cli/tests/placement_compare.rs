@@ -16,24 +16,12 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Output;
 
-use common::{deepspan, kernel_or_skip};
+use common::{check, deepspan, kernel_or_skip};
 use serde_json::Value;
 
 /// The demos of this file one at a time (each would be the other's load).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn check(what: &str, out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// `(trace_id, span_id)` → request, from an analysis's requests.json.
 fn requests(run: &Path) -> HashMap<(String, String), Value> {

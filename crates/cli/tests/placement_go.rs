@@ -17,10 +17,10 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{deepspan, kernel_or_skip, KillOnDrop};
+use common::{check, deepspan, kernel_or_skip, CpuQuota, KillOnDrop};
 use serde_json::Value;
 
 const REQUESTS: usize = 32;
@@ -34,17 +34,6 @@ const PERIOD_US: u64 = 100_000;
 
 fn gosvc_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/placement/gosvc")
-}
-
-fn check(what: &str, out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 /// Builds the Go service (Go's build cache makes a rebuild quick).
@@ -61,62 +50,6 @@ fn build_gosvc() -> PathBuf {
             .expect("run go (Go is needed for this test)"),
     );
     binary
-}
-
-/// A CPU cgroup (v1, CFS quota) of this test, removed on every exit path,
-/// a panic included.
-struct CpuQuota(PathBuf);
-
-impl CpuQuota {
-    fn create(quota_us: u64, period_us: u64) -> CpuQuota {
-        let root = Path::new("/sys/fs/cgroup/cpu");
-        assert!(
-            root.join("cpu.cfs_quota_us").is_file(),
-            "this test needs the v1 cpu controller with CFS quotas at {}",
-            root.display()
-        );
-        let dir = root.join(format!("deepspan-test-gosvc-{}", std::process::id()));
-        std::fs::create_dir(&dir).expect("create the test cgroup");
-        let group = CpuQuota(dir);
-        std::fs::write(group.0.join("cpu.cfs_period_us"), period_us.to_string())
-            .expect("set cpu.cfs_period_us");
-        std::fs::write(group.0.join("cpu.cfs_quota_us"), quota_us.to_string())
-            .expect("set cpu.cfs_quota_us");
-        group
-    }
-
-    /// Moves every thread of `pid` in (threads it starts later follow).
-    fn confine(&self, pid: i64) {
-        std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
-            .expect("move the service into the cgroup");
-    }
-
-    /// Periods the group was throttled in, from the kernel's own count.
-    fn throttled_periods(&self) -> u64 {
-        let stat = std::fs::read_to_string(self.0.join("cpu.stat")).expect("cpu.stat");
-        stat.lines()
-            .find_map(|l| l.strip_prefix("nr_throttled "))
-            .and_then(|n| n.trim().parse().ok())
-            .expect("nr_throttled in cpu.stat")
-    }
-}
-
-impl Drop for CpuQuota {
-    fn drop(&mut self) {
-        // Any thread left in it (a failed run) goes back to the root group.
-        if let Ok(tasks) = std::fs::read_to_string(self.0.join("tasks")) {
-            for tid in tasks.lines() {
-                let _ = std::fs::write("/sys/fs/cgroup/cpu/tasks", tid);
-            }
-        }
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        eprintln!("could not remove the test cgroup {}", self.0.display());
-    }
 }
 
 /// Waits for `path`, failing if the recorder ended first or after `limit`.
@@ -198,7 +131,7 @@ fn a_stock_go_service_under_a_cpu_quota_is_diagnosed_cpu_throttled() {
     );
     let server = read_json(&out.join("server.json"));
     let server_pid = server["pid"].as_i64().expect("server pid");
-    let quota = CpuQuota::create(QUOTA_US, PERIOD_US);
+    let quota = CpuQuota::create("gosvc", QUOTA_US, PERIOD_US);
     quota.confine(server_pid);
     std::fs::write(out.join("go"), b"").expect("write the go-ahead");
 

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{deepspan, kernel_or_skip};
+use common::{check, deepspan, kernel_or_skip};
 use serde_json::Value;
 
 const REQUESTS: usize = 80;
@@ -26,17 +26,6 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn server_py() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/placement/stock_server.py")
-}
-
-fn check(what: &str, out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 fn requests_json(run: &Path) -> Vec<Value> {

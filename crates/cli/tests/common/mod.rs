@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
+use std::time::Duration;
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -126,5 +127,78 @@ pub fn ahead_of_other_load(cmd: &mut Command) -> &mut Command {
             }
             Ok(())
         })
+    }
+}
+
+/// `out`, after checking that the command it came from succeeded (its
+/// output in the failure message).
+pub fn check(what: &str, out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A CPU cgroup (v1, CFS quota) of one test, removed on every exit path, a
+/// panic included: `/sys/fs/cgroup/cpu/deepspan-test-<name>-<pid>`.
+pub struct CpuQuota(PathBuf);
+
+impl CpuQuota {
+    pub fn create(name: &str, quota_us: u64, period_us: u64) -> CpuQuota {
+        let root = Path::new("/sys/fs/cgroup/cpu");
+        assert!(
+            root.join("cpu.cfs_quota_us").is_file(),
+            "this test needs the v1 cpu controller with CFS quotas at {}",
+            root.display()
+        );
+        let dir = root.join(format!("deepspan-test-{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).expect("create the test cgroup");
+        let group = CpuQuota(dir);
+        std::fs::write(group.0.join("cpu.cfs_period_us"), period_us.to_string())
+            .expect("set cpu.cfs_period_us");
+        std::fs::write(group.0.join("cpu.cfs_quota_us"), quota_us.to_string())
+            .expect("set cpu.cfs_quota_us");
+        group
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Moves every thread of `pid` in (threads it starts later follow).
+    pub fn confine(&self, pid: i64) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
+            .expect("move the process into the cgroup");
+    }
+
+    /// Periods the group was throttled in, from the kernel's own count.
+    pub fn throttled_periods(&self) -> u64 {
+        let stat = std::fs::read_to_string(self.0.join("cpu.stat")).expect("cpu.stat");
+        stat.lines()
+            .find_map(|l| l.strip_prefix("nr_throttled "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("nr_throttled in cpu.stat")
+    }
+}
+
+impl Drop for CpuQuota {
+    fn drop(&mut self) {
+        // Any thread left in it (a failed run) goes back to the root group.
+        if let Ok(tasks) = std::fs::read_to_string(self.0.join("tasks")) {
+            for tid in tasks.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/cpu/tasks", tid);
+            }
+        }
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("could not remove the test cgroup {}", self.0.display());
     }
 }
