@@ -41,6 +41,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde::Serialize;
 
 use crate::queue::Queue;
@@ -160,6 +161,23 @@ pub struct ReceiverStats {
     pub last_write_error: Option<String>,
 }
 
+/// Where accepted requests go instead of a run folder: the live agent
+/// judges and forwards spans as they come.
+pub trait RequestSink: Send + 'static {
+    /// One accepted request, protobuf-encoded and screened (every span has
+    /// valid ids), in arrival order. It runs on the receiver's one consumer
+    /// thread: a slow sink fills the queue, and senders are then told to
+    /// retry (the backpressure). An error counts the request's spans as
+    /// dropped, with the message as the last write error.
+    fn accept(&mut self, encoded: Bytes, spans: u64) -> Result<(), String>;
+}
+
+/// The consumer at the far end of the queue.
+enum Consumer {
+    RunDir(PathBuf),
+    Sink(Box<dyn RequestSink>),
+}
+
 /// The OTLP receiver.
 pub struct Receiver;
 
@@ -168,6 +186,21 @@ impl Receiver {
     /// address cannot be bound (the error names the protocol and address),
     /// or if neither transport is enabled.
     pub fn start(config: ReceiverConfig) -> Result<ReceiverHandle, Error> {
+        let consumer = Consumer::RunDir(config.run_dir.clone());
+        Self::start_consumer(config, consumer)
+    }
+
+    /// As [`Receiver::start`], but every accepted request goes to `sink`
+    /// (`config.run_dir` is not used). Backpressure, screening and the
+    /// counters are the same; "written" counts the spans the sink took.
+    pub fn start_with_sink(
+        config: ReceiverConfig,
+        sink: Box<dyn RequestSink>,
+    ) -> Result<ReceiverHandle, Error> {
+        Self::start_consumer(config, Consumer::Sink(sink))
+    }
+
+    fn start_consumer(config: ReceiverConfig, consumer: Consumer) -> Result<ReceiverHandle, Error> {
         // Bind synchronously, so a busy port is reported here and not lost in a task.
         let bind = |protocol, addr: Option<SocketAddr>| -> Result<Option<TcpListener>, Error> {
             let Some(addr) = addr else { return Ok(None) };
@@ -211,10 +244,12 @@ impl Receiver {
         let queue = Arc::new(queue);
         let writer = {
             let queue = queue.clone();
-            let run_dir = config.run_dir.clone();
             std::thread::Builder::new()
                 .name("deepspan-otlp-writer".into())
-                .spawn(move || queue::run_writer(&run_dir, jobs, &queue))
+                .spawn(move || match consumer {
+                    Consumer::RunDir(run_dir) => queue::run_writer(&run_dir, jobs, &queue),
+                    Consumer::Sink(sink) => queue::run_sink(sink, jobs, &queue),
+                })
                 .map_err(Error::Threads)?
         };
 

@@ -347,6 +347,26 @@ pub(crate) fn run_writer(run_dir: &Path, jobs: mpsc::Receiver<Job>, queue: &Queu
     flush(&mut out, &mut unflushed, &mut policy);
 }
 
+/// The consumer thread of a receiver started with a [`RequestSink`]: each
+/// request in order to the sink, counted as written once it took it.
+pub(crate) fn run_sink(
+    mut sink: Box<dyn crate::RequestSink>,
+    jobs: mpsc::Receiver<Job>,
+    queue: &Queue,
+) {
+    while let Ok(job) = jobs.recv() {
+        queue.wait_while_paused();
+        let bytes = job.encoded.len();
+        match sink.accept(job.encoded, job.spans) {
+            Ok(()) => {
+                queue.counters.spans_written.fetch_add(job.spans, Relaxed);
+            }
+            Err(e) => queue.write_failed(job.spans, e),
+        }
+        queue.queued_bytes.fetch_sub(bytes, Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,5 +434,40 @@ mod tests {
             assert_eq!(records.len(), 3);
             queue.close();
         });
+    }
+
+    /// A sink gets every request in order; a refused one is counted as
+    /// dropped with its message, the others as written.
+    #[test]
+    fn a_sink_takes_requests_in_order_and_its_refusals_are_counted() {
+        struct Collect(std::sync::mpsc::Sender<usize>);
+        impl crate::RequestSink for Collect {
+            fn accept(&mut self, encoded: Bytes, _spans: u64) -> Result<(), String> {
+                if encoded.len() == 2 {
+                    return Err("two bytes refused".into());
+                }
+                self.0.send(encoded.len()).unwrap();
+                Ok(())
+            }
+        }
+        let (queue, jobs) = Queue::new(1 << 20);
+        let (seen_tx, seen) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            let consumer = scope.spawn(|| run_sink(Box::new(Collect(seen_tx)), jobs, &queue));
+            for len in [1usize, 2, 3] {
+                let job = Job {
+                    encoded: Bytes::from(vec![0u8; len]),
+                    spans: len as u64,
+                };
+                assert!(matches!(queue.push(job), Outcome::Accepted { .. }));
+            }
+            queue.close();
+            consumer.join().unwrap();
+        });
+        assert_eq!(seen.iter().collect::<Vec<_>>(), vec![1, 3]);
+        let stats = queue.stats();
+        assert_eq!((stats.spans_written, stats.spans_dropped), (4, 2));
+        assert_eq!(stats.last_write_error.as_deref(), Some("two bytes refused"));
+        assert_eq!(queue.queued_bytes.load(Relaxed), 0);
     }
 }
