@@ -24,6 +24,7 @@
 mod capture;
 mod error;
 mod events;
+mod flight;
 mod journal;
 mod manifest;
 mod meta;
@@ -39,6 +40,7 @@ use std::time::Duration;
 
 pub use error::Error;
 pub use events::{resolve_events, EventId, PRESETS};
+pub use flight::{FlightOptions, FlightRecorder, WindowOutcome};
 pub use journal::{owners_dir, InstanceOwner, ProcessId};
 pub use manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, MANIFEST_FILE};
 pub use procscan::{ProcessEntry, ProcessScan, PROCESS_SCAN};

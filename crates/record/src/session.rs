@@ -173,53 +173,9 @@ struct Session {
 
 impl Session {
     fn setup(opts: &RecordOptions, tracefs: &Tracefs, events: Vec<EventId>, run: &Path) -> Result<Session, Error> {
-        let name = format!("{INSTANCE_PREFIX}{}-{}", std::process::id(), sys::realtime_ns());
-        let instance = Instance::create(tracefs, &name)?;
-        // A new instance traces as soon as an event is enabled: keep it off
-        // until everything is set.
-        instance.write("tracing_on", "0")?;
-        instance.write("trace_clock", "mono").map_err(|e| match e {
-            Error::Io { source, .. } if source.raw_os_error() == Some(libc::EINVAL) => Error::TracefsUnavailable(
-                "this kernel has no 'mono' trace clock, which deepspan needs to line kernel events up with spans"
-                    .into(),
-            ),
-            other => other,
-        })?;
-        instance.write("buffer_size_kb", &opts.buffer_kb_per_cpu.to_string()).map_err(|e| match e {
-            Error::Io { source, path, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
-                Error::InvalidOptions(format!(
-                    "the kernel cannot allocate {} KiB of ring buffer per CPU ({}: {source}); use a smaller buffer",
-                    opts.buffer_kb_per_cpu,
-                    path.display()
-                ))
-            }
-            other => other,
-        })?;
-        // Overwrite in both modes. In standard mode a reader that falls
-        // behind then loses the oldest unread pages, and the kernel marks
-        // the page where events are missing (readers show "lost events" at
-        // that point) besides counting them; with overwrite off the newest
-        // events would be dropped with no mark in the data at all.
-        instance.write("options/overwrite", "1")?;
-        let mut warnings = Vec::new();
-        // tid → process mapping for the analysis; optional.
-        if let Err(e) = instance.write("options/record-tgid", "1") {
-            warnings.push(format!("thread group ids not recorded: {e}"));
-        }
-        for id in &events {
-            instance.write(&format!("events/{}/{}/enable", id.system, id.name), "1").map_err(|e| match e {
-                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                    Error::UnknownEvent { name: id.to_string(), suggestions: Vec::new() }
-                }
-                other => other,
-            })?;
-        }
+        let (instance, warnings) = create_instance(tracefs, opts.buffer_kb_per_cpu, &events)?;
         let cpus = instance_cpus(&instance.path(""))?;
-        let page_size = match instance.read_to_string("buffer_subbuf_size_kb") {
-            Ok(kb) => kb.trim().parse::<u32>().ok().map(|kb| kb * 1024),
-            Err(_) => None,
-        }
-        .unwrap_or(sys::system_page_size() as u32);
+        let page_size = instance_page_size(&instance);
         let meta = static_meta(tracefs, &events, page_size)?;
         let mut tasks = Tasks::default();
         tasks.scan_proc();
@@ -613,7 +569,69 @@ impl Session {
     }
 }
 
-fn clock_point() -> ClockPoint {
+/// A new tracefs instance of this process, set up as every deepspan
+/// recording wants it (mono clock, overwrite, thread group ids, `events`
+/// enabled) and still off: the caller writes `tracing_on` when ready.
+/// Returns it with the non-fatal problems met.
+pub(crate) fn create_instance(
+    tracefs: &Tracefs,
+    buffer_kb_per_cpu: u64,
+    events: &[EventId],
+) -> Result<(Instance, Vec<String>), Error> {
+    let name = format!("{INSTANCE_PREFIX}{}-{}", std::process::id(), sys::realtime_ns());
+    let instance = Instance::create(tracefs, &name)?;
+    // A new instance traces as soon as an event is enabled: keep it off
+    // until everything is set.
+    instance.write("tracing_on", "0")?;
+    instance.write("trace_clock", "mono").map_err(|e| match e {
+        Error::Io { source, .. } if source.raw_os_error() == Some(libc::EINVAL) => Error::TracefsUnavailable(
+            "this kernel has no 'mono' trace clock, which deepspan needs to line kernel events up with spans".into(),
+        ),
+        other => other,
+    })?;
+    instance.write("buffer_size_kb", &buffer_kb_per_cpu.to_string()).map_err(|e| match e {
+        Error::Io { source, path, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
+            Error::InvalidOptions(format!(
+                "the kernel cannot allocate {} KiB of ring buffer per CPU ({}: {source}); use a smaller buffer",
+                buffer_kb_per_cpu,
+                path.display()
+            ))
+        }
+        other => other,
+    })?;
+    // Overwrite in both modes. In standard mode a reader that falls
+    // behind then loses the oldest unread pages, and the kernel marks
+    // the page where events are missing (readers show "lost events" at
+    // that point) besides counting them; with overwrite off the newest
+    // events would be dropped with no mark in the data at all.
+    instance.write("options/overwrite", "1")?;
+    let mut warnings = Vec::new();
+    // tid → process mapping for the analysis; optional.
+    if let Err(e) = instance.write("options/record-tgid", "1") {
+        warnings.push(format!("thread group ids not recorded: {e}"));
+    }
+    for id in events {
+        instance.write(&format!("events/{}/{}/enable", id.system, id.name), "1").map_err(|e| match e {
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                Error::UnknownEvent { name: id.to_string(), suggestions: Vec::new() }
+            }
+            other => other,
+        })?;
+    }
+    Ok((instance, warnings))
+}
+
+/// The ring buffer's page size: the sub-buffer size where the kernel has
+/// them, else the system page.
+pub(crate) fn instance_page_size(instance: &Instance) -> u32 {
+    match instance.read_to_string("buffer_subbuf_size_kb") {
+        Ok(kb) => kb.trim().parse::<u32>().ok().map(|kb| kb * 1024),
+        Err(_) => None,
+    }
+    .unwrap_or(sys::system_page_size() as u32)
+}
+
+pub(crate) fn clock_point() -> ClockPoint {
     let (realtime_ns, mono_ns) = sys::clock_pair();
     ClockPoint { realtime_ns, mono_ns }
 }

@@ -14,8 +14,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use deepspan_record::{
-    cleanup_stale_instances, owners_dir, record, resolve_events, Error, EventSelection, InstanceOwner, Manifest, Mode,
-    ProcessId, RecordOptions, StaleInstance, Tracefs,
+    cleanup_stale_instances, owners_dir, record, resolve_events, Error, EventSelection, FlightOptions, FlightRecorder,
+    InstanceOwner, Manifest, Mode, ProcessId, RecordOptions, StaleInstance, Tracefs, WindowOutcome,
 };
 
 const CHILD_ENV: &str = "DEEPSPAN_RECORD_TEST_CHILD";
@@ -563,4 +563,65 @@ fn disk_full_stops_cleanly_and_keeps_what_was_written() {
         .map(|e| e.metadata().unwrap().len())
         .sum();
     assert!(kept > 0, "nothing of what was captured was kept");
+}
+
+/// The agent's flight recorder: a window in the past is written as a run
+/// folder that both readers take, holding what ran in it; a second window
+/// over the same time still finds those events (drained pages stay in
+/// memory); a window from before the recorder started is refused.
+#[test]
+fn flight_recorder_writes_past_windows_and_refuses_windows_it_no_longer_holds() {
+    let Some((tracefs, _lock)) = kernel() else { return };
+    let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
+    let before_start = deepspan_record::ClockPoint::default();
+    let options = FlightOptions { buffer_kb_per_cpu: 2048, history_kb_per_cpu: 2048, ..FlightOptions::default() };
+    let mut flight = FlightRecorder::start(options).expect("start the flight recorder");
+    let instance = flight.instance_name();
+    assert!(instances_of(&tracefs, std::process::id()).contains(&instance));
+
+    let start = mono_ns();
+    let status = Command::new("sleep").arg("0.05").status().expect("run sleep");
+    assert!(status.success());
+    let end = mono_ns();
+
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first");
+    let outcome = flight.snapshot(start, end, &first).expect("snapshot");
+    let WindowOutcome::Written { bytes, pages } = outcome else { panic!("window refused: {outcome:?}") };
+    assert!(bytes > 0 && pages > 0);
+    let manifest = Manifest::load(&first).expect("the snapshot has a manifest");
+    assert_eq!(manifest.mode, "flight");
+    assert_eq!((manifest.start.mono_ns, manifest.end.mono_ns), (start, end));
+    let trace = first.join("kernel/trace.dat");
+    let (events, clock) = reader_events(&trace);
+    assert!(events > 0);
+    assert_eq!(clock.as_deref(), Some("mono"));
+    if trace_cmd_available() {
+        let (_, text) = trace_cmd_report(&trace);
+        assert!(text.contains("sleep-"), "the window holds what the command did");
+    }
+
+    // A later snapshot over the same time: the kernel buffer was drained,
+    // the pages must come from the recorder's history.
+    let second = dir.path().join("second");
+    let outcome = flight.snapshot(start, end, &second).expect("second snapshot");
+    assert!(matches!(outcome, WindowOutcome::Written { .. }), "{outcome:?}");
+    if trace_cmd_available() {
+        let (_, text) = trace_cmd_report(&second.join("kernel/trace.dat"));
+        assert!(text.contains("sleep-"));
+    }
+
+    let outcome = flight.snapshot(before_start.mono_ns, end, &dir.path().join("third")).expect("third");
+    assert!(matches!(outcome, WindowOutcome::LeftBuffer { complete_since_ns } if complete_since_ns > 0), "{outcome:?}");
+    assert!(!dir.path().join("third/manifest.json").exists());
+
+    flight.stop().expect("stop");
+    assert!(!instances_of(&tracefs, std::process::id()).contains(&instance), "instance removed");
+}
+
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
