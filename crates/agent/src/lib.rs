@@ -5,3 +5,4 @@
 //! ([`forward`]); its counters are served as Prometheus text ([`metrics`]).
 
 pub mod detect;
+pub mod forward;

@@ -36,6 +36,7 @@ use prost::Message;
 pub use kernel::{RequestCounts, Thresholds};
 pub use send::{
     send_otlp, write_json, ClientOptions, Failure, OtlpClient, Protocol, SendOptions, SendReport,
+    MAX_SERVER_BACKOFF,
 };
 
 /// What can go wrong while exporting.
