@@ -34,7 +34,10 @@ use deepspan_spans::{read_run_spans, request_from_spans, Span, SpanId, TraceId};
 use prost::Message;
 
 pub use kernel::{RequestCounts, Thresholds};
-pub use send::{send_otlp, write_json, Protocol, SendOptions, SendReport};
+pub use send::{
+    send_otlp, write_json, ClientOptions, Failure, OtlpClient, Protocol, SendOptions, SendReport,
+    MAX_SERVER_BACKOFF,
+};
 
 /// What can go wrong while exporting.
 #[derive(Debug, thiserror::Error)]

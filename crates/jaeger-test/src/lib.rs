@@ -1,0 +1,266 @@
+//! A real Jaeger v2 for tests: the all-in-one binary (built from the Go
+//! module proxy by `scripts/build-jaeger.sh` and cached, or
+//! `DEEPSPAN_JAEGER`), run with memory storage on loopback ports, killed on
+//! drop; its query API (`/api/traces/{id}`) read with a plain HTTP GET.
+//! Shared by the export test (`crates/cli/tests/export_jaeger.rs`) and the
+//! agent's forward test, so there is one way to start it.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The cached Jaeger binary (`DEEPSPAN_JAEGER`, else built once by the
+/// script, which needs go and the Go module proxy).
+pub fn jaeger_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("DEEPSPAN_JAEGER") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new(repo().join("scripts/build-jaeger.sh"))
+        .output()
+        .expect("run scripts/build-jaeger.sh");
+    assert!(
+        out.status.success(),
+        "scripts/build-jaeger.sh (needs go and the Go module proxy) failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A loopback port nobody listened on a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP/1.1 GET on loopback: (status, body).
+pub fn get(port: u16, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no HTTP header end"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let mut body = raw[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    Ok((status, body))
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        if size == 0 || b.len() < eol + 2 + size {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[(eol + 2 + size + 2).min(b.len())..];
+    }
+}
+
+/// The loopback ports a Jaeger listens on.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    pub otlp_grpc: u16,
+    pub otlp_http: u16,
+    /// The query API and UI (HTTP).
+    pub query: u16,
+    pub query_grpc: u16,
+    pub health: u16,
+}
+
+impl Ports {
+    /// Five ports nobody listened on a moment ago.
+    pub fn free() -> Ports {
+        let [otlp_grpc, otlp_http, query, query_grpc, health] = [(); 5].map(|_| free_port());
+        Ports {
+            otlp_grpc,
+            otlp_http,
+            query,
+            query_grpc,
+            health,
+        }
+    }
+}
+
+/// Jaeger v2 all-in-one on loopback ports of its own, killed on drop.
+pub struct Jaeger {
+    child: Child,
+    pub otlp_grpc: u16,
+    pub otlp_http: u16,
+    pub query: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Jaeger {
+    /// On free ports; returns once its health check and query API answer
+    /// (panics after 60 s, with its log).
+    pub fn start() -> Jaeger {
+        Jaeger::start_on(Ports::free())
+    }
+
+    /// On the given ports (a test that sends before Jaeger is up picks
+    /// them first).
+    pub fn start_on(ports: Ports) -> Jaeger {
+        let binary = jaeger_binary();
+        let dir = tempfile::tempdir().unwrap();
+        let Ports {
+            otlp_grpc,
+            otlp_http,
+            query,
+            query_grpc,
+            health,
+        } = ports;
+        let config = format!(
+            "service:
+  extensions: [jaeger_storage, jaeger_query, healthcheckv2]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+extensions:
+  healthcheckv2:
+    use_v2: true
+    http:
+      endpoint: 127.0.0.1:{health}
+  jaeger_query:
+    storage:
+      traces: memory_store
+    http:
+      endpoint: 127.0.0.1:{query}
+    grpc:
+      endpoint: 127.0.0.1:{query_grpc}
+  jaeger_storage:
+    backends:
+      memory_store:
+        memory:
+          max_traces: 100000
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:{otlp_grpc}
+      http:
+        endpoint: 127.0.0.1:{otlp_http}
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memory_store
+"
+        );
+        let config_path = dir.path().join("jaeger.yaml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(dir.path().join("jaeger.log")).unwrap();
+        let child = Command::new(&binary)
+            .arg("--config")
+            .arg(&config_path)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut jaeger = Jaeger {
+            child,
+            otlp_grpc,
+            otlp_http,
+            query,
+            dir,
+        };
+        let started = Instant::now();
+        loop {
+            let ready = get(health, "/status").is_ok_and(|(code, _)| code == 200)
+                && get(query, "/api/services").is_ok_and(|(code, _)| code == 200);
+            if ready {
+                break;
+            }
+            if let Some(status) = jaeger.child.try_wait().unwrap() {
+                panic!("jaeger exited ({status}): {}", jaeger.log());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "jaeger not ready after 60 s: {}",
+                jaeger.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        jaeger
+    }
+
+    /// What Jaeger wrote to stdout and stderr.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("jaeger.log")).unwrap_or_default()
+    }
+
+    /// The trace (`data[0]` of `/api/traces/{id}`); panics when Jaeger does
+    /// not have it.
+    pub fn trace(&self, trace_id: &str) -> Value {
+        let (code, body) = get(self.query, &format!("/api/traces/{trace_id}")).unwrap();
+        assert_eq!(
+            code,
+            200,
+            "trace {trace_id}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        doc["data"][0].clone()
+    }
+
+    /// The trace, or `None` when Jaeger does not have it (404).
+    pub fn find_trace(&self, trace_id: &str) -> Option<Value> {
+        let (code, body) = get(self.query, &format!("/api/traces/{trace_id}")).unwrap();
+        if code == 404 {
+            return None;
+        }
+        assert_eq!(
+            code,
+            200,
+            "trace {trace_id}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let doc: Value = serde_json::from_slice(&body).unwrap();
+        Some(doc["data"][0].clone())
+    }
+}
+
+impl Drop for Jaeger {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
