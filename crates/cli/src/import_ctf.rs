@@ -8,7 +8,7 @@ use deepspan_ctf::{CtfTrace, SpanSync};
 use deepspan_spans::ust::{spans_from_events, UstSpanEvent};
 use deepspan_spans::Span;
 
-use crate::kernel_input::RUN_CTF_DIR;
+use deepspan_pipeline::RUN_CTF_DIR;
 use crate::progress;
 
 /// Copies the trace into `run/kernel/ctf/` and returns the spans its

@@ -7,7 +7,6 @@ mod decode;
 mod demo;
 mod export;
 mod import_ctf;
-mod kernel_input;
 mod profile;
 mod progress;
 mod receive;

@@ -28,7 +28,7 @@ use deepspan_spans::{read_run_spans, ClockMap, SpanId, SpanKind, TraceId};
 use deepspan_sync::{HostGraph, HostSync};
 use serde::Serialize;
 
-use crate::kernel_input::RUN_CTF_DIR;
+use deepspan_pipeline::RUN_CTF_DIR;
 
 #[derive(Args)]
 pub struct SyncArgs {

@@ -10,16 +10,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
 use deepspan_analysis::{build_model, Arch, Input, KernelModel, LostEvents, StateBuilder};
 use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{CpuRecords, Schema, TraceDat};
 
-use crate::progress;
+use crate::{Error, Progress, Step};
 
 /// Where `deepspan import --ctf` puts a CTF trace inside a run.
 pub const RUN_CTF_DIR: &str = "kernel/ctf";
 
+/// A run's kernel trace, opened.
 pub enum KernelTrace {
     TraceDat { path: PathBuf, trace: TraceDat },
     Ctf { path: PathBuf, trace: CtfTrace },
@@ -28,34 +28,32 @@ pub enum KernelTrace {
 impl KernelTrace {
     /// Opens the run's kernel trace: `kernel/trace.dat`, else the CTF folder
     /// `kernel/ctf/`.
-    pub fn open_run(run: &Path) -> Result<KernelTrace> {
+    pub fn open_run(run: &Path) -> Result<KernelTrace, Error> {
         let dat = run.join("kernel").join("trace.dat");
         if dat.is_file() {
-            let trace = TraceDat::open(&dat)
-                .with_context(|| format!("cannot read the kernel trace {}", dat.display()))?;
-            return Ok(KernelTrace::TraceDat { path: dat, trace });
+            return match TraceDat::open(&dat) {
+                Ok(trace) => Ok(KernelTrace::TraceDat { path: dat, trace }),
+                Err(source) => Err(Error::OpenTraceDat { path: dat, source }),
+            };
         }
         let ctf = run.join(RUN_CTF_DIR);
         if ctf.is_dir() {
-            let trace = CtfTrace::open(&ctf)
-                .with_context(|| format!("cannot read the CTF kernel trace {}", ctf.display()))?;
+            let trace = match CtfTrace::open(&ctf) {
+                Ok(trace) => trace,
+                Err(source) => return Err(Error::OpenCtf { path: ctf, source }),
+            };
             if !trace.traces().iter().any(|t| t.is_kernel()) {
-                bail!(
-                    "{}: the CTF folder holds no kernel trace (only {}), so there is nothing to build thread states from",
-                    ctf.display(),
-                    domains(&trace)
-                );
+                let domains = domains(&trace);
+                return Err(Error::CtfWithoutKernel { path: ctf, domains });
             }
             return Ok(KernelTrace::Ctf { path: ctf, trace });
         }
-        bail!(
-            "{} has no kernel trace (kernel/trace.dat or kernel/ctf/): record one with `deepspan record -o {} -- CMD`, or import an LTTng trace with `deepspan import -o {} --ctf DIR`",
-            run.display(),
-            run.display(),
-            run.display()
-        )
+        Err(Error::NoKernelTrace {
+            run: run.to_path_buf(),
+        })
     }
 
+    /// The trace.dat file or the CTF folder.
     pub fn path(&self) -> &Path {
         match self {
             KernelTrace::TraceDat { path, .. } | KernelTrace::Ctf { path, .. } => path,
@@ -68,12 +66,16 @@ impl KernelTrace {
     /// [`KernelTrace::build_model`].
     pub fn warnings(&self) -> Vec<String> {
         match self {
-            KernelTrace::TraceDat { trace, .. } => {
-                trace.truncation().map(ToString::to_string).into_iter().collect()
-            }
-            KernelTrace::Ctf { trace, .. } => {
-                trace.truncations().iter().map(ToString::to_string).collect()
-            }
+            KernelTrace::TraceDat { trace, .. } => trace
+                .truncation()
+                .map(ToString::to_string)
+                .into_iter()
+                .collect(),
+            KernelTrace::Ctf { trace, .. } => trace
+                .truncations()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
         }
     }
 
@@ -86,13 +88,20 @@ impl KernelTrace {
         }
     }
 
-    /// Decodes the trace into `builder`, with a progress bar. What a trace
-    /// cut short lost is in [`KernelTrace::warnings`] afterwards.
-    pub fn build_model(&self, builder: StateBuilder) -> Result<(KernelModel, LostEvents)> {
+    /// Decodes the trace into `builder`, telling `progress` how far it got
+    /// ([`Step::DecodeTraceDat`] in bytes, [`Step::DecodeCtf`] in events).
+    /// What a trace cut short lost is in [`KernelTrace::warnings`]
+    /// afterwards.
+    pub fn build_model(
+        &self,
+        builder: StateBuilder,
+        progress: &dyn Progress,
+    ) -> Result<(KernelModel, LostEvents), Error> {
         match self {
             KernelTrace::TraceDat { path, trace } => {
                 let total = trace.cpu_data_bytes();
-                let bar = progress::bytes_bar(total, "decoding");
+                let step = Step::DecodeTraceDat;
+                progress.begin(step, Some(total));
                 let read = Arc::new(AtomicU64::new(0));
                 let streams = (0..trace.cpus())
                     .map(|cpu| {
@@ -102,18 +111,29 @@ impl KernelTrace {
                             read.clone(),
                         ))
                     })
-                    .collect::<Result<Vec<_>, deepspan_ftrace::Error>>()
-                    .with_context(|| format!("cannot read {}", path.display()))?;
+                    .collect::<Result<Vec<_>, deepspan_ftrace::Error>>();
+                let streams = match streams {
+                    Ok(streams) => streams,
+                    Err(source) => {
+                        progress.end(step);
+                        let path = path.clone();
+                        return Err(Error::OpenTraceDat { path, source });
+                    }
+                };
                 let built = build_model(builder, streams, &mut |_| {
-                    bar.set_position(read.load(Ordering::Relaxed).min(total));
+                    progress.advance(step, read.load(Ordering::Relaxed).min(total));
                 })
-                .with_context(|| format!("cannot decode {}", path.display()));
-                bar.finish_and_clear();
+                .map_err(|source| Error::DecodeTraceDat {
+                    path: path.clone(),
+                    source,
+                });
+                progress.end(step);
                 built
             }
             KernelTrace::Ctf { path, trace } => {
-                let bar = progress::spinner("decoding CTF");
-                let mut progress = |n| bar.set_message(format!("{n} events"));
+                let step = Step::DecodeCtf;
+                progress.begin(step, None);
+                let mut progress_events = |n| progress.advance(step, n);
                 let kernel: Arc<[bool]> = trace.traces().iter().map(|t| t.is_kernel()).collect();
                 let claimed = Arc::new(AtomicUsize::new(0));
                 let built = match trace.stream_events() {
@@ -122,16 +142,20 @@ impl KernelTrace {
                             let lost = r.lost_log();
                             CtfInput::new((r, lost), &kernel, &claimed)
                         });
-                        build_model(builder, streams.collect(), &mut progress)
+                        build_model(builder, streams.collect(), &mut progress_events)
                     }
                     None => {
                         let events = trace.events();
                         let lost = events.lost_log();
-                        build_model(builder, vec![CtfInput::new((events, lost), &kernel, &claimed)], &mut progress)
+                        let input = CtfInput::new((events, lost), &kernel, &claimed);
+                        build_model(builder, vec![input], &mut progress_events)
                     }
                 }
-                .with_context(|| format!("cannot decode {}", path.display()));
-                bar.finish_and_clear();
+                .map_err(|source| Error::DecodeCtf {
+                    path: path.clone(),
+                    source,
+                });
+                progress.end(step);
                 built
             }
         }
@@ -330,7 +354,12 @@ where
                 }
                 Some(Ok(e)) => e,
             };
-            if self.kernel.get(event.trace_index()).copied().unwrap_or(false) {
+            if self
+                .kernel
+                .get(event.trace_index())
+                .copied()
+                .unwrap_or(false)
+            {
                 self.last_ts = event.ts();
                 self.pending.push(Input::Event(event.to_event()));
             }

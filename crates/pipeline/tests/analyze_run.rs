@@ -1,0 +1,259 @@
+//! `analyze_run` on a real recording: the requests it returns are those
+//! `RUN/analysis/requests.json` holds, in the same order with the same
+//! diagnoses, and its progress calls pair up. Also its errors on folders
+//! that are no run.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use deepspan_pipeline::{
+    analyze_run, AnalyzeOptions, Error, NoProgress, PlacementMode, Progress, Step,
+};
+use serde_json::Value;
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Kernel tests may skip only when tracefs is unavailable and
+/// DEEPSPAN_REQUIRE_KERNEL is unset (as in crates/cli/tests/common).
+fn kernel_or_skip(test: &str) -> bool {
+    let required = std::env::var_os("DEEPSPAN_REQUIRE_KERNEL").is_some();
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let tracefs = Path::new(TRACEFS).join("instances").is_dir();
+    if is_root && tracefs {
+        return true;
+    }
+    assert!(
+        !required,
+        "{test}: DEEPSPAN_REQUIRE_KERNEL is set but kernel tracing is unavailable (root: {is_root}, tracefs: {tracefs})"
+    );
+    eprintln!("{test}: skipped: kernel tracing unavailable (root: {is_root}, tracefs: {tracefs})");
+    false
+}
+
+/// A binary of this workspace built with the test's profile: the test
+/// executable is `target/PROFILE/deps/NAME-HASH`; built when missing.
+fn workspace_binary(name: &str, package: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target/PROFILE");
+    let path = dir.join(name);
+    if !path.exists() {
+        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        build.args(["build", "-p", package]);
+        if dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo");
+        assert!(status.success(), "building {package} failed");
+    }
+    path
+}
+
+fn ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Hot-loop iterations per half of a request: tens of milliseconds.
+const ROUNDS: &str = "20000000";
+/// Requests recorded (three: enough for a baseline of their operation).
+const REQUESTS: usize = 3;
+
+/// Records `deepspan-workload hot` three times in one run (each writes its
+/// request as an OTLP span with deepspan's thread and monotonic times) and
+/// imports the spans.
+fn record_three_requests(dir: &Path) -> PathBuf {
+    let deepspan = workspace_binary("deepspan", "deepspan");
+    let workload = workspace_binary("deepspan-workload", "deepspan-workloads");
+    let run = dir.join("run");
+    let spans: Vec<PathBuf> = (0..REQUESTS)
+        .map(|i| dir.join(format!("span-{i}.json")))
+        .collect();
+    let script: Vec<String> = spans
+        .iter()
+        .map(|s| format!("\"$0\" hot {ROUNDS} '{}'", s.display()))
+        .collect();
+    ok(Command::new(&deepspan)
+        .arg("record")
+        .arg("-o")
+        .arg(&run)
+        .args(["--no-otlp", "--", "sh", "-c"])
+        .arg(script.join(" && "))
+        .arg(&workload));
+    let mut import = Command::new(&deepspan);
+    import.arg("import").arg("-o").arg(&run);
+    for s in &spans {
+        import.arg("--otlp").arg(s);
+    }
+    ok(&mut import);
+    run
+}
+
+/// Every call, as `(what, step)`, to check they pair up.
+#[derive(Default)]
+struct Calls(RefCell<Vec<(&'static str, Option<Step>, u64)>>);
+
+impl Progress for Calls {
+    fn begin(&self, step: Step, total: Option<u64>) {
+        self.0
+            .borrow_mut()
+            .push(("begin", Some(step), total.unwrap_or(0)));
+    }
+    fn advance(&self, step: Step, done: u64) {
+        self.0.borrow_mut().push(("advance", Some(step), done));
+    }
+    fn total(&self, step: Step, total: u64) {
+        self.0.borrow_mut().push(("total", Some(step), total));
+    }
+    fn end(&self, step: Step) {
+        self.0.borrow_mut().push(("end", Some(step), 0));
+    }
+    fn phase_done(&self, _phase: &'static str, _took: Duration) {
+        self.0.borrow_mut().push(("phase", None, 0));
+    }
+}
+
+#[test]
+fn the_outcome_is_what_requests_json_says() {
+    if !kernel_or_skip("the_outcome_is_what_requests_json_says") {
+        return;
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let run = record_three_requests(dir.path());
+    let calls = Calls::default();
+    let outcome = analyze_run(&run, &AnalyzeOptions::default(), &calls).expect("analysis");
+
+    assert_eq!(outcome.analysis_dir, run.join("analysis"));
+    let doc: Value = serde_json::from_slice(
+        &std::fs::read(run.join("analysis/requests.json")).expect("requests.json"),
+    )
+    .expect("JSON");
+    let written = doc["requests"].as_array().expect("requests");
+    assert_eq!(outcome.requests.len(), REQUESTS);
+    assert_eq!(written.len(), outcome.requests.len());
+    assert_eq!(outcome.stats.requests, REQUESTS);
+    assert_eq!(
+        outcome.placements.exact, REQUESTS,
+        "{:?}",
+        outcome.placements
+    );
+    for (r, w) in outcome.requests.iter().zip(written) {
+        let span = outcome.span_of(r);
+        assert_eq!(w["trace_id"], format!("{:032x}", span.trace_id));
+        assert_eq!(w["span_id"], format!("{:016x}", span.span_id));
+        assert_eq!(w["operation"], span.operation.as_str());
+        assert_eq!(w["start_ns"], r.path.start);
+        assert_eq!(w["end_ns"], r.path.end);
+        assert_eq!(w["sync"], r.path.sync.name());
+        assert_eq!(w["anomalous"], r.anomalous);
+        assert_eq!(w["baseline_ns"], serde_json::json!(r.baseline_ns));
+        let diagnosis = r.diagnosis.as_ref().expect("an exact request is diagnosed");
+        assert_eq!(
+            w["diagnosis"],
+            deepspan_store::diagnosis::diagnosis_json(diagnosis, &outcome.spans)
+        );
+        assert!(std::ptr::eq(
+            outcome.request(span.trace_id, span.span_id).unwrap(),
+            r
+        ));
+    }
+    // Slowest first, and all three of one operation: a baseline.
+    assert!(outcome
+        .requests
+        .windows(2)
+        .all(|w| w[0].path.duration() >= w[1].path.duration()));
+    assert!(outcome.requests.iter().all(|r| r.baseline_ns.is_some()));
+    assert_eq!(doc["notes"], serde_json::json!(outcome.notes));
+    assert_eq!(doc["trace"]["events"], outcome.stats.events);
+    assert!(outcome.stats.events > 0 && outcome.stats.threads > 0);
+
+    // Each step begun is ended, in order, with advances in between.
+    let calls = calls.0.into_inner();
+    let steps: Vec<(&str, Option<Step>)> = calls
+        .iter()
+        .filter(|c| matches!(c.0, "begin" | "end"))
+        .map(|c| (c.0, c.1))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("begin", Some(Step::DecodeTraceDat)),
+            ("end", Some(Step::DecodeTraceDat)),
+            ("begin", Some(Step::CriticalPaths)),
+            ("end", Some(Step::CriticalPaths)),
+        ]
+    );
+    let last_decoded = calls
+        .iter()
+        .rfind(|c| c.0 == "advance" && c.1 == Some(Step::DecodeTraceDat))
+        .expect("decoding progress");
+    let decode_total = calls[0].2;
+    assert_eq!(last_decoded.2, decode_total, "decoding ends at its total");
+    assert!(calls
+        .iter()
+        .any(|c| c == &("total", Some(Step::CriticalPaths), REQUESTS as u64)));
+    let phases = calls.iter().filter(|c| c.0 == "phase").count();
+    assert_eq!(phases, outcome.phases.len());
+
+    // Analysed again, without the SDK fields: every request placed from
+    // the kernel trace, and the folder rewritten whole.
+    let options = AnalyzeOptions {
+        placement: PlacementMode::Inferred,
+        ..AnalyzeOptions::default()
+    };
+    let inferred = analyze_run(&run, &options, &NoProgress).expect("analysis");
+    assert_eq!(inferred.requests.len(), REQUESTS);
+    assert_eq!(inferred.placements.exact, 0);
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(run.join("analysis/requests.json")).unwrap())
+            .unwrap();
+    let syncs: Vec<&str> = doc["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["sync"].as_str().unwrap())
+        .collect();
+    let expected: Vec<&str> = inferred
+        .requests
+        .iter()
+        .map(|r| r.path.sync.name())
+        .collect();
+    assert_eq!(syncs, expected);
+    assert!(syncs.iter().all(|s| *s != "exact"), "{syncs:?}");
+}
+
+#[test]
+fn folders_that_are_no_run_are_typed_errors() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("missing");
+    match analyze_run(&missing, &AnalyzeOptions::default(), &NoProgress) {
+        Err(Error::NotARunFolder { run }) => assert_eq!(run, missing),
+        other => panic!("{other:?}"),
+    }
+    match analyze_run(dir.path(), &AnalyzeOptions::default(), &NoProgress) {
+        Err(e @ Error::NoKernelTrace { .. }) => {
+            assert!(e.to_string().contains("has no kernel trace"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // A trace.dat that is not one: the file is named, with the reader's
+    // reason as the source.
+    std::fs::create_dir(dir.path().join("kernel")).unwrap();
+    let dat = dir.path().join("kernel/trace.dat");
+    std::fs::write(&dat, b"not a trace").unwrap();
+    match analyze_run(dir.path(), &AnalyzeOptions::default(), &NoProgress) {
+        Err(e @ Error::OpenTraceDat { .. }) => {
+            assert!(e.to_string().contains(&*dat.to_string_lossy()), "{e}");
+            assert!(std::error::Error::source(&e).is_some());
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing written.
+    assert!(!dir.path().join("analysis").exists());
+}
