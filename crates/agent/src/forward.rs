@@ -308,6 +308,12 @@ impl Forwarder {
         self.shared.stats()
     }
 
+    /// A handle that reads the counters from elsewhere (the metrics
+    /// server), for as long as it is kept.
+    pub fn stats_handle(&self) -> ForwardStatsHandle {
+        ForwardStatsHandle(self.shared.clone())
+    }
+
     /// Sends what is queued until `deadline` from now, then drops the rest
     /// (counted as `dropped_at_shutdown`) and stops the thread.
     pub fn shutdown(mut self, deadline: Duration) -> ForwardStats {
@@ -327,6 +333,22 @@ impl Forwarder {
         self.shared.changed.send_modify(|n| *n += 1);
         self.shared.queued.notify_one();
         let _ = thread.join();
+    }
+}
+
+/// Reads a [`Forwarder`]'s counters; see [`Forwarder::stats_handle`].
+#[derive(Clone)]
+pub struct ForwardStatsHandle(Arc<Shared>);
+
+impl ForwardStatsHandle {
+    pub fn get(&self) -> ForwardStats {
+        self.0.stats()
+    }
+}
+
+impl std::fmt::Debug for ForwardStatsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ForwardStatsHandle").finish_non_exhaustive()
     }
 }
 
