@@ -90,6 +90,7 @@ pub enum Error {
 /// hold).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ForwardStats {
+    /// Given to [`Forwarder::send`] (the oversize ones included).
     pub requests_queued: u64,
     pub spans_queued: u64,
     pub requests_sent: u64,
@@ -488,9 +489,11 @@ impl Sender {
         let mut backoff = self.config.first_backoff;
         loop {
             changed.borrow_and_update();
+            // `biased`: a passed deadline wins over a try that is ready too.
             let tried = tokio::select! {
-                r = self.client.send_encoded(request.bytes.clone()) => r,
+                biased;
                 _ = shutdown_deadline(&self.shared, changed.clone()) => return Outcome::Abandoned,
+                r = self.client.send_encoded(request.bytes.clone()) => r,
             };
             let failure = match tried {
                 Ok(response) => {
@@ -527,9 +530,10 @@ impl Sender {
                 }
                 let deadline = self.deadline();
                 tokio::select! {
-                    _ = &mut sleep => break,
-                    _ = changed.changed() => continue,
+                    biased;
                     _ = sleep_until(deadline) => return Outcome::Abandoned,
+                    _ = changed.changed() => continue,
+                    _ = &mut sleep => break,
                 }
             }
             add(&self.shared.counters.retries, 1);
