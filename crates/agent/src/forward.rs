@@ -90,6 +90,7 @@ pub enum Error {
 /// hold).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ForwardStats {
+    /// Given to [`Forwarder::send`] (the oversize ones included).
     pub requests_queued: u64,
     pub spans_queued: u64,
     pub requests_sent: u64,
@@ -308,6 +309,12 @@ impl Forwarder {
         self.shared.stats()
     }
 
+    /// A handle that reads the counters from elsewhere (the metrics
+    /// server), for as long as it is kept.
+    pub fn stats_handle(&self) -> ForwardStatsHandle {
+        ForwardStatsHandle(self.shared.clone())
+    }
+
     /// Sends what is queued until `deadline` from now, then drops the rest
     /// (counted as `dropped_at_shutdown`) and stops the thread.
     pub fn shutdown(mut self, deadline: Duration) -> ForwardStats {
@@ -327,6 +334,22 @@ impl Forwarder {
         self.shared.changed.send_modify(|n| *n += 1);
         self.shared.queued.notify_one();
         let _ = thread.join();
+    }
+}
+
+/// Reads a [`Forwarder`]'s counters; see [`Forwarder::stats_handle`].
+#[derive(Clone)]
+pub struct ForwardStatsHandle(Arc<Shared>);
+
+impl ForwardStatsHandle {
+    pub fn get(&self) -> ForwardStats {
+        self.0.stats()
+    }
+}
+
+impl std::fmt::Debug for ForwardStatsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ForwardStatsHandle").finish_non_exhaustive()
     }
 }
 
@@ -466,9 +489,11 @@ impl Sender {
         let mut backoff = self.config.first_backoff;
         loop {
             changed.borrow_and_update();
+            // `biased`: a passed deadline wins over a try that is ready too.
             let tried = tokio::select! {
-                r = self.client.send_encoded(request.bytes.clone()) => r,
+                biased;
                 _ = shutdown_deadline(&self.shared, changed.clone()) => return Outcome::Abandoned,
+                r = self.client.send_encoded(request.bytes.clone()) => r,
             };
             let failure = match tried {
                 Ok(response) => {
@@ -505,9 +530,10 @@ impl Sender {
                 }
                 let deadline = self.deadline();
                 tokio::select! {
-                    _ = &mut sleep => break,
-                    _ = changed.changed() => continue,
+                    biased;
                     _ = sleep_until(deadline) => return Outcome::Abandoned,
+                    _ = changed.changed() => continue,
+                    _ = &mut sleep => break,
                 }
             }
             add(&self.shared.counters.retries, 1);
