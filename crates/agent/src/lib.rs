@@ -1,9 +1,47 @@
-//! The parts of `deepspan agent` (issue 17) that are plain libraries: the
-//! agent receives OTLP spans, judges each against its operation's recent
-//! durations ([`detect`]), and forwards every request to Jaeger, Tempo or a
-//! collector through a byte-bounded queue that drops the oldest
-//! ([`forward`]); its counters are served as Prometheus text ([`metrics`]).
+//! `deepspan agent`: spans pass through on their way to Jaeger, Tempo or a
+//! collector; a span much slower than its operation's norm gets a kernel
+//! snapshot of its time window, analysed at once, and reaches the back-end
+//! carrying the diagnosis and the snapshot's id.
+//!
+//! The parts, each usable alone:
+//! - [`detect`]: per (service, operation), a sliding median and the
+//!   anomaly rule (seed 004's: window 500, threshold 3);
+//! - [`forward`]: the byte-bounded queue to the back-end that drops the
+//!   oldest, and its sender;
+//! - [`spans`]: the request spans of an OTLP request, detaching and
+//!   annotating spans, the recent requests kept for snapshots;
+//! - [`snapshot`]: the worker that turns anomalous spans into diagnosed
+//!   run folders through `deepspan_record::FlightRecorder` and
+//!   `deepspan_pipeline::analyze_run`;
+//! - [`metrics`]: the counters as Prometheus text on `/metrics`;
+//! - [`Agent`] (`agent.rs`) wires them behind the OTLP receiver.
 
+mod agent;
 pub mod detect;
 pub mod forward;
 pub mod metrics;
+pub mod snapshot;
+pub mod spans;
+
+pub use agent::{attr, rss_bytes, Agent, AgentConfig, AgentStats};
+pub use detect::DetectorConfig;
+pub use deepspan_record::FlightOptions;
+pub use forward::ForwardConfig;
+pub use snapshot::SnapshotConfig;
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Forward(#[from] forward::Error),
+    #[error("cannot receive OTLP: {0}")]
+    Receiver(#[from] deepspan_otlp::Error),
+    #[error("flight recorder: {0}")]
+    Flight(#[from] deepspan_record::Error),
+    #[error("cannot create the snapshot folder {0}: {1}")]
+    Snapshots(std::path::PathBuf, #[source] std::io::Error),
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot start the agent's threads: {0}")]
+    Threads(#[source] std::io::Error),
+}

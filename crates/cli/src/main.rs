@@ -1,6 +1,7 @@
 //! The `deepspan` command: a thin layer of argument parsing and output
 //! formatting over the library crates.
 
+mod agent;
 mod analyze;
 mod dcpt;
 mod decode;
@@ -81,6 +82,14 @@ enum Command {
     /// stacks sampled by `record --profile` on its RUNNING pieces, and its
     /// off-CPU pieces as frames that say why it waited.
     Profile(profile::ProfileArgs),
+    /// Live agent: receive OTLP spans and forward them (Jaeger, Tempo, a
+    /// collector); a span much slower than its operation's norm gets a
+    /// kernel snapshot of its time, analysed at once, and goes on carrying
+    /// the diagnosis (`deepspan.cause`, …) and the snapshot's id.
+    ///
+    /// Keeps a flight recorder (a tracefs instance in overwrite mode) for
+    /// its lifetime; SIGINT/SIGTERM send what is queued and remove it.
+    Agent(agent::AgentArgs),
 }
 
 fn main() -> ExitCode {
@@ -99,6 +108,7 @@ fn main() -> ExitCode {
         Command::Sync(args) => sync::run(args).map(|()| ExitCode::SUCCESS),
         Command::Dcpt(args) => dcpt::run(args).map(|()| ExitCode::SUCCESS),
         Command::Profile(args) => profile::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Agent(args) => agent::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,707 @@
+//! The snapshot worker: anomalous spans in, diagnosed snapshots out.
+//!
+//! One thread owns the flight recorder. A trigger (an anomalous request
+//! span) waits until its window `[start − margin, end + margin]` has been
+//! over for `settle` (spans of the other requests in that window are still
+//! on their way), together with the triggers whose windows overlap it: they
+//! share one snapshot. Then:
+//! 1. rate limit: at most `max_per_minute` snapshots (a token bucket), else
+//!    skipped as `rate_limited`;
+//! 2. the flight recorder writes the window as a run folder, or says it
+//!    has left the ring buffer (`left_ring_buffer`);
+//! 3. the spans of the requests received around the window go in
+//!    `spans/otlp-000.pb`, as received;
+//! 4. the run is analysed by `deepspan_pipeline::analyze_run`, the code of
+//!    `deepspan analyze`, and its diagnoses are read back as
+//!    `deepspan export` would put them on spans;
+//! 5. the folder is renamed into place with its `snapshot.json`, and the
+//!    oldest snapshots go while the folder holds more than its budget.
+//!
+//! Each trigger's [`Outcome`] goes to the delivery callback.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use serde::Serialize;
+
+use deepspan_record::{FlightRecorder, WindowOutcome};
+use deepspan_spans::{request_from_spans, ExportTraceServiceRequest, Span, SpanWriter};
+
+use crate::spans::{mono_times, DetachedSpan, RecentRequests};
+
+/// The name of a snapshot's description in its folder.
+pub const SNAPSHOT_FILE: &str = "snapshot.json";
+
+/// How snapshots are taken and kept.
+#[derive(Clone, Debug)]
+pub struct SnapshotConfig {
+    /// Where each snapshot's run folder goes (`DIR/<id>/`).
+    pub dir: PathBuf,
+    /// Added before and after a slow span: the causes of a wait may start
+    /// before the request (a lock taken earlier, a throttling period).
+    pub margin: Duration,
+    /// How long after a window's end the snapshot waits for the spans of
+    /// the other requests in it.
+    pub settle: Duration,
+    pub max_per_minute: u32,
+    /// Overlapping windows merge into one snapshot up to this length.
+    pub max_window: Duration,
+    /// The folder keeps at most this many snapshots and bytes; the oldest go first.
+    pub retain_count: usize,
+    pub retain_bytes: u64,
+}
+
+impl SnapshotConfig {
+    pub fn new(dir: impl Into<PathBuf>) -> SnapshotConfig {
+        SnapshotConfig {
+            dir: dir.into(),
+            margin: Duration::from_millis(100),
+            settle: Duration::from_secs(1),
+            max_per_minute: 12,
+            max_window: Duration::from_secs(30),
+            retain_count: 200,
+            retain_bytes: 2 << 30,
+        }
+    }
+}
+
+/// An anomalous request span waiting for its snapshot.
+#[derive(Clone, Debug)]
+pub struct Trigger {
+    pub span: DetachedSpan,
+    pub service: String,
+    pub operation: String,
+    pub duration_ns: u64,
+    pub baseline_ns: Option<u64>,
+    /// The span on the monotonic clock.
+    pub mono: (u64, u64),
+}
+
+impl Trigger {
+    pub fn new(
+        span: DetachedSpan,
+        service: String,
+        operation: String,
+        duration_ns: u64,
+        baseline_ns: Option<u64>,
+        mono_minus_realtime_ns: i128,
+    ) -> Trigger {
+        let mono = mono_times(&span.span, mono_minus_realtime_ns);
+        Trigger {
+            span,
+            service,
+            operation,
+            duration_ns,
+            baseline_ns,
+            mono,
+        }
+    }
+}
+
+/// Why a trigger got no diagnosis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// More snapshots than `max_per_minute`.
+    RateLimited,
+    /// The window's events were no longer in the flight recorder.
+    LeftRingBuffer,
+    /// Writing or analysing the snapshot failed (the error is logged in
+    /// `snapshot.json` when the folder could be kept).
+    Failed,
+    /// The agent stopped before the window settled.
+    Stopping,
+}
+
+impl SkipReason {
+    pub const ALL: [SkipReason; 4] = [
+        SkipReason::RateLimited,
+        SkipReason::LeftRingBuffer,
+        SkipReason::Failed,
+        SkipReason::Stopping,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::RateLimited => "rate_limited",
+            SkipReason::LeftRingBuffer => "left_ring_buffer",
+            SkipReason::Failed => "failed",
+            SkipReason::Stopping => "stopping",
+        }
+    }
+}
+
+/// What became of a trigger.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    /// Diagnosed in snapshot `snapshot`: the `deepspan.*` attributes the
+    /// analysis gives its span (as `deepspan export` sets them) and the
+    /// spans of its kernel critical path (children of the span).
+    Diagnosed {
+        snapshot: String,
+        attributes: Vec<KeyValue>,
+        kernel_spans: Option<ExportTraceServiceRequest>,
+    },
+    Skipped {
+        reason: SkipReason,
+        snapshot: Option<String>,
+        error: Option<String>,
+    },
+}
+
+/// Messages to the worker.
+pub enum Message {
+    Trigger(Box<Trigger>),
+    /// Stop: pending triggers are skipped (`stopping`), the recorder removed.
+    Stop,
+}
+
+/// The snapshot description, `DIR/<id>/snapshot.json` (read by `deepspan ui DIR`).
+#[derive(Serialize)]
+struct SnapshotInfo {
+    id: String,
+    taken_unix_ns: u64,
+    window_mono_ns: [u64; 2],
+    status: &'static str,
+    error: Option<String>,
+    triggers: Vec<TriggerInfo>,
+}
+
+#[derive(Serialize)]
+struct TriggerInfo {
+    trace_id: String,
+    span_id: String,
+    service: String,
+    operation: String,
+    duration_ns: u64,
+    baseline_ns: Option<u64>,
+    cause: Option<String>,
+    headline: Option<String>,
+}
+
+/// Counts kept by the worker.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerStats {
+    pub snapshots: u64,
+    pub snapshot_bytes: u64,
+    pub skipped: HashMap<SkipReason, u64>,
+    pub removed_by_retention: u64,
+}
+
+/// Everything the worker runs with.
+pub struct Worker {
+    pub config: SnapshotConfig,
+    pub flight: FlightRecorder,
+    pub recent: Arc<Mutex<RecentRequests>>,
+    pub stats: Arc<Mutex<WorkerStats>>,
+    pub metrics: crate::metrics::AgentMetrics,
+    /// Runs once per trigger.
+    pub deliver: Box<dyn FnMut(Trigger, Outcome) + Send>,
+}
+
+/// A token bucket: `per_minute` snapshots a minute, bursts up to that.
+struct RateLimit {
+    per_minute: u32,
+    tokens: f64,
+    at: Instant,
+}
+
+impl RateLimit {
+    fn take(&mut self, now: Instant) -> bool {
+        let cap = self.per_minute as f64;
+        self.tokens =
+            (self.tokens + now.duration_since(self.at).as_secs_f64() * cap / 60.0).min(cap);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Worker {
+    /// Runs until `Stop` or until every sender is gone, then removes the
+    /// flight recorder's instance.
+    pub fn run(mut self, messages: Receiver<Message>) {
+        let mut pending: Vec<Trigger> = Vec::new();
+        let mut limit = RateLimit {
+            per_minute: self.config.max_per_minute,
+            tokens: self.config.max_per_minute as f64,
+            at: Instant::now(),
+        };
+        let mut next_clock_sample = Instant::now() + Duration::from_secs(1);
+        let mut sequence = 0u64;
+        let mut stopping = false;
+        while !stopping {
+            let now_mono = mono_now();
+            let wait = pending
+                .iter()
+                .map(|t| self.ready_at(t).saturating_sub(now_mono))
+                .min()
+                .map_or(Duration::from_secs(1), Duration::from_nanos)
+                .min(next_clock_sample.saturating_duration_since(Instant::now()));
+            match messages.recv_timeout(wait) {
+                Ok(Message::Trigger(t)) => pending.push(*t),
+                Ok(Message::Stop) | Err(RecvTimeoutError::Disconnected) => stopping = true,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if Instant::now() >= next_clock_sample {
+                self.flight.sample_clock();
+                next_clock_sample = Instant::now() + Duration::from_secs(1);
+            }
+            if stopping {
+                break;
+            }
+            for group in self.take_ready(&mut pending, mono_now()) {
+                sequence += 1;
+                if limit.take(Instant::now()) {
+                    self.snapshot(group, sequence);
+                } else {
+                    self.skip(group, SkipReason::RateLimited, None, None);
+                }
+            }
+        }
+        for t in pending.drain(..) {
+            self.skip(vec![t], SkipReason::Stopping, None, None);
+        }
+        let Worker { flight, .. } = self;
+        if let Err(e) = flight.stop() {
+            eprintln!("deepspan agent: {e}");
+        }
+    }
+
+    fn window(&self, t: &Trigger) -> (u64, u64) {
+        let margin = self.config.margin.as_nanos() as u64;
+        (
+            t.mono.0.saturating_sub(margin),
+            t.mono.1.saturating_add(margin),
+        )
+    }
+
+    fn ready_at(&self, t: &Trigger) -> u64 {
+        self.window(t)
+            .1
+            .saturating_add(self.config.settle.as_nanos() as u64)
+    }
+
+    /// Takes out the groups of overlapping windows whose last window has
+    /// settled; a group never spans more than `max_window`.
+    fn take_ready(&self, pending: &mut Vec<Trigger>, now_mono: u64) -> Vec<Vec<Trigger>> {
+        pending.sort_by_key(|t| self.window(t).0);
+        let max = self.config.max_window.as_nanos() as u64;
+        let mut groups: Vec<Vec<Trigger>> = Vec::new();
+        let mut group_window: Option<(u64, u64)> = None;
+        for t in pending.drain(..) {
+            let w = self.window(&t);
+            match (&mut group_window, groups.last_mut()) {
+                (Some((start, end)), Some(group))
+                    if w.0 <= *end && w.1.max(*end) - *start <= max =>
+                {
+                    *end = (*end).max(w.1);
+                    group.push(t);
+                }
+                _ => {
+                    group_window = Some(w);
+                    groups.push(vec![t]);
+                }
+            }
+        }
+        let settle = self.config.settle.as_nanos() as u64;
+        let mut ready = Vec::new();
+        for group in groups {
+            let end = group.iter().map(|t| self.window(t).1).max().unwrap_or(0);
+            if end.saturating_add(settle) <= now_mono {
+                ready.push(group);
+            } else {
+                pending.extend(group);
+            }
+        }
+        ready
+    }
+
+    fn skip(
+        &mut self,
+        group: Vec<Trigger>,
+        reason: SkipReason,
+        snapshot: Option<String>,
+        error: Option<String>,
+    ) {
+        *self
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .skipped
+            .entry(reason)
+            .or_default() += group.len() as u64;
+        for t in group {
+            self.metrics.skip_snapshot(reason.as_str());
+            (self.deliver)(
+                t,
+                Outcome::Skipped {
+                    reason,
+                    snapshot: snapshot.clone(),
+                    error: error.clone(),
+                },
+            );
+        }
+    }
+
+    fn snapshot(&mut self, group: Vec<Trigger>, sequence: u64) {
+        let start = group.iter().map(|t| self.window(t).0).min().unwrap_or(0);
+        let end = group.iter().map(|t| self.window(t).1).max().unwrap_or(0);
+        let id = snapshot_id(sequence);
+        let partial = self.config.dir.join(format!(".partial-{id}"));
+        let done = self.config.dir.join(&id);
+        match self.write_and_analyse(&group, start, end, &partial) {
+            Ok(Some(diagnosed)) => {
+                let info = snapshot_info(&id, start, end, &group, &diagnosed, None);
+                let kept = write_info(&partial, &info).and_then(|()| rename(&partial, &done));
+                if let Err(e) = kept {
+                    let _ = fs::remove_dir_all(&partial);
+                    return self.skip(group, SkipReason::Failed, None, Some(e));
+                }
+                {
+                    let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+                    stats.snapshots += 1;
+                    self.metrics.snapshots_taken.inc();
+                    stats.snapshot_bytes += dir_bytes(&done);
+                }
+                self.retain();
+                for (t, attributes) in group.into_iter().zip(diagnosed) {
+                    let outcome = match attributes {
+                        Some((attributes, kernel_spans)) => Outcome::Diagnosed {
+                            snapshot: id.clone(),
+                            attributes,
+                            kernel_spans,
+                        },
+                        None => Outcome::Skipped {
+                            reason: SkipReason::Failed,
+                            snapshot: Some(id.clone()),
+                            error: Some(
+                                "the snapshot's analysis has no request for this span".into(),
+                            ),
+                        },
+                    };
+                    (self.deliver)(t, outcome);
+                }
+            }
+            Ok(None) => {
+                let _ = fs::remove_dir_all(&partial);
+                self.skip(group, SkipReason::LeftRingBuffer, None, None);
+            }
+            Err(error) => {
+                // Kept for a look when the recorder wrote it: the error is in snapshot.json.
+                let kept = partial.join("manifest.json").exists()
+                    && write_info(
+                        &partial,
+                        &snapshot_info(&id, start, end, &group, &[], Some(error.clone())),
+                    )
+                    .and_then(|()| rename(&partial, &done))
+                    .is_ok();
+                if !kept {
+                    let _ = fs::remove_dir_all(&partial);
+                }
+                self.skip(group, SkipReason::Failed, kept.then_some(id), Some(error));
+            }
+        }
+    }
+
+    /// The window as a diagnosed run folder at `dir`; for each trigger its
+    /// attributes and kernel spans (None when the analysis has no request
+    /// for it). `Ok(None)`: the window has left the ring buffer.
+    #[allow(clippy::type_complexity)]
+    fn write_and_analyse(
+        &mut self,
+        group: &[Trigger],
+        start: u64,
+        end: u64,
+        dir: &Path,
+    ) -> Result<Option<Vec<Option<(Vec<KeyValue>, Option<ExportTraceServiceRequest>)>>>, String>
+    {
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        match self
+            .flight
+            .snapshot(start, end, dir)
+            .map_err(|e| e.to_string())?
+        {
+            WindowOutcome::LeftBuffer { .. } => return Ok(None),
+            WindowOutcome::Written { .. } => {}
+        }
+        let offset = self.flight.mono_minus_realtime_ns();
+        let wall = |mono: u64| (mono as i128 - offset).max(0) as u64;
+        let requests = self
+            .recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .overlapping(wall(start), wall(end));
+        let mut writer = SpanWriter::create(dir).map_err(|e| e.to_string())?;
+        for encoded in &requests {
+            writer.append_encoded(encoded).map_err(|e| e.to_string())?;
+        }
+        writer.flush().map_err(|e| e.to_string())?;
+        drop(writer);
+
+        deepspan_pipeline::analyze_run(
+            dir,
+            &deepspan_pipeline::AnalyzeOptions::default(),
+            &deepspan_pipeline::NoProgress,
+        )
+        .map_err(|e| format!("analysis: {e}"))?;
+        let export = deepspan_export::export_run(dir, &deepspan_export::ExportOptions::default())
+            .map_err(|e| format!("reading the diagnoses back: {e}"))?;
+        Ok(Some(
+            group
+                .iter()
+                .map(|t| diagnosed_attributes(&export.traces, t))
+                .collect(),
+        ))
+    }
+
+    /// Removes the oldest snapshots while the folder is over its budget.
+    fn retain(&mut self) {
+        let mut snapshots: Vec<(String, u64)> = fs::read_dir(&self.config.dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().join(SNAPSHOT_FILE).is_file())
+                    .map(|e| {
+                        (
+                            e.file_name().to_string_lossy().into_owned(),
+                            dir_bytes(&e.path()),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Ids start with their UTC time: name order is age order.
+        snapshots.sort();
+        let mut bytes: u64 = snapshots.iter().map(|(_, b)| b).sum();
+        let mut count = snapshots.len();
+        for (name, size) in snapshots {
+            if count <= self.config.retain_count && bytes <= self.config.retain_bytes {
+                break;
+            }
+            if fs::remove_dir_all(self.config.dir.join(&name)).is_ok() {
+                count -= 1;
+                bytes -= size;
+                self.stats
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .removed_by_retention += 1;
+            }
+        }
+    }
+}
+
+/// The trigger span's `deepspan.*` attributes from the export of its
+/// snapshot, and the kernel spans under it.
+fn diagnosed_attributes(
+    traces: &[Vec<Span>],
+    trigger: &Trigger,
+) -> Option<(Vec<KeyValue>, Option<ExportTraceServiceRequest>)> {
+    let trace = traces.iter().find(|t| {
+        t.first()
+            .is_some_and(|s| s.trace_id.0.to_be_bytes().as_slice() == trigger.span.trace_id())
+    })?;
+    let span_id = trigger.span.span_id();
+    let enriched = trace
+        .iter()
+        .find(|s| s.span_id.0.to_be_bytes().as_slice() == span_id)?;
+    let as_request = request_from_spans(std::slice::from_ref(enriched));
+    let attributes: Vec<KeyValue> = as_request
+        .resource_spans
+        .into_iter()
+        .flat_map(|r| r.scope_spans)
+        .flat_map(|s| s.spans)
+        .flat_map(|s| s.attributes)
+        // The SDK's own fields are already on the span; the snapshot's
+        // anomaly verdict and baseline rest on its few requests, the agent's
+        // sliding window replaces them.
+        .filter(|kv| {
+            kv.key.starts_with("deepspan.")
+                && !kv.key.starts_with("deepspan.mono_")
+                && !matches!(
+                    kv.key.as_str(),
+                    "deepspan.tid"
+                        | deepspan_export::attributes::ANOMALOUS
+                        | deepspan_export::attributes::BASELINE_NS
+                )
+        })
+        .collect();
+    // The kernel spans of this request: those of the kernel scope below it.
+    let mut under: std::collections::HashSet<u64> =
+        std::collections::HashSet::from([enriched.span_id.0]);
+    let mut kernel = Vec::new();
+    let mut added = true;
+    while added {
+        added = false;
+        for s in trace {
+            if s.scope.name == deepspan_export::attributes::SCOPE_NAME
+                && !under.contains(&s.span_id.0)
+                && s.parent_span_id.is_some_and(|p| under.contains(&p.0))
+            {
+                under.insert(s.span_id.0);
+                kernel.push(s.clone());
+                added = true;
+            }
+        }
+    }
+    let kernel_spans = (!kernel.is_empty()).then(|| request_from_spans(&kernel));
+    Some((attributes, kernel_spans))
+}
+
+fn snapshot_info(
+    id: &str,
+    start: u64,
+    end: u64,
+    group: &[Trigger],
+    diagnosed: &[Option<(Vec<KeyValue>, Option<ExportTraceServiceRequest>)>],
+    error: Option<String>,
+) -> SnapshotInfo {
+    let text = |attributes: Option<&Vec<KeyValue>>, key: &str| {
+        attributes?.iter().find(|kv| kv.key == key).and_then(|kv| match &kv.value {
+            Some(opentelemetry_proto::tonic::common::v1::AnyValue {
+                value: Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)),
+            }) => Some(s.clone()),
+            _ => None,
+        })
+    };
+    SnapshotInfo {
+        id: id.to_string(),
+        taken_unix_ns: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+        window_mono_ns: [start, end],
+        status: if error.is_none() {
+            "analysed"
+        } else {
+            "failed"
+        },
+        error,
+        triggers: group
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let attributes = diagnosed.get(i).and_then(|d| d.as_ref()).map(|(a, _)| a);
+                TriggerInfo {
+                    trace_id: hex(t.span.trace_id()),
+                    span_id: hex(t.span.span_id()),
+                    service: t.service.clone(),
+                    operation: t.operation.clone(),
+                    duration_ns: t.duration_ns,
+                    baseline_ns: t.baseline_ns,
+                    cause: text(attributes, deepspan_export::attributes::CAUSE),
+                    headline: text(attributes, deepspan_export::attributes::HEADLINE),
+                }
+            })
+            .collect(),
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `YYYYmmddTHHMMSS.mmmZ-NNNN`: sorts by time, unique within the agent.
+fn snapshot_id(sequence: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}.{:03}Z-{sequence:04}",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60,
+        now.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn write_info(dir: &Path, info: &SnapshotInfo) -> Result<(), String> {
+    let path = dir.join(SNAPSHOT_FILE);
+    let text = serde_json::to_vec_pretty(info).map_err(|e| e.to_string())?;
+    fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn rename(from: &Path, to: &Path) -> Result<(), String> {
+    fs::rename(from, to)
+        .map_err(|e| format!("cannot move {} to {}: {e}", from.display(), to.display()))
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+                    _ => e.metadata().map_or(0, |m| m.len()),
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+pub fn mono_now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_ids_sort_by_time() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_417), (2025, 11, 25));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        let id = snapshot_id(7);
+        assert_eq!(id.len(), "20261125T071500.123Z-0007".len(), "{id}");
+        assert!(id.ends_with("Z-0007"));
+    }
+
+    #[test]
+    fn the_rate_limit_lets_a_burst_through_then_refills() {
+        let start = Instant::now();
+        let mut limit = RateLimit {
+            per_minute: 2,
+            tokens: 2.0,
+            at: start,
+        };
+        assert!(limit.take(start));
+        assert!(limit.take(start));
+        assert!(!limit.take(start), "two a minute");
+        assert!(!limit.take(start + Duration::from_secs(29)));
+        assert!(
+            limit.take(start + Duration::from_secs(31)),
+            "one token back after 30 s"
+        );
+    }
+}
