@@ -215,7 +215,7 @@ impl Phases<'_> {
 
 /// Analyses the run folder `run`: every request's kernel critical path,
 /// summary, diagnosis, baseline and root cause, written to `RUN/analysis/`
-/// (replaced whole, so readers never see half a analysis) and returned.
+/// (replaced whole, so readers never see half an analysis) and returned.
 ///
 /// A run whose recorder died unfinished is refused
 /// ([`Error::UnfinishedRecording`]): recover it first
