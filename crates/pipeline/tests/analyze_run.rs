@@ -209,6 +209,41 @@ fn the_outcome_is_what_requests_json_says() {
     let phases = calls.iter().filter(|c| c.0 == "phase").count();
     assert_eq!(phases, outcome.phases.len());
 
+    // What the live agent writes for a snapshot: the trace, the manifest
+    // and the span files only (no process scan, no saved tgids). The
+    // requests placed by the SDK come out the same.
+    let minimal = dir.path().join("minimal");
+    std::fs::create_dir_all(minimal.join("kernel")).unwrap();
+    std::fs::copy(run.join("manifest.json"), minimal.join("manifest.json")).unwrap();
+    std::fs::copy(
+        run.join("kernel/trace.dat"),
+        minimal.join("kernel/trace.dat"),
+    )
+    .unwrap();
+    std::fs::create_dir(minimal.join("spans")).unwrap();
+    for f in std::fs::read_dir(run.join("spans")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), minimal.join("spans").join(f.file_name())).unwrap();
+    }
+    let small = analyze_run(&minimal, &AnalyzeOptions::default(), &NoProgress).expect("analysis");
+    let key = |o: &deepspan_pipeline::AnalysisOutcome| -> Vec<(u64, u64, u64, &'static str, bool)> {
+        o.requests
+            .iter()
+            .map(|r| {
+                let cause = r.diagnosis.as_ref().map_or("", |d| d.cause.name());
+                (
+                    o.span_of(r).span_id,
+                    r.path.start,
+                    r.path.end,
+                    cause,
+                    r.anomalous,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(key(&small), key(&outcome));
+    assert!(minimal.join("analysis/requests.json").is_file());
+
     // Analysed again, without the SDK fields: every request placed from
     // the kernel trace, and the folder rewritten whole.
     let options = AnalyzeOptions {
