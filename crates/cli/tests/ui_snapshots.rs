@@ -205,7 +205,11 @@ fn a_folder_of_snapshots_lists_them_and_opens_each() {
     let (status, e) = get_json(&server, &format!("/s/{failed_id}/api/requests"));
     assert_eq!(status, 404);
     assert!(e["error"].as_str().unwrap().contains("ring buffer"), "{e}");
+    let through = |rest: &str| format!("/s/{old_id}/api/{rest}");
     for (path, expected) in [
+        (through("requests/..%2f..%2fmanifest.json").as_str(), 400),
+        (through("../../../etc/passwd").as_str(), 404),
+        (through("nothing").as_str(), 404),
         ("/s/nope/api/run", 404),
         ("/s/escape/api/run", 404),
         ("/s/escape/", 404),

@@ -283,7 +283,10 @@ async fn folder_info(State(index): State<Shared>) -> Json<Value> {
 async fn snapshots(State(index): State<Shared>) -> Result<Json<Value>, ApiError> {
     let list = tokio::task::spawn_blocking(move || index.list())
         .await
-        .map_err(|_| ApiError::not_found("listing the snapshots failed"))?;
+        .map_err(|_| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "listing the snapshots failed".to_string(),
+        })?;
     Ok(Json(json!({ "snapshots": list })))
 }
 
@@ -305,7 +308,7 @@ async fn snapshot_api_root(UrlPath(id): UrlPath<String>) -> ApiError {
 /// thread the first time), with the prefix taken off the path.
 async fn snapshot_api(
     State(index): State<Shared>,
-    UrlPath((id, rest)): UrlPath<(String, String)>,
+    UrlPath((id, _)): UrlPath<(String, String)>,
     request: Request,
 ) -> Response {
     let loading = {
@@ -323,9 +326,16 @@ async fn snapshot_api(
             .into_response()
         }
     };
+    // The rest of the path as sent (still percent-encoded), so the
+    // snapshot's router sees what a run's router would.
+    let raw = request.uri().path();
+    let rest = raw
+        .strip_prefix("/s/")
+        .and_then(|r| r.find('/').map(|i| &r[i..]))
+        .unwrap_or("/api");
     let path_and_query = match request.uri().query() {
-        Some(q) => format!("/api/{rest}?{q}"),
-        None => format!("/api/{rest}"),
+        Some(q) => format!("{rest}?{q}"),
+        None => rest.to_string(),
     };
     let Ok(uri) = path_and_query.parse::<Uri>() else {
         return ApiError::bad("the address is not valid").into_response();
