@@ -300,3 +300,14 @@ fn folders_that_are_no_run_are_typed_errors() {
     // Nothing written.
     assert!(!dir.path().join("analysis").exists());
 }
+
+/// The agent analyses on a worker thread and hands the outcome (or the
+/// error, into anyhow) to others.
+#[test]
+fn the_outcome_and_the_error_cross_threads() {
+    fn send<T: Send + 'static>() {}
+    fn send_sync_error<T: std::error::Error + Send + Sync + 'static>() {}
+    send::<deepspan_pipeline::AnalysisOutcome>();
+    send::<AnalyzeOptions>();
+    send_sync_error::<Error>();
+}
