@@ -4,14 +4,16 @@
 // and checks that the list, the slowest request's kernel critical path and
 // its summary render with the states the recording must have, and (the
 // run is recorded with --profile) that its flame graph adds up to the
-// path, shows the wait off the CPU and zooms. Screenshots go to --out.
+// path, shows the wait off the CPU and zooms. Then the same run as the one
+// snapshot of an agent's snapshot folder: the list, and the snapshot opening
+// in the run views under /s/<id>/. Screenshots go to --out.
 //
 //   node ui/e2e/e2e.mjs --deepspan target/release/deepspan --out target/ui-e2e [--run RUN]
 //
 // With --run, an existing analysed run is served instead of recording one.
 
 import { spawn, spawnSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, existsSync } from "node:fs";
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, existsSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -200,6 +202,43 @@ async function main() {
     const drawnThreads = Number(await page.$eval("#threads .timeline", (e) => e.dataset.drawn));
     check(drawnThreads > 0, "the resources view draws no thread state");
     await page.screenshot({ path: join(out, "resources.png"), fullPage: true });
+
+    // 5. A folder of agent snapshots holding this run: the list, then the
+    // snapshot's own request list and request page under /s/<id>/.
+    const snapshots = join(work, "snapshots");
+    const snapshotId = "20261125T071500.123Z-0001";
+    cpSync(run, join(snapshots, snapshotId), { recursive: true });
+    writeFileSync(
+      join(snapshots, snapshotId, "snapshot.json"),
+      JSON.stringify({
+        id: snapshotId,
+        taken_unix_ns: 1764054900123000000,
+        window_mono_ns: [0, 2e9],
+        status: "analysed",
+        error: null,
+        triggers: [{ trace_id: "0".repeat(32), span_id: rows[0], service: "cases", operation: "lock", duration_ns: 3e8, baseline_ns: 1e8, cause: "lock_contention", headline: "e2e trigger" }],
+      }),
+    );
+    const snapServer = await startServer(snapshots);
+    try {
+      await page.goto(snapServer.url);
+      await page.waitForSelector("#snapshots tbody tr", { timeout: 30_000 });
+      const listed = await page.$$eval("#snapshots tbody tr", (trs) => trs.map((tr) => tr.getAttribute("data-snapshot-id")));
+      check(listed.length === 1 && listed[0] === snapshotId, `the snapshot list shows ${listed}`);
+      check((await page.textContent("#snapshots")).includes("e2e trigger"), "the snapshot list lacks the trigger's headline");
+      await page.screenshot({ path: join(out, "snapshots.png"), fullPage: true });
+      await page.click(`#snapshots tbody tr td:first-child a`);
+      await page.waitForSelector("#requests tbody tr", { timeout: 30_000 });
+      check(new URL(page.url()).pathname === `/s/${snapshotId}/`, `the snapshot opened at ${page.url()}`);
+      const snapRows = await page.$$eval("#requests tbody tr", (trs) => trs.map((tr) => tr.getAttribute("data-span-id")));
+      check(snapRows.length === rows.length, `the snapshot lists ${snapRows.length} requests, the run ${rows.length}`);
+      await page.click("#requests tbody tr:first-child td:nth-child(3) a");
+      await page.waitForSelector("#kernel-path .timeline[data-ready='1']", { timeout: 30_000 });
+      await page.screenshot({ path: join(out, "snapshot-request.png"), fullPage: true });
+      console.log("ui e2e: snapshot folder ok (list, requests, request page)");
+    } finally {
+      snapServer.child.kill("SIGTERM");
+    }
     check(errors.length === 0, `the page logged errors: ${errors.join("\n")}`);
     console.log(`ui e2e: ok; screenshots in ${out}`);
   } finally {

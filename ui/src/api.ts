@@ -63,6 +63,8 @@ export interface Drawn {
 }
 
 export interface RunInfo {
+  /** "snapshots" when the server serves a folder of agent snapshots (then only `run` is set). */
+  kind?: "snapshots";
   run: string;
   requests: number;
   threads: number;
@@ -87,10 +89,45 @@ export class ApiError extends Error {
   }
 }
 
+/** A snapshot of the live agent, as `/api/snapshots` lists it (`snapshot.json` plus the folder's id). */
+export interface SnapshotRow {
+  id: string;
+  taken_unix_ns: number | null;
+  window_mono_ns?: [number, number];
+  window_ns: number | null;
+  status: string;
+  error: string | null;
+  analysed: boolean;
+  triggers: Array<{
+    trace_id: string;
+    span_id: string;
+    service: string;
+    operation: string;
+    duration_ns: number;
+    baseline_ns?: number | null;
+    cause?: string | null;
+    headline?: string | null;
+  }> | null;
+}
+
+/**
+ * The snapshot this page shows (`/s/<id>/`, under `deepspan ui` of a snapshot folder), or null. Its
+ * API calls go under the same prefix.
+ */
+export function snapshotId(): string | null {
+  const m = /^\/s\/([^/]+)/.exec(location.pathname);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+
+function apiPrefix(): string {
+  const id = snapshotId();
+  return id === null ? "" : `/s/${encodeURIComponent(id)}`;
+}
+
 export async function get<T>(path: string, params: Record<string, string | number | undefined> = {}): Promise<T> {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== "") q.set(k, String(v));
-  const url = q.toString() ? `${path}?${q}` : path;
+  const url = apiPrefix() + (q.toString() ? `${path}?${q}` : path);
   const res = await fetch(url);
   const body = await res.json().catch(() => ({ error: `${res.status} ${res.statusText}` }));
   if (!res.ok) throw new ApiError(body.error ?? `${res.status} ${res.statusText}`, res.status);

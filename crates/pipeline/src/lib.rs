@@ -188,6 +188,8 @@ pub mod phase {
     pub const PATHS: &str = "request critical paths, thread states and system calls";
     /// Within [`PATHS`], on the writer thread.
     pub const DIAGNOSES_WITHIN_PATHS: &str = "diagnoses (within the critical paths)";
+    /// Baselines and anomalies (named as `DEEPSPAN_TIMINGS` always named
+    /// this phase).
     pub const BASELINES: &str = "diagnoses";
     pub const ROOT_CAUSES: &str = "root causes";
     pub const TABLES: &str = "request tables";
@@ -215,7 +217,7 @@ impl Phases<'_> {
 
 /// Analyses the run folder `run`: every request's kernel critical path,
 /// summary, diagnosis, baseline and root cause, written to `RUN/analysis/`
-/// (replaced whole, so readers never see half a analysis) and returned.
+/// (replaced whole, so readers never see half an analysis) and returned.
 ///
 /// A run whose recorder died unfinished is refused
 /// ([`Error::UnfinishedRecording`]): recover it first

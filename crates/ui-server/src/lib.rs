@@ -13,11 +13,16 @@
 //! The run is loaded once at start ([`data::RunData`]); every file is
 //! opened through [`data::RunDir::file`], which refuses paths that resolve
 //! outside the run folder.
+//!
+//! A folder of the live agent's snapshots (one run folder per snapshot,
+//! each with a `snapshot.json`) is served by [`snapshots`]: a list, and
+//! each snapshot's run API under `/s/<id>/`, loaded on first use.
 
 pub mod api;
 pub mod data;
 pub mod lod;
 pub mod profile;
+pub mod snapshots;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -32,6 +37,7 @@ use include_dir::{include_dir, Dir};
 pub use api::AppState;
 pub use data::{DataError, RunData, RunDir, RunSpans};
 pub use profile::Profiles;
+pub use snapshots::{is_snapshot_folder, SnapshotIndex};
 
 /// The built UI (`ui/dist`); build.rs stops the build when it is missing.
 pub static ASSETS: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../../ui/dist");
@@ -124,7 +130,13 @@ async fn asset(uri: Uri) -> Response {
 
 /// Serves `state` on `listener` until ctrl-C / SIGTERM.
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    serve_router(listener, router(state)).await
+}
+
+/// Serves `app` (a run's [`router`] or a snapshot folder's
+/// [`snapshots::router`]) on `listener` until ctrl-C / SIGTERM.
+pub async fn serve_router(listener: tokio::net::TcpListener, app: Router) -> std::io::Result<()> {
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown())
         .await
 }
@@ -153,6 +165,16 @@ pub fn run_blocking(
     addr: SocketAddr,
     ready: impl FnOnce(SocketAddr),
 ) -> std::io::Result<()> {
+    run_blocking_router(router(state), addr, ready)
+}
+
+/// Binds `addr` and serves `app` until interrupted; `ready` is called with
+/// the bound address.
+pub fn run_blocking_router(
+    app: Router,
+    addr: SocketAddr,
+    ready: impl FnOnce(SocketAddr),
+) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -162,6 +184,6 @@ pub fn run_blocking(
             .await
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         ready(listener.local_addr()?);
-        serve(listener, state).await
+        serve_router(listener, app).await
     })
 }
