@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use deepspan_agent::forward::{EncodedRequest, ForwardConfig, ForwardStats, Forwarder};
-use deepspan_jaeger_test::{free_port, Jaeger, Ports};
+use deepspan_jaeger_test::{free_port, tag, Jaeger, Ports};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -123,16 +123,6 @@ fn wait_for<T>(limit: Duration, what: &str, mut ready: impl FnMut() -> Option<T>
         assert!(started.elapsed() < limit, "{what} within {limit:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn tag<'v>(span: &'v Value, key: &str) -> &'v Value {
-    span["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["key"] == key)
-        .map(|t| &t["value"])
-        .unwrap_or(&Value::Null)
 }
 
 /// Jaeger's trace, once it has both spans.
