@@ -1,6 +1,8 @@
-//! Forward throughput to a local sink, in spans/s: an HTTP/protobuf sink
-//! on loopback (axum, answers 200 at once, reads each body) takes requests
-//! of 100 spans from one `Forwarder`, with and without gzip. The time runs
+//! Forward throughput, in spans/s, of one `Forwarder` sending requests of
+//! 100 spans on loopback: to an HTTP/protobuf sink that only reads each
+//! body (axum, answers 200), with and without gzip; then to deepspan's own
+//! OTLP receiver (`deepspan-otlp`, which decodes and writes every request to
+//! a run folder, in this process) over gRPC and HTTP, with and without gzip. The time runs
 //! from the first `send` until `shutdown` has sent the last request. Plain
 //! harness: `cargo bench -p deepspan-agent --bench forward`.
 
@@ -10,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use deepspan_agent::forward::{EncodedRequest, ForwardConfig, Forwarder};
+use deepspan_otlp::{Receiver, ReceiverConfig};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
@@ -27,7 +30,8 @@ fn request(n: u64) -> EncodedRequest {
     };
     let spans = (0..SPANS_PER_REQUEST)
         .map(|i| Span {
-            trace_id: (n as u128 * 1000 + i as u128).to_be_bytes().to_vec(),
+            // Never 0: an all-zero trace id is invalid.
+            trace_id: (n as u128 * 1000 + i as u128 + 1).to_be_bytes().to_vec(),
             span_id: (n * 1000 + i + 1).to_be_bytes().to_vec(),
             name: "GET /api/cart/{id}".into(),
             kind: 2,
@@ -96,39 +100,69 @@ fn sink() -> (u16, Arc<AtomicU64>) {
     (port, received)
 }
 
+/// Sends every request through a new forwarder to `url`; returns the
+/// seconds from the first send to the end of shutdown, and ns per send().
+fn forward_all(url: &str, gzip: bool, requests: &[EncodedRequest]) -> (f64, f64) {
+    let bytes: usize = requests.iter().map(|r| r.bytes.len()).sum();
+    let forwarder = Forwarder::start(
+        url,
+        ForwardConfig {
+            gzip,
+            max_queue_bytes: bytes * 2,
+            ..ForwardConfig::default()
+        },
+    )
+    .unwrap();
+    let started = Instant::now();
+    for r in requests {
+        forwarder.send(r.clone());
+    }
+    let enqueue = started.elapsed();
+    let stats = forwarder.shutdown(Duration::from_secs(600));
+    let elapsed = started.elapsed();
+    assert_eq!(stats.requests_sent, requests.len() as u64, "{stats:?}");
+    (
+        elapsed.as_secs_f64(),
+        enqueue.as_nanos() as f64 / requests.len() as f64,
+    )
+}
+
 fn main() {
     let requests: Vec<EncodedRequest> = (0..REQUESTS).map(request).collect();
     let bytes: usize = requests.iter().map(|r| r.bytes.len()).sum();
+    let spans = (REQUESTS * SPANS_PER_REQUEST) as f64;
     println!(
         "{REQUESTS} requests of {SPANS_PER_REQUEST} spans, {} bytes each",
         bytes / REQUESTS as usize
     );
     for gzip in [false, true] {
         let (port, received) = sink();
-        let forwarder = Forwarder::start(
-            &format!("http://127.0.0.1:{port}"),
-            ForwardConfig {
-                gzip,
-                max_queue_bytes: bytes * 2,
-                ..ForwardConfig::default()
-            },
-        )
-        .unwrap();
-        let started = Instant::now();
-        for r in &requests {
-            forwarder.send(r.clone());
-        }
-        let enqueue = started.elapsed();
-        let stats = forwarder.shutdown(Duration::from_secs(600));
-        let elapsed = started.elapsed();
-        assert_eq!(stats.requests_sent, REQUESTS, "{stats:?}");
-        let spans = (REQUESTS * SPANS_PER_REQUEST) as f64;
+        let (seconds, send_ns) = forward_all(&format!("http://127.0.0.1:{port}"), gzip, &requests);
         println!(
-            "forward HTTP/protobuf gzip={gzip}: {:.0} spans/s ({:.1} MB/s of protobuf, {:.1} MB on the wire); send() {:.0} ns per request",
-            spans / elapsed.as_secs_f64(),
-            bytes as f64 / elapsed.as_secs_f64() / 1e6,
+            "forward HTTP/protobuf gzip={gzip} to a sink: {:.0} spans/s ({:.1} MB/s of protobuf, {:.1} MB on the wire); send() {send_ns:.0} ns per request",
+            spans / seconds,
+            bytes as f64 / seconds / 1e6,
             received.load(Ordering::Relaxed) as f64 / 1e6,
-            enqueue.as_nanos() as f64 / REQUESTS as f64
+        );
+    }
+    for (grpc, gzip) in [(true, true), (true, false), (false, true), (false, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ReceiverConfig::new(dir.path());
+        config.grpc_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.http_addr = Some("127.0.0.1:0".parse().unwrap());
+        let receiver = Receiver::start(config).unwrap();
+        let url = if grpc {
+            format!("grpc://{}", receiver.grpc_addr().unwrap())
+        } else {
+            format!("http://{}", receiver.http_addr().unwrap())
+        };
+        let (seconds, _) = forward_all(&url, gzip, &requests);
+        let stats = receiver.shutdown().unwrap();
+        assert_eq!(stats.spans_written, REQUESTS * SPANS_PER_REQUEST);
+        println!(
+            "forward {} gzip={gzip} to deepspan's receiver (decoded, written to disk): {:.0} spans/s",
+            if grpc { "gRPC" } else { "HTTP/protobuf" },
+            spans / seconds
         );
     }
 }

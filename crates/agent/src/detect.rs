@@ -50,7 +50,9 @@ pub struct DetectorConfig {
     pub threshold: f64,
     /// Durations a key's window must hold before its spans are judged.
     pub min_count: usize,
-    /// Spans shorter than this are never anomalous.
+    /// Spans shorter than this are never anomalous. Without one, a key
+    /// whose median is 0 (durations under the clock's resolution) finds
+    /// every longer span anomalous.
     pub floor_ns: Option<u64>,
     /// Most (service, operation) keys remembered; the least recently seen
     /// goes first.

@@ -79,31 +79,31 @@ impl AgentMetrics {
             forwarder: Arc::default(),
             registry: Arc::default(),
         };
-        registry.register(
-            "spans_received",
-            "Spans received from applications",
-            metrics.spans_received.clone(),
-        );
-        registry.register(
-            "anomalies",
-            "Spans judged anomalous",
-            metrics.anomalies.clone(),
-        );
-        registry.register(
-            "snapshots",
-            "Kernel snapshots taken",
-            metrics.snapshots_taken.clone(),
-        );
-        registry.register(
-            "snapshots_skipped",
-            "Snapshot triggers skipped, by reason",
-            metrics.snapshots_skipped.clone(),
-        );
-        registry.register(
-            "spans_dropped",
-            "Spans the agent dropped itself, by reason (the forwarder's drops are forward_spans_dropped)",
-            metrics.spans_dropped.clone(),
-        );
+        for (name, help, counter) in [
+            (
+                "spans_received",
+                "Spans received from applications",
+                &metrics.spans_received,
+            ),
+            ("anomalies", "Spans judged anomalous", &metrics.anomalies),
+            (
+                "snapshots",
+                "Kernel snapshots taken",
+                &metrics.snapshots_taken,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
+        for (name, help, family) in [
+            ("snapshots_skipped", "Snapshot triggers skipped, by reason", &metrics.snapshots_skipped),
+            (
+                "spans_dropped",
+                "Spans the agent dropped itself, by reason (the forwarder's drops are forward_spans_dropped)",
+                &metrics.spans_dropped,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         registry.register_collector(Box::new(ScrapeTime {
             forwarder: metrics.forwarder.clone(),
         }));

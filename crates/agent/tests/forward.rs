@@ -4,7 +4,8 @@
 //! keeps to its byte budget by dropping the oldest requests, counted
 //! exactly, and the newest arrive once Jaeger starts on that port. Also,
 //! without Jaeger: a request over the whole budget, the shutdown deadline,
-//! a server's refusal and its partial success.
+//! a server's refusal, its partial success, and
+//! its Retry-After.
 //!
 //! No timing assumptions: every wait polls a condition with a generous
 //! limit.
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use deepspan_agent::forward::{EncodedRequest, ForwardConfig, ForwardStats, Forwarder};
-use deepspan_jaeger_test::{free_port, Jaeger, Ports};
+use deepspan_jaeger_test::{free_port, tag, Jaeger, Ports};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -122,16 +123,6 @@ fn wait_for<T>(limit: Duration, what: &str, mut ready: impl FnMut() -> Option<T>
         assert!(started.elapsed() < limit, "{what} within {limit:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn tag<'v>(span: &'v Value, key: &str) -> &'v Value {
-    span["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["key"] == key)
-        .map(|t| &t["value"])
-        .unwrap_or(&Value::Null)
 }
 
 /// Jaeger's trace, once it has both spans.
@@ -337,13 +328,13 @@ fn what_the_deadline_leaves_unsent_is_counted_at_shutdown() {
     );
 }
 
-/// An HTTP server on loopback that answers each POST with `status` and
-/// `body`, for `count` requests.
-fn fake_server(count: usize, status: &'static str, body: Vec<u8>) -> u16 {
+/// An HTTP server on loopback that answers the POSTs it gets with
+/// `answers` in turn: (status line, extra header lines, body).
+fn fake_server(answers: Vec<(&'static str, &'static str, Vec<u8>)>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
-        for stream in listener.incoming().take(count) {
+        for ((status, headers, body), stream) in answers.into_iter().zip(listener.incoming()) {
             let mut stream = stream.unwrap();
             let mut reader = BufReader::new(stream.try_clone().unwrap());
             let mut length = 0usize;
@@ -363,7 +354,7 @@ fn fake_server(count: usize, status: &'static str, body: Vec<u8>) -> u16 {
             reader.read_exact(&mut request_body).unwrap();
             write!(
                 stream,
-                "HTTP/1.1 {status}\r\ncontent-type: application/x-protobuf\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                "HTTP/1.1 {status}\r\ncontent-type: application/x-protobuf\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n",
                 body.len()
             )
             .unwrap();
@@ -374,8 +365,31 @@ fn fake_server(count: usize, status: &'static str, body: Vec<u8>) -> u16 {
 }
 
 #[test]
+fn a_503_is_retried_after_the_wait_the_server_asks() {
+    let port = fake_server(vec![
+        (
+            "503 Service Unavailable",
+            "retry-after: 1\r\n",
+            b"busy".to_vec(),
+        ),
+        ("200 OK", "", Vec::new()),
+    ]);
+    let forwarder = Forwarder::start(&format!("http://127.0.0.1:{port}"), quick_retries()).unwrap();
+    let started = Instant::now();
+    forwarder.send(request(8, 0).1);
+    let stats = wait_for(Duration::from_secs(60), "the request sent", || {
+        Some(forwarder.stats()).filter(|s| s.requests_sent == 1)
+    });
+    // The server asked for 1 s; our own backoff would have been 20 ms.
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!((stats.retries, stats.spans_sent), (1, 2), "{stats:?}");
+    assert!(stats.last_error.unwrap().contains("503"));
+    forwarder.shutdown(Duration::from_secs(10));
+}
+
+#[test]
 fn a_refusal_drops_the_request_and_partial_success_is_counted() {
-    let port = fake_server(1, "400 Bad Request", b"no such thing".to_vec());
+    let port = fake_server(vec![("400 Bad Request", "", b"no such thing".to_vec())]);
     let forwarder = Forwarder::start(&format!("http://127.0.0.1:{port}"), quick_retries()).unwrap();
     forwarder.send(request(7, 0).1);
     let stats = forwarder.shutdown(Duration::from_secs(30));
@@ -400,7 +414,7 @@ fn a_refusal_drops_the_request_and_partial_success_is_counted() {
             error_message: "span too old".into(),
         }),
     };
-    let port = fake_server(1, "200 OK", partial.encode_to_vec());
+    let port = fake_server(vec![("200 OK", "", partial.encode_to_vec())]);
     let forwarder = Forwarder::start(&format!("http://127.0.0.1:{port}"), quick_retries()).unwrap();
     forwarder.send(request(7, 1).1);
     let stats = forwarder.shutdown(Duration::from_secs(30));

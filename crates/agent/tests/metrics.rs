@@ -111,26 +111,30 @@ fn metrics_are_served_and_parse() {
             .get(k)
             .unwrap_or_else(|| panic!("no {k} in\n{body}"))
     };
-    assert_eq!(at("deepspan_agent_spans_received_total"), 20.0);
-    assert_eq!(at("deepspan_agent_anomalies_total"), 1.0);
-    assert_eq!(at("deepspan_agent_snapshots_total"), 1.0);
-    assert_eq!(
-        at(r#"deepspan_agent_snapshots_skipped_total{reason="rate_limit"}"#),
-        2.0
-    );
-    assert_eq!(
-        at(r#"deepspan_agent_snapshots_skipped_total{reason="left_ring_buffer"}"#),
-        1.0
-    );
-    assert_eq!(
-        at(r#"deepspan_agent_spans_dropped_total{reason="diagnosis_wait_full"}"#),
-        4.0
-    );
-    assert_eq!(
-        at(r#"deepspan_agent_forward_spans_dropped_total{reason="oversize"}"#),
-        7.0
-    );
-    assert_eq!(at("deepspan_agent_forward_spans_sent_total"), 0.0);
+    for (series, want) in [
+        ("deepspan_agent_spans_received_total", 20.0),
+        ("deepspan_agent_anomalies_total", 1.0),
+        ("deepspan_agent_snapshots_total", 1.0),
+        (
+            r#"deepspan_agent_snapshots_skipped_total{reason="rate_limit"}"#,
+            2.0,
+        ),
+        (
+            r#"deepspan_agent_snapshots_skipped_total{reason="left_ring_buffer"}"#,
+            1.0,
+        ),
+        (
+            r#"deepspan_agent_spans_dropped_total{reason="diagnosis_wait_full"}"#,
+            4.0,
+        ),
+        (
+            r#"deepspan_agent_forward_spans_dropped_total{reason="oversize"}"#,
+            7.0,
+        ),
+        ("deepspan_agent_forward_spans_sent_total", 0.0),
+    ] {
+        assert_eq!(at(series), want, "{series}");
+    }
     // One 60-byte request fits the budget of 100; the two older ones were
     // pushed out (counted once the try under way, if any, has failed).
     assert_eq!(at("deepspan_agent_forward_queue_bytes"), 60.0);

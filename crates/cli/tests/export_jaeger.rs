@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use common::{check, deepspan, kernel_or_skip};
-use deepspan_jaeger_test::Jaeger;
+use deepspan_jaeger_test::{tag, Jaeger};
 use deepspan_spans::{import_file, read_run_spans, Span, SpanId, TraceId};
 use serde_json::Value;
 
@@ -88,16 +88,6 @@ fn diagnosed_request(run: &Path, blocker: Option<&str>) -> Value {
                 expected["cause"]
             )
         })
-}
-
-fn tag<'v>(span: &'v Value, key: &str) -> &'v Value {
-    span["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["key"] == key)
-        .map(|t| &t["value"])
-        .unwrap_or(&Value::Null)
 }
 
 /// The request's span and the children of its kernel path (start order),

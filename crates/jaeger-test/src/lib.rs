@@ -230,15 +230,8 @@ exporters:
     /// The trace (`data[0]` of `/api/traces/{id}`); panics when Jaeger does
     /// not have it.
     pub fn trace(&self, trace_id: &str) -> Value {
-        let (code, body) = get(self.query, &format!("/api/traces/{trace_id}")).unwrap();
-        assert_eq!(
-            code,
-            200,
-            "trace {trace_id}: {}",
-            String::from_utf8_lossy(&body)
-        );
-        let doc: Value = serde_json::from_slice(&body).unwrap();
-        doc["data"][0].clone()
+        self.find_trace(trace_id)
+            .unwrap_or_else(|| panic!("trace {trace_id} is not in Jaeger"))
     }
 
     /// The trace, or `None` when Jaeger does not have it (404).
@@ -263,4 +256,13 @@ impl Drop for Jaeger {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The value of a span's tag in Jaeger's JSON (`Null` when it has none).
+pub fn tag<'v>(span: &'v Value, key: &str) -> &'v Value {
+    span["tags"]
+        .as_array()
+        .and_then(|tags| tags.iter().find(|t| t["key"] == key))
+        .map(|t| &t["value"])
+        .unwrap_or(&Value::Null)
 }
