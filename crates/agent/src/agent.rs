@@ -109,6 +109,7 @@ struct Counters {
     released_pending: Counter,
     sent_skipped: Counter,
     undecodable: Counter,
+    settled: Counter,
 }
 
 impl Counters {
@@ -139,6 +140,11 @@ impl Counters {
                 "sent_skipped",
                 "Anomalous spans sent without a diagnosis (see snapshots_skipped)",
                 c.sent_skipped.clone(),
+            );
+            r.register(
+                "anomalies_settled",
+                "Anomalous spans whose snapshot has an outcome (diagnosed, in time or late, or skipped)",
+                c.settled.clone(),
             );
             r.register(
                 "undecodable",
@@ -185,6 +191,7 @@ impl Shared {
     /// span already went (hold expired), a diagnosis span follows it.
     fn deliver(&self, trigger: Trigger, outcome: Outcome) {
         let held = lock(&self.held).remove(&key(&trigger.span));
+        self.counters.settled.inc();
         let kernel_spans = match &outcome {
             Outcome::Diagnosed { kernel_spans, .. } => kernel_spans.clone(),
             Outcome::Skipped { .. } => None,
