@@ -466,37 +466,51 @@ impl Worker {
 
     /// Removes the oldest snapshots while the folder is over its budget.
     fn retain(&mut self) {
-        let mut snapshots: Vec<(String, u64)> = fs::read_dir(&self.config.dir)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.path().join(SNAPSHOT_FILE).is_file())
-                    .map(|e| {
-                        (
-                            e.file_name().to_string_lossy().into_owned(),
-                            dir_bytes(&e.path()),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        // Ids start with their UTC time: name order is age order.
-        snapshots.sort();
-        let mut bytes: u64 = snapshots.iter().map(|(_, b)| b).sum();
-        let mut count = snapshots.len();
-        for (name, size) in snapshots {
-            if count <= self.config.retain_count && bytes <= self.config.retain_bytes {
-                break;
-            }
-            if fs::remove_dir_all(self.config.dir.join(&name)).is_ok() {
-                count -= 1;
-                bytes -= size;
-                self.stats
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .removed_by_retention += 1;
-            }
+        let removed = retain(
+            &self.config.dir,
+            self.config.retain_count,
+            self.config.retain_bytes,
+        );
+        self.stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .removed_by_retention += removed;
+    }
+}
+
+/// Removes the oldest snapshot folders of `dir` (those with a
+/// `snapshot.json`) until at most `count` and `bytes` are left; returns how
+/// many went. Folders being written (`.partial-…`) are not counted.
+fn retain(dir: &Path, count: usize, bytes: u64) -> u64 {
+    let mut snapshots: Vec<(String, u64)> = fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().join(SNAPSHOT_FILE).is_file())
+                .map(|e| {
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        dir_bytes(&e.path()),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // Ids start with their UTC time: name order is age order.
+    snapshots.sort();
+    let mut held: u64 = snapshots.iter().map(|(_, b)| b).sum();
+    let mut left = snapshots.len();
+    let mut removed = 0;
+    for (name, size) in snapshots {
+        if left <= count && held <= bytes {
+            break;
+        }
+        if fs::remove_dir_all(dir.join(&name)).is_ok() {
+            left -= 1;
+            held -= size;
+            removed += 1;
         }
     }
+    removed
 }
 
 /// The trigger span's `deepspan.*` attributes from the export of its
@@ -685,6 +699,42 @@ mod tests {
         let id = snapshot_id(7);
         assert_eq!(id.len(), "20261125T071500.123Z-0007".len(), "{id}");
         assert!(id.ends_with("Z-0007"));
+    }
+
+    #[test]
+    fn retention_removes_the_oldest_snapshots_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |name: &str, size: usize| {
+            let d = dir.path().join(name);
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join(SNAPSHOT_FILE), "{}").unwrap();
+            fs::write(d.join("data"), vec![0u8; size]).unwrap();
+        };
+        make("20261125T070000.000Z-0001", 1000);
+        make("20261125T070001.000Z-0002", 1000);
+        make("20261125T070002.000Z-0003", 1000);
+        fs::create_dir_all(dir.path().join(".partial-20261125T070003.000Z-0004")).unwrap();
+        let names = || {
+            let mut n: Vec<String> = fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(retain(dir.path(), 2, u64::MAX), 1, "by count");
+        assert_eq!(
+            names()[1..],
+            ["20261125T070001.000Z-0002", "20261125T070002.000Z-0003"]
+        );
+        assert_eq!(retain(dir.path(), 10, 1500), 1, "by bytes");
+        assert_eq!(names()[1..], ["20261125T070002.000Z-0003"]);
+        assert!(
+            names()[0].starts_with(".partial-"),
+            "a snapshot being written is left alone"
+        );
+        assert_eq!(retain(dir.path(), 10, 1500), 0);
     }
 
     #[test]
