@@ -49,6 +49,8 @@ pub mod attr {
     pub const ANOMALY: &str = "deepspan.anomaly";
     pub const BASELINE_NS: &str = "deepspan.baseline_ns";
     pub const SNAPSHOT: &str = "deepspan.snapshot";
+    /// The snapshot's page in `deepspan ui SNAPSHOTS` (with `--snapshot-url`).
+    pub const SNAPSHOT_URL: &str = "deepspan.snapshot_url";
     /// `diagnosed`, `pending` (sent before its diagnosis: it follows as a
     /// `deepspan.diagnosis` span) or `skipped` (see `deepspan.skip_reason`).
     pub const DIAGNOSIS: &str = "deepspan.diagnosis";

@@ -26,7 +26,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use serde::Serialize;
 
 use deepspan_record::{FlightRecorder, WindowOutcome};
@@ -54,6 +54,9 @@ pub struct SnapshotConfig {
     /// The folder keeps at most this many snapshots and bytes; the oldest go first.
     pub retain_count: usize,
     pub retain_bytes: u64,
+    /// Where `deepspan ui DIR` serves the snapshots (`http://host:7878/s/`):
+    /// a diagnosed span then carries `deepspan.snapshot_url`, its snapshot's page.
+    pub url_prefix: Option<String>,
 }
 
 impl SnapshotConfig {
@@ -66,6 +69,7 @@ impl SnapshotConfig {
             max_window: Duration::from_secs(30),
             retain_count: 200,
             retain_bytes: 2 << 30,
+            url_prefix: None,
         }
     }
 }
@@ -376,11 +380,24 @@ impl Worker {
                 self.retain();
                 for (t, attributes) in group.into_iter().zip(diagnosed) {
                     let outcome = match attributes {
-                        Some((attributes, kernel_spans)) => Outcome::Diagnosed {
-                            snapshot: id.clone(),
-                            attributes,
-                            kernel_spans,
-                        },
+                        Some((mut attributes, kernel_spans)) => {
+                            if let Some(prefix) = &self.config.url_prefix {
+                                attributes.push(KeyValue {
+                                    key: crate::attr::SNAPSHOT_URL.into(),
+                                    value: Some(AnyValue {
+                                        value: Some(any_value::Value::StringValue(format!(
+                                            "{prefix}{id}/"
+                                        ))),
+                                    }),
+                                    ..KeyValue::default()
+                                });
+                            }
+                            Outcome::Diagnosed {
+                                snapshot: id.clone(),
+                                attributes,
+                                kernel_spans,
+                            }
+                        }
                         None => Outcome::Skipped {
                             reason: SkipReason::Failed,
                             snapshot: Some(id.clone()),

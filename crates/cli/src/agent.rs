@@ -69,6 +69,11 @@ pub struct AgentArgs {
     /// Megabytes of snapshots kept (oldest removed first).
     #[arg(long, value_name = "MB", default_value_t = 2048)]
     retain_mb: u64,
+    /// Where `deepspan ui SNAPSHOTS` is reachable, e.g.
+    /// `http://127.0.0.1:7878/s/`: diagnosed spans then carry
+    /// `deepspan.snapshot_url`, the snapshot's page.
+    #[arg(long, value_name = "URL")]
+    snapshot_url: Option<String>,
     /// Kernel ring buffer per CPU, KiB: how far back a snapshot can reach.
     #[arg(long, value_name = "KB", default_value_t = 16 << 10)]
     buffer_kb: u64,
@@ -132,6 +137,7 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
     snapshots.max_window = Duration::from_secs(args.max_window_s);
     snapshots.retain_count = args.retain;
     snapshots.retain_bytes = args.retain_mb << 20;
+    snapshots.url_prefix = args.snapshot_url.clone();
     let mut receiver = ReceiverConfig::new(&args.snapshots);
     receiver.grpc_addr = loopback(args.otlp_grpc_port);
     receiver.http_addr = loopback(args.otlp_http_port);

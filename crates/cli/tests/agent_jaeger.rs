@@ -369,6 +369,11 @@ fn look_in_jaeger(jaeger: &Jaeger, expected: &Value) -> Seen {
                     .as_str()
                     .expect("a diagnosis names its snapshot")
                     .to_string();
+                assert_eq!(
+                    tag(c, "deepspan.snapshot_url").as_str(),
+                    Some(format!("{SNAPSHOT_URL}{snapshot}/").as_str()),
+                    "{c}"
+                );
                 let evidence: Value =
                     serde_json::from_str(tag(c, "deepspan.evidence").as_str().unwrap()).unwrap();
                 assert!(evidence.is_object(), "{c}");
@@ -378,6 +383,9 @@ fn look_in_jaeger(jaeger: &Jaeger, expected: &Value) -> Seen {
     }
     seen
 }
+
+/// What the agent is told `deepspan ui SNAPSHOTS` serves at.
+const SNAPSHOT_URL: &str = "http://127.0.0.1:7878/s/";
 
 /// The six faults of the demo shop, through the agent into Jaeger.
 #[test]
@@ -414,6 +422,8 @@ fn the_demo_faults_reach_jaeger_diagnosed_by_the_agent() {
                 "30000",
                 "--max-snapshots-per-minute",
                 "120",
+                "--snapshot-url",
+                SNAPSHOT_URL,
             ],
         );
         let out = work.path().join(scenario);
