@@ -545,7 +545,15 @@ impl Agent {
 
         // Started after the agent's threads exist, so that they are left
         // out of the trace (the worker's own comes later and stays in).
-        let flight = FlightRecorder::start(config.flight.clone())?;
+        let flight = match FlightRecorder::start(config.flight.clone()) {
+            Ok(flight) => flight,
+            Err(e) => {
+                // The forwarder stops with the last reference to it.
+                stop_release.store(true, Relaxed);
+                let _ = release.join();
+                return Err(e.into());
+            }
+        };
         let instance = flight.instance_name();
         let worker = {
             let deliver_to = shared.clone();
