@@ -575,7 +575,17 @@ impl Agent {
             detector,
             triggers: trigger_tx.clone(),
         };
-        let receiver = Receiver::start_with_sink(config.receiver.clone(), Box::new(sink))?;
+        let receiver = match Receiver::start_with_sink(config.receiver.clone(), Box::new(sink)) {
+            Ok(receiver) => receiver,
+            Err(e) => {
+                // A port in use: stop what started (the worker removes the instance).
+                let _ = trigger_tx.send(Message::Stop);
+                let _ = worker.join();
+                stop_release.store(true, Relaxed);
+                let _ = release.join();
+                return Err(e.into());
+            }
+        };
         Ok(Agent {
             shared,
             receiver: Some(receiver),
