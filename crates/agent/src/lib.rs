@@ -34,9 +34,9 @@ pub use snapshot::SnapshotConfig;
 pub enum Error {
     #[error(transparent)]
     Forward(#[from] forward::Error),
-    #[error("cannot receive OTLP: {0}")]
+    #[error(transparent)]
     Receiver(#[from] deepspan_otlp::Error),
-    #[error("flight recorder: {0}")]
+    #[error(transparent)]
     Flight(#[from] deepspan_record::Error),
     #[error("cannot create the snapshot folder {0}: {1}")]
     Snapshots(std::path::PathBuf, #[source] std::io::Error),
