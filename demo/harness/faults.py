@@ -29,11 +29,16 @@ class CpuQuota:
         cleanup.push(f"remove cgroup {self.path}", self.remove)
         period = 100_000
         quota = max(1000, int(period * percent / 100))
+        # The largest weight: a group competes for the CPU by its weight, not
+        # by its tasks' nice values, and the staged fault is the quota, not
+        # whatever else keeps the machine busy (a build beside the demo).
         if self.v1:
             _write(os.path.join(self.path, "cpu.cfs_period_us"), period)
             _write(os.path.join(self.path, "cpu.cfs_quota_us"), quota)
+            _write(os.path.join(self.path, "cpu.shares"), 262144)
         else:
             _write(os.path.join(self.path, "cpu.max"), f"{quota} {period}")
+            _write(os.path.join(self.path, "cpu.weight"), 10000)
 
     def confine(self, pid):
         """Moves every thread of `pid` into the group."""

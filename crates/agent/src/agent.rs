@@ -563,7 +563,7 @@ impl Agent {
                 recent: shared.recent.clone(),
                 stats: worker_stats,
                 metrics: shared.metrics.clone(),
-                deliver: Box::new(move |t, o| deliver_to.deliver(t, o)),
+                deliver: Arc::new(move |t, o| deliver_to.deliver(t, o)),
             };
             std::thread::Builder::new()
                 .name("deepspan-snapshot".into())

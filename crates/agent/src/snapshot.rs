@@ -22,7 +22,8 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -204,8 +205,8 @@ pub struct Worker {
     pub recent: Arc<Mutex<RecentRequests>>,
     pub stats: Arc<Mutex<WorkerStats>>,
     pub metrics: crate::metrics::AgentMetrics,
-    /// Runs once per trigger.
-    pub deliver: Box<dyn FnMut(Trigger, Outcome) + Send>,
+    /// Runs once per trigger, from either of the worker's threads.
+    pub deliver: Arc<dyn Fn(Trigger, Outcome) + Send + Sync>,
 }
 
 /// A token bucket: `per_minute` snapshots a minute, bursts up to that.
@@ -230,57 +231,185 @@ impl RateLimit {
     }
 }
 
+/// The kernel's buffer is read into the recorder's history this often, so
+/// that how far back a snapshot reaches is the history's size, whatever
+/// the kernel's buffer holds and however busy the machine (reading pages is
+/// a copy: a few hundred `read`s a second on a busy host).
+const DRAIN_EVERY: Duration = Duration::from_millis(250);
+
+/// Windows written and waiting for the analyst at most; beyond, a window
+/// is skipped as `rate_limited` (the analysis cannot keep up).
+const MAX_CAPTURED_WAITING: usize = 32;
+
+/// A window written to disk, waiting for its analysis.
+struct Captured {
+    id: String,
+    group: Vec<Trigger>,
+    start: u64,
+    end: u64,
+    partial: PathBuf,
+}
+
+/// Counting and delivering outcomes, shared by the two threads.
+#[derive(Clone)]
+struct Reporter {
+    stats: Arc<Mutex<WorkerStats>>,
+    metrics: crate::metrics::AgentMetrics,
+    deliver: Arc<dyn Fn(Trigger, Outcome) + Send + Sync>,
+}
+
+impl Reporter {
+    fn skip(
+        &self,
+        group: Vec<Trigger>,
+        reason: SkipReason,
+        snapshot: Option<String>,
+        error: Option<String>,
+    ) {
+        *self
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .skipped
+            .entry(reason)
+            .or_default() += group.len() as u64;
+        for t in group {
+            self.metrics.skip_snapshot(reason.as_str());
+            (self.deliver)(
+                t,
+                Outcome::Skipped {
+                    reason,
+                    snapshot: snapshot.clone(),
+                    error: error.clone(),
+                },
+            );
+        }
+    }
+}
+
 impl Worker {
     /// Runs until `Stop` or until every sender is gone, then removes the
     /// flight recorder's instance.
-    pub fn run(mut self, messages: Receiver<Message>) {
+    ///
+    /// Two threads: this one captures (it owns the flight recorder, and
+    /// writes each window as soon as it has settled: a few milliseconds),
+    /// an analyst thread analyses what was captured, in order. An analysis
+    /// takes seconds; captures never wait for one, so windows are written
+    /// while the kernel still holds them.
+    pub fn run(self, messages: Receiver<Message>) {
+        let Worker {
+            config,
+            mut flight,
+            recent,
+            stats,
+            metrics,
+            deliver,
+        } = self;
+        let reporter = Reporter {
+            stats,
+            metrics,
+            deliver,
+        };
+        let stopping = Arc::new(AtomicBool::new(false));
+        let (captured_tx, captured_rx) = sync_channel::<Captured>(MAX_CAPTURED_WAITING);
+        let analyst = {
+            let analyst = Analyst {
+                config: config.clone(),
+                reporter: reporter.clone(),
+                stopping: stopping.clone(),
+            };
+            std::thread::Builder::new()
+                .name("deepspan-analyst".into())
+                .spawn(move || analyst.run(captured_rx))
+        };
+        let analyst = match analyst {
+            Ok(a) => Some(a),
+            Err(e) => {
+                eprintln!("deepspan agent: cannot start the analyst thread: {e}; no snapshot will be analysed");
+                None
+            }
+        };
+        let capture = Capture {
+            config,
+            recent,
+            reporter: reporter.clone(),
+        };
         let mut pending: Vec<Trigger> = Vec::new();
         let mut limit = RateLimit {
-            per_minute: self.config.max_per_minute,
-            tokens: self.config.max_per_minute as f64,
+            per_minute: capture.config.max_per_minute,
+            tokens: capture.config.max_per_minute as f64,
             at: Instant::now(),
         };
         let mut next_clock_sample = Instant::now() + Duration::from_secs(1);
+        let mut last_drain = Instant::now();
         let mut sequence = 0u64;
-        let mut stopping = false;
-        while !stopping {
+        loop {
             let now_mono = mono_now();
             let wait = pending
                 .iter()
-                .map(|t| self.ready_at(t).saturating_sub(now_mono))
+                .map(|t| capture.ready_at(t).saturating_sub(now_mono))
                 .min()
-                .map_or(Duration::from_secs(1), Duration::from_nanos)
-                .min(next_clock_sample.saturating_duration_since(Instant::now()));
-            match messages.recv_timeout(wait) {
-                Ok(Message::Trigger(t)) => pending.push(*t),
-                Ok(Message::Stop) | Err(RecvTimeoutError::Disconnected) => stopping = true,
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            if Instant::now() >= next_clock_sample {
-                self.flight.sample_clock();
-                next_clock_sample = Instant::now() + Duration::from_secs(1);
-            }
-            if stopping {
+                .map_or(DRAIN_EVERY, Duration::from_nanos)
+                .min(next_clock_sample.saturating_duration_since(Instant::now()))
+                .min((last_drain + DRAIN_EVERY).saturating_duration_since(Instant::now()));
+            let stop = match messages.recv_timeout(wait) {
+                Ok(Message::Trigger(t)) => {
+                    pending.push(*t);
+                    false
+                }
+                Ok(Message::Stop) | Err(RecvTimeoutError::Disconnected) => true,
+                Err(RecvTimeoutError::Timeout) => false,
+            };
+            if stop {
                 break;
             }
-            for group in self.take_ready(&mut pending, mono_now()) {
+            if Instant::now() >= next_clock_sample {
+                flight.sample_clock();
+                next_clock_sample = Instant::now() + Duration::from_secs(1);
+            }
+            if last_drain.elapsed() >= DRAIN_EVERY {
+                if let Err(e) = flight.drain_into_history() {
+                    eprintln!("deepspan agent: {e}");
+                }
+                last_drain = Instant::now();
+            }
+            for group in capture.take_ready(&mut pending, mono_now()) {
                 sequence += 1;
-                if limit.take(Instant::now()) {
-                    self.snapshot(group, sequence);
-                } else {
-                    self.skip(group, SkipReason::RateLimited, None, None);
+                if !limit.take(Instant::now()) {
+                    reporter.skip(group, SkipReason::RateLimited, None, None);
+                    continue;
+                }
+                let Some(captured) = capture.capture(&mut flight, group, sequence) else {
+                    continue;
+                };
+                if let Err(TrySendError::Full(c) | TrySendError::Disconnected(c)) =
+                    captured_tx.try_send(captured)
+                {
+                    let _ = fs::remove_dir_all(&c.partial);
+                    reporter.skip(c.group, SkipReason::RateLimited, None, None);
                 }
             }
         }
-        for t in pending.drain(..) {
-            self.skip(vec![t], SkipReason::Stopping, None, None);
+        reporter.skip(pending, SkipReason::Stopping, None, None);
+        stopping.store(true, Ordering::Relaxed);
+        drop(captured_tx);
+        if let Some(analyst) = analyst {
+            let _ = analyst.join();
         }
-        let Worker { flight, .. } = self;
         if let Err(e) = flight.stop() {
             eprintln!("deepspan agent: {e}");
         }
     }
+}
 
+/// The capturing half: windows, groups, and writing a window's run folder.
+struct Capture {
+    config: SnapshotConfig,
+    recent: Arc<Mutex<RecentRequests>>,
+    reporter: Reporter,
+}
+
+impl Capture {
     fn window(&self, t: &Trigger) -> (u64, u64) {
         let margin = self.config.margin.as_nanos() as u64;
         (
@@ -330,51 +459,111 @@ impl Worker {
         ready
     }
 
-    fn skip(
-        &mut self,
+    /// Writes the group's window (kernel trace and the spans around it) as
+    /// `DIR/.partial-ID`; a window that cannot be written is skipped here.
+    fn capture(
+        &self,
+        flight: &mut FlightRecorder,
         group: Vec<Trigger>,
-        reason: SkipReason,
-        snapshot: Option<String>,
-        error: Option<String>,
-    ) {
-        *self
-            .stats
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .skipped
-            .entry(reason)
-            .or_default() += group.len() as u64;
-        for t in group {
-            self.metrics.skip_snapshot(reason.as_str());
-            (self.deliver)(
-                t,
-                Outcome::Skipped {
-                    reason,
-                    snapshot: snapshot.clone(),
-                    error: error.clone(),
-                },
-            );
-        }
-    }
-
-    fn snapshot(&mut self, group: Vec<Trigger>, sequence: u64) {
+        sequence: u64,
+    ) -> Option<Captured> {
         let start = group.iter().map(|t| self.window(t).0).min().unwrap_or(0);
         let end = group.iter().map(|t| self.window(t).1).max().unwrap_or(0);
         let id = snapshot_id(sequence);
         let partial = self.config.dir.join(format!(".partial-{id}"));
+        let written = (|| -> Result<bool, String> {
+            fs::create_dir_all(&partial)
+                .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+            match flight
+                .snapshot(start, end, &partial)
+                .map_err(|e| e.to_string())?
+            {
+                WindowOutcome::LeftBuffer { .. } => return Ok(false),
+                WindowOutcome::Written { .. } => {}
+            }
+            let offset = flight.mono_minus_realtime_ns();
+            let wall = |mono: u64| (mono as i128 - offset).max(0) as u64;
+            let requests = self
+                .recent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .overlapping(wall(start), wall(end));
+            let mut writer = SpanWriter::create(&partial).map_err(|e| e.to_string())?;
+            for encoded in &requests {
+                writer.append_encoded(encoded).map_err(|e| e.to_string())?;
+            }
+            writer.flush().map_err(|e| e.to_string())?;
+            Ok(true)
+        })();
+        match written {
+            Ok(true) => Some(Captured {
+                id,
+                group,
+                start,
+                end,
+                partial,
+            }),
+            Ok(false) => {
+                let _ = fs::remove_dir_all(&partial);
+                self.reporter
+                    .skip(group, SkipReason::LeftRingBuffer, None, None);
+                None
+            }
+            Err(error) => {
+                let _ = fs::remove_dir_all(&partial);
+                self.reporter
+                    .skip(group, SkipReason::Failed, None, Some(error));
+                None
+            }
+        }
+    }
+}
+
+/// The analysing half: a captured window in, its diagnoses delivered.
+struct Analyst {
+    config: SnapshotConfig,
+    reporter: Reporter,
+    stopping: Arc<AtomicBool>,
+}
+
+impl Analyst {
+    fn run(self, captured: Receiver<Captured>) {
+        for c in captured {
+            if self.stopping.load(Ordering::Relaxed) {
+                let _ = fs::remove_dir_all(&c.partial);
+                self.reporter
+                    .skip(c.group, SkipReason::Stopping, None, None);
+            } else {
+                self.analyse(c);
+            }
+        }
+    }
+
+    fn analyse(&self, c: Captured) {
+        let Captured {
+            id,
+            group,
+            start,
+            end,
+            partial,
+        } = c;
         let done = self.config.dir.join(&id);
-        match self.write_and_analyse(&group, start, end, &partial) {
-            Ok(Some(diagnosed)) => {
+        match analyse_window(&group, &partial) {
+            Ok(diagnosed) => {
                 let info = snapshot_info(&id, start, end, &group, &diagnosed, None);
                 let kept = write_info(&partial, &info).and_then(|()| rename(&partial, &done));
                 if let Err(e) = kept {
                     let _ = fs::remove_dir_all(&partial);
-                    return self.skip(group, SkipReason::Failed, None, Some(e));
+                    return self.reporter.skip(group, SkipReason::Failed, None, Some(e));
                 }
                 {
-                    let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut stats = self
+                        .reporter
+                        .stats
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
                     stats.snapshots += 1;
-                    self.metrics.snapshots_taken.inc();
+                    self.reporter.metrics.snapshots_taken.inc();
                     stats.snapshot_bytes += dir_bytes(&done);
                 }
                 self.retain();
@@ -406,89 +595,35 @@ impl Worker {
                             ),
                         },
                     };
-                    (self.deliver)(t, outcome);
+                    (self.reporter.deliver)(t, outcome);
                 }
             }
-            Ok(None) => {
-                let _ = fs::remove_dir_all(&partial);
-                self.skip(group, SkipReason::LeftRingBuffer, None, None);
-            }
             Err(error) => {
-                // Kept for a look when the recorder wrote it: the error is in snapshot.json.
-                let kept = partial.join("manifest.json").exists()
-                    && write_info(
-                        &partial,
-                        &snapshot_info(&id, start, end, &group, &[], Some(error.clone())),
-                    )
-                    .and_then(|()| rename(&partial, &done))
-                    .is_ok();
+                // Kept for a look: the error is in its snapshot.json.
+                let kept = write_info(
+                    &partial,
+                    &snapshot_info(&id, start, end, &group, &[], Some(error.clone())),
+                )
+                .and_then(|()| rename(&partial, &done))
+                .is_ok();
                 if !kept {
                     let _ = fs::remove_dir_all(&partial);
                 }
-                self.skip(group, SkipReason::Failed, kept.then_some(id), Some(error));
+                self.reporter
+                    .skip(group, SkipReason::Failed, kept.then_some(id), Some(error));
             }
         }
     }
 
-    /// The window as a diagnosed run folder at `dir`; for each trigger its
-    /// attributes and kernel spans (None when the analysis has no request
-    /// for it). `Ok(None)`: the window has left the ring buffer.
-    #[allow(clippy::type_complexity)]
-    fn write_and_analyse(
-        &mut self,
-        group: &[Trigger],
-        start: u64,
-        end: u64,
-        dir: &Path,
-    ) -> Result<Option<Vec<Option<(Vec<KeyValue>, Option<ExportTraceServiceRequest>)>>>, String>
-    {
-        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        match self
-            .flight
-            .snapshot(start, end, dir)
-            .map_err(|e| e.to_string())?
-        {
-            WindowOutcome::LeftBuffer { .. } => return Ok(None),
-            WindowOutcome::Written { .. } => {}
-        }
-        let offset = self.flight.mono_minus_realtime_ns();
-        let wall = |mono: u64| (mono as i128 - offset).max(0) as u64;
-        let requests = self
-            .recent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .overlapping(wall(start), wall(end));
-        let mut writer = SpanWriter::create(dir).map_err(|e| e.to_string())?;
-        for encoded in &requests {
-            writer.append_encoded(encoded).map_err(|e| e.to_string())?;
-        }
-        writer.flush().map_err(|e| e.to_string())?;
-        drop(writer);
-
-        deepspan_pipeline::analyze_run(
-            dir,
-            &deepspan_pipeline::AnalyzeOptions::default(),
-            &deepspan_pipeline::NoProgress,
-        )
-        .map_err(|e| format!("analysis: {e}"))?;
-        let export = deepspan_export::export_run(dir, &deepspan_export::ExportOptions::default())
-            .map_err(|e| format!("reading the diagnoses back: {e}"))?;
-        Ok(Some(
-            group
-                .iter()
-                .map(|t| diagnosed_attributes(&export.traces, t))
-                .collect(),
-        ))
-    }
-
     /// Removes the oldest snapshots while the folder is over its budget.
-    fn retain(&mut self) {
+    fn retain(&self) {
         let removed = retain(
             &self.config.dir,
             self.config.retain_count,
             self.config.retain_bytes,
         );
-        self.stats
+        self.reporter
+            .stats
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .removed_by_retention += removed;
@@ -528,6 +663,28 @@ fn retain(dir: &Path, count: usize, bytes: u64) -> u64 {
         }
     }
     removed
+}
+
+/// A captured window analysed with the code of `deepspan analyze`; for each
+/// trigger its attributes and kernel spans (None when the analysis has no
+/// request for it).
+#[allow(clippy::type_complexity)]
+fn analyse_window(
+    group: &[Trigger],
+    dir: &Path,
+) -> Result<Vec<Option<(Vec<KeyValue>, Option<ExportTraceServiceRequest>)>>, String> {
+    deepspan_pipeline::analyze_run(
+        dir,
+        &deepspan_pipeline::AnalyzeOptions::default(),
+        &deepspan_pipeline::NoProgress,
+    )
+    .map_err(|e| format!("analysis: {e}"))?;
+    let export = deepspan_export::export_run(dir, &deepspan_export::ExportOptions::default())
+        .map_err(|e| format!("reading the diagnoses back: {e}"))?;
+    Ok(group
+        .iter()
+        .map(|t| diagnosed_attributes(&export.traces, t))
+        .collect())
 }
 
 /// The trigger span's `deepspan.*` attributes from the export of its

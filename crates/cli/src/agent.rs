@@ -74,11 +74,11 @@ pub struct AgentArgs {
     /// `deepspan.snapshot_url`, the snapshot's page.
     #[arg(long, value_name = "URL")]
     snapshot_url: Option<String>,
-    /// Kernel ring buffer per CPU, KiB: how far back a snapshot can reach.
-    #[arg(long, value_name = "KB", default_value_t = 16 << 10)]
+    /// Kernel ring buffer per CPU, KiB (read into the history every 250 ms).
+    #[arg(long, value_name = "KB", default_value_t = 8 << 10)]
     buffer_kb: u64,
-    /// Pages kept in memory per CPU once read, KiB (overlapping snapshots).
-    #[arg(long, value_name = "KB", default_value_t = 16 << 10)]
+    /// Pages kept in memory per CPU, KiB: how far back a snapshot reaches.
+    #[arg(long, value_name = "KB", default_value_t = 32 << 10)]
     history_kb: u64,
     /// Kernel events: a preset or a comma list (see `deepspan record --help`).
     #[arg(long, default_value = "analysis")]

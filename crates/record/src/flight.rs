@@ -5,11 +5,12 @@
 //! agent needs something else: many snapshots of short windows that lie in
 //! the past (a span is judged slow only once it has ended and reached the
 //! agent), often overlapping each other. So:
-//! - the kernel ring buffer runs in overwrite mode and nothing is read
-//!   between snapshots (no cost while all is well);
-//! - a snapshot drains the kernel buffers into a per-CPU history of pages
-//!   in memory, bounded in bytes, then writes the pages that overlap the
-//!   window. Drained pages stay in the history, so a later window that
+//! - the kernel ring buffer runs in overwrite mode; its pages are read
+//!   (a copy, no decoding) into a per-CPU history in memory, bounded in
+//!   bytes, when the owner asks ([`FlightRecorder::drain_into_history`]:
+//!   the agent does every 250 ms, so the history's size is how far back
+//!   a snapshot reaches) and before each snapshot. A snapshot writes the
+//!   pages that overlap its window and keeps them: a later window that
 //!   overlaps an earlier one still finds its events;
 //! - each CPU knows since when its history is complete (the start, or the
 //!   first page after one the kernel overwrote or the history let go). A
@@ -56,11 +57,12 @@ pub struct FlightOptions {
 }
 
 impl Default for FlightOptions {
-    /// 16 MiB per CPU in the kernel and as much in memory, the `analysis` events.
+    /// 8 MiB per CPU in the kernel, 32 MiB per CPU of history in memory,
+    /// the `analysis` events.
     fn default() -> FlightOptions {
         FlightOptions {
-            buffer_kb_per_cpu: 16 << 10,
-            history_kb_per_cpu: 16 << 10,
+            buffer_kb_per_cpu: 8 << 10,
+            history_kb_per_cpu: 32 << 10,
             events: EventSelection::default(),
             otlp: OtlpPorts { grpc_port: 0, http_port: 0, receiver: None },
         }
@@ -281,6 +283,14 @@ impl FlightRecorder {
             let _ = fs::remove_file(f);
         }
         Ok(WindowOutcome::Written { bytes: written?, pages })
+    }
+
+    /// Reads what the kernel holds now into the history (bounded by
+    /// `history_kb_per_cpu`), where the kernel can no longer overwrite it.
+    /// The agent calls it while windows wait to be written, so that a busy
+    /// machine cannot wrap the buffer over them meanwhile.
+    pub fn drain_into_history(&mut self) -> Result<(), Error> {
+        self.drain(clock_point().mono_ns)
     }
 
     /// Reads every CPU's kernel buffer into its history, up to pages that

@@ -574,7 +574,15 @@ fn flight_recorder_writes_past_windows_and_refuses_windows_it_no_longer_holds() 
     let Some((tracefs, _lock)) = kernel() else { return };
     let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
     let before_start = deepspan_record::ClockPoint::default();
-    let options = FlightOptions { buffer_kb_per_cpu: 2048, history_kb_per_cpu: 2048, ..FlightOptions::default() };
+    // Process events only: a busy machine (a build beside the test) cannot
+    // produce enough of them to push the window out of the history, which
+    // the scheduler's events could.
+    let options = FlightOptions {
+        buffer_kb_per_cpu: 2048,
+        history_kb_per_cpu: 2048,
+        events: "sched:sched_process_fork,sched:sched_process_exec,sched:sched_process_exit".into(),
+        ..FlightOptions::default()
+    };
     let mut flight = FlightRecorder::start(options).expect("start the flight recorder");
     let instance = flight.instance_name();
     assert!(instances_of(&tracefs, std::process::id()).contains(&instance));

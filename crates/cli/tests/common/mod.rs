@@ -162,6 +162,13 @@ impl CpuQuota {
             .expect("set cpu.cfs_period_us");
         std::fs::write(group.0.join("cpu.cfs_quota_us"), quota_us.to_string())
             .expect("set cpu.cfs_quota_us");
+        // A group competes for the CPU by its weight, not by its tasks'
+        // nice values (`ahead_of_other_load` does not reach into it): the
+        // largest weight keeps a build beside the test from taking the
+        // group's unthrottled time, so the test sees its quota, not that
+        // load (a CI run beside two builds had a throttled Go service
+        // diagnosed `cpu_contention`, 244 ms contended for 123 ms throttled).
+        std::fs::write(group.0.join("cpu.shares"), "262144").expect("set cpu.shares");
         group
     }
 
