@@ -68,6 +68,8 @@ class Shop:
         os.makedirs(self.logs, exist_ok=True)
         self.pricing_cpus = pricing_cpus
         self.media_link = media_link
+        # Ask every request for its in-band critical path (OUT/dcpt.jsonl).
+        self.dcpt = False
 
     def service(self, name, *args, affinity=None):
         proc, port = procs.start(name, [sys.executable, "-m", "shop.service", name, *args],
@@ -110,8 +112,10 @@ class Shop:
         os.sync()
 
     def run_load(self, seconds):
+        extra = ["--dcpt", os.path.join(self.out, "dcpt.jsonl")] if self.dcpt else []
         proc, _ = procs.start("loadgen", [sys.executable, "-m", "shop.loadgen", self.urls["front"],
-                                          "--seconds", str(seconds), "--clients", "6", "--interval", "0.3"],
+                                          "--seconds", str(seconds), "--clients", "6", "--interval", "0.3",
+                                          *extra],
                               self.cleanup, self.logs, env=self.env)
         return proc
 
@@ -342,6 +346,7 @@ def run(args, cleanup):
     os.chmod(work, 0o755)  # PostgreSQL's user must reach its folders inside
     scenario = SCENARIOS[args.scenario](cleanup, work, out)
     shop = Shop(cleanup, work, out, **scenario.shop_options())
+    shop.dcpt = args.dcpt
     shop.start()
     progress(f"load for {args.load_seconds:.0f} s; fault after {BASELINE_S:.0f} s: {scenario.description}")
     load = shop.run_load(args.load_seconds)
@@ -380,6 +385,8 @@ def main():
     p.add_argument("--cleanup", action="store_true",
                    help="only remove what drivers killed by SIGKILL left behind (done anyway at every start)")
     p.add_argument("--load-seconds", type=float, default=LOAD_S)
+    p.add_argument("--dcpt", action="store_true",
+                   help="the load generator asks for each request's in-band critical path: OUT/dcpt.jsonl")
     p.add_argument("--work-root", default="/var/tmp",
                    help="where the work folder (database, images, backup file) goes: a real disk")
     args = p.parse_args()

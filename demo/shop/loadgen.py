@@ -2,7 +2,13 @@
 concurrent clients at a steady pace, for a given time.
 
 `python3 -m shop.loadgen URL --seconds S` prints one JSON line of counts and
-latencies at the end. It is not instrumented: requests start at the front."""
+latencies at the end. It is not instrumented: requests start at the front.
+
+With `--dcpt FILE` every request asks for its in-band critical path
+(`deepspan-dcpt: 1`, seed 002) and FILE gets one JSON line per request:
+method, path, status, CLOCK_MONOTONIC start and end (ns) and the decoded
+hops ({service, operation, self_us, total_us}, front first; null when the
+reply had no valid path)."""
 
 import argparse
 import http.client
@@ -10,6 +16,8 @@ import json
 import threading
 import time
 from urllib.parse import urlsplit
+
+from deepspan_otel import dcpt
 
 from shop import telemetry
 
@@ -24,7 +32,21 @@ MIX = [
 ]
 
 
-def client(url, worker, deadline, interval, stats, lock):
+def decoded_hops(value):
+    """The hops of a `deepspan-dcpt-path` value, or None without a valid one."""
+    if value is None:
+        return None
+    try:
+        path = dcpt.decode(value)
+    except dcpt.DcptError:
+        return None
+    return [
+        {"service": h.service, "operation": h.operation, "self_us": h.self_us, "total_us": h.total_us}
+        for h in path.hops
+    ]
+
+
+def client(url, worker, deadline, interval, stats, lock, paths=None):
     parts = urlsplit(url)
     i = worker * 3  # clients start at different places of the mix
     next_at = time.monotonic()
@@ -33,22 +55,31 @@ def client(url, worker, deadline, interval, stats, lock):
         item = ITEMS[i % len(ITEMS)]
         i += 1
         started = time.monotonic()
+        started_ns = time.monotonic_ns()
         status = None
+        path_value = None
         try:
             conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-            conn.request(method, f"{path}?id={item}")
+            headers = {dcpt.REQUEST_HEADER: "1"} if paths is not None else {}
+            conn.request(method, f"{path}?id={item}", headers=headers)
             resp = conn.getresponse()
             resp.read()
             status = resp.status
+            path_value = resp.getheader(dcpt.REPLY_HEADER)
             conn.close()
         except OSError:
             status = None
         took = time.monotonic() - started
+        ended_ns = time.monotonic_ns()
         with lock:
             stats["requests"] += 1
             if status != 200:
                 stats["errors"] += 1
             stats["latencies"].append(took)
+            if paths is not None:
+                line = {"method": method, "path": path, "status": status, "start_ns": started_ns,
+                        "end_ns": ended_ns, "hops": decoded_hops(path_value)}
+                paths.write(json.dumps(line) + "\n")
         next_at += interval
         pause = next_at - time.monotonic()
         if pause > 0:
@@ -63,19 +94,23 @@ def main():
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--interval", type=float, default=0.15, help="seconds between a client's requests")
+    p.add_argument("--dcpt", metavar="FILE", help="ask for each request's in-band critical path; JSON lines to FILE")
     args = p.parse_args()
     telemetry.set_thread_name("loadgen")
     stats = {"requests": 0, "errors": 0, "latencies": []}
     lock = threading.Lock()
     deadline = time.monotonic() + args.seconds
+    paths = open(args.dcpt, "w") if args.dcpt else None
     threads = [
-        threading.Thread(target=client, args=(args.url, w, deadline, args.interval, stats, lock))
+        threading.Thread(target=client, args=(args.url, w, deadline, args.interval, stats, lock, paths))
         for w in range(args.clients)
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if paths is not None:
+        paths.close()
     lat = sorted(stats.pop("latencies")) or [0.0]
     stats["p50_ms"] = round(lat[len(lat) // 2] * 1000, 1)
     stats["p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1)

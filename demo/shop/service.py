@@ -19,6 +19,7 @@ from shop.web import HttpError, int_arg
 
 def front(args, provider):
     import requests
+    from deepspan_otel import dcpt
     from opentelemetry.instrumentation.requests import RequestsInstrumentor
 
     downstream = {"inventory": args.inventory, "pricing": args.pricing, "media": args.media}
@@ -32,6 +33,9 @@ def front(args, provider):
         span.update_name(f"{request.method} {service} /{rest.split('?')[0]}")
 
     RequestsInstrumentor().instrument(tracer_provider=provider, request_hook=name_client_span)
+    # Calls made for a request whose caller asked for its critical path
+    # ask their callees too, and merge the paths they get back.
+    dcpt.instrument_requests()
 
     def call(method, service, path):
         r = requests.request(method, downstream[service] + path, timeout=60)
@@ -249,7 +253,7 @@ def main():
     provider = telemetry.setup(args.service)
     router, options = SERVICES[args.service](args, provider)
     options.setdefault("host", args.host)
-    web.serve(router, provider, port=args.port, **options)
+    web.serve(router, provider, args.service, port=args.port, **options)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The HTTP side of a service: a small WSGI router served by wsgiref,
 wrapped in OpenTelemetry's WSGI middleware (one server span per request,
 named `METHOD /path`: ids travel in the query string, so the name is the
-operation)."""
+operation) and deepspan's in-band critical path middleware (a caller that
+sends `deepspan-dcpt: 1` gets the request's critical path in the reply;
+others cost one header lookup)."""
 
 import json
 import os
@@ -12,6 +14,7 @@ import threading
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from deepspan_otel.dcpt import DcptWsgiMiddleware
 from opentelemetry import trace
 from opentelemetry.instrumentation.wsgi import OpenTelemetryMiddleware
 
@@ -84,13 +87,15 @@ class _SerialServer(WSGIServer):
     request_queue_size = 128
 
 
-def serve(router, provider, host="127.0.0.1", port=0, threaded=True, bind=None):
+def serve(router, provider, service, host="127.0.0.1", port=0, threaded=True, bind=None):
     """Serves `router` until SIGTERM/SIGINT, then flushes the spans.
 
     Prints `READY <port>` on stdout once listening (the demo driver waits
     for it). `bind`, when given, is called around the socket creation (the
     network scenario opens the listening socket in another namespace)."""
-    app = OpenTelemetryMiddleware(router, tracer_provider=provider)
+    # Inside OpenTelemetry's middleware, so the request's span is current
+    # for the DCPT middleware.
+    app = OpenTelemetryMiddleware(DcptWsgiMiddleware(router, service, log_level=None), tracer_provider=provider)
     server_class = _ThreadingServer if threaded else _SerialServer
 
     def make():

@@ -234,8 +234,8 @@ impl RateLimit {
 /// The kernel's buffer is read into the recorder's history this often, so
 /// that how far back a snapshot reaches is the history's size, whatever
 /// the kernel's buffer holds and however busy the machine (reading pages is
-/// a copy: a few hundred `read`s a second on a busy host).
-const DRAIN_EVERY: Duration = Duration::from_millis(250);
+/// a copy: a few thousand `read`s a second on a busy host).
+const DRAIN_EVERY: Duration = Duration::from_millis(100);
 
 /// Windows written and waiting for the analyst at most; beyond, a window
 /// is skipped as `rate_limited` (the analysis cannot keep up).

@@ -74,7 +74,7 @@ pub struct AgentArgs {
     /// `deepspan.snapshot_url`, the snapshot's page.
     #[arg(long, value_name = "URL")]
     snapshot_url: Option<String>,
-    /// Kernel ring buffer per CPU, KiB (read into the history every 250 ms).
+    /// Kernel ring buffer per CPU, KiB (read into the history every 100 ms).
     #[arg(long, value_name = "KB", default_value_t = 8 << 10)]
     buffer_kb: u64,
     /// Pages kept in memory per CPU, KiB: how far back a snapshot reaches.

@@ -6,6 +6,10 @@
 //!   target operation in its window must reach Jaeger diagnosed with the
 //!   fault's cause, with a snapshot that `deepspan report` opens; the
 //!   others arrive without the agent's attributes.
+//! - The same runs ask for in-band critical paths (seed 002, the
+//!   `deepspan_otel.dcpt` middleware in every service): the paths the load
+//!   generator got back for the slowest requests of the fault window name
+//!   the faulty service as the hop where the time went.
 //! - Spans that are not anomalous arrive exactly as if sent to Jaeger
 //!   directly.
 //! - Failures: SIGKILL (then `record --cleanup` leaves nothing), SIGTERM
@@ -269,6 +273,8 @@ fn run_shop(scenario: &str, out: &Path, otlp_http: u16) {
         .arg(scenario)
         .arg("--out")
         .arg(out)
+        // The load generator asks for in-band critical paths too (seed 002).
+        .arg("--dcpt")
         .env(
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             format!("http://127.0.0.1:{otlp_http}"),
@@ -384,6 +390,52 @@ fn look_in_jaeger(jaeger: &Jaeger, expected: &Value) -> Seen {
     seen
 }
 
+/// The hop where most of a request's time went, from the in-band critical
+/// path the front sent back (seed 002): each hop's self time plus the wire
+/// time before it (what its caller saw of it beyond its own critical child).
+fn dcpt_argmax(hops: &[Value]) -> Option<String> {
+    let us = |h: &Value, k: &str| h[k].as_i64().unwrap_or(0);
+    let mut seen = hops.first().map(|h| us(h, "total_us"))?;
+    let mut best: Option<(i64, String)> = None;
+    for h in hops {
+        let exclusive = seen - us(h, "total_us") + us(h, "self_us");
+        if best.as_ref().is_none_or(|(b, _)| exclusive > *b) {
+            best = Some((exclusive, h["service"].as_str()?.to_string()));
+        }
+        seen = us(h, "total_us") - us(h, "self_us");
+    }
+    best.map(|(_, s)| s)
+}
+
+/// The services named as the argmax hop of the ten slowest requests that
+/// overlap the fault window and went through `through` (OUT/dcpt.jsonl).
+fn dcpt_culprits(out: &Path, expected: &Value, through: &str) -> BTreeMap<String, usize> {
+    let [w0, w1] = [
+        expected["window_ns"][0].as_i64().unwrap(),
+        expected["window_ns"][1].as_i64().unwrap(),
+    ];
+    let text = std::fs::read_to_string(out.join("dcpt.jsonl")).expect("the load generator's paths");
+    let mut hit: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["start_ns"].as_i64().unwrap() < w1 && r["end_ns"].as_i64().unwrap() > w0)
+        .filter(|r| {
+            r["hops"]
+                .as_array()
+                .is_some_and(|h| h.iter().any(|h| h["service"] == through))
+        })
+        .collect();
+    let took = |r: &Value| r["end_ns"].as_i64().unwrap() - r["start_ns"].as_i64().unwrap();
+    hit.sort_by_key(|r| std::cmp::Reverse(took(r)));
+    let mut named = BTreeMap::new();
+    for r in hit.iter().take(10) {
+        if let Some(s) = dcpt_argmax(r["hops"].as_array().unwrap()) {
+            *named.entry(s).or_default() += 1;
+        }
+    }
+    named
+}
+
 /// What the agent is told `deepspan ui SNAPSHOTS` serves at.
 const SNAPSHOT_URL: &str = "http://127.0.0.1:7878/s/";
 
@@ -467,6 +519,25 @@ fn the_demo_faults_reach_jaeger_diagnosed_by_the_agent() {
             continue;
         }
         normal += seen.normal;
+        // The in-band path of the slowest requests names the faulty service
+        // (for the slow link, the service behind it) as the hop where the
+        // time went: no collector, no kernel trace.
+        let target = expected["target"]["service"].as_str().unwrap();
+        let faulty = expected["culprits"]
+            .as_array()
+            .and_then(|c| c.iter().find_map(|c| c["service"].as_str()))
+            .unwrap_or(target);
+        let named = dcpt_culprits(&out, &expected, target);
+        let dominant_hop = named
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(s, _)| s.as_str());
+        eprintln!("{scenario}: in-band paths of the slowest requests name {named:?}");
+        if dominant_hop != Some(faulty) {
+            problems.push(format!(
+                "{scenario}: the in-band paths should name {faulty}, they name {named:?}"
+            ));
+        }
         // A snapshot that `deepspan report` opens, naming the same cause.
         let (_, snapshot, span_id) = seen.diagnosed.iter().find(|(c, _, _)| c == cause).unwrap();
         let run = snapshots.join(snapshot);

@@ -8,15 +8,18 @@
 //! - the kernel ring buffer runs in overwrite mode; its pages are read
 //!   (a copy, no decoding) into a per-CPU history in memory, bounded in
 //!   bytes, when the owner asks ([`FlightRecorder::drain_into_history`]:
-//!   the agent does every 250 ms, so the history's size is how far back
+//!   the agent does every 100 ms, so the history's size is how far back
 //!   a snapshot reaches) and before each snapshot. A snapshot writes the
 //!   pages that overlap its window and keeps them: a later window that
 //!   overlaps an earlier one still finds its events;
-//! - each CPU knows since when its history is complete (the start, or the
-//!   first page after one the kernel overwrote or the history let go). A
-//!   window that starts before that on any CPU has left the buffer and is
-//!   refused with [`WindowOutcome::LeftBuffer`] instead of giving a trace
-//!   with a hole.
+//! - each CPU knows how far back its history reaches (the start, or the
+//!   oldest page it still holds). A window that starts before that on any
+//!   CPU has left the buffer and is refused with
+//!   [`WindowOutcome::LeftBuffer`]. Events the kernel overwrote before they
+//!   were read (a burst faster than the reads) are a hole, not the end of
+//!   the history: the page after it carries the kernel's missed-events mark,
+//!   and readers count them as lost events there, as in a standard
+//!   recording.
 //!
 //! A page covers the time from its own timestamp (its first event's) to
 //! the next page's, so the pages kept for a window are those from the last
@@ -39,10 +42,6 @@ use crate::procscan::{ProcessScan, PROCESS_SCAN};
 use crate::session::{clock_point, cpu_manifest, create_instance, instance_page_size};
 use crate::tracefs::{Instance, Tracefs};
 use crate::{sys, Error, EventSelection};
-
-/// Set in a page's commit word when the kernel lost events before it
-/// (overwritten in overwrite mode): the history before it has a hole.
-const RB_MISSED_EVENTS: u64 = 1 << 31;
 
 /// How the flight recorder is set up.
 #[derive(Clone, Debug)]
@@ -74,8 +73,8 @@ impl Default for FlightOptions {
 pub enum WindowOutcome {
     /// The run folder was written.
     Written { bytes: u64, pages: usize },
-    /// Part of the window is no longer held: on some CPU the history is
-    /// complete only since `complete_since_ns` (mono), after the window's start.
+    /// Part of the window is no longer held: on some CPU the history reaches
+    /// back only to `complete_since_ns` (mono), after the window's start.
     LeftBuffer { complete_since_ns: u64 },
 }
 
@@ -84,7 +83,8 @@ pub enum WindowOutcome {
 struct CpuHistory {
     pages: VecDeque<Vec<u8>>,
     bytes: usize,
-    /// From this mono time on, no event of this CPU was lost.
+    /// How far back the history reaches (mono): the start, or the oldest
+    /// page held once older ones were let go.
     complete_since_ns: u64,
 }
 
@@ -98,12 +98,6 @@ fn page_commit(page: &[u8]) -> u64 {
 
 impl CpuHistory {
     fn push(&mut self, page: Vec<u8>, limit: usize) {
-        if page_commit(&page) & RB_MISSED_EVENTS != 0 {
-            // Whatever came before this page is separated from it by a hole.
-            self.pages.clear();
-            self.bytes = 0;
-            self.complete_since_ns = self.complete_since_ns.max(page_ts(&page));
-        }
         self.bytes += page.len();
         self.pages.push_back(page);
         while self.bytes > limit && self.pages.len() > 1 {
@@ -399,6 +393,9 @@ fn own_threads() -> Vec<i32> {
 mod tests {
     use super::*;
 
+    /// The kernel's mark on a page after events it overwrote.
+    const RB_MISSED_EVENTS: u64 = 1 << 31;
+
     fn page(ts: u64, missed: bool) -> Vec<u8> {
         let mut p = vec![0u8; 64];
         p[..8].copy_from_slice(&ts.to_ne_bytes());
@@ -432,8 +429,8 @@ mod tests {
         }
         assert_eq!(h.pages.len(), 2);
         assert_eq!(h.complete_since_ns, 20, "the page from 10 was let go");
-        h.push(page(50, true), 128);
-        assert_eq!(h.pages.len(), 1, "pages before a hole are of no use");
-        assert_eq!(h.complete_since_ns, 50);
+        h.push(page(50, true), 192);
+        assert_eq!(h.pages.len(), 3, "a hole the kernel made is lost events, not the history's end");
+        assert_eq!(h.complete_since_ns, 20);
     }
 }

@@ -585,21 +585,27 @@ _original_requests_send = None
 
 def instrument_requests() -> None:
     """Make every ``requests`` call (any session) ask for a path when the
-    request being served is traced, and merge the reply's path into it."""
+    request being served is traced, and merge the reply's path into it.
+
+    ``Session.send`` is wrapped, not the adapter's: it returns once the body
+    is read (unless ``stream=True``), so the call lasts as long as the caller
+    waited for the reply. A body slow to arrive (a slow link, a large
+    image) is then the callee's time as the caller saw it, not the caller's
+    own."""
     global _original_requests_send
-    import requests.adapters
+    import requests
 
     if _original_requests_send is not None:
         return
-    original = requests.adapters.HTTPAdapter.send
+    original = requests.Session.send
 
-    def send(self, request, *args, **kwargs):
+    def send(self, request, **kwargs):
         call = start_call()
         if call is None:
-            return original(self, request, *args, **kwargs)
+            return original(self, request, **kwargs)
         request.headers[REQUEST_HEADER] = "1"
         try:
-            response = original(self, request, *args, **kwargs)
+            response = original(self, request, **kwargs)
         except BaseException:
             call.finish(None, *_http_call(request.url, request.method))
             raise
@@ -607,16 +613,16 @@ def instrument_requests() -> None:
         return response
 
     _original_requests_send = original
-    requests.adapters.HTTPAdapter.send = send
+    requests.Session.send = send
 
 
 def uninstrument_requests() -> None:
     """Undo :func:`instrument_requests`."""
     global _original_requests_send
-    import requests.adapters
+    import requests
 
     if _original_requests_send is not None:
-        requests.adapters.HTTPAdapter.send = _original_requests_send
+        requests.Session.send = _original_requests_send
         _original_requests_send = None
 
 

@@ -104,6 +104,29 @@ def services_of(path):
     return [hop.service for hop in path.hops]
 
 
+def test_a_reply_body_slow_to_arrive_is_the_callees_time_not_the_callers(servers, instrumented):
+    """A callee that sends its headers at once and its body slowly (a large
+    reply over a slow link): the caller waited for the whole body, so that
+    wait is its critical child's, not its own self time."""
+
+    def slow_body(environ, start_response):
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+
+        def body():
+            yield b"x" * 1000
+            time.sleep(SLOW)
+            yield b"y" * 1000
+
+        return body()
+
+    back = servers(DcptWsgiMiddleware(slow_body, "back"))
+    front = servers(service("front", [back + "/b"]))
+    path = ask(front)
+    assert services_of(path) == ["front", "back"]
+    front_hop = path.hops[0]
+    assert front_hop.total_us - front_hop.self_us >= SLOW * 1e6
+
+
 def test_a_chain_names_its_slow_hop(servers, instrumented):
     back = servers(service("back"))
     mid = servers(service("mid", [back + "/b"], sleep=SLOW))
