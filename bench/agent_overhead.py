@@ -241,7 +241,7 @@ def main():
         shop.start_database()
         for r in range(args.rounds):
             for case in CASES:
-                stats = run_case(case, f"{r}-{case}", shop, base_env, jaeger, work, args)
+                stats = run_case(case, f"{r}-{case.replace('/', '')}", shop, base_env, jaeger, work, args)
                 log(f"round {r} {case:4}: {stats['throughput']:.1f} req/s, p50 {stats['p50_ms']} ms, "
                     f"p99 {stats['p99_ms']} ms, {stats['errors']} errors"
                     + (f"; {stats['agent']}" if "agent" in stats else ""))

@@ -184,6 +184,13 @@ fn run(case: Case, count: usize, seed: u64) -> Measure {
                 waited.elapsed().as_secs_f64()
             );
         }
+        // Requests waiting for the forwarder: when they pile up, the
+        // forwarder (one request in flight) is what the sink waits for.
+        notes.push_str(&format!(
+            "{}forward queue peak {:.1} MiB",
+            if notes.is_empty() { "" } else { "; " },
+            agent.metric("deepspan_agent_forward_queue_bytes_peak") / 1048576.0
+        ));
         rss = Some(agent.peak_rss());
         agent.stop();
     }

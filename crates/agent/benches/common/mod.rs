@@ -78,6 +78,7 @@ pub struct Arrival {
     pub span_id: Vec<u8>,
     pub diagnosis: String,
     pub snapshot: Option<String>,
+    pub skip_reason: Option<String>,
     pub at: Instant,
     pub at_wall_ns: u64,
 }
@@ -116,6 +117,7 @@ impl RequestSink for CountingSink {
                         span_id: span.span_id.clone(),
                         diagnosis,
                         snapshot: text("deepspan.snapshot"),
+                        skip_reason: text("deepspan.skip_reason"),
                         at,
                         at_wall_ns,
                     });
