@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build bench fuzz clean ui ui-e2e jaeger java-sdk
+.PHONY: demo test deps build bench bench-agent fuzz clean ui ui-e2e jaeger java-sdk
 
 deps:
 	@scripts/install-deps.sh
@@ -63,6 +63,15 @@ test: deps ui java-sdk
 # Benchmarks are timings: run by hand, never part of `make test`.
 bench: build java-sdk
 	@bench/run.sh
+
+# The live agent's benchmarks (issue 17; root and tracefs): throughput
+# through `deepspan agent` on one CPU, anomaly-to-diagnosed-span latency,
+# and its overhead on the demo shop against OpenTelemetry -> Jaeger alone.
+bench-agent: deps ui
+	$(CARGO) build --release -p deepspan
+	$(CARGO) bench -p deepspan-agent --bench agent_throughput
+	$(CARGO) bench -p deepspan-agent --bench agent_latency
+	python3 bench/agent_overhead.py
 
 # Runs each fuzz target (cargo-fuzz) for FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 600

@@ -77,15 +77,26 @@ class Shop:
         return proc, port
 
     def start(self):
+        self.start_database()
+        self.start_services()
+
+    def start_database(self):
+        """PostgreSQL and the media service's images: what stays when the
+        services are restarted (bench/agent_overhead.py restarts them with
+        another tracing set-up)."""
         progress("starting PostgreSQL")
         self.pg = Postgres(self.work, self.cleanup, self.logs)
         self.pg.start()
-        progress("starting the services")
-        images = os.path.join(self.work, "images")
-        os.makedirs(images)
+        self.images = os.path.join(self.work, "images")
+        os.makedirs(self.images)
         for i in range(IMAGES):
-            with open(os.path.join(images, f"img-{i}.bin"), "wb") as f:
+            with open(os.path.join(self.images, f"img-{i}.bin"), "wb") as f:
                 f.write(os.urandom(IMAGE_BYTES))
+
+    def start_services(self):
+        """The four services, with `self.env`, warmed up."""
+        progress("starting the services")
+        images = self.images
         self.inventory, inv_port = self.service("inventory", "--dsn", self.pg.dsn)
         self.pricing, pri_port = self.service("pricing", affinity=self.pricing_cpus)
         media_args = ["--images", images]

@@ -83,6 +83,10 @@ pub struct AgentArgs {
     /// Kernel events: a preset or a comma list (see `deepspan record --help`).
     #[arg(long, default_value = "analysis")]
     events: String,
+    /// Forward uncompressed (default: gzip, as OTLP exporters do; on
+    /// loopback the compression only costs CPU).
+    #[arg(long)]
+    no_gzip: bool,
     /// Megabytes of spans waiting to be forwarded; beyond, the oldest are dropped.
     #[arg(long, value_name = "MB", default_value_t = 64)]
     queue_mb: usize,
@@ -144,6 +148,7 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
     let config = AgentConfig {
         forward_url: args.forward.clone(),
         forward: ForwardConfig {
+            gzip: !args.no_gzip,
             max_queue_bytes: args.queue_mb << 20,
             ..ForwardConfig::default()
         },
