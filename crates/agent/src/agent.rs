@@ -84,14 +84,20 @@ impl AgentConfig {
     /// What the agent holds in memory by configuration: the receiver's and
     /// the forwarder's queues, the recent requests and the flight
     /// recorder's page history (not the kernel's ring buffer, which is not
-    /// the agent's memory). RSS stays under this plus the program itself.
+    /// the agent's memory), and a snapshot's analysis at its span limit.
+    /// RSS stays under this plus the program itself.
     pub fn memory_bound_bytes(&self, cpus: usize) -> u64 {
         (self.receiver.max_queue_bytes + deepspan_otlp::MAX_REQUEST_BYTES) as u64
             + self.forward.max_queue_bytes as u64
             + self.recent_bytes as u64
             + self.flight.history_kb_per_cpu * 1024 * cpus as u64
+            + self.snapshots.max_spans * ANALYSIS_BYTES_PER_SPAN
     }
 }
+
+/// What analysing a snapshot takes per span of its span file, measured
+/// (500 000 spans: 3 GB).
+const ANALYSIS_BYTES_PER_SPAN: u64 = 6 << 10;
 
 /// A span held for its diagnosis.
 struct Held {

@@ -58,6 +58,10 @@ pub struct SnapshotConfig {
     /// Where `deepspan ui DIR` serves the snapshots (`http://host:7878/s/`):
     /// a diagnosed span then carries `deepspan.snapshot_url`, its snapshot's page.
     pub url_prefix: Option<String>,
+    /// Most spans written into a snapshot's span file: the analysis's time
+    /// and memory grow with them (about 6 KiB each, measured). Over it, the requests
+    /// nearest the slow spans are kept.
+    pub max_spans: u64,
 }
 
 impl SnapshotConfig {
@@ -71,6 +75,7 @@ impl SnapshotConfig {
             retain_count: 200,
             retain_bytes: 2 << 30,
             url_prefix: None,
+            max_spans: 20_000,
         }
     }
 }
@@ -174,6 +179,9 @@ struct SnapshotInfo {
     window_mono_ns: [u64; 2],
     status: &'static str,
     error: Option<String>,
+    /// Spans of the window's requests left out of its span file (over
+    /// `max_spans`), so that an analysis stays bounded on a busy host.
+    spans_left_out: u64,
     triggers: Vec<TriggerInfo>,
 }
 
@@ -248,6 +256,8 @@ struct Captured {
     start: u64,
     end: u64,
     partial: PathBuf,
+    /// Spans of the window not written (over `max_spans`).
+    spans_left_out: u64,
 }
 
 /// Counting and delivering outcomes, shared by the two threads.
@@ -375,6 +385,12 @@ impl Worker {
             }
             for group in capture.take_ready(&mut pending, mono_now()) {
                 sequence += 1;
+                // A window already gone costs no snapshot of the budget.
+                let start = group.iter().map(|t| capture.window(t).0).min().unwrap_or(0);
+                if start < flight.reaches_back_to_ns() {
+                    reporter.skip(group, SkipReason::LeftRingBuffer, None, None);
+                    continue;
+                }
                 if !limit.take(Instant::now()) {
                     reporter.skip(group, SkipReason::RateLimited, None, None);
                     continue;
@@ -471,6 +487,7 @@ impl Capture {
         let end = group.iter().map(|t| self.window(t).1).max().unwrap_or(0);
         let id = snapshot_id(sequence);
         let partial = self.config.dir.join(format!(".partial-{id}"));
+        let mut spans_left_out = 0;
         let written = (|| -> Result<bool, String> {
             fs::create_dir_all(&partial)
                 .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
@@ -483,11 +500,16 @@ impl Capture {
             }
             let offset = flight.mono_minus_realtime_ns();
             let wall = |mono: u64| (mono as i128 - offset).max(0) as u64;
-            let requests = self
+            let near: Vec<(u64, u64)> = group
+                .iter()
+                .map(|t| (wall(t.mono.0), wall(t.mono.1)))
+                .collect();
+            let (requests, left_out) = self
                 .recent
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .overlapping(wall(start), wall(end));
+                .overlapping(wall(start), wall(end), &near, self.config.max_spans);
+            spans_left_out = left_out;
             let mut writer = SpanWriter::create(&partial).map_err(|e| e.to_string())?;
             for encoded in &requests {
                 writer.append_encoded(encoded).map_err(|e| e.to_string())?;
@@ -502,6 +524,7 @@ impl Capture {
                 start,
                 end,
                 partial,
+                spans_left_out,
             }),
             Ok(false) => {
                 let _ = fs::remove_dir_all(&partial);
@@ -546,11 +569,13 @@ impl Analyst {
             start,
             end,
             partial,
+            spans_left_out,
         } = c;
         let done = self.config.dir.join(&id);
         match analyse_window(&group, &partial) {
             Ok(diagnosed) => {
-                let info = snapshot_info(&id, start, end, &group, &diagnosed, None);
+                let mut info = snapshot_info(&id, start, end, &group, &diagnosed, None);
+                info.spans_left_out = spans_left_out;
                 let kept = write_info(&partial, &info).and_then(|()| rename(&partial, &done));
                 if let Err(e) = kept {
                     let _ = fs::remove_dir_all(&partial);
@@ -766,6 +791,7 @@ fn snapshot_info(
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64),
         window_mono_ns: [start, end],
+        spans_left_out: 0,
         status: if error.is_none() {
             "analysed"
         } else {

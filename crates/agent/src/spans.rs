@@ -210,6 +210,7 @@ pub struct RecentRequests {
 
 struct RecentRequest {
     encoded: Bytes,
+    spans: u64,
     /// Earliest start and latest end of its spans, wall-clock ns.
     first_start_unix_ns: u64,
     last_end_unix_ns: u64,
@@ -230,10 +231,11 @@ impl RecentRequests {
             .iter()
             .flat_map(|r| &r.scope_spans)
             .flat_map(|s| &s.spans);
-        let (mut first, mut last) = (u64::MAX, 0);
+        let (mut first, mut last, mut count) = (u64::MAX, 0, 0);
         for span in spans {
             first = first.min(span.start_time_unix_nano);
             last = last.max(span.end_time_unix_nano);
+            count += 1;
         }
         if first > last {
             return;
@@ -241,6 +243,7 @@ impl RecentRequests {
         self.bytes += encoded.len();
         self.requests.push_back(RecentRequest {
             encoded,
+            spans: count,
             first_start_unix_ns: first,
             last_end_unix_ns: last,
         });
@@ -252,13 +255,55 @@ impl RecentRequests {
         }
     }
 
-    /// The requests with a span in `[start, end]` (wall-clock ns), oldest first.
-    pub fn overlapping(&self, start_unix_ns: u64, end_unix_ns: u64) -> Vec<Bytes> {
-        self.requests
+    /// The requests with a span in `[start, end]` (wall-clock ns), oldest
+    /// first, at most `max_spans` spans of them: when there are more, those
+    /// nearest in time to one of `near` (the slow spans' own times) are kept.
+    /// Also returns how many spans were left out.
+    pub fn overlapping(
+        &self,
+        start_unix_ns: u64,
+        end_unix_ns: u64,
+        near: &[(u64, u64)],
+        max_spans: u64,
+    ) -> (Vec<Bytes>, u64) {
+        let mut found: Vec<(usize, &RecentRequest)> = self
+            .requests
             .iter()
-            .filter(|r| r.first_start_unix_ns <= end_unix_ns && r.last_end_unix_ns >= start_unix_ns)
-            .map(|r| r.encoded.clone())
-            .collect()
+            .enumerate()
+            .filter(|(_, r)| {
+                r.first_start_unix_ns <= end_unix_ns && r.last_end_unix_ns >= start_unix_ns
+            })
+            .collect();
+        let total: u64 = found.iter().map(|(_, r)| r.spans).sum();
+        let mut left_out = 0;
+        if total > max_spans {
+            let distance = |r: &RecentRequest| {
+                near.iter()
+                    .map(|&(s, e)| {
+                        s.saturating_sub(r.last_end_unix_ns)
+                            .max(r.first_start_unix_ns.saturating_sub(e))
+                    })
+                    .min()
+                    .unwrap_or(0)
+            };
+            found.sort_by_key(|(i, r)| (distance(r), *i));
+            let mut kept = 0;
+            found.retain(|(_, r)| {
+                // The nearest request always goes in, whatever its size.
+                let keep = kept == 0 || kept + r.spans <= max_spans;
+                if keep {
+                    kept += r.spans;
+                } else {
+                    left_out += r.spans;
+                }
+                keep
+            });
+            found.sort_by_key(|(i, _)| *i);
+        }
+        (
+            found.into_iter().map(|(_, r)| r.encoded.clone()).collect(),
+            left_out,
+        )
     }
 
     /// The oldest wall time still held (a span file for a window before it
@@ -397,7 +442,11 @@ mod tests {
             Some(20),
             "the first went over the budget"
         );
-        assert_eq!(recent.overlapping(25, 45).len(), 2);
-        assert_eq!(recent.overlapping(31, 39).len(), 0);
+        assert_eq!(recent.overlapping(25, 45, &[(25, 45)], u64::MAX).0.len(), 2);
+        assert_eq!(recent.overlapping(31, 39, &[(31, 39)], u64::MAX).0.len(), 0);
+        // Over the span budget, the request nearest the slow span stays.
+        let (kept, left_out) = recent.overlapping(0, 100, &[(41, 42)], 1);
+        assert_eq!((kept.len(), left_out), (1, 1));
+        assert_eq!(kept[0][0], 2, "the request of 40..50");
     }
 }

@@ -63,6 +63,11 @@ pub struct AgentArgs {
     /// Overlapping windows share one snapshot up to this length, seconds.
     #[arg(long, value_name = "S", default_value_t = 5)]
     max_window_s: u64,
+    /// Most spans in a snapshot's span file (its analysis's memory grows
+    /// with them, about 6 KiB each); over it, the requests nearest the slow
+    /// spans are kept.
+    #[arg(long, default_value_t = 20_000)]
+    max_snapshot_spans: u64,
     /// Snapshots kept (oldest removed first).
     #[arg(long, default_value_t = 200)]
     retain: usize,
@@ -142,6 +147,7 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
     snapshots.retain_count = args.retain;
     snapshots.retain_bytes = args.retain_mb << 20;
     snapshots.url_prefix = args.snapshot_url.clone();
+    snapshots.max_spans = args.max_snapshot_spans;
     let mut receiver = ReceiverConfig::new(&args.snapshots);
     receiver.grpc_addr = loopback(args.otlp_grpc_port);
     receiver.http_addr = loopback(args.otlp_http_port);

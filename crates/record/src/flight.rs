@@ -217,6 +217,12 @@ impl FlightRecorder {
         self.clock_samples.push_back([p.realtime_ns, p.mono_ns]);
     }
 
+    /// How far back (mono ns) every CPU's history reaches now: a window
+    /// starting earlier would be refused ([`WindowOutcome::LeftBuffer`]).
+    pub fn reaches_back_to_ns(&self) -> u64 {
+        self.cpus.iter().map(|c| c.complete_since_ns).max().unwrap_or(0)
+    }
+
     /// The realtime → mono offset of the latest sample (mono = realtime + offset).
     pub fn mono_minus_realtime_ns(&self) -> i128 {
         let [realtime, mono] = *self.clock_samples.back().expect("a sample from the start");
@@ -233,7 +239,7 @@ impl FlightRecorder {
         }
         let now = clock_point();
         self.drain(now.mono_ns)?;
-        let complete_since_ns = self.cpus.iter().map(|c| c.complete_since_ns).max().unwrap_or(0);
+        let complete_since_ns = self.reaches_back_to_ns();
         if complete_since_ns > start_ns {
             return Ok(WindowOutcome::LeftBuffer { complete_since_ns });
         }
