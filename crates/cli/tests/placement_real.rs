@@ -268,3 +268,76 @@ fn an_asyncio_server_is_placed_on_its_process_never_on_an_invented_thread() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_waitress_server_is_placed_on_the_worker_its_acceptor_handed_each_request_to() {
+    if !kernel_or_skip(
+        "a_waitress_server_is_placed_on_the_worker_its_acceptor_handed_each_request_to",
+    ) {
+        return;
+    }
+    // waitress (a real WSGI server, from PyPI): its main thread accepts and
+    // reads each request, then hands it through its task queue to one of 4
+    // worker threads, which runs the application (the stock WSGI
+    // instrumentation's span) and sends the answer.
+    let Recorded {
+        _dir,
+        run,
+        served,
+        served_pid,
+    } = record_stock_server("waitress");
+    let workers: std::collections::HashSet<i64> = served.values().copied().collect();
+    assert!(
+        (2..=4).contains(&workers.len()),
+        "the requests were spread over waitress's worker threads: {workers:?}"
+    );
+    let analyzed = analyze(&run, "auto");
+    let stderr = String::from_utf8_lossy(&analyzed.stderr);
+    let requests = requests_json(&run);
+    assert_eq!(requests.len(), REQUESTS);
+    let mut right = 0;
+    for r in &requests {
+        let id = r["span_id"].as_str().unwrap();
+        if r["sync"] == "inferred" {
+            let tid = r["tid"].as_i64().unwrap();
+            // Never on the acceptor, nor on any thread that ran no request.
+            assert!(
+                workers.contains(&tid),
+                "request {id} placed on thread {tid}, which served no request (workers {workers:?}):\n{stderr}"
+            );
+            right += usize::from(served.get(id) == Some(&tid));
+        }
+    }
+    eprintln!("{right} of {REQUESTS} requests placed on the worker that ran them");
+    assert!(
+        right * 100 >= REQUESTS * 95,
+        "{right} of {REQUESTS} on the worker that ran them:\n{stderr}"
+    );
+
+    // `report` shows the hand-off the placement rests on.
+    let one = requests
+        .iter()
+        .find(|r| r["sync"] == "inferred")
+        .and_then(|r| r["span_id"].as_str())
+        .unwrap();
+    let report = check(
+        "deepspan report",
+        deepspan()
+            .arg("report")
+            .arg(&run)
+            .args(["--request", one])
+            .output()
+            .expect("run deepspan report"),
+    );
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(text.contains("sync: inferred"), "{text}");
+    assert!(text.contains(&format!("of process {served_pid}")), "{text}");
+    assert!(text.contains("confidence"), "{text}");
+    // Whole sentences, wrapped: the hand-off is the evidence, and the
+    // acceptor is passed over.
+    assert!(
+        text.contains("(hand-off)") || text.contains("queue"),
+        "the hand-off is the evidence:\n{text}"
+    );
+    assert!(text.contains("acceptor,"), "{text}");
+}
