@@ -340,4 +340,39 @@ fn a_waitress_server_is_placed_on_the_worker_its_acceptor_handed_each_request_to
         "the hand-off is the evidence:\n{text}"
     );
     assert!(text.contains("acceptor,"), "{text}");
+
+    // The UI's request page gets the same: method, thread, confidence and
+    // evidence, from placements.json.
+    let ui = common::ui::serve(&run);
+    let placements = placements_by_span(&run);
+    for r in requests.iter().take(5) {
+        let id = r["span_id"].as_str().unwrap();
+        let detail = common::ui::json(&ui, &format!("/api/requests/{id}"));
+        let shown = &detail["placement"];
+        assert_eq!(shown["sync"], r["sync"], "{detail}");
+        assert_eq!(shown["tid"], r["tid"], "{detail}");
+        assert_eq!(shown, &placements[id], "{detail}");
+        let confidence = shown["confidence"].as_f64().unwrap();
+        assert!(confidence > 0.0 && confidence <= 1.0, "{detail}");
+        assert!(
+            shown["evidence"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|l| l.as_str().unwrap().contains("acceptor,"))),
+            "{detail}"
+        );
+    }
+}
+
+/// `analysis/placements.json`'s records by span id.
+fn placements_by_span(run: &Path) -> HashMap<String, Value> {
+    let doc: Value = serde_json::from_slice(
+        &std::fs::read(run.join("analysis/placements.json")).expect("placements.json"),
+    )
+    .expect("placements.json is JSON");
+    doc["placements"]
+        .as_array()
+        .expect("placements")
+        .iter()
+        .map(|p| (p["span_id"].as_str().unwrap().to_string(), p.clone()))
+        .collect()
 }
