@@ -1150,11 +1150,18 @@ pub struct OffsetBound {
     pub of: usize,
 }
 
+/// Farthest a span's mapped start or end may be from its thread's run for
+/// that run to bound the mapping's offset: the mapping is off by µs, never
+/// by a run's length.
+pub const OFFSET_SEARCH_NS: u64 = 200_000;
+
 /// Bounds the clock mapping's remaining offset with the requests placed on
 /// a thread: a span's start and end were taken while its thread ran, and
 /// after its request's receive returned, so the correction δ to the mapped
-/// times must put the start in the RUNNING interval around it (after the
-/// receive) and the end in the one around it. Each request gives such a
+/// times must put the start in the RUNNING interval around it, or nearest
+/// it within [`OFFSET_SEARCH_NS`] (after the receive), and the end in the
+/// one around or nearest it. Windows of requests placed right overlap on
+/// the true correction (0 when the mapping is right). Each request gives such a
 /// window of δ; the answer is the range inside the most windows (a few
 /// requests may be misplaced, or their runs cut by lost events).
 pub fn clock_offset_bound(
@@ -1181,9 +1188,19 @@ pub fn clock_offset_bound(
         let Some(th) = model.thread(tid) else {
             continue;
         };
+        // The run around `t`, else the nearest within the search range:
+        // a mapping that is off puts the span's times beside its runs.
         let running = |t: u64| {
-            th.state_at(t)
+            th.states_in(t.saturating_sub(OFFSET_SEARCH_NS), t + OFFSET_SEARCH_NS)
+                .iter()
                 .filter(|st| st.state == ThreadState::Running)
+                .min_by_key(|st| {
+                    if t < st.start {
+                        st.start - t
+                    } else {
+                        t.saturating_sub(st.end)
+                    }
+                })
                 .map(|st| (st.start as i64 - t as i64, st.end as i64 - t as i64))
         };
         let (Some(a), Some(b)) = (running(s), running(e)) else {

@@ -363,6 +363,51 @@ fn a_waitress_server_is_placed_on_the_worker_its_acceptor_handed_each_request_to
     }
 }
 
+#[test]
+fn a_clock_mapping_off_by_50_us_is_corrected_from_the_placed_requests() {
+    if !kernel_or_skip("a_clock_mapping_off_by_50_us_is_corrected_from_the_placed_requests") {
+        return;
+    }
+    let Recorded {
+        _dir, run, served, ..
+    } = record_stock_server("waitress");
+    // The recorder's clock samples moved 50 µs: every wall time maps 50 µs
+    // late, the kind of error a coarse or slewing sample leaves.
+    let manifest_path = run.join("manifest.json");
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).expect("manifest")).unwrap();
+    for pair in manifest["clock_samples"]
+        .as_array_mut()
+        .expect("clock samples")
+    {
+        pair[1] = (pair[1].as_u64().unwrap() + 50_000).into();
+    }
+    std::fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let analyzed = analyze(&run, "auto");
+    let stderr = String::from_utf8_lossy(&analyzed.stderr);
+    let corrected_us: f64 = stderr
+        .split("clock mapping corrected by ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no correction noted:\n{stderr}"));
+    assert!(
+        (-80.0..=-20.0).contains(&corrected_us),
+        "corrected by {corrected_us} µs, not about -50:\n{stderr}"
+    );
+    let right = requests_json(&run)
+        .iter()
+        .filter(|r| {
+            r["sync"] == "inferred"
+                && served.get(r["span_id"].as_str().unwrap()) == r["tid"].as_i64().as_ref()
+        })
+        .count();
+    assert!(
+        right * 100 >= REQUESTS * 95,
+        "{right} of {REQUESTS} on their worker after the correction:\n{stderr}"
+    );
+}
+
 /// `analysis/placements.json`'s records by span id.
 fn placements_by_span(run: &Path) -> HashMap<String, Value> {
     let doc: Value = serde_json::from_slice(
