@@ -34,12 +34,15 @@ fi
 python_modules="deepspan_otel, opentelemetry.exporter.otlp.proto.http, pytest, psycopg2, requests, httpx"
 python_modules+=", opentelemetry.instrumentation.wsgi, opentelemetry.instrumentation.requests"
 python_modules+=", opentelemetry.instrumentation.psycopg2"
+# waitress: a real WSGI server whose main thread reads requests and hands
+# them to a worker pool (the placement test's hand-off mode).
+python_modules+=", waitress"
 # chDB (in-process ClickHouse) runs the fleet tables' documented queries
 # (tests/fleet, docs/tables.md).
 python_modules+=", chdb"
 if ! python3 -c "import $python_modules" 2>/dev/null; then
   echo "installing the deepspan-otel Python SDK (editable, with test extras), the demo's packages and chDB"
-  python3 -m pip install -q --disable-pip-version-check -e "sdk/python[test]" -r demo/requirements.txt chdb
+  python3 -m pip install -q --disable-pip-version-check -e "sdk/python[test]" -r demo/requirements.txt chdb waitress
 fi
 
 # Jaeger v2, which the export test sends spans to, built once from the Go

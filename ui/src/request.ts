@@ -27,8 +27,19 @@ interface Blocker {
   operation?: string;
 }
 
+/** How a span without deepspan fields was placed (analysis/placements.json). */
+interface Placement {
+  sync: string;
+  pid: number;
+  tid: number | null;
+  confidence: number;
+  evidence: string[];
+}
+
 interface RequestDetail {
   request: RequestRow;
+  /** Null when the SDK placed the request, or nothing did. */
+  placement: Placement | null;
   diagnosis: Diagnosis | null;
   summary: SummaryRow[];
   syscalls: Array<{ syscall: string; ns: number }> | null;
@@ -69,7 +80,7 @@ function placementLabel(sync: string): string {
     case "clock_mapped":
       return "its thread id, wall clock mapped (clock_mapped)";
     case "inferred":
-      return "inference from the kernel trace (inferred; evidence in analysis/placements.json)";
+      return "inference from the kernel trace (inferred)";
     case "process":
       return "its process as a whole: no single thread credible (process)";
     case "none":
@@ -91,6 +102,7 @@ export async function requestView(app: HTMLElement, id: string): Promise<void> {
     · trace ${esc(r.trace_id)} · span ${esc(r.span_id)} · placed on threads by ${esc(placementLabel(r.sync))}
     ${r.lost_events ? ` · <span class="warn">${r.lost_events} kernel events lost during it</span>` : ""}
     ${r.truncated ? ' · <span class="warn">path truncated</span>' : ""}</p>`;
+  if (detail.placement) head.append(placementBox(detail.placement));
   head.append(diagnosisBox(detail.diagnosis, blockerName));
   app.append(head);
 
@@ -179,6 +191,16 @@ async function flameGraph(panel: HTMLElement, id: string): Promise<void> {
   const graph = new FlameGraph(panel, p);
   graph.root.id = "flame-graph";
   graph.root.dataset.ready = "1";
+}
+
+/** Where the kernel trace put the request, how sure, and why. */
+function placementBox(p: Placement): HTMLElement {
+  const box = el("details", { class: "placement", id: "placement" });
+  const on = p.tid !== null ? `thread ${p.tid} of process ${p.pid}` : `process ${p.pid} as a whole`;
+  box.innerHTML = `<summary>placed from the kernel trace (${esc(p.sync)}) on ${esc(on)},
+    confidence <b>${p.confidence.toFixed(2)}</b></summary>
+    <ul>${p.evidence.map((e) => `<li>${esc(e)}</li>`).join("")}</ul>`;
+  return box;
 }
 
 function diagnosisBox(d: Diagnosis | null, blockerName: Map<string, string>): HTMLElement {

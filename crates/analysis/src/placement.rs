@@ -16,13 +16,18 @@
 //! 2. **Thread**: of that process's threads, the one that was running at
 //!    the span's start and at its end, whose socket receive (its own, or the
 //!    one of the thread that woke it: an acceptor or event loop handing the
-//!    request to a pool thread) returned just before the start, and whose
-//!    send went out nearest the end. Each of the four is a distance in
-//!    nanoseconds; the thread with the smallest sum wins. A `thread.name`
+//!    request to a pool thread through a queue: the wake-up edge) returned
+//!    just before the start, and whose send went out nearest the end. Each
+//!    of the four is a distance in nanoseconds (the run distances weigh
+//!    [`RUN_WEIGHT`] times more: a span's times are taken while its thread
+//!    runs); the thread with the smallest sum wins. A thread that hands
+//!    many requests over is an acceptor and serves none; a pool thread that
+//!    took a queued request without a wake-up has the acceptor's receive. A `thread.name`
 //!    attribute must equal the thread's comm (cut to 15 bytes). Requests
 //!    take their threads surest first; one whose thread is taken by an
 //!    overlapping request takes the next credible thread of the same
-//!    process (a pool).
+//!    process (a pool); two overlapping requests swap threads when that
+//!    fits both better in sum (two hand-offs at once).
 //! 3. **Process level**: where no single thread is credible — the span's
 //!    runtime moves requests between threads (`telemetry.sdk.language`
 //!    `go`: goroutines), none ran near both ends with the request's I/O,
@@ -51,6 +56,22 @@ pub const RUN_LIMIT_NS: u64 = 20_000_000;
 /// to count as the request's (a request read, then queued for a CPU under
 /// a quota, can take this long to start its span).
 pub const IO_WINDOW_NS: u64 = 1_000_000_000;
+
+/// Farthest a thread's receive may be before it wakes a pool thread for
+/// the wake-up to hand that request over (reading and parsing a request,
+/// then queueing it, takes well under this even on a loaded machine).
+pub const HANDOFF_RECEIVE_NS: u64 = 20_000_000;
+
+/// Fewest requests a thread must hand to other threads (as the hand-off of
+/// their best fit) to be taken for an acceptor, which never serves one.
+const MIN_HANDOFFS: usize = 4;
+
+/// How much more a µs between the span's start (end) and the thread's run
+/// costs than a µs between its I/O and the span: a span's times are taken
+/// while its thread runs (off only by the clock mapping's µs), whereas a
+/// request may wait long between its receive and its start (for a lock, an
+/// interpreter lock, a CPU).
+pub const RUN_WEIGHT: u64 = 8;
 
 /// What a missing receive or send costs a thread's score: a thread with
 /// both beats one without unless the other is far off.
@@ -164,6 +185,7 @@ pub fn infer_placements(
         .filter_map(|(i, span)| Some((i, finder.candidates(span)?)))
         .collect();
     name_processes_by_vote(spans, &mut requests);
+    pass_over_acceptors(&finder, &mut requests);
     assign(requests, &mut out);
     // Spans inside a request go where it went.
     for (i, span) in spans.iter().enumerate() {
@@ -236,12 +258,14 @@ struct Fit {
     /// Send nearest the end: gap.
     send: Option<(u64, &'static str)>,
     name_matched: bool,
+    /// The receive is an acceptor's, taken from its queue by this thread
+    /// without a wake-up (it was busy when the request was queued).
+    queued: bool,
 }
 
 impl Fit {
     fn cost(&self) -> u64 {
-        self.run_start
-            + self.run_end
+        RUN_WEIGHT * (self.run_start + self.run_end)
             + self
                 .receive
                 .map_or(MISSING_IO_COST_NS, |r| r.0.min(MISSING_IO_COST_NS))
@@ -405,6 +429,7 @@ impl<'a> Finder<'a> {
             process_evidence,
             process_confidence,
             fits,
+            notes: Vec::new(),
         })
     }
 }
@@ -423,6 +448,8 @@ struct Candidates {
     process_confidence: f64,
     /// Best first.
     fits: Vec<Fit>,
+    /// Threads passed over before the fits were scored, and why.
+    notes: Vec<String>,
 }
 
 impl Candidates {
@@ -445,7 +472,11 @@ impl Candidates {
             pid: self.pids[0],
             tid: None,
             confidence: self.process_confidence * 0.5,
-            evidence: vec![self.process_evidence.clone(), why],
+            evidence: [self.process_evidence.clone()]
+                .into_iter()
+                .chain(self.notes.iter().cloned())
+                .chain([why])
+                .collect(),
         })
     }
 
@@ -480,6 +511,7 @@ impl Candidates {
     fn on_thread(&self, k: usize, passed_over: &[String]) -> Placement {
         let best = &self.fits[k];
         let mut evidence = vec![self.process_evidence.clone()];
+        evidence.extend(self.notes.iter().cloned());
         evidence.extend(passed_over.iter().cloned());
         evidence.push(format!(
             "thread {} ran {} from the start and {} from the end",
@@ -489,6 +521,10 @@ impl Candidates {
         ));
         if let Some((gap, waker, call)) = best.receive {
             match waker {
+                Some(w) if best.queued => evidence.push(format!(
+                    "{call} returned {} before the start on acceptor thread {w}; no wake-up: it took the request from the queue",
+                    human(gap)
+                )),
                 Some(w) => evidence.push(format!(
                     "{call} returned {} before the start on thread {w}, which then woke it (hand-off)",
                     human(gap)
@@ -571,26 +607,91 @@ fn name_processes_by_vote(spans: &[PlacementSpan], requests: &mut [(usize, Candi
     }
 }
 
+/// An acceptor (or event loop) that reads requests and hands each to a pool
+/// thread ran and received just before every one of them, so it fits them
+/// too — but it served none. A thread that handed over the best fit's
+/// request of at least [`MIN_HANDOFFS`] requests is such a thread: it is
+/// no candidate for any request (its requests, if it ran some itself, go
+/// to the next credible thread, or to the process). A pool thread that
+/// took a request from the queue without being woken for it (it was busy
+/// when the request was queued) shows no hand-off: its receive is the
+/// acceptor's last before the start.
+fn pass_over_acceptors(finder: &Finder, requests: &mut [(usize, Candidates)]) {
+    let mut handed: BTreeMap<Tid, usize> = BTreeMap::new();
+    for (_, c) in requests.iter() {
+        let waker = c
+            .fits
+            .first()
+            .filter(|f| c.credible(f))
+            .and_then(|f| f.receive)
+            .and_then(|r| r.1);
+        if let Some(w) = waker {
+            *handed.entry(w).or_default() += 1;
+        }
+    }
+    handed.retain(|_, n| *n >= MIN_HANDOFFS);
+    if handed.is_empty() {
+        return;
+    }
+    for (_, c) in requests.iter_mut() {
+        for f in c.fits.iter().filter(|f| handed.contains_key(&f.tid)) {
+            if c.credible(f) {
+                c.notes.push(format!(
+                    "thread {} passed over: an acceptor, it handed {} requests to other threads",
+                    f.tid, handed[&f.tid]
+                ));
+            }
+        }
+        c.fits.retain(|f| !handed.contains_key(&f.tid));
+        // The process's acceptors, latest receive first.
+        for f in c.fits.iter_mut().filter(|f| f.receive.is_none()) {
+            let queued = handed
+                .keys()
+                .filter_map(|&a| {
+                    let th = finder.model.thread(a)?;
+                    (pid_of(th, finder.processes) == Some(f.pid)).then_some(())?;
+                    let (gap, call) = finder.receive_before(th, c.start)?;
+                    Some((gap, Some(a), call))
+                })
+                .min_by_key(|r| r.0);
+            if queued.is_some() {
+                f.receive = queued;
+                f.queued = true;
+            }
+        }
+        c.fits.sort_by_key(|f| (f.cost(), f.tid));
+    }
+}
+
 /// Fewest interleaved requests that make a thread an event loop.
 const MIN_INTERLEAVED: usize = 4;
 
 /// Threads that serve requests interleaved: of the requests a thread fits
 /// best, at least a quarter, and [`MIN_INTERLEAVED`], overlap another of
-/// them and fit no other thread of the process about as well. A pool thread, which serves one request at a time, is only now and
-/// then the best fit of two requests at once (two threads with similar
-/// I/O): the assignment gives one of them the next best thread.
+/// them, were run by it at both ends (within [`LOOP_RUN_SLACK_NS`]) and
+/// fit no other thread of the process about as well. A pool thread, which
+/// serves one request at a time, is only now and then the best fit of two
+/// requests at once (two threads with similar I/O, or a request handed to
+/// another pool thread at the same time): the assignment gives one of them
+/// the next best thread.
 /// `(tid, overlapping, of)`.
 fn event_loops(requests: &[(usize, Candidates)]) -> Vec<(Tid, usize, usize)> {
     // Per best thread: (start, end, whether another thread of the same
-    // process fits about as well).
+    // process fits about as well, or the thread ran not quite at the ends).
     let mut by_tid: BTreeMap<Tid, Vec<(u64, u64, bool)>> = BTreeMap::new();
     for (_, c) in requests {
         let Some(best) = c.fits.first().filter(|f| c.credible(f)) else {
             continue;
         };
-        let alternative = c.fits[1..].iter().any(|f| {
-            f.pid == best.pid && c.credible(f) && f.cost() <= 2 * best.cost() + GOOD_ALTERNATIVE_NS
-        });
+        // A loop runs at both ends of each of its requests; a pool thread
+        // that only ran near the ends of a request (another thread's,
+        // handed over at the same time) is no sign of interleaving.
+        let alternative = best.run_start + best.run_end > LOOP_RUN_SLACK_NS
+            || c.fits[1..].iter().any(|f| {
+                f.pid == best.pid
+                    && c.credible(f)
+                    && f.cost() <= 2 * best.cost() + GOOD_ALTERNATIVE_NS
+            });
         by_tid
             .entry(best.tid)
             .or_default()
@@ -626,6 +727,10 @@ fn event_loops(requests: &[(usize, Candidates)]) -> Vec<(Tid, usize, usize)> {
     }
     out
 }
+
+/// Farthest an event loop's run may be from its requests' start and end
+/// (summed): the clock mapping's error, and a little more.
+const LOOP_RUN_SLACK_NS: u64 = 30_000;
 
 /// Slack on "about as good" for another thread's fit (twice the cost, plus
 /// this): pool threads doing the same work fit alike.
@@ -714,6 +819,7 @@ fn assign(requests: Vec<(usize, Candidates)>, out: &mut [Option<Placement>]) {
             None => {}
         }
     }
+    uncross(&requests, &mut taken, out);
     // Event loops: the requests that found their thread taken, and those
     // holding it over the same time, go to the process.
     for (k, tid) in shared {
@@ -730,6 +836,93 @@ fn assign(requests: Vec<(usize, Candidates)>, out: &mut [Option<Placement>]) {
                     out[i] = requests[holder].1.on_process(why.clone());
                 }
             }
+        }
+    }
+}
+
+/// Most rounds of [`uncross`] (each swaps every crossed pair it finds).
+const UNCROSS_ROUNDS: usize = 8;
+
+/// Surest first is greedy: two requests handed to two pool threads within
+/// µs of each other both fit both threads, and the surer one may take the
+/// other's thread (its own fits a little worse, the other's much worse).
+/// Swaps the threads of two overlapping requests placed on threads of one
+/// process whenever each is credible on the other's thread, neither then
+/// overlaps a third request there, and their summed cost falls.
+fn uncross(
+    requests: &[(usize, Candidates)],
+    taken: &mut HashMap<Tid, Vec<(u64, u64, usize)>>,
+    out: &mut [Option<Placement>],
+) {
+    let cost_on = |k: usize, tid: Tid| {
+        let c = &requests[k].1;
+        c.fits
+            .iter()
+            .position(|f| f.tid == tid && c.credible(f))
+            .map(|n| (n, c.fits[n].cost()))
+    };
+    let free_for =
+        |taken: &HashMap<Tid, Vec<(u64, u64, usize)>>, tid: Tid, k: usize, but: usize| {
+            let c = &requests[k].1;
+            taken.get(&tid).into_iter().flatten().all(|x| {
+                x.2 == but
+                    || x.2 == k
+                    || !(c.start + OVERLAP_SLACK_NS < x.1 && x.0 + OVERLAP_SLACK_NS < c.end)
+            })
+        };
+    for _ in 0..UNCROSS_ROUNDS {
+        // (start, end, request, thread), by start.
+        let mut placed: Vec<(u64, u64, usize, Tid)> = taken
+            .iter()
+            .flat_map(|(tid, v)| v.iter().map(|&(s, e, k)| (s, e, k, *tid)))
+            .collect();
+        placed.sort_unstable();
+        let mut swapped = false;
+        for a in 0..placed.len() {
+            for b in a + 1..placed.len() {
+                let (sa, ea, ka, ta) = placed[a];
+                let (sb, eb, kb, tb) = placed[b];
+                if sb >= ea {
+                    break;
+                }
+                if ta == tb || eb <= sa {
+                    continue;
+                }
+                let (Some((_, now_a)), Some((_, now_b))) = (cost_on(ka, ta), cost_on(kb, tb))
+                else {
+                    continue;
+                };
+                let (Some((na, cross_a)), Some((nb, cross_b))) = (cost_on(ka, tb), cost_on(kb, ta))
+                else {
+                    continue;
+                };
+                if cross_a + cross_b >= now_a + now_b
+                    || !free_for(taken, tb, ka, kb)
+                    || !free_for(taken, ta, kb, ka)
+                {
+                    continue;
+                }
+                for (k, from, to) in [(ka, ta, tb), (kb, tb, ta)] {
+                    let v = taken.get_mut(&from).expect("placed");
+                    v.retain(|x| x.2 != k);
+                    let c = &requests[k].1;
+                    taken.entry(to).or_default().push((c.start, c.end, k));
+                }
+                let (ia, ib) = (requests[ka].0, requests[kb].0);
+                let why = |other: usize| {
+                    vec![format!(
+                        "threads swapped with request span #{other}, handled at the same time: together they fit better"
+                    )]
+                };
+                out[ia] = Some(requests[ka].1.on_thread(na, &why(ib)));
+                out[ib] = Some(requests[kb].1.on_thread(nb, &why(ia)));
+                placed[a].3 = tb;
+                placed[b].3 = ta;
+                swapped = true;
+            }
+        }
+        if !swapped {
+            break;
         }
     }
 }
@@ -760,24 +953,7 @@ impl<'a> Finder<'a> {
         let receive = self
             .receive_before(th, start)
             .map(|(g, c)| (g, None, c))
-            .or_else(|| {
-                // Handed over: the thread that woke it last before the start received.
-                let woken = th
-                    .states_in(start.saturating_sub(IO_WINDOW_NS), start)
-                    .iter()
-                    .rev()
-                    .find_map(|s| match s.state {
-                        ThreadState::Blocked(BlockReason::Thread(w))
-                            if s.end <= start + RUN_LIMIT_NS =>
-                        {
-                            Some((w, s.end))
-                        }
-                        _ => None,
-                    })?;
-                let waker = self.model.thread(woken.0)?;
-                let (gap, call) = self.receive_before(waker, woken.1)?;
-                Some((gap + (start.saturating_sub(woken.1)), Some(woken.0), call))
-            });
+            .or_else(|| self.handed_over(th, pid, start));
         let send = self.send_near(th, start, end);
         Some(Fit {
             tid,
@@ -787,7 +963,53 @@ impl<'a> Finder<'a> {
             receive,
             send,
             name_matched,
+            queued: false,
         })
+    }
+
+    /// The receive of a request handed to `th` by another thread of its
+    /// process (an acceptor or event loop reading the request, then waking a
+    /// pool thread through a queue's condition variable) before `start`:
+    /// its gap to the start (receive to wake-up, plus wake-up to start), the
+    /// thread that handed it over, and the call.
+    ///
+    /// The wake-ups are walked back from the start (one a little after it:
+    /// the clock mapping's error), since `th`'s last socket
+    /// send (the previous request's answer: an older hand-off is not this
+    /// request's); the first whose waker received data at most
+    /// [`HANDOFF_RECEIVE_NS`] before waking it is the hand-off. Wake-ups by
+    /// threads that received nothing just before (a lock or an interpreter
+    /// lock passed between pool threads) are passed over.
+    fn handed_over(
+        &self,
+        th: &ThreadHistory,
+        pid: Tid,
+        start: u64,
+    ) -> Option<(u64, Option<Tid>, &'static str)> {
+        let window_start = start.saturating_sub(IO_WINDOW_NS);
+        let since = th
+            .syscalls_in(window_start, start)
+            .iter()
+            .rev()
+            .find(|s| s.end <= start && self.io(s) == Io::Send)
+            .map_or(window_start, |s| s.end);
+        th.states_in(since, start)
+            .iter()
+            .rev()
+            .filter(|s| s.end >= since && s.end <= start + OVERLAP_SLACK_NS)
+            .find_map(|s| {
+                let ThreadState::Blocked(BlockReason::Thread(w)) = s.state else {
+                    return None;
+                };
+                let waker = self.model.thread(w).filter(|t| t.tid != th.tid)?;
+                if pid_of(waker, self.processes) != Some(pid) {
+                    return None;
+                }
+                let (gap, call) = self
+                    .receive_before(waker, s.end)
+                    .filter(|r| r.0 <= HANDOFF_RECEIVE_NS)?;
+                Some((gap + start.abs_diff(s.end), Some(w), call))
+            })
     }
 
     /// Distance from `t` to the nearest interval in which the thread ran
@@ -928,11 +1150,18 @@ pub struct OffsetBound {
     pub of: usize,
 }
 
+/// Farthest a span's mapped start or end may be from its thread's run for
+/// that run to bound the mapping's offset: the mapping is off by µs, never
+/// by a run's length.
+pub const OFFSET_SEARCH_NS: u64 = 200_000;
+
 /// Bounds the clock mapping's remaining offset with the requests placed on
 /// a thread: a span's start and end were taken while its thread ran, and
 /// after its request's receive returned, so the correction δ to the mapped
-/// times must put the start in the RUNNING interval around it (after the
-/// receive) and the end in the one around it. Each request gives such a
+/// times must put the start in the RUNNING interval around it, or nearest
+/// it within [`OFFSET_SEARCH_NS`] (after the receive), and the end in the
+/// one around or nearest it. Windows of requests placed right overlap on
+/// the true correction (0 when the mapping is right). Each request gives such a
 /// window of δ; the answer is the range inside the most windows (a few
 /// requests may be misplaced, or their runs cut by lost events).
 pub fn clock_offset_bound(
@@ -959,9 +1188,19 @@ pub fn clock_offset_bound(
         let Some(th) = model.thread(tid) else {
             continue;
         };
+        // The run around `t`, else the nearest within the search range:
+        // a mapping that is off puts the span's times beside its runs.
         let running = |t: u64| {
-            th.state_at(t)
+            th.states_in(t.saturating_sub(OFFSET_SEARCH_NS), t + OFFSET_SEARCH_NS)
+                .iter()
                 .filter(|st| st.state == ThreadState::Running)
+                .min_by_key(|st| {
+                    if t < st.start {
+                        st.start - t
+                    } else {
+                        t.saturating_sub(st.end)
+                    }
+                })
                 .map(|st| (st.start as i64 - t as i64, st.end as i64 - t as i64))
         };
         let (Some(a), Some(b)) = (running(s), running(e)) else {

@@ -503,8 +503,9 @@ fn print_report(
             "  placed from the kernel trace on {on}, confidence {:.2}:",
             p.confidence
         )?;
-        for e in &p.evidence {
-            writeln!(out, "    {}", fit(e, 76))?;
+        // Whole sentences: the evidence is what the placement rests on.
+        for line in p.evidence.iter().flat_map(|e| wrap(e, 76)) {
+            writeln!(out, "    {line}")?;
         }
     }
     if r.details.truncated {

@@ -268,3 +268,156 @@ fn an_asyncio_server_is_placed_on_its_process_never_on_an_invented_thread() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_waitress_server_is_placed_on_the_worker_its_acceptor_handed_each_request_to() {
+    if !kernel_or_skip(
+        "a_waitress_server_is_placed_on_the_worker_its_acceptor_handed_each_request_to",
+    ) {
+        return;
+    }
+    // waitress (a real WSGI server, from PyPI): its main thread accepts and
+    // reads each request, then hands it through its task queue to one of 4
+    // worker threads, which runs the application (the stock WSGI
+    // instrumentation's span) and sends the answer.
+    let Recorded {
+        _dir,
+        run,
+        served,
+        served_pid,
+    } = record_stock_server("waitress");
+    let workers: std::collections::HashSet<i64> = served.values().copied().collect();
+    assert!(
+        (2..=4).contains(&workers.len()),
+        "the requests were spread over waitress's worker threads: {workers:?}"
+    );
+    let analyzed = analyze(&run, "auto");
+    let stderr = String::from_utf8_lossy(&analyzed.stderr);
+    let requests = requests_json(&run);
+    assert_eq!(requests.len(), REQUESTS);
+    let mut right = 0;
+    for r in &requests {
+        let id = r["span_id"].as_str().unwrap();
+        if r["sync"] == "inferred" {
+            let tid = r["tid"].as_i64().unwrap();
+            // Never on the acceptor, nor on any thread that ran no request.
+            assert!(
+                workers.contains(&tid),
+                "request {id} placed on thread {tid}, which served no request (workers {workers:?}):\n{stderr}"
+            );
+            right += usize::from(served.get(id) == Some(&tid));
+        }
+    }
+    eprintln!("{right} of {REQUESTS} requests placed on the worker that ran them");
+    assert!(
+        right * 100 >= REQUESTS * 95,
+        "{right} of {REQUESTS} on the worker that ran them:\n{stderr}"
+    );
+
+    // `report` shows the hand-off the placement rests on.
+    let one = requests
+        .iter()
+        .find(|r| r["sync"] == "inferred")
+        .and_then(|r| r["span_id"].as_str())
+        .unwrap();
+    let report = check(
+        "deepspan report",
+        deepspan()
+            .arg("report")
+            .arg(&run)
+            .args(["--request", one])
+            .output()
+            .expect("run deepspan report"),
+    );
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(text.contains("sync: inferred"), "{text}");
+    assert!(text.contains(&format!("of process {served_pid}")), "{text}");
+    assert!(text.contains("confidence"), "{text}");
+    // Whole sentences, wrapped: the hand-off is the evidence, and the
+    // acceptor is passed over.
+    assert!(
+        text.contains("(hand-off)") || text.contains("queue"),
+        "the hand-off is the evidence:\n{text}"
+    );
+    assert!(text.contains("acceptor,"), "{text}");
+
+    // The UI's request page gets the same: method, thread, confidence and
+    // evidence, from placements.json.
+    let ui = common::ui::serve(&run);
+    let placements = placements_by_span(&run);
+    for r in requests.iter().take(5) {
+        let id = r["span_id"].as_str().unwrap();
+        let detail = common::ui::json(&ui, &format!("/api/requests/{id}"));
+        let shown = &detail["placement"];
+        assert_eq!(shown["sync"], r["sync"], "{detail}");
+        assert_eq!(shown["tid"], r["tid"], "{detail}");
+        assert_eq!(shown, &placements[id], "{detail}");
+        let confidence = shown["confidence"].as_f64().unwrap();
+        assert!(confidence > 0.0 && confidence <= 1.0, "{detail}");
+        assert!(
+            shown["evidence"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|l| l.as_str().unwrap().contains("acceptor,"))),
+            "{detail}"
+        );
+    }
+}
+
+#[test]
+fn a_clock_mapping_off_by_50_us_is_corrected_from_the_placed_requests() {
+    if !kernel_or_skip("a_clock_mapping_off_by_50_us_is_corrected_from_the_placed_requests") {
+        return;
+    }
+    let Recorded {
+        _dir, run, served, ..
+    } = record_stock_server("waitress");
+    // The recorder's clock samples moved 50 µs: every wall time maps 50 µs
+    // late, the kind of error a coarse or slewing sample leaves.
+    let manifest_path = run.join("manifest.json");
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).expect("manifest")).unwrap();
+    for pair in manifest["clock_samples"]
+        .as_array_mut()
+        .expect("clock samples")
+    {
+        pair[1] = (pair[1].as_u64().unwrap() + 50_000).into();
+    }
+    std::fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let analyzed = analyze(&run, "auto");
+    let stderr = String::from_utf8_lossy(&analyzed.stderr);
+    let corrected_us: f64 = stderr
+        .split("clock mapping corrected by ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no correction noted:\n{stderr}"));
+    assert!(
+        (-80.0..=-20.0).contains(&corrected_us),
+        "corrected by {corrected_us} µs, not about -50:\n{stderr}"
+    );
+    let right = requests_json(&run)
+        .iter()
+        .filter(|r| {
+            r["sync"] == "inferred"
+                && served.get(r["span_id"].as_str().unwrap()) == r["tid"].as_i64().as_ref()
+        })
+        .count();
+    assert!(
+        right * 100 >= REQUESTS * 95,
+        "{right} of {REQUESTS} on their worker after the correction:\n{stderr}"
+    );
+}
+
+/// `analysis/placements.json`'s records by span id.
+fn placements_by_span(run: &Path) -> HashMap<String, Value> {
+    let doc: Value = serde_json::from_slice(
+        &std::fs::read(run.join("analysis/placements.json")).expect("placements.json"),
+    )
+    .expect("placements.json is JSON");
+    doc["placements"]
+        .as_array()
+        .expect("placements")
+        .iter()
+        .map(|p| (p["span_id"].as_str().unwrap().to_string(), p.clone()))
+        .collect()
+}

@@ -7,11 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
+use common::ui::{get, json, serve, Server};
 use common::{deepspan, kernel_or_skip};
 use serde_json::Value;
 
@@ -62,96 +61,6 @@ fn record_lock_case(dir: &Path) -> (PathBuf, Value) {
     );
     let ids = serde_json::from_slice(&std::fs::read(out.join("ids.json")).unwrap()).unwrap();
     (run, ids)
-}
-
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(run: &Path) -> Server {
-    let mut child = deepspan()
-        .arg("ui")
-        .arg(run)
-        .args(["--port", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start deepspan ui");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("read the URL");
-    let addr = line
-        .trim()
-        .strip_prefix("http://")
-        .and_then(|s| s.strip_suffix('/'))
-        .unwrap_or_else(|| panic!("deepspan ui printed {line:?}, not its URL"))
-        .to_string();
-    assert!(
-        addr.starts_with("127.0.0.1:"),
-        "serves {addr}, not on 127.0.0.1 by default"
-    );
-    Server { child, addr }
-}
-
-/// A raw GET: the path goes on the wire exactly as given.
-fn get(s: &Server, path: &str) -> (u16, String) {
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        s.addr
-    )
-    .unwrap();
-    let mut buf = Vec::new();
-    c.read_to_end(&mut buf).unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status: u16 = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {text:?}"));
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    // Bodies are small here; undo chunked encoding if used.
-    let body = if text
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(&body)
-    } else {
-        body
-    };
-    (status, body)
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
-    out
-}
-
-fn json(s: &Server, path: &str) -> Value {
-    let (status, body) = get(s, path);
-    assert_eq!(status, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {body}"))
 }
 
 fn error(s: &Server, path: &str, want: u16) -> String {
@@ -369,7 +278,10 @@ fn api_on_a_recorded_run() {
     error(&s, "/api/requests/0123456789abcdef/profile", 404);
     // Recorded without --profile: no flame graph, and the answer says why.
     let body = error(&s, &format!("/api/requests/{holder}/profile"), 404);
-    assert!(body.contains("record it with `deepspan record --profile`"), "{body}");
+    assert!(
+        body.contains("record it with `deepspan record --profile`"),
+        "{body}"
+    );
     error(&s, "/api/no-such-endpoint", 404);
     error(&s, "/api/thread_states?tids=999999999", 404);
     error(&s, "/no-such-page.html", 404);
@@ -481,6 +393,9 @@ fn api_on_a_recorded_run() {
     assert_eq!(json(&s, "/api/requests?anomalous=false")["total"], 1);
     let w = json(&s, &format!("/api/requests/{waiter}"));
     assert_eq!(w["diagnosis"]["cause"], "lock_contention");
+    // Placed by the SDK: no inferred placement to show.
+    assert_eq!(w["request"]["sync"], "exact", "{w}");
+    assert!(w["placement"].is_null(), "{w}");
 }
 
 #[test]

@@ -256,7 +256,7 @@ pub fn analyze_run(
             s.sync = Default::default();
         }
     }
-    let clock = match ClockMap::from_manifest(run) {
+    let mut clock = match ClockMap::from_manifest(run) {
         Ok(c) => Some(c),
         Err(e) => {
             if !spans.is_empty() {
@@ -330,9 +330,34 @@ pub fn analyze_run(
             .zip(&span_inputs)
             .map(|(s, i)| inputs::placement_span(s, i))
             .collect();
-        let placements = infer_placements(&model, arch, &placing, &processes);
-        if let Some(b) = clock_offset_bound(&model, arch, &placing, &placements) {
-            notes.push(placements::offset_note(&b));
+        let mut placements = infer_placements(&model, arch, &placing, &processes);
+        let bound = clock_offset_bound(&model, arch, &placing, &placements);
+        if let Some(b) = &bound {
+            notes.push(placements::offset_note(b));
+        }
+        // A mapping the trace says is off is corrected by it, and the spans
+        // placed again with their corrected times.
+        let correction = bound.as_ref().and_then(placements::offset_correction);
+        if let (Some(delta), Some(map)) = (correction, clock.as_ref()) {
+            let corrected = map.corrected(delta);
+            span_inputs = spans
+                .iter()
+                .map(|s| inputs::span_input(s, &index, Some(&corrected), opts))
+                .collect();
+            let placing: Vec<PlacementSpan> = spans
+                .iter()
+                .zip(&span_inputs)
+                .map(|(s, i)| inputs::placement_span(s, i))
+                .collect();
+            placements = infer_placements(&model, arch, &placing, &processes);
+            notes.push(format!(
+                "clock mapping corrected by {:+.1} µs from the requests placed on threads; spans placed again",
+                delta as f64 / 1e3
+            ));
+            if let Some(b) = clock_offset_bound(&model, arch, &placing, &placements) {
+                notes.push(format!("after the correction: {}", placements::offset_note(&b)));
+            }
+            clock = Some(corrected);
         }
         for (input, p) in span_inputs.iter_mut().zip(&placements) {
             let Some(p) = p else { continue };

@@ -10,6 +10,22 @@ use deepspan_store::RequestRecord;
 
 use crate::Error;
 
+/// Fewest requests placed on threads whose runs must bound the clock
+/// mapping's offset before it is corrected by them.
+const MIN_REQUESTS_TO_CORRECT: usize = 8;
+
+/// The correction to apply to the clock mapping, in ns, when the requests
+/// placed on threads say it is off: at least [`MIN_REQUESTS_TO_CORRECT`]
+/// of them, two thirds agreeing, on a range of corrections without 0. The
+/// middle of that range: the true correction is inside it, so the middle
+/// is off by at most half its width.
+pub(crate) fn offset_correction(b: &OffsetBound) -> Option<i64> {
+    if b.of < MIN_REQUESTS_TO_CORRECT || b.agreeing * 3 < b.of * 2 {
+        return None;
+    }
+    (b.lower_ns > 0 || b.upper_ns < 0).then(|| b.lower_ns + (b.upper_ns - b.lower_ns) / 2)
+}
+
 /// What the requests placed on threads say of the clock mapping.
 pub(crate) fn offset_note(b: &OffsetBound) -> String {
     let us = |ns: i64| ns as f64 / 1e3;
@@ -23,7 +39,7 @@ pub(crate) fn offset_note(b: &OffsetBound) -> String {
         };
         format!(
             "the mapped span times are off by at least {:.1} µs",
-            us(off)
+            us(off.abs())
         )
     };
     format!(
@@ -131,5 +147,46 @@ pub(crate) fn sync_notes(
         notes.push(format!(
             "{none} request(s) carry no OS thread (no deepspan fields; sync: none) and have no kernel path{hint}"
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bound(lower_ns: i64, upper_ns: i64, agreeing: usize, of: usize) -> OffsetBound {
+        OffsetBound {
+            lower_ns,
+            upper_ns,
+            agreeing,
+            of,
+        }
+    }
+
+    #[test]
+    fn the_mapping_is_corrected_only_when_most_placed_requests_exclude_zero() {
+        // Consistent with the mapping: nothing to correct.
+        assert_eq!(offset_correction(&bound(-3_000, 15_000, 80, 80)), None);
+        // Off, agreed by most: the middle of the range.
+        assert_eq!(
+            offset_correction(&bound(36_000, 57_000, 71, 80)),
+            Some(46_500)
+        );
+        assert_eq!(
+            offset_correction(&bound(-64_000, -42_000, 63, 70)),
+            Some(-53_000)
+        );
+        // Too few requests, or too few agreeing.
+        assert_eq!(offset_correction(&bound(36_000, 57_000, 5, 5)), None);
+        assert_eq!(offset_correction(&bound(36_000, 57_000, 40, 80)), None);
+    }
+
+    #[test]
+    fn a_corrected_map_moves_every_mapped_time() {
+        let map = ClockMap::new(&[(1_000_000, 500), (2_000_000, 1_000_500)]).unwrap();
+        let moved = map.corrected(-250);
+        for wall in [1_200_000, 1_500_000, 2_100_000] {
+            assert_eq!(moved.wall_to_mono(wall), map.wall_to_mono(wall) - 250);
+        }
     }
 }

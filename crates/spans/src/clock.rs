@@ -148,6 +148,17 @@ impl ClockMap {
         (self.samples[0].0, self.samples[self.samples.len() - 1].0)
     }
 
+    /// The same mapping with `delta_ns` added to every mapped time: the
+    /// correction that the kernel trace itself measured (spans placed on
+    /// threads must start and end while their thread runs).
+    pub fn corrected(&self, delta_ns: i64) -> ClockMap {
+        let mut map = self.clone();
+        for s in &mut map.samples {
+            s.1 = (s.1 as i128 + delta_ns as i128).max(0) as u64;
+        }
+        map
+    }
+
     /// Maps a wall-clock time (ns since the epoch) to CLOCK_MONOTONIC ns.
     pub fn wall_to_mono(&self, wall_ns: u64) -> u64 {
         let s = &self.samples;

@@ -386,6 +386,9 @@ pub async fn request(
     summary.sort_by_key(|v| std::cmp::Reverse(v["ns"].as_i64()));
     Ok(Json(json!({
         "request": r,
+        // How a span without deepspan fields was placed, and why (null when
+        // the SDK placed it, or nothing did).
+        "placement": d.placements.get(&span).cloned().unwrap_or(Value::Null),
         "diagnosis": r.get("diagnosis").cloned().unwrap_or(Value::Null),
         "summary": summary,
         "syscalls": d.syscalls.get(&span).map(|v| v.iter().map(|(s, ns)| json!({"syscall": s, "ns": ns})).collect::<Vec<_>>()),

@@ -222,6 +222,10 @@ pub struct RunData {
     pub intervals: usize,
     /// First and last instant of the kernel data.
     pub range: (i64, i64),
+    /// Request span id → how it was placed without deepspan fields (its
+    /// `analysis/placements.json` record: sync, pid, tid, confidence,
+    /// evidence); empty when every span was placed by the SDK.
+    pub placements: HashMap<String, Value>,
 }
 
 fn get<'a>(row: &'a [(String, Cell)], name: &str) -> &'a Cell {
@@ -272,6 +276,8 @@ impl RunData {
     /// Loads the analysis of `dir`.
     pub fn load(dir: RunDir) -> Result<RunData, DataError> {
         let json_path = dir.analysis("requests.json")?;
+        // Written by analyses that placed spans from the kernel trace only.
+        let placements_path = dir.analysis("placements.json").ok();
         let requests_json: Value =
             serde_json::from_slice(&std::fs::read(&json_path).map_err(|e| {
                 DataError::Missing(format!("cannot read {}: {e}", json_path.display()))
@@ -465,6 +471,7 @@ impl RunData {
             syscalls,
             intervals,
             range,
+            placements: load_placements(&placements_path)?,
         })
     }
 
@@ -480,6 +487,25 @@ impl RunData {
             .map(Vec::as_slice)
             .unwrap_or(&[])
     }
+}
+
+/// The records of `placements.json` by span id (none without the file).
+fn load_placements(path: &Option<PathBuf>) -> Result<HashMap<String, Value>, DataError> {
+    let Some(path) = path else {
+        return Ok(HashMap::new());
+    };
+    let bad = |e: String| DataError::Bad(format!("{}: {e}", path.display()));
+    let doc: Value = serde_json::from_slice(
+        &std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?,
+    )
+    .map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let records = doc["placements"]
+        .as_array()
+        .ok_or_else(|| bad("no \"placements\" list".into()))?;
+    Ok(records
+        .iter()
+        .filter_map(|r| Some((r["span_id"].as_str()?.to_string(), r.clone())))
+        .collect())
 }
 
 /// The table tells apart pieces that differ only in which span of the

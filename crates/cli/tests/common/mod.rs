@@ -1,6 +1,8 @@
 //! Shared test plumbing: the binaries under test and the kernel-test gate.
 #![allow(dead_code)]
 
+pub mod ui;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;

@@ -2,11 +2,14 @@
 the placement test records it and checks that `deepspan analyze` finds the
 thread that served each request from the kernel trace alone.
 
-    stock_server.py OUT [REQUESTS] [CLIENTS] [threads|asyncio]
+    stock_server.py OUT [REQUESTS] [CLIENTS] [threads|asyncio|waitress]
 
 Serves on 127.0.0.1 (`threads`: ThreadingHTTPServer, a thread per
 connection; `asyncio`: one event loop thread serving all connections,
-requests interleaved), one server span per request, exported over OTLP/HTTP to
+requests interleaved; `waitress`: the waitress WSGI server, whose main
+thread accepts and reads each request and hands it through a queue to one
+of its worker threads, which runs the application), one server span per
+request, exported over OTLP/HTTP to
 OTEL_EXPORTER_OTLP_ENDPOINT (what `deepspan record` gives its command).
 A client process sends REQUESTS requests from CLIENTS threads. The oracle,
 OUT/served.jsonl, is written by the server itself: each request's span id
@@ -75,6 +78,42 @@ def serve_asyncio(tracer, served, requests, clients):
     return asyncio.run(run())
 
 
+def serve_waitress(provider, served, requests, clients):
+    """waitress with 4 worker threads; the span is the stock WSGI
+    instrumentation's (opentelemetry-instrumentation-wsgi), made on the
+    worker thread that runs the application. Returns the client's exit code."""
+    import logging
+
+    import waitress
+
+    # "Task queue depth is N" warnings: the queue is the point here.
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+    from opentelemetry.instrumentation.wsgi import OpenTelemetryMiddleware
+
+    lock = threading.Lock()
+
+    def app(environ, start_response):
+        digest = hashlib.sha256(b"x" * 200_000).hexdigest()
+        time.sleep(0.002)
+        body = json.dumps({"digest": digest, "n": sum(range(20_000))}).encode()
+        ctx = trace.get_current_span().get_span_context()
+        with lock:
+            served.append({"span_id": format(ctx.span_id, "016x"), "tid": threading.get_native_id(), "pid": os.getpid()})
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    server = waitress.create_server(
+        OpenTelemetryMiddleware(app, tracer_provider=provider), host="127.0.0.1", port=0, threads=4
+    )
+    port = server.socket.getsockname()[1]
+    loop = threading.Thread(target=server.run, daemon=True)
+    loop.start()
+    client = subprocess.run([sys.executable, "-c", CLIENT, str(port), str(requests), str(clients)], timeout=120)
+    # Every request was answered; waitress has no clean stop from another
+    # thread, so the caller exits the process once the spans are out.
+    return client.returncode
+
+
 def main():
     out = sys.argv[1]
     requests = int(sys.argv[2]) if len(sys.argv) > 2 else 80
@@ -85,6 +124,13 @@ def main():
     tracer = provider.get_tracer("stock-server")
     served = []
     lock = threading.Lock()
+    if mode == "waitress":
+        code = serve_waitress(provider, served, requests, clients)
+        provider.force_flush(10_000)
+        provider.shutdown()
+        write_served(out, served)
+        sys.stdout.flush()
+        os._exit(code)
     if mode == "asyncio":
         code = serve_asyncio(tracer, served, requests, clients)
         provider.force_flush(10_000)
