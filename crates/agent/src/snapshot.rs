@@ -551,6 +551,14 @@ struct Analyst {
 
 impl Analyst {
     fn run(self, captured: Receiver<Captured>) {
+        // The analysis is the agent's one large piece of work: at the
+        // lowest priority (the threads it starts inherit it), so that on a
+        // busy host it takes only what the applications leave. A diagnosis
+        // then comes later, never at their expense (the held span goes on
+        // pending after --hold-ms).
+        // SAFETY: gettid has no preconditions; setpriority with a thread id
+        // changes that thread only (Linux keeps nice values per thread).
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
         for c in captured {
             if self.stopping.load(Ordering::Relaxed) {
                 let _ = fs::remove_dir_all(&c.partial);
