@@ -650,7 +650,7 @@ impl Agent {
             released_pending: c.released_pending.get(),
             sent_skipped: c.sent_skipped.get(),
             held: lock(&self.shared.held).len(),
-            rss_bytes: rss_bytes(),
+            rss_bytes: crate::metrics::resident_bytes().unwrap_or(0),
             summary: self.shared.metrics.summary_line(),
         }
     }
@@ -687,18 +687,6 @@ impl Agent {
     }
 }
 
-/// Resident set size of this process.
-pub fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * page.max(0) as u64
-}
 
 #[cfg(test)]
 mod tests {

@@ -23,7 +23,7 @@ pub mod metrics;
 pub mod snapshot;
 pub mod spans;
 
-pub use agent::{attr, rss_bytes, Agent, AgentConfig, AgentStats};
+pub use agent::{attr, Agent, AgentConfig, AgentStats};
 pub use detect::DetectorConfig;
 pub use deepspan_record::FlightOptions;
 pub use forward::ForwardConfig;
