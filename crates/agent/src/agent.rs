@@ -425,7 +425,7 @@ impl RequestSink for AgentSink {
                 let mut held = lock(&self.shared.held);
                 if held.len() < self.shared.max_held {
                     let deadline = Instant::now() + self.shared.hold;
-                    held.insert(
+                    let replaced = held.insert(
                         key(&span),
                         Held {
                             span,
@@ -433,6 +433,12 @@ impl RequestSink for AgentSink {
                             deadline,
                         },
                     );
+                    drop(held);
+                    // The same span sent twice (an exporter's retry): the
+                    // first copy goes on now, never lost.
+                    if let Some(first) = replaced {
+                        self.shared.release(first);
+                    }
                 } else {
                     drop(held);
                     self.shared.release(Held {
