@@ -8,11 +8,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
+use common::ui::{get, serve, Server};
 use common::{deepspan, kernel_or_skip, workload};
 use serde_json::{json, Value};
 
@@ -52,54 +51,6 @@ fn record_snapshot(folder: &Path) -> Value {
     std::fs::remove_file(&spans).unwrap();
     ok(deepspan().arg("analyze").arg(folder));
     told
-}
-
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(dir: &Path) -> Server {
-    let mut child = deepspan()
-        .arg("ui")
-        .arg(dir)
-        .args(["--port", "0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start deepspan ui");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("read the URL");
-    let addr = line
-        .trim()
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
-    Server { child, addr }
-}
-
-/// A raw HTTP/1.0 GET (the body ends with the connection): the path goes
-/// on the wire as given.
-fn get(s: &Server, path: &str) -> (u16, String) {
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    write!(c, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", s.addr).unwrap();
-    let mut text = String::new();
-    c.read_to_string(&mut text).unwrap();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {text:?}"));
-    let body = text.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
-    (status, body)
 }
 
 fn get_json(s: &Server, path: &str) -> (u16, Value) {
