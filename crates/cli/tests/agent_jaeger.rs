@@ -289,13 +289,21 @@ fn run_shop(scenario: &str, out: &Path, otlp_http: u16) {
     check(&format!("demo/driver.py {scenario}"), output);
 }
 
+/// An anomalous target span's diagnosis as Jaeger shows it.
+struct Diagnosed {
+    cause: String,
+    headline: String,
+    snapshot: String,
+    span_id: String,
+    /// Its time over its baseline.
+    excess_us: i64,
+}
+
 /// What one scenario showed in Jaeger.
 struct Seen {
     /// Cause of each anomalous target span in the window (on the span, or
     /// on its late `deepspan.diagnosis` child), with its snapshot and span id.
-    diagnosed: Vec<(String, String, String)>,
-    /// Time over its baseline of each diagnosed span, in the same order.
-    excess_us: Vec<i64>,
+    diagnosed: Vec<Diagnosed>,
     anomalous: usize,
     normal: usize,
 }
@@ -318,7 +326,6 @@ fn look_in_jaeger(jaeger: &Jaeger, expected: &Value) -> Seen {
         wall_us(w1) + 30_000_000,
     );
     let mut seen = Seen {
-        excess_us: Vec::new(),
         diagnosed: Vec::new(),
         anomalous: 0,
         normal: 0,
@@ -386,9 +393,17 @@ fn look_in_jaeger(jaeger: &Jaeger, expected: &Value) -> Seen {
                 let evidence: Value =
                     serde_json::from_str(tag(c, "deepspan.evidence").as_str().unwrap()).unwrap();
                 assert!(evidence.is_object(), "{c}");
-                seen.diagnosed.push((cause, snapshot, span_id));
                 let baseline_us = tag(s, "deepspan.baseline_ns").as_i64().unwrap() / 1000;
-                seen.excess_us.push((end - start) as i64 - baseline_us);
+                seen.diagnosed.push(Diagnosed {
+                    cause,
+                    headline: tag(c, "deepspan.headline")
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    snapshot,
+                    span_id,
+                    excess_us: (end - start) as i64 - baseline_us,
+                });
             }
         }
     }
@@ -441,6 +456,57 @@ fn dcpt_culprits(out: &Path, expected: &Value, through: &str) -> BTreeMap<String
         }
     }
     named
+}
+
+/// A wrong diagnosis explained from its snapshot: the span's headline, the
+/// snapshot's window against the span's time, what the analysis noted (lost
+/// events, missing switches, hidden interrupts) and the request's critical
+/// path as `deepspan report` prints it. Without these a failure in CI
+/// cannot be told from a flaw of the analysis.
+fn misdiagnosis(snapshots: &Path, d: &Diagnosed) -> String {
+    let run = snapshots.join(&d.snapshot);
+    let snapshot = std::fs::read(run.join("snapshot.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .unwrap_or_default();
+    let requests = std::fs::read(run.join("analysis/requests.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .unwrap_or_default();
+    let request = requests["requests"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["span_id"] == d.span_id.as_str()))
+        .map(|r| {
+            let mut r = r.clone();
+            if let Some(o) = r.as_object_mut() {
+                o.retain(|_, v| !v.is_array() && !v.is_object());
+            }
+            r
+        })
+        .unwrap_or_default();
+    let report = deepspan()
+        .arg("report")
+        .arg(&run)
+        .args(["--request", &d.span_id])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .take(40)
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default();
+    format!(
+        "  span {} ({} µs over baseline): {} \"{}\"; snapshot {} window {} ; request {request}; notes {}\n{report}",
+        d.span_id,
+        d.excess_us,
+        d.cause,
+        d.headline,
+        d.snapshot,
+        snapshot["window_mono_ns"],
+        requests["notes"],
+    )
 }
 
 /// What the agent is told `deepspan ui SNAPSHOTS` serves at.
@@ -512,9 +578,9 @@ fn the_demo_faults_reach_jaeger_diagnosed_by_the_agent() {
         // that only met the machine's load, for milliseconds).
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
         let mut excess: BTreeMap<&str, i64> = BTreeMap::new();
-        for ((c, _, _), e) in seen.diagnosed.iter().zip(&seen.excess_us) {
-            *counts.entry(c).or_default() += 1;
-            *excess.entry(c).or_default() += e;
+        for d in &seen.diagnosed {
+            *counts.entry(&d.cause).or_default() += 1;
+            *excess.entry(&d.cause).or_default() += d.excess_us;
         }
         let dominant = excess.iter().max_by_key(|(_, e)| **e).map(|(c, _)| *c);
         let exit_line = log.lines().last().unwrap_or_default();
@@ -525,8 +591,15 @@ fn the_demo_faults_reach_jaeger_diagnosed_by_the_agent() {
             seen.normal
         );
         if dominant != Some(cause) {
+            let why: Vec<String> = seen
+                .diagnosed
+                .iter()
+                .filter(|d| d.cause != cause)
+                .map(|d| misdiagnosis(&snapshots, d))
+                .collect();
             problems.push(format!(
-                "{scenario}: expected {cause}, the anomalous spans say {counts:?} (µs over baseline: {excess:?})\n{log}"
+                "{scenario}: expected {cause}, the anomalous spans say {counts:?} (µs over baseline: {excess:?})\n{}\n{log}",
+                why.join("\n")
             ));
             continue;
         }
@@ -551,7 +624,9 @@ fn the_demo_faults_reach_jaeger_diagnosed_by_the_agent() {
             ));
         }
         // A snapshot that `deepspan report` opens, naming the same cause.
-        let (_, snapshot, span_id) = seen.diagnosed.iter().find(|(c, _, _)| c == cause).unwrap();
+        let Diagnosed {
+            snapshot, span_id, ..
+        } = seen.diagnosed.iter().find(|d| d.cause == cause).unwrap();
         let run = snapshots.join(snapshot);
         let out = check(
             "deepspan report",
