@@ -524,7 +524,17 @@ pub struct StateBuilder {
     recorder_tids: Vec<Tid>,
     /// Names syscall numbers for traces without syscall names.
     arch: Arch,
+    /// Packets queued on the loopback device and not yet received, by skb
+    /// address: (the thread that queued it, when).
+    loopback_in_flight: FastMap<u64, (Tid, u64)>,
 }
+
+/// A loopback packet is received within microseconds of being queued; an
+/// skb address not received for this long was reused or its reception lost.
+const LOOPBACK_IN_FLIGHT_NS: u64 = 1_000_000_000;
+
+/// Packets in flight on `lo` kept at most (stale ones are dropped first).
+const MAX_LOOPBACK_IN_FLIGHT: usize = 1 << 16;
 
 /// Where network messages leave and arrive in the execution graph, by
 /// message key, for joining the graphs of several hosts
@@ -598,6 +608,11 @@ struct Frame {
     packet: bool,
     /// A packet of the loopback device was received in this frame.
     loopback: bool,
+    /// The thread that queued the last loopback packet received in this
+    /// frame, matched by skb address: the frame's wake-ups deliver its
+    /// data, whatever thread the softirq runs on (the sender's own,
+    /// ksoftirqd's, or one whose events were filtered out).
+    loopback_from: Option<Tid>,
     /// The key of the last message received in this frame.
     message: Option<u64>,
 }
@@ -727,6 +742,7 @@ impl StateBuilder {
             packets: NetworkEnds::default(),
             recorder_tids: Vec::new(),
             arch: Arch::default(),
+            loopback_in_flight: FastMap::default(),
         }
     }
 
@@ -963,19 +979,42 @@ impl StateBuilder {
                 }
             }
             EventKind::NetifReceiveSkb(p) => {
+                let from = match &*p.dev {
+                    "lo" => self
+                        .loopback_in_flight
+                        .remove(&p.skbaddr)
+                        .filter(|&(_, queued)| ts.saturating_sub(queued) <= LOOPBACK_IN_FLIGHT_NS)
+                        .map(|(sender, _)| sender),
+                    _ => None,
+                };
                 let c = self.cpu_mut(cpu);
                 match c.stack.last_mut() {
                     Some(f) => {
                         f.packet = true;
-                        f.loopback |= &*p.dev == "lo";
+                        if &*p.dev == "lo" {
+                            f.loopback = true;
+                            f.loopback_from = from;
+                        }
                     }
                     None => c.thread_packet = true,
                 }
             }
             EventKind::NetDevQueue(p) if &*p.dev == "lo" => {
                 let c = self.cpu_mut(cpu);
-                if c.stack.is_empty() {
-                    c.loopback_sender = c.current.filter(|&t| t > 0);
+                if !c.stack.is_empty() {
+                    return;
+                }
+                let sender = c.current.filter(|&t| t > 0);
+                c.loopback_sender = sender;
+                if let Some(sender) = sender {
+                    if self.loopback_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
+                        let oldest = ts.saturating_sub(LOOPBACK_IN_FLIGHT_NS);
+                        self.loopback_in_flight.retain(|_, &mut (_, queued)| queued >= oldest);
+                        if self.loopback_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
+                            self.loopback_in_flight.clear();
+                        }
+                    }
+                    self.loopback_in_flight.insert(p.skbaddr, (sender, ts));
                 }
             }
             _ => {}
@@ -1435,19 +1474,16 @@ impl StateBuilder {
         c.loopback_sender = None;
     }
 
-    /// The thread whose loopback packet wakes a thread from `cpu` now: a
-    /// NET_RX softirq that interrupted that very thread, right after it
-    /// queued packets on `lo`, and received a loopback packet.
+    /// The thread whose loopback packet wakes a thread from `cpu` now: in
+    /// a NET_RX softirq that received a loopback packet, the thread that
+    /// queued that packet (matched by skb address), else the thread the
+    /// softirq interrupted right after it queued packets on `lo`.
     fn loopback_sender(&self, cpu: u32) -> Option<Tid> {
         let c = self.cpus.get(cpu as usize)?;
-        let sender = c.loopback_sender?;
         match c.stack.as_slice() {
-            [f] if f.kind == Interrupt::Softirq(softirq::NET_RX)
-                && f.loopback
-                && c.current == Some(sender) =>
-            {
-                Some(sender)
-            }
+            [f] if f.kind == Interrupt::Softirq(softirq::NET_RX) && f.loopback => f
+                .loopback_from
+                .or(c.loopback_sender.filter(|&sender| c.current == Some(sender))),
             _ => None,
         }
     }
@@ -1684,6 +1720,7 @@ impl StateBuilder {
             block: false,
             packet: false,
             loopback: false,
+            loopback_from: None,
             message: None,
         });
     }

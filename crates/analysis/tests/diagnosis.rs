@@ -582,6 +582,54 @@ fn row_lock_scenario(loopback: bool, timeout: bool) -> (KernelModel, Vec<SpanInp
 
 const ROW_LOCK_PIDS: &[(Tid, Tid)] = &[(1, 1), (2, 1), (10, 10), (11, 11)];
 
+/// Thread 10 sends to thread 1 over `lo` at 20, but the NET_RX softirq
+/// that delivers the packet runs at 30 in ksoftirqd (thread 99), as under
+/// load (or in a thread whose events a recorder filtered out): the packet
+/// is matched by its skb address to the thread that queued it. A packet
+/// whose queueing the trace lacks stays a plain network wake-up.
+#[test]
+fn a_loopback_packet_delivered_by_ksoftirqd_is_from_the_thread_that_queued_it() {
+    for (queued_skb, received_skb, waker) in [
+        (0xaa00, 0xaa00, BlockReason::Loopback(10)),
+        (0xaa00, 0xbb00, BlockReason::Network),
+    ] {
+        let packet = |skbaddr| Packet {
+            skbaddr,
+            len: 100,
+            dev: "lo".into(),
+        };
+        let mut s = Script::default();
+        s.switch(1, 1, 0, 0, 1)
+            .enter(2, 1, RECVFROM, 7)
+            .switch(3, 1, 1, 1, 0)
+            .switch(10, 0, 0, 0, 10)
+            .ev(20, 0, 10, EventKind::NetDevQueue(packet(queued_skb)))
+            .switch(25, 0, 10, 0, 99)
+            .ev(
+                30,
+                0,
+                99,
+                EventKind::SoftirqEntry {
+                    vec: softirq::NET_RX,
+                },
+            )
+            .ev(30, 0, 99, EventKind::NetifReceiveSkb(packet(received_skb)))
+            .waking(31, 0, 1)
+            .ev(
+                32,
+                0,
+                99,
+                EventKind::SoftirqExit {
+                    vec: softirq::NET_RX,
+                },
+            )
+            .switch(33, 0, 99, 1, 10);
+        let model = s.model();
+        let state = model.thread(1).unwrap().state_at(15).unwrap().state;
+        assert_eq!(state, ThreadState::Blocked(waker), "skb {received_skb:#x}");
+    }
+}
+
 #[test]
 fn a_backend_holding_a_row_lock_for_another_request_blames_that_request() {
     for (loopback, timeout) in [(false, false), (true, false), (false, true), (true, true)] {
