@@ -555,8 +555,6 @@ impl Agent {
                 .map_err(crate::Error::Threads)?
         };
 
-        // Started after the agent's threads exist, so that they are left
-        // out of the trace (the worker's own comes later and stays in).
         let flight = match FlightRecorder::start(config.flight.clone()) {
             Ok(flight) => flight,
             Err(e) => {
@@ -692,7 +690,6 @@ impl Agent {
         stats
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -134,7 +134,6 @@ pub struct FlightRecorder {
     tasks: Tasks,
     options: FlightOptions,
     clock_samples: VecDeque<[u64; 2]>,
-    recorder_tids: Vec<i32>,
     warnings: Vec<String>,
 }
 
@@ -142,10 +141,14 @@ pub struct FlightRecorder {
 const MAX_CLOCK_SAMPLES: usize = 3600;
 
 impl FlightRecorder {
-    /// Creates the instance and starts tracing. The threads this process
-    /// has now are left out of the trace (start it after the agent's
-    /// threads exist): their reads of the buffer would only trace
-    /// themselves.
+    /// Creates the instance and starts tracing. Every thread is traced,
+    /// this process's too: ftrace's pid filter would also drop the
+    /// interrupts that run while a left-out thread is current, and the
+    /// wake-ups in them would lose their cause. The agent's threads are
+    /// busy (the reader of these buffers, the forwarder's and receiver's
+    /// loopback traffic), so under a filter an application thread woken by
+    /// its disk or its network while one of them ran would read as woken
+    /// by nothing; traced, they cost a few events per batch of spans.
     pub fn start(options: FlightOptions) -> Result<FlightRecorder, Error> {
         if options.buffer_kb_per_cpu == 0 || options.history_kb_per_cpu == 0 {
             return Err(Error::InvalidOptions(
@@ -157,7 +160,7 @@ impl FlightRecorder {
             EventSelection::Spec(spec) => resolve_events(spec, &tracefs)?,
             EventSelection::Events(events) => events.clone(),
         };
-        let (instance, mut warnings) = create_instance(&tracefs, options.buffer_kb_per_cpu, &events)?;
+        let (instance, warnings) = create_instance(&tracefs, options.buffer_kb_per_cpu, &events)?;
         let cpu_count = instance_cpus(&instance.path(""))?;
         let page_size = instance_page_size(&instance);
         let meta = static_meta(&tracefs, &events, page_size)?;
@@ -171,15 +174,6 @@ impl FlightRecorder {
             };
             raw_files.push(raw);
         }
-        let recorder_tids = own_threads();
-        let list: Vec<String> = recorder_tids.iter().map(i32::to_string).collect();
-        let recorder_tids = match instance.write("set_event_notrace_pid", &list.join(" ")) {
-            Ok(()) => recorder_tids,
-            Err(e) => {
-                warnings.push(format!("the agent's own events are not filtered out: {e}"));
-                Vec::new()
-            }
-        };
         let mut tasks = Tasks::default();
         tasks.scan_proc();
         let start = clock_point();
@@ -197,7 +191,6 @@ impl FlightRecorder {
             tasks,
             options,
             clock_samples: VecDeque::from([[start.realtime_ns, start.mono_ns]]),
-            recorder_tids,
             warnings,
         })
     }
@@ -372,7 +365,8 @@ impl FlightRecorder {
             tgids: Some("kernel/saved_tgids".into()),
             processes: Some(PROCESS_SCAN.into()),
             warnings: self.warnings.clone(),
-            recorder_tids: self.recorder_tids.clone(),
+            // Every thread is traced (see `start`).
+            recorder_tids: Vec::new(),
             profile: None,
         }
     }
@@ -387,13 +381,6 @@ impl FlightRecorder {
 }
 
 /// The thread ids of this process now.
-fn own_threads() -> Vec<i32> {
-    let mut tids: Vec<i32> = fs::read_dir("/proc/self/task")
-        .map(|dir| dir.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default();
-    tids.sort_unstable();
-    tids
-}
 
 #[cfg(test)]
 mod tests {
