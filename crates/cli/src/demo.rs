@@ -378,7 +378,12 @@ fn print_verdict(v: &Verdict, elapsed: Duration) {
             80
         )
     );
-    if let Some(r) = &v.root {
+    if let Some(r) = v.root.as_ref().filter(|r| r.anomalous == 0) {
+        println!(
+            "  root cause on {}: not felt (none of its {} requests in the window anomalous)",
+            r.requests_of, r.requests
+        );
+    } else if let Some(r) = &v.root {
         // Where the fault is felt: the root cause against the proximate.
         println!(
             "{}",

@@ -310,6 +310,18 @@ fn a_wrong_root_cause_where_the_fault_is_felt_fails_the_scenario() {
 }
 
 #[test]
+fn a_fault_not_felt_where_expected_has_no_root_cause_to_judge() {
+    let mut extra = media_ok();
+    // A front request in the window, as fast as usual.
+    extra.push(front(11, 6_000_000, "running", "running", None));
+    let v = check(&expected_felt(), &run(extra, true));
+    let root = v.root.as_ref().expect("a root verdict");
+    assert_eq!((root.requests, root.anomalous), (1, 0), "{root:?}");
+    assert!(root.ok && v.ok, "{v:?}");
+    assert!(root.found_root_cause.is_none());
+}
+
+#[test]
 fn analyses_without_root_causes_count_the_cause_as_root() {
     let mut extra = media_ok();
     let mut r = front(11, 900_000_000, "cpu_throttled", "x", None);
