@@ -121,8 +121,6 @@ pub(crate) struct Streams {
     bytes: Arc<Vec<AtomicU64>>,
     threads: Vec<(usize, JoinHandle<Result<(), Error>>)>,
     pub files: Vec<PathBuf>,
-    /// Kernel thread ids of the capture threads.
-    pub tids: Vec<i32>,
 }
 
 impl Streams {
@@ -132,8 +130,7 @@ impl Streams {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
         let bytes: Arc<Vec<AtomicU64>> = Arc::new((0..cpus).map(|_| AtomicU64::new(0)).collect());
-        let mut streams = Streams { stop, failed, bytes, threads: Vec::new(), files: Vec::new(), tids: Vec::new() };
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let mut streams = Streams { stop, failed, bytes, threads: Vec::new(), files: Vec::new() };
         for cpu in 0..cpus {
             let out = out_dir.join(format!("cpu{cpu}.raw"));
             let raw_path = instance_dir.join(format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
@@ -152,20 +149,12 @@ impl Streams {
                 failed: streams.failed.clone(),
                 bytes: streams.bytes.clone(),
             };
-            let tid_tx = tid_tx.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("deepspan-cpu{cpu}"))
-                .spawn(move || {
-                    let _ = tid_tx.send(sys::gettid());
-                    ctx.run()
-                })
+                .spawn(move || ctx.run())
                 .map_err(|e| Error::io("start a capture thread for", out_dir, e))?;
             streams.threads.push((cpu, handle));
         }
-        // Each clone lives as long as its thread: count the answers rather
-        // than wait for the channel to close.
-        drop(tid_tx);
-        streams.tids = (0..streams.threads.len()).filter_map(|_| tid_rx.recv().ok()).collect();
         Ok(streams)
     }
 

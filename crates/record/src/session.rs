@@ -167,8 +167,6 @@ struct Session {
     processes: ProcessScan,
     kernel_dir: PathBuf,
     warnings: Vec<String>,
-    /// Threads left out by `set_event_notrace_pid` (see `Manifest::recorder_tids`).
-    recorder_tids: Vec<i32>,
 }
 
 impl Session {
@@ -193,7 +191,6 @@ impl Session {
             processes,
             kernel_dir: run.join("kernel"),
             warnings,
-            recorder_tids: Vec::new(),
         })
     }
 
@@ -459,7 +456,8 @@ impl Session {
             tgids: None,
             processes: None,
             warnings: Vec::new(),
-            recorder_tids: self.recorder_tids.clone(),
+            // Every thread is traced (see `filter_pids`).
+            recorder_tids: Vec::new(),
             profile: None,
         }
     }
@@ -477,30 +475,22 @@ impl Session {
         Journal::create(run, owner, manifest.clone(), &self.meta, &self.tasks.lines(), &mut self.warnings)
     }
 
-    /// Sets the pid filters. With `pids`, only those processes and their
+    /// Sets the pid filter: with `pids`, only those processes and their
     /// children are traced; set as late as possible, since a child forked
     /// between this and tracing_on is followed but its fork is not in the
-    /// trace. System-wide, the recorder's own threads are left out: their
-    /// system calls would only be noise (data begetting data), while
-    /// context switches to and from them are still recorded (the kernel
-    /// keeps a sched_switch when either side is traced), so the CPU time
-    /// they take stays visible.
+    /// trace. System-wide, every thread is traced, the recorder's too:
+    /// ftrace's pid filter would also drop the interrupts that run while a
+    /// left-out thread is current, and the splice threads are busy, so the
+    /// wake-ups in those interrupts would lose their cause (a waiter whose
+    /// timed futex expired there read as woken by nothing). Their own
+    /// system calls add about two events per page they move.
     fn filter_pids(&mut self, opts: &RecordOptions) -> Result<(), Error> {
-        if !opts.pids.is_empty() {
-            let pids: Vec<String> = opts.pids.iter().map(i32::to_string).collect();
-            self.instance.write("set_event_pid", &pids.join(" "))?;
-            return self.instance.write("options/event-fork", "1");
+        if opts.pids.is_empty() {
+            return Ok(());
         }
-        let mut tids = vec![sys::gettid()];
-        if let Some(streams) = &self.streams {
-            tids.extend(&streams.tids);
-        }
-        let list: Vec<String> = tids.iter().map(i32::to_string).collect();
-        match self.instance.write("set_event_notrace_pid", &list.join(" ")) {
-            Ok(()) => self.recorder_tids = tids,
-            Err(e) => self.warnings.push(format!("the recorder's own events are not filtered out: {e}")),
-        }
-        Ok(())
+        let pids: Vec<String> = opts.pids.iter().map(i32::to_string).collect();
+        self.instance.write("set_event_pid", &pids.join(" "))?;
+        self.instance.write("options/event-fork", "1")
     }
 
     fn raw_files(&self) -> Vec<PathBuf> {

@@ -139,9 +139,3 @@ pub fn system_page_size() -> usize {
         4096
     }
 }
-
-/// The kernel thread id of the calling thread.
-pub fn gettid() -> i32 {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
-}
