@@ -21,9 +21,8 @@
 //!    of the four is a distance in nanoseconds (the run distances weigh
 //!    [`RUN_WEIGHT`] times more: a span's times are taken while its thread
 //!    runs); the thread with the smallest sum wins. A thread that hands
-//!    many requests over, more than it seems to serve, is an acceptor and
-//!    serves none; a pool thread that took a queued request without a
-//!    wake-up has the acceptor's receive. A `thread.name`
+//!    many requests over is an acceptor and serves none; a pool thread that
+//!    took a queued request without a wake-up has the acceptor's receive. A `thread.name`
 //!    attribute must equal the thread's comm (cut to 15 bytes). Requests
 //!    take their threads surest first; one whose thread is taken by an
 //!    overlapping request takes the next credible thread of the same
@@ -611,28 +610,26 @@ fn name_processes_by_vote(spans: &[PlacementSpan], requests: &mut [(usize, Candi
 /// An acceptor (or event loop) that reads requests and hands each to a pool
 /// thread ran and received just before every one of them, so it fits them
 /// too — but it served none. A thread that handed over the best fit's
-/// request of at least [`MIN_HANDOFFS`] requests, and of more requests
-/// than it is the best fit of itself, is such a thread: it is no candidate
-/// for any request (its requests, if it ran some itself, go to the next
-/// credible thread, or to the process). A pool thread that mostly serves
-/// what it reads and now and then hands a request over (Jetty's threads
-/// take turns producing and consuming) is no acceptor. A pool thread that
+/// request of at least [`MIN_HANDOFFS`] requests is such a thread: it is
+/// no candidate for any request (its requests, if it ran some itself, go
+/// to the next credible thread, or to the process). A pool thread that
 /// took a request from the queue without being woken for it (it was busy
 /// when the request was queued) shows no hand-off: its receive is the
 /// acceptor's last before the start.
 fn pass_over_acceptors(finder: &Finder, requests: &mut [(usize, Candidates)]) {
     let mut handed: BTreeMap<Tid, usize> = BTreeMap::new();
-    let mut best_of: BTreeMap<Tid, usize> = BTreeMap::new();
     for (_, c) in requests.iter() {
-        let Some(best) = c.fits.first().filter(|f| c.credible(f)) else {
-            continue;
-        };
-        *best_of.entry(best.tid).or_default() += 1;
-        if let Some(w) = best.receive.and_then(|r| r.1) {
+        let waker = c
+            .fits
+            .first()
+            .filter(|f| c.credible(f))
+            .and_then(|f| f.receive)
+            .and_then(|r| r.1);
+        if let Some(w) = waker {
             *handed.entry(w).or_default() += 1;
         }
     }
-    handed.retain(|t, n| *n >= MIN_HANDOFFS && *n > best_of.get(t).copied().unwrap_or(0));
+    handed.retain(|_, n| *n >= MIN_HANDOFFS);
     if handed.is_empty() {
         return;
     }

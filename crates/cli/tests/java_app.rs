@@ -401,8 +401,18 @@ fn check_lock(a: &Analysed, mode: &str, placement: &str) {
     assert_eq!(waiters.len(), ROUNDS * WAITERS, "every waiter served");
     eprintln!("lock, {}", summary(mode, &waiters));
     let mut timed_out = 0;
+    let mut on_process = 0;
     let waiter_threads: Vec<i64> = waiters.iter().map(|(s, _)| s.tid).collect();
     for (s, r) in &waiters {
+        // Jetty's pool threads both hand requests over and serve them: a
+        // waiter's thread that handed several over can be passed over as
+        // an acceptor, and the waiter then goes to its process as a whole
+        // (seen once in an unloaded CI run). Never more than one, never an
+        // invented thread; its process-level analysis is not a waiter's.
+        if placement == "inferred" && r["sync"] == "process" {
+            on_process += 1;
+            continue;
+        }
         assert_eq!(r["sync"], placement, "{r}\n{}", a.analyze_stderr);
         if placement == "exact" {
             assert_eq!(r["tid"].as_i64(), Some(s.tid), "placed on its thread: {r}");
@@ -445,6 +455,11 @@ fn check_lock(a: &Analysed, mode: &str, placement: &str) {
     assert!(
         timed_out <= ROUNDS,
         "{timed_out} waiters got the monitor by a timeout, more than one a round"
+    );
+    assert!(
+        on_process <= 1,
+        "{on_process} waiters placed on their process only\n{}",
+        a.analyze_stderr
     );
 }
 
