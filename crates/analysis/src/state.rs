@@ -766,7 +766,9 @@ impl StateBuilder {
 
     /// Leaves each graph row at its last event, as Trace Compass builds
     /// execution graphs, instead of extending every thread's last state to
-    /// the end of the trace (the thread histories still end there).
+    /// the end of the trace (the thread histories still end there); and
+    /// begins a thread first seen at a wake-up there, instead of blocked
+    /// since the trace began.
     pub fn open_ended(self) -> StateBuilder {
         StateBuilder {
             close_rows: false,
@@ -1597,11 +1599,32 @@ impl StateBuilder {
             self.stats.spurious_wakeups += 1;
             return;
         }
+        if self.threads[t].open.is_none() && kind != WakeKind::New && self.close_rows {
+            // First sight at a wake-up: the kernel wakes only sleeping
+            // tasks, so it slept since the trace began (or since its tid's
+            // last life ended), and the waker ended that sleep. A thread
+            // blocked since before a snapshot's window is seen first here;
+            // without the wait and its edge a chain of waits would stop.
+            let h = &self.threads[t].hist;
+            let since = [
+                self.start,
+                h.states.last().map(|s| s.end),
+                h.deaths.last().copied(),
+            ]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(ts)
+            .min(ts);
+            if since < ts {
+                self.transition(t, since, ThreadState::Blocked(BlockReason::Unexplained), NO_CPU);
+            }
+        }
         let open = self.threads[t].open;
         match open.map(|o| o.state) {
             None => {
-                // First sight (or a reused tid): it was waiting for
-                // something unknown until now.
+                // A fork child's first wake-up (or a first sight at the
+                // trace's first instant).
                 self.transition(t, ts, ThreadState::WaitCpu, target_cpu);
                 if let (WakeKind::New, Waker::Thread(x)) = (kind, waker) {
                     self.link(x, t, ts);

@@ -606,3 +606,22 @@ fn a_thread_of_unknown_state_woken_by_another_was_blocked_by_it() {
     let waker = graph.worker_of(7).unwrap();
     assert!(graph.vertex_at(woken, 40).is_some() && graph.vertex_at(waker, 40).is_some());
 }
+
+#[test]
+fn a_thread_first_seen_at_its_wake_up_slept_since_the_trace_began() {
+    // Thread 5 has no event before thread 7 wakes it at 40 (it was blocked
+    // since before the recording, or a snapshot's window, began).
+    let mut s = Script::new();
+    s.switch(10, 1, 0, 0, 7)
+        .wake(40, 1, 5, true)
+        .switch(45, 0, 0, 0, 5);
+    let m = s.model();
+    assert_eq!(blocked_reason(&m, 5, 10), BlockReason::Thread(7));
+    assert_eq!(blocked_reason(&m, 5, 39), BlockReason::Thread(7));
+    // Trace Compass begins the row at the thread's first event.
+    let mut b = StateBuilder::new().open_ended();
+    for e in &s.events {
+        b.push(e);
+    }
+    assert!(b.finish().thread(5).unwrap().state_at(30).is_none());
+}
