@@ -1648,11 +1648,8 @@ impl StateBuilder {
                     self.stats.spurious_wakeups += 1;
                 }
             }
-            // The kernel traces a wake-up only of a task that sleeps: a
-            // thread whose state was unknown (blocked since before a window
-            // began, or its switch-out lost) was waiting, and the waker ended
-            // the wait. Without the edge a chain of waits stops there.
-            Some(ThreadState::Blocked(_) | ThreadState::Unknown) => {
+            Some(ThreadState::Unknown) => self.transition(t, ts, ThreadState::WaitCpu, target_cpu),
+            Some(ThreadState::Blocked(_)) => {
                 let reason = match waker {
                     Waker::Thread(x) => BlockReason::Thread(x),
                     Waker::Context(r) => r,

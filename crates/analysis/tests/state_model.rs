@@ -588,26 +588,6 @@ fn wakeups_while_the_recorder_runs_are_interrupts_not_the_recorders() {
 }
 
 #[test]
-fn a_thread_of_unknown_state_woken_by_another_was_blocked_by_it() {
-    // 5 runs on CPU 0 until its switch-out is lost (the next switch there
-    // is 6's): its state is unknown from 20. Thread 7, on CPU 1, wakes it
-    // at 40: it was waiting, for 7, as a snapshot's thread blocked since
-    // before its window would be.
-    let mut s = Script::new();
-    s.switch(10, 0, 0, 0, 5)
-        .switch(15, 1, 0, 0, 7)
-        .switch(20, 0, 6, 1, 0)
-        .wake(40, 1, 5, true)
-        .switch(45, 0, 0, 0, 5);
-    let m = s.model();
-    assert_eq!(blocked_reason(&m, 5, 30), BlockReason::Thread(7));
-    let graph = m.graph();
-    let woken = graph.worker_of(5).unwrap();
-    let waker = graph.worker_of(7).unwrap();
-    assert!(graph.vertex_at(woken, 40).is_some() && graph.vertex_at(waker, 40).is_some());
-}
-
-#[test]
 fn a_thread_first_seen_at_its_wake_up_slept_since_the_trace_began() {
     // Thread 5 has no event before thread 7 wakes it at 40 (it was blocked
     // since before the recording, or a snapshot's window, began).
