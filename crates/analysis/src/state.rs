@@ -981,19 +981,17 @@ impl StateBuilder {
                 }
             }
             EventKind::NetifReceiveSkb(p) => {
-                let from = match &*p.dev {
-                    "lo" => self
-                        .loopback_in_flight
-                        .remove(&p.skbaddr)
-                        .filter(|&(_, queued)| ts.saturating_sub(queued) <= LOOPBACK_IN_FLIGHT_NS)
-                        .map(|(sender, _)| sender),
-                    _ => None,
-                };
+                let loopback = &*p.dev == "lo";
+                let from = loopback
+                    .then(|| self.loopback_in_flight.remove(&p.skbaddr))
+                    .flatten()
+                    .filter(|&(_, queued)| ts.saturating_sub(queued) <= LOOPBACK_IN_FLIGHT_NS)
+                    .map(|(sender, _)| sender);
                 let c = self.cpu_mut(cpu);
                 match c.stack.last_mut() {
                     Some(f) => {
                         f.packet = true;
-                        if &*p.dev == "lo" {
+                        if loopback {
                             f.loopback = true;
                             f.loopback_from = from;
                         }
@@ -1011,7 +1009,8 @@ impl StateBuilder {
                 if let Some(sender) = sender {
                     if self.loopback_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
                         let oldest = ts.saturating_sub(LOOPBACK_IN_FLIGHT_NS);
-                        self.loopback_in_flight.retain(|_, &mut (_, queued)| queued >= oldest);
+                        self.loopback_in_flight
+                            .retain(|_, &mut (_, queued)| queued >= oldest);
                         if self.loopback_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
                             self.loopback_in_flight.clear();
                         }
@@ -1483,9 +1482,11 @@ impl StateBuilder {
     fn loopback_sender(&self, cpu: u32) -> Option<Tid> {
         let c = self.cpus.get(cpu as usize)?;
         match c.stack.as_slice() {
-            [f] if f.kind == Interrupt::Softirq(softirq::NET_RX) && f.loopback => f
-                .loopback_from
-                .or(c.loopback_sender.filter(|&sender| c.current == Some(sender))),
+            [f] if f.kind == Interrupt::Softirq(softirq::NET_RX) && f.loopback => {
+                f.loopback_from.or(c
+                    .loopback_sender
+                    .filter(|&sender| c.current == Some(sender)))
+            }
             _ => None,
         }
     }
@@ -1617,7 +1618,12 @@ impl StateBuilder {
             .unwrap_or(ts)
             .min(ts);
             if since < ts {
-                self.transition(t, since, ThreadState::Blocked(BlockReason::Unexplained), NO_CPU);
+                self.transition(
+                    t,
+                    since,
+                    ThreadState::Blocked(BlockReason::Unexplained),
+                    NO_CPU,
+                );
             }
         }
         let open = self.threads[t].open;
