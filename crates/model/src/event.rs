@@ -77,6 +77,50 @@ pub struct Event {
     pub kind: EventKind,
 }
 
+impl Event {
+    /// Rewrites every thread id the event holds (the current thread and
+    /// those in its payload) through `f`. For several hosts in one model,
+    /// whose thread ids would otherwise collide.
+    pub fn map_tids(&mut self, mut f: impl FnMut(Tid) -> Tid) {
+        self.tid = f(self.tid);
+        match &mut self.kind {
+            EventKind::SchedSwitch(s) => {
+                s.prev_tid = f(s.prev_tid);
+                s.next_tid = f(s.next_tid);
+            }
+            EventKind::SchedWaking(w) | EventKind::SchedWakeup(w) | EventKind::SchedWakeupNew(w) => w.tid = f(w.tid),
+            EventKind::SchedProcessFork { parent_tid, child_tid, .. } => {
+                *parent_tid = f(*parent_tid);
+                *child_tid = f(*child_tid);
+            }
+            EventKind::SchedProcessExec { tid, old_tid, .. } => {
+                *tid = f(*tid);
+                *old_tid = f(*old_tid);
+            }
+            EventKind::SchedProcessExit { tid, .. }
+            | EventKind::SchedProcessFree { tid, .. }
+            | EventKind::SchedMigrateTask { tid, .. } => *tid = f(*tid),
+            EventKind::IrqHandlerEntry { .. }
+            | EventKind::IrqHandlerExit { .. }
+            | EventKind::SoftirqRaise { .. }
+            | EventKind::SoftirqEntry { .. }
+            | EventKind::SoftirqExit { .. }
+            | EventKind::HrtimerExpireEntry { .. }
+            | EventKind::HrtimerExpireExit { .. }
+            | EventKind::IpiEntry { .. }
+            | EventKind::IpiExit { .. }
+            | EventKind::SysEnter { .. }
+            | EventKind::SysExit { .. }
+            | EventKind::BlockRqInsert(_)
+            | EventKind::BlockRqIssue(_)
+            | EventKind::BlockRqComplete(_)
+            | EventKind::NetDevQueue(_)
+            | EventKind::NetifReceiveSkb(_)
+            | EventKind::Other { .. } => {}
+        }
+    }
+}
+
 /// `sched_switch` payload; see [`SchedSwitch::prev_runnable`] for how
 /// preemption is told apart from blocking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
