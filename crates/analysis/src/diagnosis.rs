@@ -300,7 +300,7 @@ impl<'a> DiagnosisContext<'a> {
             };
             let waker = match st.state {
                 ThreadState::Blocked(BlockReason::Thread(w))
-                | ThreadState::Blocked(BlockReason::Loopback(w)) => w,
+                | ThreadState::Blocked(BlockReason::PacketFrom(w)) => w,
                 _ => break,
             };
             if waker == home || chain.contains(&waker) {
@@ -319,7 +319,7 @@ impl<'a> DiagnosisContext<'a> {
     fn waker_at(&self, home: Tid, t: u64) -> Option<Tid> {
         match self.model.thread(home)?.state_at(t)?.state {
             ThreadState::Blocked(BlockReason::Thread(w))
-            | ThreadState::Blocked(BlockReason::Loopback(w)) => Some(w),
+            | ThreadState::Blocked(BlockReason::PacketFrom(w)) => Some(w),
             _ => None,
         }
     }
@@ -337,7 +337,7 @@ impl<'a> DiagnosisContext<'a> {
         // cost its every state, for every piece.
         let (s, w) = th.states_in(t, end).iter().find_map(|s| match s.state {
             ThreadState::Blocked(BlockReason::Thread(w))
-            | ThreadState::Blocked(BlockReason::Loopback(w))
+            | ThreadState::Blocked(BlockReason::PacketFrom(w))
                 if s.end > t =>
             {
                 Some((s, w))

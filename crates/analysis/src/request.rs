@@ -810,7 +810,7 @@ fn served_by(model: &KernelModel, group: &[SpanIdx], homes: &[Vec<(u64, u64, Tid
             for st in th.states_in(a, b) {
                 let waker = match st.state {
                     ThreadState::Blocked(BlockReason::Thread(w))
-                    | ThreadState::Blocked(BlockReason::Loopback(w)) => w,
+                    | ThreadState::Blocked(BlockReason::PacketFrom(w)) => w,
                     _ => continue,
                 };
                 let (x, y) = (st.start.max(a), st.end.min(b));
@@ -1158,7 +1158,7 @@ fn resume_timeouts(model: &KernelModel, pieces: &mut [RequestPiece]) {
                     && matches!(
                         s.state,
                         ThreadState::Blocked(BlockReason::Thread(_))
-                            | ThreadState::Blocked(BlockReason::Loopback(_))
+                            | ThreadState::Blocked(BlockReason::PacketFrom(_))
                     )
             })
         };

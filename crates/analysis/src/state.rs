@@ -37,6 +37,35 @@ pub const NO_CPU: u32 = u32::MAX;
 /// and skipped instead of growing per-CPU tables without bound.
 pub const MAX_CPUS: u32 = 8192;
 
+/// In a model of several hosts, a thread id carries its host's number in
+/// the bits above this one: Linux thread ids stay below 2^22 (`pid_max`'s
+/// limit), so `host << HOST_TID_SHIFT | tid` is unique and host 0's ids are
+/// the trace's own.
+pub const HOST_TID_SHIFT: u32 = 22;
+
+/// Thread `tid` of host `host`, as a model of several hosts numbers it
+/// (the idle task, 0, stays 0: each host's CPUs are numbered apart).
+pub fn host_tid(host: u32, tid: Tid) -> Tid {
+    if tid <= 0 {
+        tid
+    } else {
+        ((host << HOST_TID_SHIFT) as Tid) | tid
+    }
+}
+
+/// The host and the host's own thread id of a thread id of a model of
+/// several hosts.
+pub fn split_host_tid(tid: Tid) -> (u32, Tid) {
+    if tid <= 0 {
+        (0, tid)
+    } else {
+        (
+            (tid as u32) >> HOST_TID_SHIFT,
+            tid & ((1 << HOST_TID_SHIFT) - 1),
+        )
+    }
+}
+
 /// A `sched_waking` seen while its target still runs elsewhere explains a
 /// blocking switch-out of that target only if the switch-out follows within
 /// this window (the waker raced the target's way into `schedule()`).
@@ -76,11 +105,12 @@ pub enum BlockReason {
     BlockDevice,
     /// NET_RX/NET_TX softirq, or packet reception before the wake-up.
     Network,
-    /// A packet this thread sent over the loopback device, received in a
-    /// NET_RX softirq that ran in the sender's context (local TCP/UDP):
-    /// NETWORK, with a wake-up edge to the sender, as a matched cross-host
-    /// packet would have.
-    Loopback(Tid),
+    /// A packet whose sender is known: sent by this thread over the
+    /// loopback device or a virtual pair (veth) of the same kernel (local
+    /// TCP/UDP, containers), or, in a model of several hosts, by this
+    /// thread of another host. NETWORK, with a wake-up edge to the sender,
+    /// as a matched cross-host packet would have.
+    PacketFrom(Tid),
     /// SCHED softirq or irq 0.
     Interrupted,
     /// Inter-processor interrupt.
@@ -107,7 +137,7 @@ impl ThreadState {
                 | BlockReason::Softirq(_) => EdgeType::Blocked,
                 BlockReason::Timer => EdgeType::Timer,
                 BlockReason::BlockDevice => EdgeType::BlockDevice,
-                BlockReason::Network | BlockReason::Loopback(_) => EdgeType::Network,
+                BlockReason::Network | BlockReason::PacketFrom(_) => EdgeType::Network,
                 BlockReason::Interrupted => EdgeType::Interrupted,
                 BlockReason::Ipi => EdgeType::Ipi,
                 BlockReason::UserInput => EdgeType::UserInput,
@@ -487,6 +517,11 @@ pub struct ModelStats {
     /// Wake-ups by an interrupt that ran while a recorder thread was
     /// current (see [`StateBuilder::recorder_threads`]).
     pub wakeups_under_recorder: u64,
+    /// Wake-ups recorded on one host's CPU in the context of another
+    /// host's thread (see [`StateBuilder::hosts`]).
+    pub wakeups_from_other_hosts: u64,
+    /// Other events of that kind, left out.
+    pub other_host_events: u64,
 }
 
 /// Builds a [`KernelModel`] from events pushed in time order.
@@ -524,12 +559,36 @@ pub struct StateBuilder {
     recorder_tids: Vec<Tid>,
     /// Names syscall numbers for traces without syscall names.
     arch: Arch,
-    /// Packets queued on the loopback device and not yet received, by skb
-    /// address: (the thread that queued it, when).
-    loopback_in_flight: FastMap<u64, (Tid, u64)>,
+    /// Packets a thread queued on a device, by skb address: who queued it,
+    /// when, and on which device. A packet of the loopback device, or of
+    /// a virtual pair (veth: the peer receives the very skb the other end
+    /// queued), is received with the same address.
+    local_in_flight: FastMap<u64, LocalPacket>,
+    /// The host of each CPU, in a model of several hosts (empty: one).
+    cpu_hosts: Vec<u32>,
 }
 
-/// A loopback packet is received within microseconds of being queued; an
+/// A packet a thread queued, until its address is queued again.
+#[derive(Clone)]
+struct LocalPacket {
+    sender: Tid,
+    queued: u64,
+    dev: Name,
+}
+
+impl LocalPacket {
+    /// Whether the packet received on `dev` at `ts` with this packet's
+    /// skb address is this packet. A loopback packet comes back on `lo`;
+    /// one crossing a virtual pair arrives on the other end, so on a
+    /// different device. The same device but `lo` means a real NIC that
+    /// freed the sent skb and allocated a received one at its address.
+    fn delivered_as(&self, dev: &str, ts: u64) -> bool {
+        let same_device = *self.dev == *dev;
+        ts.saturating_sub(self.queued) <= LOOPBACK_IN_FLIGHT_NS && (same_device == (dev == "lo"))
+    }
+}
+
+/// A local packet is received within microseconds of being queued; an
 /// skb address not received for this long was reused or its reception lost.
 const LOOPBACK_IN_FLIGHT_NS: u64 = 1_000_000_000;
 
@@ -606,9 +665,10 @@ struct Frame {
     start: u64,
     block: bool,
     packet: bool,
-    /// A packet of the loopback device was received in this frame.
+    /// A packet of the loopback device, or one a local thread sent over a
+    /// virtual pair, was received in this frame.
     loopback: bool,
-    /// The thread that queued the last loopback packet received in this
+    /// The thread that queued the last local packet received in this
     /// frame, matched by skb address: the frame's wake-ups deliver its
     /// data, whatever thread the softirq runs on (the sender's own,
     /// ksoftirqd's, or one whose events were filtered out).
@@ -742,8 +802,33 @@ impl StateBuilder {
             packets: NetworkEnds::default(),
             recorder_tids: Vec::new(),
             arch: Arch::default(),
-            loopback_in_flight: FastMap::default(),
+            local_in_flight: FastMap::default(),
+            cpu_hosts: Vec::new(),
         }
+    }
+
+    /// A model of several hosts: `cpu_hosts[cpu]` is the host of each CPU
+    /// (each host's CPUs numbered apart), and thread ids carry their host
+    /// ([`host_tid`]).
+    ///
+    /// An event on one host's CPU whose current thread is another host's
+    /// happens only when the hosts share a kernel (network namespaces, each
+    /// recorded with its own pid filter): the kernel delivers a packet
+    /// across a virtual pair in the sender's context, and the pid filter
+    /// keeps the wake-up for the woken thread's run. Such a wake-up is a
+    /// packet from that thread (NETWORK with an edge from the sender, as
+    /// a packet matched across hosts); any other such event is left out,
+    /// as the sender's own run has it.
+    pub fn hosts(self, cpu_hosts: Vec<u32>) -> StateBuilder {
+        StateBuilder { cpu_hosts, ..self }
+    }
+
+    /// Whether `tid` is current on `cpu` of another host (see
+    /// [`StateBuilder::hosts`]).
+    fn from_other_host(&self, cpu: u32, tid: Tid) -> bool {
+        !self.cpu_hosts.is_empty()
+            && tid > 0
+            && self.cpu_hosts.get(cpu as usize) != Some(&split_host_tid(tid).0)
     }
 
     /// The threads whose events the recording filtered out (a deepspan
@@ -901,6 +986,14 @@ impl StateBuilder {
         let cpu = ev.cpu;
         self.cpu_mut(cpu).last_ts = ts;
         if !matches!(ev.kind, EventKind::SchedSwitch(_)) {
+            if self.from_other_host(cpu, ev.tid) {
+                match &ev.kind {
+                    EventKind::SchedWaking(w) => self.wakeup(ts, cpu, ev.tid, w, WakeKind::Waking),
+                    EventKind::SchedWakeup(w) => self.wakeup(ts, cpu, ev.tid, w, WakeKind::Wakeup),
+                    _ => self.stats.other_host_events += 1,
+                }
+                return;
+            }
             self.infer_current(cpu, ev.tid, ts);
         }
         match &ev.kind {
@@ -981,12 +1074,17 @@ impl StateBuilder {
                 }
             }
             EventKind::NetifReceiveSkb(p) => {
-                let loopback = &*p.dev == "lo";
-                let from = loopback
-                    .then(|| self.loopback_in_flight.remove(&p.skbaddr))
-                    .flatten()
-                    .filter(|&(_, queued)| ts.saturating_sub(queued) <= LOOPBACK_IN_FLIGHT_NS)
-                    .map(|(sender, _)| sender);
+                let on_lo = &*p.dev == "lo";
+                let from = match self.local_in_flight.get(&p.skbaddr) {
+                    Some(local) if local.delivered_as(&p.dev, ts) => Some(local.sender),
+                    _ => None,
+                };
+                // A loopback skb is received once; one crossing virtual
+                // devices (veth, a bridge, the peer) is received on each.
+                if on_lo {
+                    self.local_in_flight.remove(&p.skbaddr);
+                }
+                let loopback = on_lo || from.is_some();
                 let c = self.cpu_mut(cpu);
                 match c.stack.last_mut() {
                     Some(f) => {
@@ -999,23 +1097,34 @@ impl StateBuilder {
                     None => c.thread_packet = true,
                 }
             }
-            EventKind::NetDevQueue(p) if &*p.dev == "lo" => {
+            EventKind::NetDevQueue(p) => {
                 let c = self.cpu_mut(cpu);
                 if !c.stack.is_empty() {
+                    // Forwarded in a softirq (a veth peer into a bridge):
+                    // still the packet its thread sent.
+                    if let Some(local) = self.local_in_flight.get_mut(&p.skbaddr) {
+                        local.queued = ts;
+                    }
                     return;
                 }
                 let sender = c.current.filter(|&t| t > 0);
-                c.loopback_sender = sender;
+                if &*p.dev == "lo" {
+                    c.loopback_sender = sender;
+                }
                 if let Some(sender) = sender {
-                    if self.loopback_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
+                    if self.local_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
                         let oldest = ts.saturating_sub(LOOPBACK_IN_FLIGHT_NS);
-                        self.loopback_in_flight
-                            .retain(|_, &mut (_, queued)| queued >= oldest);
-                        if self.loopback_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
-                            self.loopback_in_flight.clear();
+                        self.local_in_flight.retain(|_, p| p.queued >= oldest);
+                        if self.local_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
+                            self.local_in_flight.clear();
                         }
                     }
-                    self.loopback_in_flight.insert(p.skbaddr, (sender, ts));
+                    let local = LocalPacket {
+                        sender,
+                        queued: ts,
+                        dev: p.dev.clone(),
+                    };
+                    self.local_in_flight.insert(p.skbaddr, local);
                 }
             }
             _ => {}
@@ -1493,6 +1602,9 @@ impl StateBuilder {
 
     /// Who (or what) wakes a thread from `cpu` now.
     fn waker(&self, cpu: u32, ev_tid: Tid) -> Waker {
+        if self.from_other_host(cpu, ev_tid) {
+            return Waker::Context(BlockReason::PacketFrom(ev_tid));
+        }
         let Some(c) = self.cpus.get(cpu as usize) else {
             return Waker::Context(BlockReason::Unexplained);
         };
@@ -1587,13 +1699,18 @@ impl StateBuilder {
             .filter(|&c| c < MAX_CPUS)
             .unwrap_or(NO_CPU);
         let mut waker = self.waker(cpu, ev_tid);
+        if matches!(waker, Waker::Context(BlockReason::PacketFrom(x)) if x == ev_tid)
+            && self.from_other_host(cpu, ev_tid)
+        {
+            self.stats.wakeups_from_other_hosts += 1;
+        }
         if matches!(waker, Waker::Thread(x) if self.recorder_tids.contains(&x)) {
             self.stats.wakeups_under_recorder += 1;
             waker = Waker::Context(self.hidden_interrupt_reason(t));
         }
         if matches!(waker, Waker::Context(BlockReason::Network)) {
             if let Some(sender) = self.loopback_sender(cpu).filter(|&x| x != w.tid) {
-                waker = Waker::Context(BlockReason::Loopback(sender));
+                waker = Waker::Context(BlockReason::PacketFrom(sender));
             }
         }
         if matches!(waker, Waker::Thread(x) if x == w.tid) {
@@ -1667,7 +1784,7 @@ impl StateBuilder {
                     self.name_network_edge(t, ts, cpu);
                 }
                 self.transition(t, ts, ThreadState::WaitCpu, target_cpu);
-                if let Waker::Thread(x) | Waker::Context(BlockReason::Loopback(x)) = waker {
+                if let Waker::Thread(x) | Waker::Context(BlockReason::PacketFrom(x)) = waker {
                     self.link(x, t, ts);
                 }
                 if let (Waker::Context(BlockReason::Network), Some(key)) =

@@ -590,7 +590,7 @@ const ROW_LOCK_PIDS: &[(Tid, Tid)] = &[(1, 1), (2, 1), (10, 10), (11, 11)];
 #[test]
 fn a_loopback_packet_delivered_by_ksoftirqd_is_from_the_thread_that_queued_it() {
     for (queued_skb, received_skb, waker) in [
-        (0xaa00, 0xaa00, BlockReason::Loopback(10)),
+        (0xaa00, 0xaa00, BlockReason::PacketFrom(10)),
         (0xaa00, 0xbb00, BlockReason::Network),
     ] {
         let packet = |skbaddr| Packet {
@@ -636,7 +636,7 @@ fn a_backend_holding_a_row_lock_for_another_request_blames_that_request() {
         let (model, spans, work) = row_lock_scenario(loopback, timeout);
         if loopback {
             let waits = model.thread(1).unwrap().state_at(50).unwrap().state;
-            assert_eq!(waits, ThreadState::Blocked(BlockReason::Loopback(10)));
+            assert_eq!(waits, ThreadState::Blocked(BlockReason::PacketFrom(10)));
         }
         let d = diagnoses(&model, &spans, &work, ROW_LOCK_PIDS);
         let (path, x) = &d[&0];

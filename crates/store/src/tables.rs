@@ -249,7 +249,7 @@ impl KernelContext<'_> {
 }
 
 static NO_WAKEUP: Bytes = Bytes::from_static(b"no wake-up seen");
-static LOOPBACK: Bytes = Bytes::from_static(b"loopback packet");
+static PACKET_FROM: Bytes = Bytes::from_static(b"packet from the waker");
 
 columns! {
     struct ThreadStateColumns {
@@ -300,13 +300,13 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
             w.state.push_static(state_name(s.state));
             w.cpu.push((s.cpu != deepspan_analysis::NO_CPU).then_some(s.cpu as i32));
             let waker = match s.state {
-                ThreadState::Blocked(BlockReason::Thread(t) | BlockReason::Loopback(t)) => Some(t),
+                ThreadState::Blocked(BlockReason::Thread(t) | BlockReason::PacketFrom(t)) => Some(t),
                 _ => None,
             };
             w.waker_tid.push(waker);
             let detail = match s.state {
                 ThreadState::Blocked(BlockReason::Unexplained) => Some(&NO_WAKEUP),
-                ThreadState::Blocked(BlockReason::Loopback(_)) => Some(&LOOPBACK),
+                ThreadState::Blocked(BlockReason::PacketFrom(_)) => Some(&PACKET_FROM),
                 ThreadState::Blocked(reason @ (BlockReason::Irq(_) | BlockReason::Softirq(_))) => {
                     Some(details.get(reason, || {
                         match reason {
