@@ -170,6 +170,18 @@ impl ClockMap {
         interpolate(s[i - 1], s[i], wall_ns)
     }
 
+    /// Maps a CLOCK_MONOTONIC time back to wall-clock ns (the inverse of
+    /// [`ClockMap::wall_to_mono`] where realtime did not stand still).
+    pub fn mono_to_wall(&self, mono_ns: u64) -> u64 {
+        let s = &self.samples;
+        if s.len() == 1 {
+            return (mono_ns as i128 - s[0].1 as i128 + s[0].0 as i128).max(0) as u64;
+        }
+        let i = s.partition_point(|p| p.1 <= mono_ns).clamp(1, s.len() - 1);
+        let swap = |p: (u64, u64)| (p.1, p.0);
+        interpolate(swap(s[i - 1]), swap(s[i]), mono_ns)
+    }
+
     /// A span's monotonic start/end: its deepspan fields when present
     /// (exact), else its wall times mapped.
     pub fn span_mono(&self, span: &Span) -> MonoTimes {
@@ -205,4 +217,35 @@ fn interpolate(a: (u64, u64), b: (u64, u64), x: u64) -> u64 {
         y0 + (x as i128 - x0) * (y1 - y0) / (x1 - x0)
     };
     y.max(0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mono_to_wall_inverts_wall_to_mono() {
+        let map = ClockMap::new(&[
+            (1_000_000_000, 10),
+            (2_000_000_100, 1_000_000_010),
+            (3_000_000_100, 2_000_000_010),
+        ])
+        .unwrap();
+        for wall in [
+            1_000_000_000u64,
+            1_500_000_000,
+            2_000_000_100,
+            2_999_999_999,
+            3_500_000_000,
+        ] {
+            let mono = map.wall_to_mono(wall);
+            assert!(
+                map.mono_to_wall(mono).abs_diff(wall) <= 1,
+                "{wall} -> {mono} -> {}",
+                map.mono_to_wall(mono)
+            );
+        }
+        let one = ClockMap::new(&[(5_000, 7)]).unwrap();
+        assert_eq!(one.mono_to_wall(one.wall_to_mono(9_000)), 9_000);
+    }
 }
