@@ -38,6 +38,11 @@ pub struct RecordArgs {
     /// Trace only these processes (and their children); repeatable.
     #[arg(long = "pid", value_name = "PID")]
     pids: Vec<i32>,
+    /// The host this run stands for (default: the machine's name): runs of
+    /// one machine's network namespaces or containers, named apart, are
+    /// hosts of their own to `deepspan sync` and `deepspan analyze RUN…`.
+    #[arg(long, value_name = "NAME")]
+    host: Option<String>,
     /// Stop after this many seconds (fractions allowed).
     #[arg(long, value_name = "S")]
     duration: Option<f64>,
@@ -110,6 +115,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         otlp_grpc_port: bound(receiver.as_ref().and_then(|r| r.grpc_addr()), args.otlp_grpc_port),
         otlp_http_port: bound(receiver.as_ref().and_then(|r| r.http_addr()), args.otlp_http_port),
         profile_hz: args.profile,
+        host: args.host,
     };
     let bar = progress::spinner("starting");
     let summary = deepspan_record::record(&options, &mut |p: &Progress| {

@@ -123,6 +123,10 @@ pub struct RecordOptions {
     /// Sample every CPU's stacks at this rate (Hz) while recording, into
     /// `RUN/profile/`; None = no sampling.
     pub profile_hz: Option<u64>,
+    /// The host the run stands for, in its manifest (None: the machine's
+    /// name). Runs of one machine's network namespaces or containers are
+    /// hosts of their own to `deepspan sync` and a merged analysis.
+    pub host: Option<String>,
 }
 
 impl RecordOptions {
@@ -140,6 +144,7 @@ impl RecordOptions {
             otlp_grpc_port: 4317,
             otlp_http_port: 4318,
             profile_hz: None,
+            host: None,
         }
     }
 }

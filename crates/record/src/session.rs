@@ -434,7 +434,7 @@ impl Session {
     fn initial_manifest(&self, opts: &RecordOptions, start: ClockPoint) -> Manifest {
         Manifest {
             format_version: FORMAT_VERSION,
-            host: sys::uname()[1].clone(),
+            host: opts.host.clone().unwrap_or_else(|| sys::uname()[1].clone()),
             kernel_release: sys::uname()[2].clone(),
             cpus: self.cpus,
             page_size: self.page_size,
