@@ -9,7 +9,12 @@
 //! - `syscalls N`: N cheap system calls (syscall heavy, few switches);
 //! - `hot ROUNDS SPANS.json`: one CPU-bound request (a hot function, a
 //!   sleep, the hot function again), written as an OTLP JSON span with
-//!   deepspan's thread and monotonic-time attributes, for CPU profiles.
+//!   deepspan's thread and monotonic-time attributes, for CPU profiles;
+//! - `rpc-server ADDR SPANS.json` and `rpc-client ADDR SPANS.json N`: a
+//!   client that makes N calls over one TCP connection to a server that
+//!   computes, sleeps and computes again for each; both write their spans
+//!   (the client's job and call, the server's handling) as OTLP JSON with
+//!   deepspan's fields, for analyses across hosts (network namespaces).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -26,7 +31,10 @@ fn gettid() -> i32 {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: deepspan-workload mt [DIR] | pingpong ROUNDS | syscalls COUNT | hot ROUNDS SPANS.json");
+    eprintln!(
+        "usage: deepspan-workload mt [DIR] | pingpong ROUNDS | syscalls COUNT | hot ROUNDS SPANS.json \
+         | rpc-server ADDR SPANS.json | rpc-client ADDR SPANS.json CALLS"
+    );
     ExitCode::from(2)
 }
 
@@ -44,6 +52,14 @@ fn main() -> ExitCode {
         },
         Some("hot") => match (args.get(1).and_then(|n| n.parse().ok()), args.get(2)) {
             (Some(rounds), Some(out)) => hot(rounds, PathBuf::from(out)),
+            _ => return usage(),
+        },
+        Some("rpc-server") => match (args.get(1), args.get(2)) {
+            (Some(addr), Some(out)) => rpc_server(addr, PathBuf::from(out)),
+            _ => return usage(),
+        },
+        Some("rpc-client") => match (args.get(1), args.get(2), args.get(3).and_then(|n| n.parse().ok())) {
+            (Some(addr), Some(out), Some(calls)) => rpc_client(addr, PathBuf::from(out), calls),
             _ => return usage(),
         },
         _ => return usage(),
@@ -306,4 +322,157 @@ fn hot(rounds: u64, out: PathBuf) -> std::io::Result<()> {
         a ^ b
     );
     Ok(())
+}
+
+/// A span as OTLP JSON: `kind` 1 internal, 2 server, 3 client; times as
+/// (wall, monotonic) pairs, the thread as deepspan's `deepspan.tid`.
+struct JsonSpan {
+    trace_id: String,
+    span_id: String,
+    parent: Option<String>,
+    name: &'static str,
+    kind: u32,
+    start: (u64, u64),
+    end: (u64, u64),
+    tid: i32,
+}
+
+impl JsonSpan {
+    fn to_json(&self) -> String {
+        let int_attr = |k: &str, v: u64| format!("{{\"key\":\"{k}\",\"value\":{{\"intValue\":\"{v}\"}}}}");
+        let parent = self.parent.as_ref().map(|p| format!("\"parentSpanId\":\"{p}\",")).unwrap_or_default();
+        format!(
+            "{{\"traceId\":\"{}\",\"spanId\":\"{}\",{parent}\"name\":\"{}\",\"kind\":{},\
+\"startTimeUnixNano\":\"{}\",\"endTimeUnixNano\":\"{}\",\"attributes\":[{},{},{}]}}",
+            self.trace_id,
+            self.span_id,
+            self.name,
+            self.kind,
+            self.start.0,
+            self.end.0,
+            int_attr("deepspan.tid", self.tid as u64),
+            int_attr("deepspan.mono_start_ns", self.start.1),
+            int_attr("deepspan.mono_end_ns", self.end.1),
+        )
+    }
+}
+
+fn now() -> (u64, u64) {
+    (clock_ns(libc::CLOCK_REALTIME), clock_ns(libc::CLOCK_MONOTONIC))
+}
+
+/// Writes `spans` of `service` as one OTLP JSON request.
+fn write_spans(out: &PathBuf, service: &str, spans: &[JsonSpan]) -> std::io::Result<()> {
+    let list: Vec<String> = spans.iter().map(JsonSpan::to_json).collect();
+    let doc = format!(
+        "{{\"resourceSpans\":[{{\"resource\":{{\"attributes\":[{{\"key\":\"service.name\",\"value\":{{\"stringValue\":\"{service}\"}}}},\
+{{\"key\":\"process.pid\",\"value\":{{\"intValue\":\"{}\"}}}}]}},\"scopeSpans\":[{{\"spans\":[{}]}}]}}]}}\n",
+        std::process::id(),
+        list.join(",")
+    );
+    fs::write(out, doc)
+}
+
+/// Server CPU work per call, in `spin_hot` rounds (about 0.3 ms here).
+const RPC_WORK_ROUNDS: u64 = 300_000;
+const RPC_SLEEP: Duration = Duration::from_millis(1);
+
+/// Serves one connection: each line `TRACE_ID CLIENT_SPAN_ID` gets a
+/// SERVER span (compute, sleep, compute) and the reply `ok`.
+fn rpc_server(addr: &str, out: PathBuf) -> std::io::Result<()> {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind(addr)?;
+    println!(
+        "{{\"workload\":\"rpc-server\",\"pid\":{},\"tid\":{},\"port\":{}}}",
+        std::process::id(),
+        gettid(),
+        listener.local_addr()?.port()
+    );
+    std::io::stdout().flush()?;
+    let (stream, _) = listener.accept()?;
+    stream.set_nodelay(true)?;
+    let mut reply = stream.try_clone()?;
+    let mut spans = Vec::new();
+    let mut check = 0u64;
+    for line in BufReader::new(stream).lines() {
+        let line = line?;
+        let start = now();
+        let mut ids = line.split_whitespace();
+        let (Some(trace_id), Some(parent)) = (ids.next(), ids.next()) else {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad call: {line:?}")));
+        };
+        check ^= spin_hot(RPC_WORK_ROUNDS);
+        thread::sleep(RPC_SLEEP);
+        check ^= spin_hot(RPC_WORK_ROUNDS);
+        reply.write_all(b"ok\n")?;
+        spans.push(JsonSpan {
+            trace_id: trace_id.to_string(),
+            span_id: format!("{:016x}", start.1 ^ 0x5e57e5),
+            parent: Some(parent.to_string()),
+            name: "handle",
+            kind: 2,
+            start,
+            end: now(),
+            tid: gettid(),
+        });
+    }
+    std::hint::black_box(check);
+    write_spans(&out, "rpc-server", &spans)
+}
+
+/// Connects, waits for a line on stdin (so recordings can start first),
+/// then makes `calls` calls, each a root `job` span with a CLIENT `call`
+/// span around the request and its reply.
+fn rpc_client(addr: &str, out: PathBuf, calls: u64) -> std::io::Result<()> {
+    use std::io::{BufRead, BufReader};
+    let stream = std::net::TcpStream::connect(addr)?;
+    stream.set_nodelay(true)?;
+    let mut request = stream.try_clone()?;
+    let mut replies = BufReader::new(stream);
+    println!("{{\"workload\":\"rpc-client\",\"pid\":{},\"tid\":{}}}", std::process::id(), gettid());
+    std::io::stdout().flush()?;
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    let mut spans = Vec::new();
+    let mut check = 0u64;
+    for i in 0..calls {
+        let job_start = now();
+        let trace_id = format!("{:016x}{:016x}", job_start.1, u64::from(std::process::id()) << 32 | i);
+        let job_id = format!("{:016x}", job_start.1 ^ 0x10b);
+        check ^= spin_hot(RPC_WORK_ROUNDS / 4);
+        let call_start = now();
+        let call_id = format!("{:016x}", call_start.1 ^ 0xca11);
+        request.write_all(format!("{trace_id} {call_id}\n").as_bytes())?;
+        let mut reply = String::new();
+        if replies.read_line(&mut reply)? == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server hung up"));
+        }
+        let call_end = now();
+        check ^= spin_hot(RPC_WORK_ROUNDS / 4);
+        let tid = gettid();
+        spans.push(JsonSpan {
+            trace_id: trace_id.clone(),
+            span_id: call_id,
+            parent: Some(job_id.clone()),
+            name: "call",
+            kind: 3,
+            start: call_start,
+            end: call_end,
+            tid,
+        });
+        spans.push(JsonSpan {
+            trace_id,
+            span_id: job_id,
+            parent: None,
+            name: "job",
+            kind: 2,
+            start: job_start,
+            end: now(),
+            tid,
+        });
+        thread::sleep(Duration::from_millis(2));
+    }
+    std::hint::black_box(check);
+    drop(request);
+    write_spans(&out, "rpc-client", &spans)
 }
