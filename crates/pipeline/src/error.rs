@@ -65,6 +65,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A merged analysis of several hosts' runs cannot go on: a run, or the
+    /// merged run's `hosts.json`, is not what it needs.
+    #[error("{}: {reason}", path.display())]
+    Hosts { path: PathBuf, reason: String },
     /// One of the analysis' own threads panicked (a bug).
     #[error("the {thread} thread panicked")]
     WorkerPanicked { thread: &'static str },

@@ -14,6 +14,7 @@ use deepspan_analysis::{build_model, Arch, Input, KernelModel, LostEvents, State
 use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{CpuRecords, Schema, TraceDat};
 
+use crate::hosts::HostMap;
 use crate::{Error, Progress, Step};
 
 /// Where `deepspan import --ctf` puts a CTF trace inside a run.
@@ -21,14 +22,53 @@ pub const RUN_CTF_DIR: &str = "kernel/ctf";
 
 /// A run's kernel trace, opened.
 pub enum KernelTrace {
-    TraceDat { path: PathBuf, trace: TraceDat },
-    Ctf { path: PathBuf, trace: CtfTrace },
+    TraceDat {
+        path: PathBuf,
+        trace: TraceDat,
+    },
+    Ctf {
+        path: PathBuf,
+        trace: CtfTrace,
+    },
+    /// A merged run (see [`crate::hosts`]): each host's trace.dat, and how
+    /// its events enter the one model.
+    Hosts {
+        /// `hosts.json`.
+        path: PathBuf,
+        traces: Vec<(PathBuf, TraceDat)>,
+        maps: Vec<Arc<HostMap>>,
+        /// The host of each CPU of the merged model.
+        cpu_hosts: Vec<u32>,
+    },
 }
 
 impl KernelTrace {
     /// Opens the run's kernel trace: `kernel/trace.dat`, else the CTF folder
     /// `kernel/ctf/`.
     pub fn open_run(run: &Path) -> Result<KernelTrace, Error> {
+        if let Some(file) = crate::hosts::read_hosts(run)? {
+            let mut traces = Vec::new();
+            let mut cpu_hosts = Vec::new();
+            for (h, host) in file.hosts.iter().enumerate() {
+                let dat = host.run.join("kernel").join("trace.dat");
+                let trace = TraceDat::open(&dat).map_err(|source| Error::OpenTraceDat {
+                    path: dat.clone(),
+                    source,
+                })?;
+                let end = (host.cpu_base + trace.cpus()) as usize;
+                if cpu_hosts.len() < end {
+                    cpu_hosts.resize(end, h as u32);
+                }
+                traces.push((dat, trace));
+            }
+            let maps = HostMap::all(&file).into_iter().map(Arc::new).collect();
+            return Ok(KernelTrace::Hosts {
+                path: run.join(crate::hosts::HOSTS_JSON),
+                traces,
+                maps,
+                cpu_hosts,
+            });
+        }
         let dat = run.join("kernel").join("trace.dat");
         if dat.is_file() {
             return match TraceDat::open(&dat) {
@@ -56,7 +96,9 @@ impl KernelTrace {
     /// The trace.dat file or the CTF folder.
     pub fn path(&self) -> &Path {
         match self {
-            KernelTrace::TraceDat { path, .. } | KernelTrace::Ctf { path, .. } => path,
+            KernelTrace::TraceDat { path, .. }
+            | KernelTrace::Ctf { path, .. }
+            | KernelTrace::Hosts { path, .. } => path,
         }
     }
 
@@ -76,6 +118,10 @@ impl KernelTrace {
                 .iter()
                 .map(ToString::to_string)
                 .collect(),
+            KernelTrace::Hosts { traces, .. } => traces
+                .iter()
+                .filter_map(|(path, t)| Some(format!("{}: {}", path.display(), t.truncation()?)))
+                .collect(),
         }
     }
 
@@ -85,6 +131,9 @@ impl KernelTrace {
         match self {
             KernelTrace::TraceDat { trace, .. } => Arch::from_uname(trace.uname().unwrap_or("")),
             KernelTrace::Ctf { .. } => Arch::from_uname(""),
+            KernelTrace::Hosts { traces, .. } => {
+                Arch::from_uname(traces[0].1.uname().unwrap_or(""))
+            }
         }
     }
 
@@ -130,6 +179,44 @@ impl KernelTrace {
                 progress.end(step);
                 built
             }
+            KernelTrace::Hosts {
+                traces,
+                maps,
+                cpu_hosts,
+                ..
+            } => {
+                let total = traces.iter().map(|(_, t)| t.cpu_data_bytes()).sum();
+                let step = Step::DecodeTraceDat;
+                progress.begin(step, Some(total));
+                let read = Arc::new(AtomicU64::new(0));
+                let mut streams = Vec::new();
+                for (h, ((path, trace), map)) in traces.iter().zip(maps).enumerate() {
+                    for cpu in 0..trace.cpus() {
+                        let records = trace.cpu_records(cpu).map_err(|source| {
+                            progress.end(step);
+                            Error::OpenTraceDat {
+                                path: path.clone(),
+                                source,
+                            }
+                        })?;
+                        streams.push(HostStream {
+                            host: h,
+                            cpu: CpuStream::new(records, trace.schema().clone(), read.clone()),
+                            map: map.clone(),
+                        });
+                    }
+                }
+                let builder = builder.hosts(cpu_hosts.clone());
+                let built = build_model(builder, streams, &mut |_| {
+                    progress.advance(step, read.load(Ordering::Relaxed).min(total));
+                })
+                .map_err(|(h, source)| Error::DecodeTraceDat {
+                    path: traces[h].0.clone(),
+                    source,
+                });
+                progress.end(step);
+                built
+            }
             KernelTrace::Ctf { path, trace } => {
                 let step = Step::DecodeCtf;
                 progress.begin(step, None);
@@ -169,6 +256,30 @@ fn domains(trace: &CtfTrace) -> String {
         .map(|t| t.domain().unwrap_or("unknown domain"))
         .collect();
     names.join(", ")
+}
+
+/// One CPU of one host of a merged run, as the merged model takes it.
+struct HostStream {
+    host: usize,
+    cpu: CpuStream,
+    map: Arc<HostMap>,
+}
+
+impl Iterator for HostStream {
+    type Item = Result<Input, (usize, deepspan_ftrace::Error)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            match self.cpu.next()? {
+                Ok(item) => {
+                    if let Some(item) = self.map.input(item) {
+                        return Some(Ok(item));
+                    }
+                }
+                Err(e) => return Some(Err((self.host, e))),
+            }
+        }
+    }
 }
 
 /// One CPU's records as model input, with the reader's lost-event reports

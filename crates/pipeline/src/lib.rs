@@ -17,6 +17,7 @@
 //! `deepspan_store` (tables, written into a staging folder swapped in whole).
 
 mod error;
+pub mod hosts;
 mod inputs;
 mod kernel_input;
 mod placements;
@@ -247,6 +248,9 @@ pub fn analyze_run(
     let trace_path = kernel_trace.path().to_path_buf();
     let arch = kernel_trace.arch();
     let mut notes: Vec<String> = Vec::new();
+    if let Some(hosts) = hosts::read_hosts(run)? {
+        notes.extend(hosts::alignment_notes(&hosts));
+    }
 
     // Spans first: they decide whether the model needs its graph.
     let mut spans = inputs::read_spans(run, &mut notes)?;
@@ -295,6 +299,12 @@ pub fn analyze_run(
     if under_recorder > 0 {
         notes.push(format!(
             "{under_recorder} wake-ups came from interrupts that ran while a recorder thread was current (the kernel leaves those interrupts out with the recorder's own events); they are counted as timer wake-ups for threads in nanosleep, else as unexplained"
+        ));
+    }
+    let across = model.stats().wakeups_from_other_hosts;
+    if across > 0 {
+        notes.push(format!(
+            "{across} wake-ups were recorded by one host's run in the context of another host's thread (hosts sharing a kernel); each was taken as a packet from that thread"
         ));
     }
     let inferred = model.stats().inferred_switches;

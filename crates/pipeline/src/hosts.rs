@@ -1,0 +1,554 @@
+//! Several hosts' runs analysed as one: a *merged run* folder whose
+//! `hosts.json` names each host's run and the transform of its clock onto
+//! the reference host's (from `deepspan sync`'s alignment).
+//!
+//! [`merge_runs`] writes the folder: `hosts.json`, a manifest (the
+//! reference's, with the merged process tables), `spans/` (every host's
+//! spans, their monotonic times on the reference clock, their wall times
+//! on the reference's wall clock, their thread ids numbered per host) and
+//! `kernel/saved_tgids`. [`crate::analyze_run`] then reads each host's
+//! `kernel/trace.dat` through [`HostClock`]: times through the transform,
+//! CPUs numbered after the previous hosts', thread ids as
+//! [`deepspan_analysis::host_tid`] numbers them. So every table, report and
+//! view of a single run works on a merged one, and a thread's host is the
+//! high bits of its id.
+//!
+//! Hosts that share a kernel (network namespaces, one run per namespace
+//! recorded with `--pid`): each run also holds events of the other's
+//! threads, as ftrace's pid filter keeps a wake-up or a switch when either
+//! thread is traced. A thread of another run's processes is numbered as
+//! that host's; a wake-up of it, or its fork, is left to its own run; a
+//! switch to or from it reads as the CPU leaving this host's threads; a
+//! wake-up of this host's thread in its context is a packet it sent (see
+//! `StateBuilder::hosts`).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use deepspan_analysis::{host_tid, Input};
+use deepspan_model::{Event, EventKind, Tid};
+use deepspan_spans::model::{
+    Value, ATTR_MONO_END, ATTR_MONO_NS, ATTR_MONO_START, ATTR_TID, EVENT_OFF, EVENT_ON,
+};
+use deepspan_spans::{ClockMap, Span, SpanWriter};
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// A merged run's list of hosts (`MERGED/hosts.json`).
+pub const HOSTS_JSON: &str = "hosts.json";
+
+/// `hosts.json`: the hosts of a merged run and their clocks.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HostsFile {
+    /// Index into `hosts` of the host whose clock is the merged run's.
+    pub reference: usize,
+    pub hosts: Vec<HostEntry>,
+}
+
+/// One host of a merged run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HostEntry {
+    /// The host name (the run manifest's `host`).
+    pub host: String,
+    /// The host's run folder (absolute).
+    pub run: PathBuf,
+    /// The host's clock onto the reference's: `slope · t + offset_ns`.
+    pub slope: f64,
+    pub offset_ns: f64,
+    /// `deepspan sync`'s quality of that transform.
+    pub quality: String,
+    /// Messages matched with the host it was aligned through.
+    pub matched: u64,
+    /// The host's first CPU number in the merged model.
+    pub cpu_base: u32,
+    /// The host's CPUs.
+    pub cpus: u32,
+    /// The kernel boot the run was recorded in, when its manifest says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// The processes the run was limited to (`record --pid`), empty for a
+    /// system-wide run.
+    #[serde(default)]
+    pub pids: Vec<Tid>,
+}
+
+/// A host's clock on the reference's, as the caller aligned it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HostClock {
+    pub slope: f64,
+    pub offset_ns: f64,
+    /// `deepspan_sync::Quality::name`.
+    pub quality: &'static str,
+    pub matched: u64,
+}
+
+impl HostClock {
+    /// The time `t` of this host on the reference clock, in ns (the
+    /// product computed as `t + (slope − 1)·t` to keep the last digits).
+    pub fn map_ns(&self, t: u64) -> u64 {
+        let shift = (self.slope - 1.0) * t as f64 + self.offset_ns;
+        (t as i128 + shift.round() as i128).max(0) as u64
+    }
+}
+
+/// What [`merge_runs`] wrote.
+#[derive(Debug)]
+pub struct Merged {
+    pub hosts: HostsFile,
+    /// Spans written, per host.
+    pub spans: Vec<usize>,
+    pub notes: Vec<String>,
+}
+
+/// Writes the merged run folder `out` (new, or empty) of `runs`, one per
+/// host, whose clocks `clocks[i]` map onto host `reference`'s.
+pub fn merge_runs(
+    runs: &[PathBuf],
+    clocks: &[HostClock],
+    reference: usize,
+    out: &Path,
+) -> Result<Merged, Error> {
+    assert_eq!(runs.len(), clocks.len(), "one clock per run");
+    let bad = |path: &Path, reason: String| Error::Hosts {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if runs.len() < 2 {
+        return Err(bad(out, "a merged analysis needs two runs or more".into()));
+    }
+    if runs.len() > MAX_HOSTS {
+        return Err(bad(out, format!("at most {MAX_HOSTS} hosts")));
+    }
+    if out.exists() && out.read_dir().map_or(true, |mut d| d.next().is_some()) {
+        return Err(bad(
+            out,
+            "exists and is not an empty folder: give a new folder for the merged run".into(),
+        ));
+    }
+    let mut hosts = Vec::new();
+    let mut manifests = Vec::new();
+    let mut cpu_base = 0u32;
+    for (run, clock) in runs.iter().zip(clocks) {
+        let run = std::fs::canonicalize(run)
+            .map_err(|e| bad(run, format!("cannot open the run folder: {e}")))?;
+        if !run.join("kernel").join("trace.dat").is_file() {
+            return Err(bad(
+                &run,
+                "no kernel/trace.dat: a merged analysis reads runs recorded with `deepspan record` (CTF runs are not supported yet)".into(),
+            ));
+        }
+        let manifest = read_manifest(&run)?;
+        let field = |k: &str| manifest.get(k).cloned().unwrap_or(serde_json::Value::Null);
+        let cpus = field("cpus").as_u64().unwrap_or(0) as u32;
+        let trace_cpus = deepspan_ftrace::TraceDat::open(&run.join("kernel").join("trace.dat"))
+            .map_err(|source| Error::OpenTraceDat {
+                path: run.join("kernel").join("trace.dat"),
+                source,
+            })?
+            .cpus() as u32;
+        let cpus = cpus.max(trace_cpus);
+        hosts.push(HostEntry {
+            host: field("host").as_str().unwrap_or("unknown").to_string(),
+            run: run.clone(),
+            slope: clock.slope,
+            offset_ns: clock.offset_ns,
+            quality: clock.quality.to_string(),
+            matched: clock.matched,
+            cpu_base,
+            cpus,
+            boot_id: field("boot_id").as_str().map(str::to_string),
+            pids: serde_json::from_value(field("pids")).unwrap_or_default(),
+        });
+        cpu_base += cpus;
+        manifests.push(manifest);
+    }
+    let file = HostsFile { reference, hosts };
+    std::fs::create_dir_all(out.join("kernel")).map_err(|source| Error::Write {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let write = |path: PathBuf, bytes: Vec<u8>| {
+        std::fs::write(&path, bytes).map_err(|source| Error::Write { path, source })
+    };
+    write(
+        out.join(HOSTS_JSON),
+        serde_json::to_vec_pretty(&file).expect("plain data"),
+    )?;
+
+    // The process tables, every id numbered by host.
+    let mut tgids = String::new();
+    let mut scans = Vec::new();
+    let mut recorder_tids = Vec::new();
+    let mut notes = Vec::new();
+    for (h, (entry, manifest)) in file.hosts.iter().zip(&manifests).enumerate() {
+        let h = h as u32;
+        for (tid, tgid) in crate::inputs::read_tgids(&entry.run) {
+            tgids.push_str(&format!("{} {}\n", host_tid(h, tid), host_tid(h, tgid)));
+        }
+        for mut p in read_scan(&entry.run, &mut notes) {
+            p.pid = host_tid(h, p.pid);
+            scans.push(p);
+        }
+        if let Some(list) = manifest.get("recorder_tids").and_then(|v| v.as_array()) {
+            recorder_tids.extend(
+                list.iter()
+                    .filter_map(|t| t.as_i64())
+                    .map(|t| host_tid(h, t as Tid)),
+            );
+        }
+    }
+    write(out.join("kernel").join("saved_tgids"), tgids.into_bytes())?;
+    write(
+        out.join(deepspan_record::PROCESS_SCAN),
+        serde_json::to_vec(&scans).expect("plain data"),
+    )?;
+
+    // The reference's manifest, for its clock samples: the merged spans'
+    // wall times are on its wall clock.
+    let mut manifest = manifests[reference].clone();
+    let names: Vec<&str> = file.hosts.iter().map(|h| h.host.as_str()).collect();
+    manifest["host"] = names.join("+").into();
+    manifest["cpus"] = cpu_base.into();
+    manifest["pids"] = serde_json::Value::Array(Vec::new());
+    manifest["recorder_tids"] = recorder_tids.into();
+    manifest["tgids"] = "kernel/saved_tgids".into();
+    manifest["processes"] = deepspan_record::PROCESS_SCAN.into();
+    manifest["kernel_trace"] = serde_json::Value::Null;
+    manifest["hosts"] = HOSTS_JSON.into();
+    write(
+        out.join("manifest.json"),
+        serde_json::to_vec_pretty(&manifest).expect("plain data"),
+    )?;
+
+    let reference_clock = ClockMap::from_manifest(&file.hosts[reference].run).ok();
+    let mut writer = SpanWriter::create(out).map_err(|source| Error::Spans {
+        run: out.to_path_buf(),
+        source,
+    })?;
+    let mut counts = Vec::new();
+    for (h, entry) in file.hosts.iter().enumerate() {
+        let mut spans = crate::inputs::read_spans(&entry.run, &mut notes)?;
+        let host_clock = ClockMap::from_manifest(&entry.run).ok();
+        let clock = clocks[h];
+        for s in &mut spans {
+            to_reference(
+                s,
+                h as u32,
+                &clock,
+                host_clock.as_ref(),
+                reference_clock.as_ref(),
+            );
+        }
+        for chunk in spans.chunks(1024) {
+            writer.append(chunk).map_err(|source| Error::Spans {
+                run: out.to_path_buf(),
+                source,
+            })?;
+        }
+        counts.push(spans.len());
+    }
+    writer.flush().map_err(|source| Error::Spans {
+        run: out.to_path_buf(),
+        source,
+    })?;
+    Ok(Merged {
+        hosts: file,
+        spans: counts,
+        notes,
+    })
+}
+
+/// Hosts a merged run can hold: thread ids keep their host in the bits
+/// above `HOST_TID_SHIFT` of a positive i32.
+pub const MAX_HOSTS: usize = 1 << (31 - deepspan_analysis::HOST_TID_SHIFT);
+
+fn read_manifest(run: &Path) -> Result<serde_json::Value, Error> {
+    let path = run.join("manifest.json");
+    let bad = |reason: String| Error::Hosts {
+        path: path.clone(),
+        reason,
+    };
+    let text =
+        std::fs::read(&path).map_err(|e| bad(format!("cannot read the run manifest: {e}")))?;
+    let doc: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| bad(format!("not a run manifest: {e}")))?;
+    if !doc.is_object() {
+        return Err(bad("not a run manifest (a JSON object)".into()));
+    }
+    Ok(doc)
+}
+
+fn read_scan(run: &Path, notes: &mut Vec<String>) -> Vec<deepspan_record::ProcessEntry> {
+    let path = run.join(deepspan_record::PROCESS_SCAN);
+    let Ok(text) = std::fs::read(&path) else {
+        return Vec::new();
+    };
+    serde_json::from_slice(&text).unwrap_or_else(|e| {
+        notes.push(format!(
+            "{}: {e}; the process scan is not used",
+            path.display()
+        ));
+        Vec::new()
+    })
+}
+
+/// Moves span `s` of host `h` onto the reference: its deepspan monotonic
+/// times through the host's clock, its thread ids numbered by host, its
+/// wall times onto the reference's wall clock (through the host's clock
+/// samples, the transform, and the reference's samples back), so that the
+/// merged run's one clock map places spans without deepspan fields too.
+fn to_reference(
+    s: &mut Span,
+    h: u32,
+    clock: &HostClock,
+    host_samples: Option<&ClockMap>,
+    reference_samples: Option<&ClockMap>,
+) {
+    let int = |v: u64| Value::Int(v.min(i64::MAX as u64) as i64);
+    if let Some(t) = s.sync.tid {
+        s.attributes
+            .insert(ATTR_TID, int(host_tid(h, t as Tid) as u64));
+    }
+    for (key, t) in [
+        (ATTR_MONO_START, s.sync.mono_start_ns),
+        (ATTR_MONO_END, s.sync.mono_end_ns),
+    ] {
+        if let Some(t) = t {
+            s.attributes.insert(key, int(clock.map_ns(t)));
+        }
+    }
+    for ev in &mut s.events {
+        if ev.name != EVENT_ON && ev.name != EVENT_OFF {
+            continue;
+        }
+        let tid = ev.attributes.get(ATTR_TID).and_then(|v| v.as_i64());
+        if let Some(t) = tid {
+            ev.attributes
+                .insert(ATTR_TID, int(host_tid(h, t as Tid) as u64));
+        }
+        let mono = ev.attributes.get(ATTR_MONO_NS).and_then(|v| v.as_i64());
+        if let Some(t) = mono {
+            ev.attributes
+                .insert(ATTR_MONO_NS, int(clock.map_ns(t.max(0) as u64)));
+        }
+    }
+    if let (Some(host), Some(reference)) = (host_samples, reference_samples) {
+        let wall = |w: u64| reference.mono_to_wall(clock.map_ns(host.wall_to_mono(w)));
+        let (start, end) = (wall(s.start_ns), wall(s.end_ns));
+        s.start_ns = start;
+        s.end_ns = end.max(start);
+        for ev in &mut s.events {
+            ev.time_ns = wall(ev.time_ns);
+        }
+    }
+    s.refresh_sync();
+}
+
+/// The threads a run was limited to (`record --pid`): the listed processes'
+/// threads, by the run's saved tgids.
+#[derive(Debug, Default)]
+struct Traced {
+    pids: HashSet<Tid>,
+    tgid_of: HashMap<Tid, Tid>,
+}
+
+impl Traced {
+    fn holds(&self, tid: Tid) -> bool {
+        self.pids.contains(&tid)
+            || self
+                .tgid_of
+                .get(&tid)
+                .is_some_and(|g| self.pids.contains(g))
+    }
+}
+
+/// How one host's events enter the merged model (see the module's doc).
+#[derive(Debug)]
+pub struct HostMap {
+    number: u32,
+    clock: HostClock,
+    cpu_base: u32,
+    /// For a pid-limited run sharing its kernel with other hosts' runs:
+    /// this run's traced threads, and the others' (by host number).
+    shared_kernel: Option<(Arc<Traced>, Vec<(u32, Arc<Traced>)>)>,
+}
+
+/// Whose thread a tid of a run sharing its kernel is.
+enum Owner {
+    /// This host's, or no host's traced processes (a kernel thread, a
+    /// process no run was limited to): numbered as this host's.
+    Here,
+    /// Another host's traced thread.
+    Other(u32),
+}
+
+impl HostMap {
+    /// Each host's map, from a merged run's `hosts.json`.
+    pub(crate) fn all(file: &HostsFile) -> Vec<HostMap> {
+        let traced: Vec<Option<Arc<Traced>>> = file
+            .hosts
+            .iter()
+            .map(|h| {
+                (!h.pids.is_empty() && h.boot_id.is_some()).then(|| {
+                    Arc::new(Traced {
+                        pids: h.pids.iter().copied().collect(),
+                        tgid_of: crate::inputs::read_tgids(&h.run),
+                    })
+                })
+            })
+            .collect();
+        file.hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let shared_kernel = traced[i].as_ref().and_then(|mine| {
+                    let others: Vec<(u32, Arc<Traced>)> = file
+                        .hosts
+                        .iter()
+                        .enumerate()
+                        .filter(|&(j, o)| j != i && o.boot_id == h.boot_id)
+                        .filter_map(|(j, _)| Some((j as u32, traced[j].clone()?)))
+                        .collect();
+                    (!others.is_empty()).then(|| (mine.clone(), others))
+                });
+                HostMap {
+                    number: i as u32,
+                    clock: HostClock {
+                        slope: h.slope,
+                        offset_ns: h.offset_ns,
+                        quality: "",
+                        matched: h.matched,
+                    },
+                    cpu_base: h.cpu_base,
+                    shared_kernel,
+                }
+            })
+            .collect()
+    }
+
+    fn owner(&self, tid: Tid) -> Owner {
+        let Some((mine, others)) = &self.shared_kernel else {
+            return Owner::Here;
+        };
+        if tid <= 0 || mine.holds(tid) {
+            return Owner::Here;
+        }
+        match others.iter().find(|(_, t)| t.holds(tid)) {
+            Some(&(h, _)) => Owner::Other(h),
+            None => Owner::Here,
+        }
+    }
+
+    fn number(&self, tid: Tid) -> Tid {
+        match self.owner(tid) {
+            Owner::Here => host_tid(self.number, tid),
+            Owner::Other(h) => host_tid(h, tid),
+        }
+    }
+
+    fn is_other(&self, tid: Tid) -> bool {
+        matches!(self.owner(tid), Owner::Other(_))
+    }
+
+    /// The event as the merged model takes it, or None when another
+    /// host's run holds it.
+    fn event(&self, mut e: Event) -> Option<Event> {
+        if self.shared_kernel.is_some() {
+            match &mut e.kind {
+                EventKind::SchedWaking(w)
+                | EventKind::SchedWakeup(w)
+                | EventKind::SchedWakeupNew(w)
+                    if self.is_other(w.tid) =>
+                {
+                    return None
+                }
+                EventKind::SchedProcessFork { parent_tid, .. } if self.is_other(*parent_tid) => {
+                    return None
+                }
+                EventKind::SchedSwitch(s) => {
+                    for tid in [&mut s.prev_tid, &mut s.next_tid] {
+                        if self.is_other(*tid) {
+                            *tid = 0;
+                        }
+                    }
+                    if s.prev_tid == 0 && s.next_tid == 0 {
+                        return None;
+                    }
+                }
+                _ => {}
+            }
+        }
+        e.map_tids(|t| self.number(t));
+        e.ts = self.clock.map_ns(e.ts);
+        e.cpu += self.cpu_base;
+        Some(e)
+    }
+
+    /// A decoded item of this host's trace, as the merged model takes it.
+    pub(crate) fn input(&self, item: Input) -> Option<Input> {
+        match item {
+            Input::Event(e) => self.event(e).map(Input::Event),
+            Input::Lost { cpu, ts, count } => Some(Input::Lost {
+                cpu: cpu + self.cpu_base,
+                ts: self.clock.map_ns(ts),
+                count,
+            }),
+        }
+    }
+}
+
+/// Reads a merged run's `hosts.json`, if `run` is one.
+pub fn read_hosts(run: &Path) -> Result<Option<HostsFile>, Error> {
+    let path = run.join(HOSTS_JSON);
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(Error::Hosts {
+                path,
+                reason: format!("cannot read: {e}"),
+            })
+        }
+    };
+    let file: HostsFile = serde_json::from_slice(&text).map_err(|e| Error::Hosts {
+        path: path.clone(),
+        reason: format!("not a hosts file: {e}"),
+    })?;
+    if file.reference >= file.hosts.len() {
+        return Err(Error::Hosts {
+            path,
+            reason: format!(
+                "reference {} is not one of its {} hosts",
+                file.reference,
+                file.hosts.len()
+            ),
+        });
+    }
+    Ok(Some(file))
+}
+
+/// The notes of a merged analysis: each host's clock and how far it can be
+/// trusted.
+pub(crate) fn alignment_notes(file: &HostsFile) -> Vec<String> {
+    file.hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            if i == file.reference {
+                format!("host {} (threads {}…): the reference clock", h.host, host_tid(i as u32, 1))
+            } else {
+                format!(
+                    "host {} (threads {}…): clock aligned {} ({} messages matched): t × {:.9} {:+.0} ns",
+                    h.host,
+                    host_tid(i as u32, 1),
+                    h.quality,
+                    h.matched,
+                    h.slope,
+                    h.offset_ns
+                )
+            }
+        })
+        .collect()
+}
