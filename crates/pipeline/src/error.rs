@@ -69,6 +69,52 @@ pub enum Error {
     /// merged run's `hosts.json`, is not what it needs.
     #[error("{}: {reason}", path.display())]
     Hosts { path: PathBuf, reason: String },
+    /// An input of [`crate::align::align_inputs`] is not a folder.
+    #[error("{}: not a run folder (manifest.json or spans/) nor a CTF trace folder", path.display())]
+    NotAnAlignInput { path: PathBuf },
+    /// A folder given to [`crate::align::align_inputs`] is not a run and
+    /// cannot be read as a CTF trace either.
+    #[error("{}: not a run folder (manifest.json or spans/), and not a CTF trace folder", path.display())]
+    NotARunNorCtf {
+        path: PathBuf,
+        #[source]
+        source: deepspan_ctf::Error,
+    },
+    /// Two inputs of [`crate::align::align_inputs`] name the same host: one
+    /// host has one clock, so it takes one input.
+    #[error("{} and {} are both host {host}: give one input per host (the clock of a host is one clock)", first.display(), second.display())]
+    SameHostTwice {
+        first: PathBuf,
+        second: PathBuf,
+        host: String,
+    },
+    /// The reference host asked for is none of the inputs' hosts.
+    #[error("reference host {name}: no input is that host (hosts: {})", hosts.join(", "))]
+    UnknownReference { name: String, hosts: Vec<String> },
+    /// A run folder without a host name to align it by.
+    #[error("{}: the run has no host name (no manifest.json with \"host\", no kernel/ctf/ trace with a hostname)", run.display())]
+    NoHostName { run: PathBuf },
+    /// A CTF folder whose traces carry no `hostname`.
+    #[error("{}: no trace in it has a `hostname` in its CTF environment", path.display())]
+    NoCtfHostname { path: PathBuf },
+    /// A run's `manifest.json` could not be read for its host, boot or
+    /// clock samples.
+    #[error("{}: {reason}", path.display())]
+    RunManifest { path: PathBuf, reason: String },
+    /// A matched message could not be added to the clock graph (its times
+    /// are too far apart to be one time base).
+    #[error("{what} ({} → {})", from.display(), to.display())]
+    Message {
+        what: String,
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: deepspan_sync::SyncError,
+    },
+    /// The clock graph could not be solved (a bug: the reference is one of
+    /// its hosts).
+    #[error("cannot put the hosts on the reference clock")]
+    Solve(#[source] deepspan_sync::SyncError),
     /// One of the analysis' own threads panicked (a bug).
     #[error("the {thread} thread panicked")]
     WorkerPanicked { thread: &'static str },

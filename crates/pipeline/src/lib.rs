@@ -16,6 +16,7 @@
 //! that writes, diagnoses and summarizes them) → baselines and root causes →
 //! `deepspan_store` (tables, written into a staging folder swapped in whole).
 
+pub mod align;
 mod error;
 pub mod hosts;
 mod inputs;

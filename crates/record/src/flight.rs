@@ -135,6 +135,8 @@ pub struct FlightRecorder {
     options: FlightOptions,
     clock_samples: VecDeque<[u64; 2]>,
     warnings: Vec<String>,
+    /// The boot the recorder started in, for every window's manifest.
+    boot_id: Option<String>,
 }
 
 /// Clock samples kept: one a second for an hour is more than any window needs.
@@ -192,6 +194,7 @@ impl FlightRecorder {
             options,
             clock_samples: VecDeque::from([[start.realtime_ns, start.mono_ns]]),
             warnings,
+            boot_id: crate::journal::boot_id(),
         })
     }
 
@@ -368,6 +371,7 @@ impl FlightRecorder {
             // Every thread is traced (see `start`).
             recorder_tids: Vec::new(),
             profile: None,
+            boot_id: self.boot_id.clone(),
         }
     }
 

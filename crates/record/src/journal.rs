@@ -82,7 +82,8 @@ fn start_ticks(pid: i32) -> Option<u64> {
     stat_fields(pid)?.get(22 - 3)?.parse().ok()
 }
 
-fn boot_id() -> Option<String> {
+/// `/proc/sys/kernel/random/boot_id`: the same until the machine restarts.
+pub(crate) fn boot_id() -> Option<String> {
     fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|id| id.trim().to_string())
 }
 
@@ -290,6 +291,10 @@ pub(crate) struct JournalContents {
     pub snapshots: Vec<Snapshot>,
     /// `tid tgid comm` lines.
     pub tasks: String,
+    /// The boot the recording was made in, as the journal's trace header
+    /// keeps it (journals older than the manifest's `boot_id` have it there
+    /// only).
+    pub boot_id: Option<String>,
     /// Lines that could not be read (a torn last line after a crash).
     pub skipped_lines: usize,
 }
@@ -323,8 +328,9 @@ pub(crate) fn read(run_dir: &Path) -> Result<JournalContents, Error> {
     });
     let tasks = fs::read_to_string(dir.join(TASKS_FILE)).unwrap_or_default();
     let mut notes = Vec::new();
+    let boot_id = meta.boot_id.clone();
     let meta = meta.into_meta(&mut notes);
-    Ok(JournalContents { dir, state, meta, notes, clock_samples, snapshots, tasks, skipped_lines })
+    Ok(JournalContents { dir, state, meta, notes, clock_samples, snapshots, tasks, boot_id, skipped_lines })
 }
 
 /// Reads whitespace-separated line records, counting the lines `parse`

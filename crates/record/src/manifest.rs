@@ -68,6 +68,12 @@ pub struct Manifest {
     /// CPU samples taken with the trace (`record --profile`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<ProfileManifest>,
+    /// `/proc/sys/kernel/random/boot_id` when recording started: runs with
+    /// the same boot id were recorded on one kernel, so they share its
+    /// CLOCK_MONOTONIC and, when recorded with a pid filter, the scheduler
+    /// events between their threads (`deepspan sync` matches those).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 /// What `record --profile` sampled (`deepspan_profile::Sampler`).
@@ -193,6 +199,7 @@ mod tests {
             recorder_tids: Vec::new(),
             profile: None,
             warnings: vec![],
+            boot_id: Some("0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07".into()),
         };
         let dir = tempfile::tempdir().unwrap();
         m.save(dir.path()).unwrap();
@@ -201,6 +208,29 @@ mod tests {
             serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST_FILE)).unwrap()).unwrap();
         assert_eq!(v["clock_samples"][1][0], 3);
         assert_eq!(v["otlp"]["http_port"], 4318);
+        assert_eq!(v["boot_id"], "0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07");
+    }
+
+    #[test]
+    fn a_manifest_without_boot_id_reads_and_writes_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut doc = serde_json::json!({
+            "format_version": 1, "host": "h", "kernel_release": "6.1", "cpus": 1, "page_size": 4096,
+            "trace_clock": "mono", "events": [], "mode": "standard", "buffer_kb_per_cpu": 1024,
+            "start": {"realtime_ns": 1, "mono_ns": 2}, "end": {"realtime_ns": 3, "mono_ns": 4},
+            "clock_samples": [], "per_cpu": [], "lost_events": 0, "kernel_trace": null,
+            "otlp": {"grpc_port": 1, "http_port": 2}, "exit_code": null
+        });
+        std::fs::write(dir.path().join(MANIFEST_FILE), doc.to_string()).unwrap();
+        let m = Manifest::load(dir.path()).unwrap();
+        assert_eq!(m.boot_id, None);
+        m.save(dir.path()).unwrap();
+        let back: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST_FILE)).unwrap()).unwrap();
+        assert!(back.get("boot_id").is_none(), "{back}");
+        doc["boot_id"] = "b".into();
+        std::fs::write(dir.path().join(MANIFEST_FILE), doc.to_string()).unwrap();
+        assert_eq!(Manifest::load(dir.path()).unwrap().boot_id.as_deref(), Some("b"));
     }
 
     #[test]

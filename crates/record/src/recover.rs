@@ -296,6 +296,9 @@ fn finish_manifest(
     let end_mono = last[1].max(last_page_ts);
     manifest.end = ClockPoint { realtime_ns: last[0].saturating_add(end_mono - last[1]), mono_ns: end_mono };
     manifest.clock_samples = samples;
+    if manifest.boot_id.is_none() {
+        manifest.boot_id = journal.boot_id.clone();
+    }
     manifest.snapshots = journal.snapshots.clone();
     manifest.exit_code = None;
     manifest.per_cpu = (0..manifest.cpus)
@@ -363,6 +366,9 @@ mod tests {
             recorder_tids: Vec::new(),
             profile: None,
             warnings: vec![],
+            // As a journal written before manifests had it: the trace
+            // header's copy fills it in.
+            boot_id: None,
         }
     }
 
@@ -427,6 +433,8 @@ mod tests {
         // The end is the start of the last page kept, later than the last sample.
         assert_eq!(m.end, ClockPoint { realtime_ns: 1_000_001_000_000 + 1_999_995_000, mono_ns: 3_000_000_000 });
         assert_eq!(m.per_cpu.iter().map(|c| c.bytes).collect::<Vec<_>>(), vec![2 * PAGE as u64, 0]);
+        // The journal's manifest had none; its trace header kept this boot's.
+        assert_eq!(m.boot_id, crate::journal::boot_id());
         assert!(m.warnings.iter().any(|w| w.contains("1 torn line")), "{:?}", m.warnings);
         assert!(m.warnings.iter().any(|w| w.contains("CPU 0: 100 bytes")), "{:?}", m.warnings);
         assert!(m.warnings.iter().any(|w| w.contains("lost-event counts are unknown")), "{:?}", m.warnings);

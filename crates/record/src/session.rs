@@ -459,6 +459,7 @@ impl Session {
             // Every thread is traced (see `filter_pids`).
             recorder_tids: Vec::new(),
             profile: None,
+            boot_id: crate::journal::boot_id(),
         }
     }
 

@@ -1,0 +1,538 @@
+//! Several hosts' inputs on one clock: every host's clock as a linear
+//! transform of a reference host's, from messages matched between the
+//! inputs (`deepspan sync` prints it; the multi-run analysis maps each run's
+//! times through it).
+//!
+//! One input is one host. Messages:
+//! - spans (run folders): a CLIENT span and its SERVER child on another
+//!   host are two messages, client start → server start and server end →
+//!   client end;
+//! - TCP segments (CTF folders): an LTTng `net_dev_queue` or
+//!   `inet_sock_local_out` on one host and a `netif_receive_skb`,
+//!   `net_if_receive_skb` or `inet_sock_local_in` on another with the same
+//!   TCP (seq, ack_seq, flags), as Trace Compass's TcpEventKey;
+//!
+//! Times are each host's kernel trace clock: CLOCK_MONOTONIC for a run
+//! recorded by deepspan (spans placed by their deepspan fields, else mapped
+//! through the run's clock samples), the CTF clock's absolute time for a CTF
+//! folder and for a run imported with `--ctf`.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+
+use deepspan_ctf::CtfTrace;
+use deepspan_model::Value;
+use deepspan_spans::clock::span_mono_exact;
+use deepspan_spans::{read_run_spans, ClockMap, SpanId, SpanKind, TraceId};
+use deepspan_sync::{HostGraph, HostSync};
+
+use crate::{Error, RUN_CTF_DIR};
+
+/// Every input's clock on the reference host's.
+#[derive(Clone, Debug)]
+pub struct Alignment {
+    /// Index into `hosts` of the reference host.
+    pub reference: usize,
+    /// One per input, in input order (host, transform onto the reference
+    /// clock, quality, messages matched with its parent in the tree, parent,
+    /// pairwise estimate).
+    pub hosts: Vec<HostSync>,
+    /// The inputs, in order.
+    pub inputs: Vec<PathBuf>,
+    /// What the user should know (counts of pairs matched by kind, inputs
+    /// with nothing matched, ...).
+    pub notes: Vec<String>,
+}
+
+/// Aligns the clocks of `inputs` (run folders and LTTng CTF folders, one
+/// per host) onto the clock of the host named `reference` (default: the
+/// first input's host).
+pub fn align_inputs(inputs: &[PathBuf], reference: Option<&str>) -> Result<Alignment, Error> {
+    let mut graph = HostGraph::new();
+    let mut collected = Collected::default();
+    let mut notes = Vec::new();
+    let mut hosts: Vec<String> = Vec::new();
+    for (input, path) in inputs.iter().enumerate() {
+        let host = if is_run(path) {
+            read_run(path, input, &mut collected, &mut notes)?
+        } else if path.is_dir() {
+            read_ctf(path, input, &mut collected, &mut notes)?
+        } else {
+            return Err(Error::NotAnAlignInput { path: path.clone() });
+        };
+        if let Some(first) = hosts.iter().position(|h| *h == host) {
+            return Err(Error::SameHostTwice {
+                first: inputs[first].clone(),
+                second: path.clone(),
+                host,
+            });
+        }
+        graph.host(&host);
+        hosts.push(host);
+    }
+    let (span_pairs, tcp_pairs) = match_messages(&collected, &mut graph, inputs)?;
+    if span_pairs > 0 || tcp_pairs > 0 {
+        notes.push(format!(
+            "{span_pairs} client/server span pairs and {tcp_pairs} TCP segments matched across hosts"
+        ));
+    }
+    let reference = match reference {
+        None => 0,
+        Some(name) => {
+            hosts
+                .iter()
+                .position(|h| h == name)
+                .ok_or_else(|| Error::UnknownReference {
+                    name: name.to_string(),
+                    hosts: hosts.clone(),
+                })?
+        }
+    };
+    let solved = graph.solve(reference).map_err(Error::Solve)?;
+    Ok(Alignment {
+        reference,
+        hosts: solved,
+        inputs: inputs.to_vec(),
+        notes,
+    })
+}
+
+/// A run folder, as opposed to a CTF trace folder.
+fn is_run(path: &Path) -> bool {
+    path.join("manifest.json").is_file() || path.join("spans").is_dir()
+}
+
+/// A time on one input's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    pub(crate) input: usize,
+    pub(crate) ns: u64,
+}
+
+/// The TCP header fields that identify a segment on both ends.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct TcpKey {
+    seq: u64,
+    ack_seq: u64,
+    flags: u64,
+}
+
+/// Messages gathered from all inputs, matched once all are read.
+#[derive(Default)]
+struct Collected {
+    /// CLIENT spans: (start, end) by (trace, span).
+    clients: HashMap<(TraceId, SpanId), (Stamp, Stamp)>,
+    /// SERVER spans with a parent: (trace, parent, start, end).
+    servers: Vec<(TraceId, SpanId, Stamp, Stamp)>,
+    /// TCP segments leaving a host, by key, in trace order.
+    sent: HashMap<TcpKey, VecDeque<Stamp>>,
+    /// TCP segments entering a host.
+    received: Vec<(TcpKey, Stamp)>,
+}
+
+/// A run folder: its host name and its CLIENT/SERVER spans.
+fn read_run(
+    path: &Path,
+    input: usize,
+    collected: &mut Collected,
+    notes: &mut Vec<String>,
+) -> Result<String, Error> {
+    let ctf_dir = path.join(RUN_CTF_DIR);
+    let imported_ctf = ctf_dir.is_dir();
+    let ctf = if imported_ctf {
+        Some(CtfTrace::open(&ctf_dir).map_err(|source| Error::OpenCtf {
+            path: ctf_dir.clone(),
+            source,
+        })?)
+    } else {
+        None
+    };
+    let host = match (run_host(path)?, &ctf) {
+        (Some(host), _) => host,
+        (None, Some(trace)) => hostname_of(trace, &ctf_dir)?,
+        (None, None) => {
+            return Err(Error::NoHostName {
+                run: path.to_path_buf(),
+            })
+        }
+    };
+    // The imported trace's TCP segments are on the same clock as the
+    // run's spans (the CTF clock's absolute time).
+    if let Some(trace) = &ctf {
+        read_tcp_segments(trace, &ctf_dir, input, collected, notes)?;
+    }
+    // A run imported with --ctf keeps its spans on the CTF clock, whose
+    // absolute time is the wall clock span files carry.
+    let clock = if imported_ctf {
+        None
+    } else {
+        match ClockMap::from_manifest(path) {
+            Ok(map) => Some(map),
+            Err(e) => {
+                notes.push(format!(
+                    "{}: no clock mapping ({e}); spans without deepspan times are left out",
+                    path.display()
+                ));
+                None
+            }
+        }
+    };
+    let spans_error = |source| Error::Spans {
+        run: path.to_path_buf(),
+        source,
+    };
+    let (mut spans, mut unplaced) = (0u64, 0u64);
+    for span in read_run_spans(path).map_err(spans_error)? {
+        let span = span.map_err(spans_error)?;
+        spans += 1;
+        if !matches!(span.kind, SpanKind::Client | SpanKind::Server) {
+            continue;
+        }
+        let times = span_mono_exact(&span)
+            .map(|t| (t.start_ns, t.end_ns))
+            .or_else(|| {
+                clock.as_ref().map(|c| {
+                    let t = c.span_mono(&span);
+                    (t.start_ns, t.end_ns)
+                })
+            })
+            .or_else(|| imported_ctf.then_some((span.start_ns, span.end_ns)));
+        let Some((start, end)) = times else {
+            unplaced += 1;
+            continue;
+        };
+        let (start, end) = (Stamp { input, ns: start }, Stamp { input, ns: end });
+        match (span.kind, span.parent_span_id) {
+            (SpanKind::Client, _) => {
+                collected
+                    .clients
+                    .insert((span.trace_id, span.span_id), (start, end));
+            }
+            (SpanKind::Server, Some(parent)) => {
+                collected.servers.push((span.trace_id, parent, start, end))
+            }
+            _ => {}
+        }
+    }
+    if unplaced > 0 {
+        notes.push(format!(
+            "{}: {unplaced} client/server spans have no time on the run's clock and are left out",
+            path.display()
+        ));
+    }
+    if spans == 0 && !imported_ctf {
+        let ftrace = path.join("kernel").join("trace.dat").is_file();
+        notes.push(format!(
+            "{}: no spans, so nothing to match{}",
+            path.display(),
+            if ftrace {
+                "; its kernel trace is ftrace, and the upstream net/tcp tracepoints carry no TCP \
+                 sequence numbers, so packets cannot be matched across hosts either: that needs \
+                 the TCP header (seq, ack_seq, flags) from a kprobe (e.g. on tcp_transmit_skb and \
+                 tcp_v4_rcv) or an eBPF program"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(host)
+}
+
+/// The manifest's `host`, read on its own so that the minimal manifest of
+/// a spans-only run will do.
+fn run_host(path: &Path) -> Result<Option<String>, Error> {
+    let manifest = path.join("manifest.json");
+    if !manifest.is_file() {
+        return Ok(None);
+    }
+    let bad = |reason: String| Error::RunManifest {
+        path: manifest.clone(),
+        reason,
+    };
+    let text = std::fs::read(&manifest).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let doc: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    match doc.get("host") {
+        None => Ok(None),
+        Some(serde_json::Value::String(h)) if !h.is_empty() => Ok(Some(h.clone())),
+        Some(other) => Err(bad(format!(
+            "\"host\" must be a non-empty string, got {other}"
+        ))),
+    }
+}
+
+/// The `hostname` of a CTF folder's traces (the kernel trace's first).
+fn hostname_of(trace: &CtfTrace, path: &Path) -> Result<String, Error> {
+    let mut traces: Vec<_> = trace.traces().iter().collect();
+    traces.sort_by_key(|t| !t.is_kernel());
+    traces
+        .iter()
+        .find_map(|t| t.hostname().filter(|h| !h.is_empty()))
+        .map(str::to_string)
+        .ok_or_else(|| Error::NoCtfHostname {
+            path: path.to_path_buf(),
+        })
+}
+
+const TCP_SEND_EVENTS: [&str; 2] = ["net_dev_queue", "inet_sock_local_out"];
+const TCP_RECEIVE_EVENTS: [&str; 3] = [
+    "netif_receive_skb",
+    "net_if_receive_skb",
+    "inet_sock_local_in",
+];
+
+/// A CTF folder: its host name and its TCP segments.
+fn read_ctf(
+    path: &Path,
+    input: usize,
+    collected: &mut Collected,
+    notes: &mut Vec<String>,
+) -> Result<String, Error> {
+    let trace = CtfTrace::open(path).map_err(|source| Error::NotARunNorCtf {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let host = hostname_of(&trace, path)?;
+    read_tcp_segments(&trace, path, input, collected, notes)?;
+    Ok(host)
+}
+
+/// The TCP segment events of a CTF trace, keyed.
+fn read_tcp_segments(
+    trace: &CtfTrace,
+    path: &Path,
+    input: usize,
+    collected: &mut Collected,
+    notes: &mut Vec<String>,
+) -> Result<(), Error> {
+    let (mut packets, mut keyed) = (0u64, 0u64);
+    for event in trace.events() {
+        let event = event.map_err(|source| Error::DecodeCtf {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let name = event.name();
+        let sending = TCP_SEND_EVENTS.contains(&name);
+        if !sending && !TCP_RECEIVE_EVENTS.contains(&name) {
+            continue;
+        }
+        packets += 1;
+        let Some(key) = tcp_key(event.fields()) else {
+            continue;
+        };
+        keyed += 1;
+        let stamp = Stamp {
+            input,
+            ns: event.ts(),
+        };
+        if sending {
+            collected.sent.entry(key).or_default().push_back(stamp);
+        } else {
+            collected.received.push((key, stamp));
+        }
+    }
+    if packets > 0 && keyed == 0 {
+        notes.push(format!(
+            "{}: {packets} packet events, none with TCP header fields (seq, ack_seq, flags): \
+             the lttng-modules versions whose net_dev_queue / netif_receive_skb carry the \
+             network header record them",
+            path.display()
+        ));
+    } else if packets == 0 {
+        notes.push(format!(
+            "{}: no packet events ({} or {}), so nothing to match",
+            path.display(),
+            TCP_SEND_EVENTS.join(", "),
+            TCP_RECEIVE_EVENTS.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// (seq, ack_seq, flags) of a TCP segment event: fields of those names at
+/// the top level (`inet_sock_local_*`) or nested in the network header
+/// (`net_dev_queue`'s `network_header.…transport_header.…seq`).
+fn tcp_key(fields: &[(std::sync::Arc<str>, Value)]) -> Option<TcpKey> {
+    let find = |wanted: &str| {
+        fields.iter().find_map(|(name, value)| {
+            if name.rsplit('.').next() != Some(wanted) {
+                return None;
+            }
+            match *value {
+                Value::UInt(v) => Some(v),
+                Value::Int(v) => u64::try_from(v).ok(),
+                _ => None,
+            }
+        })
+    };
+    Some(TcpKey {
+        seq: find("seq")?,
+        ack_seq: find("ack_seq")?,
+        flags: find("flags")?,
+    })
+}
+
+/// Adds a message from `from` to `to` to the graph; `what` names it in the
+/// error.
+pub(crate) fn add_message(
+    graph: &mut HostGraph,
+    inputs: &[PathBuf],
+    from: Stamp,
+    to: Stamp,
+    what: &dyn Fn() -> String,
+) -> Result<(), Error> {
+    graph
+        .add_message(from.input, from.ns, to.input, to.ns)
+        .map_err(|source| Error::Message {
+            what: what(),
+            from: inputs[from.input].clone(),
+            to: inputs[to.input].clone(),
+            source,
+        })
+}
+
+/// Adds the matched messages to the graph; returns the span pairs and TCP
+/// segments matched.
+fn match_messages(
+    collected: &Collected,
+    graph: &mut HostGraph,
+    inputs: &[PathBuf],
+) -> Result<(u64, u64), Error> {
+    let mut span_pairs = 0;
+    for (trace, parent, server_start, server_end) in &collected.servers {
+        let Some(&(client_start, client_end)) = collected.clients.get(&(*trace, *parent)) else {
+            continue;
+        };
+        if client_start.input == server_start.input {
+            continue;
+        }
+        let what = || format!("client span {parent} of trace {trace} and its server child");
+        add_message(graph, inputs, client_start, *server_start, &what)?;
+        add_message(graph, inputs, *server_end, client_end, &what)?;
+        span_pairs += 1;
+    }
+    let mut sent = collected.sent.clone();
+    let mut tcp = 0;
+    for (key, receive) in &collected.received {
+        let Some(queue) = sent.get_mut(key) else {
+            continue;
+        };
+        // The first segment with this key that another host sent.
+        let Some(i) = queue.iter().position(|s| s.input != receive.input) else {
+            continue;
+        };
+        let send = queue.remove(i).expect("position is in the queue");
+        let what = || {
+            format!(
+                "TCP segment seq {} ack {} flags {:#x}",
+                key.seq, key.ack_seq, key.flags
+            )
+        };
+        add_message(graph, inputs, send, *receive, &what)?;
+        tcp += 1;
+    }
+    Ok((span_pairs, tcp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn field(name: &str, value: Value) -> (Arc<str>, Value) {
+        (Arc::from(name), value)
+    }
+
+    #[test]
+    fn tcp_key_is_found_nested_or_at_the_top() {
+        // net_dev_queue with the network header, flattened by the CTF reader.
+        let nested = vec![
+            field("skbaddr", Value::UInt(0xffff_8800)),
+            field("network_header.ipv4.protocol", Value::UInt(6)),
+            field(
+                "network_header.ipv4.transport_header.tcp.seq",
+                Value::UInt(1001),
+            ),
+            field(
+                "network_header.ipv4.transport_header.tcp.ack_seq",
+                Value::UInt(77),
+            ),
+            field(
+                "network_header.ipv4.transport_header.tcp.flags",
+                Value::UInt(0x18),
+            ),
+        ];
+        assert_eq!(
+            tcp_key(&nested),
+            Some(TcpKey {
+                seq: 1001,
+                ack_seq: 77,
+                flags: 0x18
+            })
+        );
+        let top = vec![
+            field("seq", Value::Int(5)),
+            field("ack_seq", Value::Int(6)),
+            field("flags", Value::Int(2)),
+        ];
+        assert_eq!(
+            tcp_key(&top),
+            Some(TcpKey {
+                seq: 5,
+                ack_seq: 6,
+                flags: 2
+            })
+        );
+        // An older net_dev_queue: no header, no key; "subseq" is not "seq".
+        let none = vec![
+            field("skbaddr", Value::UInt(1)),
+            field("subseq", Value::UInt(1)),
+            field("ack_seq", Value::UInt(1)),
+            field("flags", Value::UInt(1)),
+        ];
+        assert_eq!(tcp_key(&none), None);
+        assert_eq!(tcp_key(&top[..2]), None);
+    }
+
+    #[test]
+    fn segments_match_the_first_send_of_another_host() {
+        let key = TcpKey {
+            seq: 1,
+            ack_seq: 2,
+            flags: 0x10,
+        };
+        let other = TcpKey { seq: 9, ..key };
+        let at = |input, ns| Stamp { input, ns };
+        let mut collected = Collected::default();
+        // Host 1 sends it twice (a retransmission), host 0 receives it
+        // twice and also sees its own copy of a segment host 0 sent.
+        collected
+            .sent
+            .insert(key, VecDeque::from([at(1, 100), at(1, 300)]));
+        collected.sent.insert(other, VecDeque::from([at(0, 50)]));
+        collected.received = vec![
+            (key, at(0, 1_000_150)),
+            (key, at(0, 1_000_350)),
+            (other, at(0, 60)),
+        ];
+        let mut graph = HostGraph::new();
+        graph.host("zero");
+        graph.host("one");
+        let inputs = [PathBuf::from("zero"), PathBuf::from("one")];
+        let (spans, tcp) = match_messages(&collected, &mut graph, &inputs).unwrap();
+        assert_eq!((spans, tcp), (0, 2));
+        let estimate = graph.pair_estimate(0, 1).unwrap();
+        assert_eq!(estimate.matched, 2);
+        assert_eq!(estimate.quality, deepspan_sync::Quality::Incomplete);
+        // One way only, 1 ms (+ 50 ns) later on host zero's clock.
+        assert_eq!(estimate.transform.map_ns(200), 1_000_250);
+    }
+
+    #[test]
+    fn an_input_that_is_no_folder_is_named() {
+        let missing = PathBuf::from("/nonexistent/deepspan-align-input");
+        let err = align_inputs(std::slice::from_ref(&missing), None).unwrap_err();
+        assert!(matches!(err, Error::NotAnAlignInput { .. }), "{err}");
+        assert!(err.to_string().contains("deepspan-align-input"), "{err}");
+    }
+}
