@@ -97,15 +97,15 @@ const RAW_CHUNK: usize = 256 << 10;
 /// Largest uncompressed chunk accepted (trace-cmd writes far smaller ones).
 const MAX_CHUNK: u32 = 256 << 20;
 
-const TYPE_PADDING: u32 = 29;
-const TYPE_TIME_EXTEND: u32 = 30;
-const TYPE_TIME_STAMP: u32 = 31;
-const DELTA_MASK: u32 = (1 << 27) - 1;
-const COMMIT_MASK: u64 = (1 << 27) - 1;
+pub(crate) const TYPE_PADDING: u32 = 29;
+pub(crate) const TYPE_TIME_EXTEND: u32 = 30;
+pub(crate) const TYPE_TIME_STAMP: u32 = 31;
+pub(crate) const DELTA_MASK: u32 = (1 << 27) - 1;
+pub(crate) const COMMIT_MASK: u64 = (1 << 27) - 1;
 const MISSING_EVENTS: u64 = 1 << 31;
 const MISSING_STORED: u64 = 1 << 30;
 /// Absolute timestamps lack the top 5 bits; they come from the running time.
-const TS_MSB: u64 = 0xf8 << 56;
+pub(crate) const TS_MSB: u64 = 0xf8 << 56;
 
 /// The records of one CPU, in ring-buffer (time) order.
 ///

@@ -440,6 +440,27 @@ impl TraceDat {
         Ok(self.merged(buffer))
     }
 
+    /// The ring-buffer page layout (page size of the top instance).
+    pub(crate) fn layout(&self) -> PageLayout {
+        PageLayout {
+            page_size: self.page_size as usize,
+            ..self.layout
+        }
+    }
+
+    /// How raw ring-buffer times become the times records carry.
+    pub(crate) fn ts_conv(&self) -> TsConv {
+        self.ts_conv
+    }
+
+    /// Every buffer (the top instance first, named instances after) with
+    /// its page size and where each CPU's data is.
+    pub(crate) fn data_spans(&self) -> impl Iterator<Item = (&str, u32, &[CpuSpan])> {
+        self.buffers
+            .iter()
+            .map(|b| (b.name.as_str(), b.page_size, b.spans.as_slice()))
+    }
+
     fn merged(&self, buffer: &Buffer) -> Records {
         let mut cpus: Vec<u32> = buffer.spans.iter().map(|s| s.cpu).collect();
         cpus.sort_unstable();
