@@ -293,9 +293,8 @@ pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiRes
                 .is_none_or(|v| r["diagnosis"]["cause"].as_str() == Some(v))
         })
         .filter(|r| {
-            p.str("root_cause").is_none_or(|v| {
-                r["diagnosis"]["root_cause"]["cause"].as_str() == Some(v)
-            })
+            p.str("root_cause")
+                .is_none_or(|v| r["diagnosis"]["root_cause"]["cause"].as_str() == Some(v))
         })
         .filter(|r| anomalous.is_none_or(|a| r["anomalous"].as_bool().unwrap_or(false) == a))
         .filter(|r| from.is_none_or(|f| r["end_ns"].as_i64().unwrap_or(0) > f))
@@ -434,18 +433,17 @@ pub async fn request_profile(
     let request = r.clone();
     let state = st.clone();
     // Reading the samples (first time) and symbolizing block.
-    let profile = tokio::task::spawn_blocking(move || {
-        state.profiles.request(&state.data, &span, &request)
-    })
-    .await
-    .map_err(|e| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message: format!("profile task failed: {e}"),
-    })?
-    .map_err(|e| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message: format!("cannot read the run's CPU samples: {e}"),
-    })?;
+    let profile =
+        tokio::task::spawn_blocking(move || state.profiles.request(&state.data, &span, &request))
+            .await
+            .map_err(|e| ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: format!("profile task failed: {e}"),
+            })?
+            .map_err(|e| ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: format!("cannot read the run's CPU samples: {e}"),
+            })?;
     let t = profile.totals;
     Ok(Json(json!({
         "span_id": r["span_id"],
