@@ -226,6 +226,10 @@ pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
         "root_causes": root_causes,
         "has_diagnosis": d.requests().iter().any(|r| r.get("diagnosis").is_some()),
         "span_warnings": st.spans.warnings,
+        // A merged run's hosts (null for a run of one host); a broken
+        // hosts.json is reported, not fatal.
+        "hosts": d.hosts.as_ref().and_then(|h| h.as_ref().ok()),
+        "hosts_error": d.hosts.as_ref().and_then(|h| h.as_ref().err()),
     })))
 }
 
