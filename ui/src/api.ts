@@ -62,6 +62,18 @@ export interface Drawn {
   [key: string]: unknown;
 }
 
+/** A host of a merged run (its `hosts.json`); `index` is the N of its threads' `hN:` ids. */
+export interface HostInfo {
+  index: number;
+  host: string;
+  reference: boolean;
+  quality: string;
+  matched: number;
+  slope: number;
+  offset_ns: number;
+  run: string;
+}
+
 export interface RunInfo {
   /** "snapshots" when the server serves a folder of agent snapshots (then only `run` is set). */
   kind?: "snapshots";
@@ -77,6 +89,10 @@ export interface RunInfo {
   root_causes?: string[];
   has_diagnosis: boolean;
   notes: string[];
+  /** The hosts of a merged run; null (or absent) for a run of one host. */
+  hosts?: HostInfo[] | null;
+  /** What is wrong with the run's hosts.json, when it is unreadable. */
+  hosts_error?: string | null;
 }
 
 export class ApiError extends Error {

@@ -1,5 +1,7 @@
 // Colours and number formats shared by every view.
 
+import type { HostInfo } from "./api";
+
 /** Kernel state colours (seed 000's figures: RUNNING green, PREEMPTED orange, BLOCKED grey …). */
 export const STATE_COLORS: Record<string, string> = {
   RUNNING: "#2ca02c",
@@ -36,6 +38,40 @@ export function fmtNs(ns: number): string {
   if (a >= 1e6) return `${(ns / 1e6).toFixed(a >= 1e7 ? 1 : 2)} ms`;
   if (a >= 1e3) return `${(ns / 1e3).toFixed(a >= 1e4 ? 1 : 2)} µs`;
   return `${Math.round(ns)} ns`;
+}
+
+/**
+ * Thread ids of a merged run carry their host's number above bit 22 (`host << 22 | tid`,
+ * crates/analysis `HOST_TID_SHIFT`); process ids too, as a process is its first thread.
+ */
+export const HOST_TID_SHIFT = 22;
+const LOCAL_TID_MASK = (1 << HOST_TID_SHIFT) - 1;
+
+/**
+ * A thread (or process) id as people read it: `h1:5123` for thread 5123 of host 1 of a merged run,
+ * plain for host 0's and for an ordinary run's; "" for none. Text, to be escaped with `esc`.
+ */
+export function fmtTid(tid: unknown): string {
+  if (tid === null || tid === undefined || tid === "") return "";
+  const n = Number(tid);
+  if (!Number.isInteger(n) || n < 1 << HOST_TID_SHIFT) return String(tid);
+  return `h${Math.floor(n / (1 << HOST_TID_SHIFT))}:${n & LOCAL_TID_MASK}`;
+}
+
+/**
+ * The hosts of a merged run, one line: `h0 alpha — reference clock; h1 beta — clock aligned accurate
+ * (4801 messages)`, with each host's transform and run folder on hover; or what is wrong with its
+ * hosts.json. Null for a run of one host.
+ */
+export function hostsLegend(hosts: HostInfo[] | null | undefined, error?: string | null): HTMLElement | null {
+  if (error) return el("p", { class: "warn hosts", id: "hosts" }, `The hosts of this merged run cannot be shown: ${esc(error)}`);
+  if (!hosts?.length) return null;
+  const items = hosts.map((h) => {
+    const clock = h.reference ? "reference clock" : `clock aligned ${esc(h.quality)} (${esc(h.matched)} messages)`;
+    const title = `${h.run}\nclock: ${h.slope} · t ${h.offset_ns < 0 ? "−" : "+"} ${fmtNs(Math.abs(h.offset_ns))}`;
+    return `<span class="host" data-host="${esc(h.index)}" title="${esc(title)}"><b>h${esc(h.index)}</b> ${esc(h.host)} — ${clock}</span>`;
+  });
+  return el("p", { class: "hosts muted", id: "hosts" }, `Merged run of ${hosts.length} hosts: ${items.join("; ")}`);
 }
 
 export function esc(s: unknown): string {

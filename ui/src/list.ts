@@ -1,7 +1,7 @@
 // The requests list: sortable, filterable, anomalous requests marked.
 
 import { get, run, RequestRow } from "./api";
-import { el, esc, fmtNs } from "./format";
+import { el, esc, fmtNs, hostsLegend } from "./format";
 
 interface ListState {
   sort: "duration" | "start";
@@ -22,6 +22,8 @@ export async function listView(app: HTMLElement): Promise<void> {
   head.innerHTML = `<h1>Requests</h1>
     <p class="muted">${esc(info.requests)} requests · ${esc(info.threads)} threads · ${esc(info.intervals)} thread-state intervals · trace ${fmtNs(info.end_ns - info.start_ns)}</p>
     ${info.notes?.length ? `<details><summary>${info.notes.length} note(s) from the analysis</summary><ul>${info.notes.map((n) => `<li>${esc(n)}</li>`).join("")}</ul></details>` : ""}`;
+  const hosts = hostsLegend(info.hosts, info.hosts_error);
+  if (hosts) head.append(hosts);
   const filters = el("div", { class: "filters" });
   const operations = [...new Set((await get<{ requests: RequestRow[] }>("/api/requests")).requests.map((r) => r.operation))].sort();
   filters.append(

@@ -36,6 +36,7 @@ run()
     const name = document.getElementById("run-name")!;
     const snapshot = snapshotId();
     name.textContent = snapshot === null ? info.run : `snapshot ${snapshot}`;
+    if (info.hosts?.length) name.textContent += ` · merged run of ${info.hosts.length} hosts`;
     // A snapshot's pages link back to the list; the list has no run views.
     document.getElementById("snapshots-link")!.hidden = snapshot === null;
     if (info.kind === "snapshots") document.querySelector<HTMLElement>("#top nav")!.hidden = true;

@@ -6,7 +6,7 @@
 
 import { ApiError, CauseObject, Drawn, get, RequestRow, Diagnosis } from "./api";
 import { FLAME_LEGEND, FlameGraph, ProfileResponse } from "./flame";
-import { BLOCKED_BY_REQUEST, el, esc, fmtNs, legend, stateColor, STATE_COLORS } from "./format";
+import { BLOCKED_BY_REQUEST, el, esc, fmtNs, fmtTid, legend, stateColor, STATE_COLORS } from "./format";
 import { Lane, Timeline } from "./timeline";
 
 interface SummaryRow {
@@ -131,7 +131,7 @@ export async function requestView(app: HTMLElement, id: string): Promise<void> {
       });
       tl.root.dataset.states = JSON.stringify(d.drawn_states);
       const lanes: Lane[] = d.lanes
-        .map((l) => ({ key: String(l.tid), label: `${l.comm ?? "?"} ${l.tid >= 0 ? l.tid : ""}`, intervals: l.intervals }))
+        .map((l) => ({ key: String(l.tid), label: `${l.comm ?? "?"} ${l.tid >= 0 ? fmtTid(l.tid) : ""}`, intervals: l.intervals }))
         .sort((a, b) => (order.get(+a.key) ?? 1e9) - (order.get(+b.key) ?? 1e9));
       return {
         lanes,
@@ -196,7 +196,7 @@ async function flameGraph(panel: HTMLElement, id: string): Promise<void> {
 /** Where the kernel trace put the request, how sure, and why. */
 function placementBox(p: Placement): HTMLElement {
   const box = el("details", { class: "placement", id: "placement" });
-  const on = p.tid !== null ? `thread ${p.tid} of process ${p.pid}` : `process ${p.pid} as a whole`;
+  const on = p.tid !== null ? `thread ${fmtTid(p.tid)} of process ${fmtTid(p.pid)}` : `process ${fmtTid(p.pid)} as a whole`;
   box.innerHTML = `<summary>placed from the kernel trace (${esc(p.sync)}) on ${esc(on)},
     confidence <b>${p.confidence.toFixed(2)}</b></summary>
     <ul>${p.evidence.map((e) => `<li>${esc(e)}</li>`).join("")}</ul>`;
@@ -235,7 +235,7 @@ function causeHtml(d: CauseObject, blockerName: Map<string, string>): string {
       groups.get(key)!.push(c);
       continue;
     }
-    const who = esc([c.comm ?? c.name ?? c.operation, c.pid ? `pid ${c.pid}` : "", c.tid ? `tid ${c.tid}` : ""].filter(Boolean).join(" "));
+    const who = esc([c.comm ?? c.name ?? c.operation, c.pid ? `pid ${fmtTid(c.pid)}` : "", c.tid ? `tid ${fmtTid(c.tid)}` : ""].filter(Boolean).join(" "));
     items.push({ ns: Number(c.ns ?? 0), html: `${esc(c.kind)}: ${who} — ${fmtNs(Number(c.ns ?? 0))}` });
   }
   for (const [name, cs] of groups) {
@@ -268,7 +268,7 @@ function pieceTooltip(iv: Drawn, lane: Lane, origin: number, blockers: Map<strin
   if (iv.waiting_in) rows.push(`request's thread waiting in: ${esc(iv.waiting_in)}`);
   if (iv.detail) rows.push(`detail: ${esc(iv.detail)}`);
   if (iv.blocked_by_request) rows.push(`for blocking request: ${esc(blockers.get(String(iv.blocked_by_request)) ?? iv.blocked_by_request)} (click to open)`);
-  if (iv.preempted_by_tid) rows.push(`CPU taken by: ${esc(iv.preempted_by_comm ?? "")} ${esc(iv.preempted_by_tid)}`);
+  if (iv.preempted_by_tid) rows.push(`CPU taken by: ${esc(iv.preempted_by_comm ?? "")} ${esc(fmtTid(iv.preempted_by_tid))}`);
   if (Number(iv.throttled_ns)) rows.push(`throttled (CPU held back): ${fmtNs(Number(iv.throttled_ns))}`);
   if (Number(iv.contended_ns)) rows.push(`contended: ${fmtNs(Number(iv.contended_ns))}`);
   if (Number(iv.shared)) rows.push(`shared with ${esc(iv.shared)} other request path(s)`);
@@ -326,7 +326,7 @@ function gantt(parent: HTMLElement, trace: TraceView, r: RequestRow): void {
       const s = iv.span as GanttSpan;
       return `<b>[${esc(s.service)}] ${esc(s.operation)}</b><br>${fmtNs(s.start_ns - r.start_ns)} → ${fmtNs(s.end_ns - r.start_ns)} (${fmtNs(s.end_ns - s.start_ns)})<br>
         ${iv.on ? "on the span critical path" : "not on the span critical path"}: ${fmtNs(iv.end_ns - iv.start_ns)}<br>
-        span ${esc(s.span_id)}${s.tid ? ` · thread ${s.tid}` : ""}${s.exact ? "" : " · times mapped from the wall clock"}`;
+        span ${esc(s.span_id)}${s.tid ? ` · thread ${esc(fmtTid(s.tid))}` : ""}${s.exact ? "" : " · times mapped from the wall clock"}`;
     },
   }).root.id = "gantt";
 }

@@ -2,7 +2,7 @@
 // (CPUs and threads over time, Figs. 13, 14, 17).
 
 import { Drawn, get, run } from "./api";
-import { BLOCKED_BY_REQUEST, el, esc, fmtNs, legend, stateColor, STATE_COLORS, threadColor } from "./format";
+import { BLOCKED_BY_REQUEST, el, esc, fmtNs, fmtTid, hostsLegend, legend, stateColor, STATE_COLORS, threadColor } from "./format";
 import { Lane, Timeline } from "./timeline";
 
 interface ConcurrentResponse {
@@ -56,7 +56,7 @@ export async function concurrentView(app: HTMLElement, params: URLSearchParams):
     outline: (iv) => (iv.blocked_by_request ? BLOCKED_BY_REQUEST : null),
     tooltip: (iv, lane) =>
       `<b>${esc(lane.label)}</b><br><b style="color:${stateColor(iv.state)}">${esc(iv.state)}</b>${iv.n > 1 ? ` (dominant of ${iv.n})` : ""}
-       on ${esc(iv.comm ?? "?")} ${esc(iv.tid ?? "")}<br>${fmtNs(iv.start_ns - info.start_ns)} → ${fmtNs(iv.end_ns - info.start_ns)} (${fmtNs(iv.end_ns - iv.start_ns)})
+       on ${esc(iv.comm ?? "?")} ${esc(fmtTid(iv.tid))}<br>${fmtNs(iv.start_ns - info.start_ns)} → ${fmtNs(iv.end_ns - info.start_ns)} (${fmtNs(iv.end_ns - iv.start_ns)})
        ${iv.syscall ? `<br>system call: ${esc(iv.syscall)}` : ""}
        ${iv.blocked_by_request ? `<br>blocked by ${esc(names.get(String(iv.blocked_by_request)) ?? iv.blocked_by_request)}` : ""}`,
     onClick: (_iv, lane) => (location.hash = `#/request/${lane.key}`),
@@ -93,7 +93,7 @@ export async function resourcesView(app: HTMLElement, params: URLSearchParams): 
     color: (iv) => threadColor(Number(iv.tid)),
     tooltip: (iv, lane) => {
       const t = threadNames[String(iv.tid)];
-      return `<b>${esc(lane.label)}</b>: ${esc(t?.comm ?? "?")} tid ${esc(iv.tid)}${t?.pid ? ` pid ${t.pid}` : ""}${iv.n > 1 ? ` (longest of ${iv.n})` : ""}<br>
+      return `<b>${esc(lane.label)}</b>: ${esc(t?.comm ?? "?")} tid ${esc(fmtTid(iv.tid))}${t?.pid ? ` pid ${esc(fmtTid(t.pid))}` : ""}${iv.n > 1 ? ` (longest of ${iv.n})` : ""}<br>
         ${fmtNs(iv.start_ns - info.start_ns)} → ${fmtNs(iv.end_ns - info.start_ns)} (${fmtNs(iv.end_ns - iv.start_ns)})`;
     },
   });
@@ -101,6 +101,8 @@ export async function resourcesView(app: HTMLElement, params: URLSearchParams): 
   const thrPanel = el("section", { class: "panel", id: "threads" });
   thrPanel.innerHTML = `<h2>Threads <small>(the 60 busiest in the loaded window)</small></h2>`;
   thrPanel.append(legend(Object.keys(STATE_COLORS)));
+  const hosts = hostsLegend(info.hosts, info.hosts_error);
+  if (hosts) thrPanel.append(hosts);
   const status = el("p", { class: "muted" });
   thrPanel.append(status);
   app.append(thrPanel);
@@ -111,13 +113,13 @@ export async function resourcesView(app: HTMLElement, params: URLSearchParams): 
       const d = await get<StatesResponse>("/api/thread_states", { start_ns: start, end_ns: end, resolution_ns: res, limit: 60 });
       status.textContent = `${d.lanes.length} of ${d.total_threads} threads that ran; ${d.drawn} intervals drawn`;
       tl.root.dataset.drawn = String(d.drawn);
-      return { lanes: d.lanes.map((l) => ({ key: String(l.tid), label: `${l.comm ?? "?"} ${l.tid}`, intervals: l.intervals })) };
+      return { lanes: d.lanes.map((l) => ({ key: String(l.tid), label: `${l.comm ?? "?"} ${fmtTid(l.tid)}`, intervals: l.intervals })) };
     },
     color: (iv) => stateColor(iv.state),
     tooltip: (iv, lane) =>
       `<b style="color:${stateColor(iv.state)}">${esc(iv.state)}</b>${iv.n > 1 ? ` (dominant of ${iv.n} intervals)` : ""} · ${esc(lane.label)}<br>
        ${fmtNs(iv.start_ns - info.start_ns)} → ${fmtNs(iv.end_ns - info.start_ns)} (${fmtNs(iv.end_ns - iv.start_ns)})
        ${iv.cpu != null ? `<br>CPU ${esc(iv.cpu)}` : ""}${iv.syscall ? `<br>system call: ${esc(iv.syscall)}` : ""}
-       ${iv.waker_tid ? `<br>woken by thread ${esc(iv.waker_tid)}` : ""}${iv.detail ? `<br>${esc(iv.detail)}` : ""}`,
+       ${iv.waker_tid ? `<br>woken by thread ${esc(fmtTid(iv.waker_tid))}` : ""}${iv.detail ? `<br>${esc(iv.detail)}` : ""}`,
   });
 }

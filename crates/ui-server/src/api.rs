@@ -226,6 +226,10 @@ pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
         "root_causes": root_causes,
         "has_diagnosis": d.requests().iter().any(|r| r.get("diagnosis").is_some()),
         "span_warnings": st.spans.warnings,
+        // A merged run's hosts (null for a run of one host); a broken
+        // hosts.json is reported, not fatal.
+        "hosts": d.hosts.as_ref().and_then(|h| h.as_ref().ok()),
+        "hosts_error": d.hosts.as_ref().and_then(|h| h.as_ref().err()),
     })))
 }
 
@@ -293,9 +297,8 @@ pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiRes
                 .is_none_or(|v| r["diagnosis"]["cause"].as_str() == Some(v))
         })
         .filter(|r| {
-            p.str("root_cause").is_none_or(|v| {
-                r["diagnosis"]["root_cause"]["cause"].as_str() == Some(v)
-            })
+            p.str("root_cause")
+                .is_none_or(|v| r["diagnosis"]["root_cause"]["cause"].as_str() == Some(v))
         })
         .filter(|r| anomalous.is_none_or(|a| r["anomalous"].as_bool().unwrap_or(false) == a))
         .filter(|r| from.is_none_or(|f| r["end_ns"].as_i64().unwrap_or(0) > f))
@@ -434,18 +437,17 @@ pub async fn request_profile(
     let request = r.clone();
     let state = st.clone();
     // Reading the samples (first time) and symbolizing block.
-    let profile = tokio::task::spawn_blocking(move || {
-        state.profiles.request(&state.data, &span, &request)
-    })
-    .await
-    .map_err(|e| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message: format!("profile task failed: {e}"),
-    })?
-    .map_err(|e| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message: format!("cannot read the run's CPU samples: {e}"),
-    })?;
+    let profile =
+        tokio::task::spawn_blocking(move || state.profiles.request(&state.data, &span, &request))
+            .await
+            .map_err(|e| ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: format!("profile task failed: {e}"),
+            })?
+            .map_err(|e| ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: format!("cannot read the run's CPU samples: {e}"),
+            })?;
     let t = profile.totals;
     Ok(Json(json!({
         "span_id": r["span_id"],

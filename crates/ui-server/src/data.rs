@@ -226,6 +226,104 @@ pub struct RunData {
     /// `analysis/placements.json` record: sync, pid, tid, confidence,
     /// evidence); empty when every span was placed by the SDK.
     pub placements: HashMap<String, Value>,
+    /// The hosts of a merged run (`hosts.json`): None for a run of one
+    /// host, `Err` (what was wrong) when the file is there but unreadable.
+    pub hosts: Option<Result<Vec<HostInfo>, String>>,
+}
+
+/// A merged run's list of hosts (written by `deepspan analyze A B --out M`,
+/// `deepspan_pipeline::hosts::HostsFile`).
+pub const HOSTS_JSON: &str = "hosts.json";
+
+/// Thread ids of a merged run carry their host's index above this bit
+/// (`deepspan_analysis::HOST_TID_SHIFT`); ids are i32, so at most 2^9 hosts.
+pub const HOST_TID_SHIFT: u32 = 22;
+const MAX_HOSTS: usize = 1 << (31 - HOST_TID_SHIFT);
+
+/// One host of a merged run, as `/api/run` lists it. `index` is the host
+/// number in its threads' ids (`tid >> 22`, shown as `hN:`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct HostInfo {
+    pub index: usize,
+    pub host: String,
+    /// This host's clock is the merged run's.
+    pub reference: bool,
+    /// `deepspan sync`'s quality of the clock transform.
+    pub quality: String,
+    /// Messages matched to align the clock.
+    pub matched: u64,
+    /// The host's clock onto the reference's: `slope · t + offset_ns`.
+    pub slope: f64,
+    pub offset_ns: f64,
+    /// The host's own run folder.
+    pub run: String,
+}
+
+/// The fields of `hosts.json` the UI shows (others are ignored).
+#[derive(serde::Deserialize)]
+struct HostsFile {
+    reference: usize,
+    hosts: Vec<HostEntry>,
+}
+
+#[derive(serde::Deserialize)]
+struct HostEntry {
+    host: String,
+    run: String,
+    slope: f64,
+    offset_ns: f64,
+    quality: String,
+    matched: u64,
+}
+
+/// `hosts.json` of `dir`: None when the run has none (an ordinary run),
+/// else the hosts or what is wrong with the file. Opened through
+/// [`RunDir::file`], so a symlink out of the run is refused.
+pub fn load_hosts(dir: &RunDir) -> Option<Result<Vec<HostInfo>, String>> {
+    // Nothing at all under that name (not even a dangling symlink).
+    if std::fs::symlink_metadata(dir.root().join(HOSTS_JSON)).is_err() {
+        return None;
+    }
+    Some(read_hosts(dir))
+}
+
+fn read_hosts(dir: &RunDir) -> Result<Vec<HostInfo>, String> {
+    let path = dir.file(HOSTS_JSON).map_err(|e| e.to_string())?;
+    let bad = |e: String| format!("{}: {e}", path.display());
+    let bytes = std::fs::read(&path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let file: HostsFile = serde_json::from_slice(&bytes)
+        .map_err(|e| bad(format!("not a list of hosts (merged run): {e}")))?;
+    if file.hosts.is_empty() {
+        return Err(bad("no hosts".into()));
+    }
+    if file.hosts.len() > MAX_HOSTS {
+        return Err(bad(format!(
+            "{} hosts; thread ids number at most {MAX_HOSTS}",
+            file.hosts.len()
+        )));
+    }
+    if file.reference >= file.hosts.len() {
+        return Err(bad(format!(
+            "reference {} is not one of the {} hosts",
+            file.reference,
+            file.hosts.len()
+        )));
+    }
+    Ok(file
+        .hosts
+        .into_iter()
+        .enumerate()
+        .map(|(index, h)| HostInfo {
+            index,
+            host: h.host,
+            reference: index == file.reference,
+            quality: h.quality,
+            matched: h.matched,
+            slope: h.slope,
+            offset_ns: h.offset_ns,
+            run: h.run,
+        })
+        .collect())
 }
 
 fn get<'a>(row: &'a [(String, Cell)], name: &str) -> &'a Cell {
@@ -459,6 +557,7 @@ impl RunData {
                 t["end_ns"].as_i64().unwrap_or(0),
             );
         }
+        let hosts = load_hosts(&dir);
         Ok(RunData {
             dir,
             requests_json,
@@ -472,6 +571,7 @@ impl RunData {
             intervals,
             range,
             placements: load_placements(&placements_path)?,
+            hosts,
         })
     }
 

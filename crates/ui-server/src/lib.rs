@@ -12,7 +12,10 @@
 //!
 //! The run is loaded once at start ([`data::RunData`]); every file is
 //! opened through [`data::RunDir::file`], which refuses paths that resolve
-//! outside the run folder.
+//! outside the run folder. A merged run's `hosts.json` (several hosts
+//! analysed as one, their threads numbered `host << 22 | tid`) is listed by
+//! `/api/run` ([`data::load_hosts`]); a broken one is reported there, not
+//! fatal.
 //!
 //! A folder of the live agent's snapshots (one run folder per snapshot,
 //! each with a `snapshot.json`) is served by [`snapshots`]: a list, and
@@ -35,7 +38,7 @@ use axum::Router;
 use include_dir::{include_dir, Dir};
 
 pub use api::AppState;
-pub use data::{DataError, RunData, RunDir, RunSpans};
+pub use data::{DataError, HostInfo, RunData, RunDir, RunSpans};
 pub use profile::Profiles;
 pub use snapshots::{is_snapshot_folder, SnapshotIndex};
 
