@@ -4,13 +4,14 @@
 
 use std::cell::{Cell, RefCell};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::SyncSource;
 use deepspan_model::Tid;
+use deepspan_pipeline::hosts::{merge_runs, HostClock};
 use deepspan_pipeline::{
     read_placement, AnalysisOutcome, AnalyzeOptions, PlacementRecord, Progress, Step,
 };
@@ -24,10 +25,22 @@ use crate::progress;
 #[command(after_help = "Examples:
   deepspan analyze run1
   deepspan analyze run1 --top 20
+  deepspan analyze front-host-run db-host-run --out both  (several hosts, one clock)
   duckdb -c \"select * from 'run1/analysis/request_summary.parquet' limit 10\"")]
 pub struct AnalyzeArgs {
-    /// Run folder (from `deepspan record` or `deepspan import`).
-    run: PathBuf,
+    /// Run folder (from `deepspan record` or `deepspan import`); several
+    /// runs, one per host, are analysed together on one clock (aligned as
+    /// `deepspan sync` aligns them) into the merged run `--out`.
+    #[arg(required = true, value_name = "RUN")]
+    runs: Vec<PathBuf>,
+    /// With several runs: the merged run folder to create (new or empty);
+    /// `deepspan report` and `deepspan ui` read it as any run.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// With several runs: the host whose clock the merged run is on
+    /// (default: the first run's host).
+    #[arg(long, value_name = "HOST")]
+    reference: Option<String>,
     /// Read the `thread.id` span attribute as the OS thread id for spans
     /// without deepspan fields (true only for producers known to put the
     /// kernel tid there; most SDKs put a language-managed id).
@@ -172,11 +185,26 @@ impl Progress for Bars {
 }
 
 pub fn run(args: AnalyzeArgs) -> Result<()> {
-    let run = &args.run;
-    if !run.is_dir() {
-        bail!("{} is not a run folder", run.display());
+    for run in &args.runs {
+        if !run.is_dir() {
+            bail!("{} is not a run folder", run.display());
+        }
+        crate::record::recover_if_unfinished(run)?;
     }
-    crate::record::recover_if_unfinished(run)?;
+    let merged;
+    let run = match (args.runs.as_slice(), &args.out) {
+        ([run], None) => run,
+        ([_], Some(_)) => {
+            bail!("--out is for several runs (one per host); one run is analysed in place")
+        }
+        (_, None) => bail!(
+            "several runs are analysed together into a merged run: give it a folder with --out DIR"
+        ),
+        (runs, Some(out)) => {
+            merged = merge_hosts(runs, out, args.reference.as_deref())?;
+            &merged
+        }
+    };
     let options = AnalyzeOptions {
         thread_id_is_os_tid: args.thread_id_is_os_tid,
         placement: match args.placement {
@@ -203,6 +231,38 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
         outcome.analysis_dir.display()
     );
     Ok(())
+}
+
+/// Aligns the clocks of `runs` (one per host) and writes their merged run
+/// `out`, which is then analysed like any run.
+fn merge_hosts(runs: &[PathBuf], out: &Path, reference: Option<&str>) -> Result<PathBuf> {
+    let alignment = deepspan_pipeline::align::align_inputs(runs, reference)?;
+    let clocks: Vec<HostClock> = alignment
+        .hosts
+        .iter()
+        .map(|h| HostClock {
+            slope: h.transform.slope,
+            offset_ns: h.transform.offset_ns,
+            quality: h.quality.name(),
+            matched: h.matched,
+        })
+        .collect();
+    for n in &alignment.notes {
+        eprintln!("deepspan: note: {n}");
+    }
+    for h in &alignment.hosts {
+        if h.quality == deepspan_sync::Quality::Fail {
+            eprintln!(
+                "deepspan: warning: host {}: no message links its clock to the reference's; its times are taken as they are",
+                h.host
+            );
+        }
+    }
+    let merged = merge_runs(runs, &clocks, alignment.reference, out)?;
+    for n in &merged.notes {
+        eprintln!("deepspan: note: {n}");
+    }
+    Ok(out.to_path_buf())
 }
 
 /// Prints the slowest requests (`r.requests` is slowest first) with their
@@ -315,10 +375,32 @@ pub fn report(args: ReportArgs) -> Result<()> {
                 placement.as_ref(),
                 args.max_pieces,
                 args.detail,
-            )?
+            )?;
+            print_hosts(&mut out, &args.run)?;
         }
     }
     out.flush()?;
+    Ok(())
+}
+
+/// The hosts of a merged run (`analyze RUN_A RUN_B --out`): which `hN:`
+/// prefix is which host, and how well its clock is aligned.
+fn print_hosts(out: &mut impl Write, run: &Path) -> Result<()> {
+    let Some(file) = deepspan_pipeline::hosts::read_hosts(run)? else {
+        return Ok(());
+    };
+    writeln!(out, "\n  Hosts (thread ids of host N > 0 shown as hN:TID):")?;
+    for (i, h) in file.hosts.iter().enumerate() {
+        let clock = if i == file.reference {
+            "the reference clock".to_string()
+        } else {
+            format!(
+                "clock aligned {}, {} messages matched",
+                h.quality, h.matched
+            )
+        };
+        writeln!(out, "    h{i} {}: {clock}  ({})", h.host, h.run.display())?;
+    }
     Ok(())
 }
 
