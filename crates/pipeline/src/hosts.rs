@@ -486,6 +486,17 @@ impl HostMap {
         Some(e)
     }
 
+    /// A TCP segment this host's run recorded, as the merged model takes it.
+    pub(crate) fn segment(&self, s: deepspan_record::TcpSegment) -> Input {
+        let mut input = crate::kernel_input::segment_input(&s);
+        if let Input::Segment { cpu, ts, tid, .. } = &mut input {
+            *cpu += self.cpu_base;
+            *ts = self.clock.map_ns(*ts);
+            *tid = self.number(*tid);
+        }
+        input
+    }
+
     /// A decoded item of this host's trace, as the merged model takes it.
     pub(crate) fn input(&self, item: Input) -> Option<Input> {
         match item {
@@ -495,6 +506,7 @@ impl HostMap {
                 ts: self.clock.map_ns(ts),
                 count,
             }),
+            Input::Segment { .. } => Some(item),
         }
     }
 }
@@ -536,17 +548,16 @@ pub(crate) fn alignment_notes(file: &HostsFile) -> Vec<String> {
         .iter()
         .enumerate()
         .map(|(i, h)| {
+            let threads = match i {
+                0 => "threads by their tid".to_string(),
+                _ => format!("threads h{i}:TID"),
+            };
             if i == file.reference {
-                format!("host {} (threads {}…): the reference clock", h.host, host_tid(i as u32, 1))
+                format!("host {} ({threads}): the reference clock", h.host)
             } else {
                 format!(
-                    "host {} (threads {}…): clock aligned {} ({} messages matched): t × {:.9} {:+.0} ns",
-                    h.host,
-                    host_tid(i as u32, 1),
-                    h.quality,
-                    h.matched,
-                    h.slope,
-                    h.offset_ns
+                    "host {} ({threads}): clock aligned {} ({} messages matched): t × {:.9} {:+.0} ns",
+                    h.host, h.quality, h.matched, h.slope, h.offset_ns
                 )
             }
         })
