@@ -11,10 +11,12 @@ cd "$(dirname "$0")/.."
 # machine's own Python gets the SDK as an editable install). PostgreSQL 15
 # serves the row-lock diagnosis test (a throwaway cluster per test) and the
 # demo (`make demo`, demo/), which also makes network namespaces, veth pairs
-# and tc qdiscs (iproute2). Chromium runs the web UI's end-to-end test
+# and tc qdiscs (iproute2). clang and libbpf's headers compile `record
+# --tcp-keys`'s eBPF program (TCP sequence numbers for clock sync across
+# hosts; crates/record/build.rs). Chromium runs the web UI's end-to-end test
 # (ui/e2e, headless, driven by playwright-core). Maven and JDK 17 build the
 # Java agent extension (sdk/java, `make java-sdk`) and run its test server.
-debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace postgresql-15 iproute2 chromium
+debian_packages=(trace-cmd babeltrace2 lttng-tools liblttng-ust-dev strace postgresql-15 iproute2 clang libbpf-dev chromium
   maven openjdk-17-jdk-headless)
 
 missing=()

@@ -43,6 +43,12 @@ pub struct RecordArgs {
     /// hosts of their own to `deepspan sync` and `deepspan analyze RUN…`.
     #[arg(long, value_name = "NAME")]
     host: Option<String>,
+    /// Also record each TCP segment's (seq, ack_seq, flags) as it leaves and
+    /// enters a device (an eBPF program run by bpftrace), so `deepspan sync`
+    /// can align this host's clock with others' to the µs; with --pid, the
+    /// segments of those processes' network namespaces only.
+    #[arg(long)]
+    tcp_keys: bool,
     /// Stop after this many seconds (fractions allowed).
     #[arg(long, value_name = "S")]
     duration: Option<f64>,
@@ -116,6 +122,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         otlp_http_port: bound(receiver.as_ref().and_then(|r| r.http_addr()), args.otlp_http_port),
         profile_hz: args.profile,
         host: args.host,
+        tcp_keys: args.tcp_keys,
     };
     let bar = progress::spinner("starting");
     let summary = deepspan_record::record(&options, &mut |p: &Progress| {

@@ -372,6 +372,7 @@ impl FlightRecorder {
             recorder_tids: Vec::new(),
             profile: None,
             boot_id: self.boot_id.clone(),
+            tcp_keys: None,
         }
     }
 

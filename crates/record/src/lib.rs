@@ -32,6 +32,7 @@ mod procscan;
 mod recover;
 mod session;
 mod sys;
+mod tcpkeys;
 mod tracefs;
 
 use std::ffi::OsString;
@@ -46,6 +47,7 @@ pub use manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest
 pub use procscan::{ProcessEntry, ProcessScan, PROCESS_SCAN};
 pub use recover::{needs_recovery, recover, recover_from_files, Recovery};
 pub use session::record;
+pub use tcpkeys::{read_tcp_segments, TcpKeysManifest, TcpSegment, TCP_SEGMENTS};
 pub use tracefs::Tracefs;
 
 /// How kernel events reach the disk.
@@ -127,6 +129,11 @@ pub struct RecordOptions {
     /// name). Runs of one machine's network namespaces or containers are
     /// hosts of their own to `deepspan sync` and a merged analysis.
     pub host: Option<String>,
+    /// Also record every TCP segment's (seq, ack_seq, flags) as it leaves
+    /// and enters a device, into `RUN/kernel/tcp_segments.tsv` (an eBPF
+    /// program run by bpftrace), for `deepspan sync` across hosts.
+    /// Standard mode only.
+    pub tcp_keys: bool,
 }
 
 impl RecordOptions {
@@ -145,6 +152,7 @@ impl RecordOptions {
             otlp_http_port: 4318,
             profile_hz: None,
             host: None,
+            tcp_keys: false,
         }
     }
 }

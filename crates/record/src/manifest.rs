@@ -74,6 +74,9 @@ pub struct Manifest {
     /// events between their threads (`deepspan sync` matches those).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// The TCP segments recorded with `--tcp-keys`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_keys: Option<crate::TcpKeysManifest>,
 }
 
 /// What `record --profile` sampled (`deepspan_profile::Sampler`).
@@ -200,6 +203,7 @@ mod tests {
             profile: None,
             warnings: vec![],
             boot_id: Some("0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07".into()),
+            tcp_keys: None,
         };
         let dir = tempfile::tempdir().unwrap();
         m.save(dir.path()).unwrap();

@@ -369,6 +369,7 @@ mod tests {
             // As a journal written before manifests had it: the trace
             // header's copy fills it in.
             boot_id: None,
+            tcp_keys: None,
         }
     }
 

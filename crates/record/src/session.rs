@@ -16,6 +16,7 @@ use crate::journal::{InstanceOwner, Journal, ProcessId};
 use crate::manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, FORMAT_VERSION};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::{ProcessScan, PROCESS_SCAN};
+use crate::tcpkeys::TcpKeyCapture;
 use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
 use crate::{sys, Error, EventSelection, Mode, Progress, RecordOptions, RecordSummary};
 
@@ -70,6 +71,11 @@ fn validate(opts: &RecordOptions) -> Result<(), Error> {
     }
     if opts.command.first().is_some_and(|p| p.is_empty()) {
         return Err(Error::InvalidOptions("the command's program name is empty".into()));
+    }
+    if opts.tcp_keys && opts.mode != Mode::Standard {
+        return Err(Error::InvalidOptions(
+            "--tcp-keys records every segment to disk: standard mode only, not flight mode".into(),
+        ));
     }
     Ok(())
 }
@@ -213,6 +219,12 @@ impl Session {
         let mut samples = vec![[start.realtime_ns, start.mono_ns]];
         let mut manifest = self.initial_manifest(opts, start);
         let mut journal = self.journal(opts, &run.path, &manifest)?;
+        // Attached before tracing starts, so that no segment of the
+        // recording is missed (bpftrace takes seconds to compile).
+        let tcp_keys = match opts.tcp_keys {
+            true => Some(TcpKeyCapture::start(&run.path, traced_netns(&opts.pids))?),
+            false => None,
+        };
         self.instance.write("tracing_on", "1")?;
         let mut sampler = match opts.profile_hz {
             Some(hz) => Some(deepspan_profile::Sampler::start(&run.path, self.cpus, hz)?),
@@ -341,6 +353,12 @@ impl Session {
         }
         let end = clock_point();
         samples.push([end.realtime_ns, end.mono_ns]);
+        if let Some(capture) = tcp_keys {
+            match capture.stop() {
+                Ok(m) => manifest.tcp_keys = Some(m),
+                Err(e) => self.warnings.push(format!("TCP segments incomplete: {e}")),
+            }
+        }
         if let (Some(s), Some(hz)) = (sampler.take(), opts.profile_hz) {
             match s.stop() {
                 Ok(st) => {
@@ -460,6 +478,7 @@ impl Session {
             recorder_tids: Vec::new(),
             profile: None,
             boot_id: crate::journal::boot_id(),
+            tcp_keys: None,
         }
     }
 
@@ -674,4 +693,13 @@ fn spawn(program: &std::ffi::OsStr, args: &[std::ffi::OsString], opts: &RecordOp
             .join(" "),
         source,
     })
+}
+
+/// The network namespaces of the traced processes (`--pid`), whose TCP
+/// segments a run limited to them keeps; empty (all) for a system-wide run.
+fn traced_netns(pids: &[i32]) -> Vec<u64> {
+    let mut netns: Vec<u64> = pids.iter().filter_map(|&pid| crate::tcpkeys::netns_of(pid)).collect();
+    netns.sort_unstable();
+    netns.dedup();
+    netns
 }

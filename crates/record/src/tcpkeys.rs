@@ -1,0 +1,471 @@
+//! `record --tcp-keys`: every TCP segment leaving or entering a device,
+//! with the header fields that are the same at both ends (seq, ack_seq,
+//! flags), so that `deepspan sync` can match a segment one host sent with
+//! the one another host received and put their kernel clocks on one line
+//! (seed 001's convex hull needs such one-way messages; span pairs alone
+//! bound a clock only to tens of µs).
+//!
+//! The upstream `net`/`tcp` tracepoints carry no sequence numbers, so an
+//! eBPF program (`bpf/tcp_keys.bpf.c`, compiled by build.rs, loaded with
+//! aya) reads the TCP header through the tracepoints' skb pointer and puts
+//! each segment in a ring buffer that a thread of the recorder drains every
+//! 10 ms. eBPF is not tracefs: no tracing setting is touched, and the
+//! programs are detached when the recorder exits, however it exits. Its
+//! clock, `bpf_ktime_get_ns`, is CLOCK_MONOTONIC, the trace's.
+//!
+//! Written to `RUN/kernel/tcp_segments.tsv`, one segment a line (see
+//! [`TcpSegment`]); a run limited to processes (`--pid`) keeps the segments
+//! of their network namespaces only, so that two namespaces of one machine
+//! recorded as two hosts each hold their own side of the traffic.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// The segments file, relative to the run folder.
+pub const TCP_SEGMENTS: &str = "kernel/tcp_segments.tsv";
+
+/// The file's first line; the columns of every other line.
+const HEADER: &str =
+    "# deepspan tcp segments v1: dir mono_ns cpu tid netns seq ack_seq flags len sport dport";
+
+/// The namespaces the program's own filter holds (its `NETNS` map); more
+/// are left to the writer's filter.
+const PROGRAM_NETNS: usize = 4;
+
+/// How often the ring buffer is drained: it holds 4 MiB, about 87 000
+/// segments, so 10 ms leaves room for 8 million segments a second.
+const DRAIN_EVERY: Duration = Duration::from_millis(10);
+
+/// A segment record of the program's ring buffer.
+const RECORD_BYTES: usize = 48;
+
+/// One TCP segment at a device: sent (`net_dev_queue`) or received
+/// (`netif_receive_skb`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpSegment {
+    pub sent: bool,
+    /// CLOCK_MONOTONIC ns.
+    pub mono_ns: u64,
+    pub cpu: u32,
+    /// The thread current on that CPU (the sender for most sends; any
+    /// thread, or none (0), in a softirq).
+    pub tid: i32,
+    /// The inode of the device's network namespace.
+    pub netns: u64,
+    pub seq: u32,
+    pub ack_seq: u32,
+    /// TCP flags byte (FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10).
+    pub flags: u8,
+    /// The skb's length (headers included; differs between the ends).
+    pub len: u32,
+    pub sport: u16,
+    pub dport: u16,
+}
+
+impl TcpSegment {
+    /// Parses one line of the segments file.
+    pub fn parse(line: &str) -> Result<TcpSegment, String> {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        if fields.len() != 11 {
+            return Err(format!("{} fields, expected 11 ({HEADER})", fields.len()));
+        }
+        let sent = match fields[0] {
+            "S" => true,
+            "R" => false,
+            other => return Err(format!("direction {other:?}, expected S or R")),
+        };
+        fn num<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, String> {
+            text.parse()
+                .map_err(|_| format!("{what} {text:?} is not a number in range"))
+        }
+        Ok(TcpSegment {
+            sent,
+            mono_ns: num("time", fields[1])?,
+            cpu: num("cpu", fields[2])?,
+            tid: num("tid", fields[3])?,
+            netns: num("netns", fields[4])?,
+            seq: num("seq", fields[5])?,
+            ack_seq: num("ack_seq", fields[6])?,
+            flags: num("flags", fields[7])?,
+            len: num("len", fields[8])?,
+            sport: num("sport", fields[9])?,
+            dport: num("dport", fields[10])?,
+        })
+    }
+
+    /// The line [`TcpSegment::parse`] reads back.
+    pub fn line(&self) -> String {
+        format!(
+            "{} {} {} {} {} {} {} {} {} {} {}",
+            if self.sent { "S" } else { "R" },
+            self.mono_ns,
+            self.cpu,
+            self.tid,
+            self.netns,
+            self.seq,
+            self.ack_seq,
+            self.flags,
+            self.len,
+            self.sport,
+            self.dport
+        )
+    }
+}
+
+/// Reads a run's segments file: every segment, in file order.
+pub fn read_tcp_segments(path: &Path) -> Result<Vec<TcpSegment>, Error> {
+    let bad = |reason: String| Error::Io {
+        action: "read the TCP segments",
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+    };
+    let file = File::open(path).map_err(|source| Error::Io {
+        action: "open",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut segments = Vec::new();
+    for (n, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| bad(format!("line {}: {e}", n + 1)))?;
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        segments.push(TcpSegment::parse(&line).map_err(|e| bad(format!("line {}: {e}", n + 1)))?);
+    }
+    Ok(segments)
+}
+
+/// What the manifest says of a run's segments (`tcp_keys`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TcpKeysManifest {
+    /// The segments file, relative to the run folder.
+    pub file: String,
+    /// Segments written.
+    pub segments: u64,
+    /// Segments of other network namespaces, left out (`--pid` runs).
+    pub other_netns: u64,
+    /// Segments the eBPF ring buffer had no room for.
+    pub lost: u64,
+    /// The network namespaces kept (inodes); empty: all.
+    #[serde(default)]
+    pub netns: Vec<u64>,
+}
+
+/// The running capture: the attached program and the thread writing its
+/// segments.
+pub(crate) struct TcpKeyCapture {
+    stop: Arc<AtomicBool>,
+    writer: JoinHandle<Result<TcpKeysManifest, String>>,
+    path: PathBuf,
+}
+
+impl TcpKeyCapture {
+    /// Loads and attaches the program; once this returns, every segment of
+    /// the namespaces `netns` (empty: all) is captured.
+    pub(crate) fn start(run: &Path, netns: Vec<u64>) -> Result<TcpKeyCapture, Error> {
+        let path = run.join(TCP_SEGMENTS);
+        let (ring, lost) = program::attach(&netns)?;
+        let file =
+            File::create(&path).map_err(|source| Error::output("create", &path, run, source))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let writer = std::thread::Builder::new()
+            .name("deepspan-tcpkeys".into())
+            .spawn(move || {
+                let mut sink = SegmentSink::new(file, netns)?;
+                let mut ring = ring;
+                loop {
+                    // The flag is read before the drain: segments of the
+                    // last moments are drained after it is set.
+                    let last = stopping.load(Ordering::Acquire);
+                    while let Some(record) = ring.next() {
+                        if let Some(segment) = TcpSegment::from_record(&record) {
+                            sink.push(segment)?;
+                        }
+                    }
+                    if last {
+                        break;
+                    }
+                    std::thread::sleep(DRAIN_EVERY);
+                }
+                sink.manifest.lost = program::lost(&lost);
+                sink.finish()
+            })
+            .map_err(|source| Error::Io {
+                action: "start the TCP segment writer for",
+                path: path.clone(),
+                source,
+            })?;
+        Ok(TcpKeyCapture { stop, writer, path })
+    }
+
+    /// Detaches the program (once the ring is drained) and returns what
+    /// was written.
+    pub(crate) fn stop(self) -> Result<TcpKeysManifest, String> {
+        self.stop.store(true, Ordering::Release);
+        let written = self
+            .writer
+            .join()
+            .map_err(|_| "the TCP segment writer panicked".to_string())?
+            .map_err(|e| format!("{}: {e}", self.path.display()))?;
+        Ok(TcpKeysManifest {
+            file: TCP_SEGMENTS.into(),
+            ..written
+        })
+    }
+}
+
+/// The segments file being written, with its counts.
+struct SegmentSink {
+    out: BufWriter<File>,
+    netns: Vec<u64>,
+    manifest: TcpKeysManifest,
+}
+
+impl SegmentSink {
+    fn new(file: File, netns: Vec<u64>) -> Result<SegmentSink, String> {
+        let mut out = BufWriter::with_capacity(1 << 16, file);
+        writeln!(out, "{HEADER}").map_err(write_error)?;
+        let manifest = TcpKeysManifest {
+            netns: netns.clone(),
+            ..Default::default()
+        };
+        Ok(SegmentSink {
+            out,
+            netns,
+            manifest,
+        })
+    }
+
+    fn push(&mut self, segment: TcpSegment) -> Result<(), String> {
+        if !self.netns.is_empty() && !self.netns.contains(&segment.netns) {
+            self.manifest.other_netns += 1;
+            return Ok(());
+        }
+        writeln!(self.out, "{}", segment.line()).map_err(write_error)?;
+        self.manifest.segments += 1;
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<TcpKeysManifest, String> {
+        self.out.flush().map_err(write_error)?;
+        Ok(self.manifest)
+    }
+}
+
+fn write_error(e: std::io::Error) -> String {
+    format!("cannot write the TCP segments: {e}")
+}
+
+impl TcpSegment {
+    /// A record of the program's ring buffer (`struct segment` of
+    /// `bpf/tcp_keys.bpf.c`), or None when it is not one.
+    fn from_record(b: &[u8]) -> Option<TcpSegment> {
+        if b.len() < RECORD_BYTES {
+            return None;
+        }
+        let u64_at = |at: usize| u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        let u32_at = |at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        let u16_at = |at: usize| u16::from_ne_bytes(b[at..at + 2].try_into().expect("2 bytes"));
+        Some(TcpSegment {
+            sent: b[41] != 0,
+            mono_ns: u64_at(0),
+            cpu: u32_at(16),
+            tid: u32_at(20) as i32,
+            netns: u64_at(8),
+            seq: u32_at(24),
+            ack_seq: u32_at(28),
+            flags: b[40],
+            len: u32_at(32),
+            sport: u16_at(36),
+            dport: u16_at(38),
+        })
+    }
+}
+
+/// The eBPF program, when this build has it (build.rs compiles it with
+/// clang when clang is there).
+#[cfg(deepspan_tcp_keys)]
+mod program {
+    use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
+    use aya::programs::TracePoint;
+    use aya::Ebpf;
+
+    use super::PROGRAM_NETNS;
+    use crate::Error;
+
+    /// The ELF reader needs the object aligned, which include_bytes! is not.
+    static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp_keys.bpf.o"));
+
+    /// The program's ring buffer, and its count of what did not fit.
+    /// The ring holds the loaded object's maps and links alive.
+    pub(super) struct Ring {
+        ring: RingBuf<MapData>,
+        _ebpf: Ebpf,
+    }
+
+    impl Ring {
+        pub(super) fn next(&mut self) -> Option<impl std::ops::Deref<Target = [u8]> + '_> {
+            self.ring.next()
+        }
+    }
+
+    pub(super) fn attach(netns: &[u64]) -> Result<(Ring, PerCpuArray<MapData, u64>), Error> {
+        let bad = |what: &str, e: &dyn std::fmt::Display| {
+            Error::InvalidOptions(format!(
+                "--tcp-keys: cannot {what} the eBPF program that reads TCP headers (root and a kernel with BPF \
+                 and BTF are needed): {e}"
+            ))
+        };
+        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| bad("load", &e))?;
+        if netns.len() <= PROGRAM_NETNS {
+            let map = ebpf
+                .map_mut("NETNS")
+                .ok_or_else(|| bad("find the NETNS map of", &"missing"))?;
+            let mut kept: Array<_, u64> =
+                Array::try_from(map).map_err(|e| bad("open the NETNS map of", &e))?;
+            for (i, &ns) in netns.iter().enumerate() {
+                kept.set(i as u32, ns, 0)
+                    .map_err(|e| bad("configure", &e))?;
+            }
+        }
+        for name in ["net_dev_queue", "netif_receive_skb"] {
+            let program: &mut TracePoint = ebpf
+                .program_mut(name)
+                .ok_or_else(|| bad("find", &name))?
+                .try_into()
+                .map_err(|e| bad("type", &e))?;
+            program.load().map_err(|e| bad("verify", &e))?;
+            program.attach("net", name).map_err(|e| bad("attach", &e))?;
+        }
+        let ring = ebpf
+            .take_map("SEGMENTS")
+            .ok_or_else(|| bad("find the ring of", &"missing"))?;
+        let ring = RingBuf::try_from(ring).map_err(|e| bad("open the ring of", &e))?;
+        let lost = ebpf
+            .take_map("LOST")
+            .ok_or_else(|| bad("find the LOST map of", &"missing"))?;
+        let lost = PerCpuArray::try_from(lost).map_err(|e| bad("open the LOST map of", &e))?;
+        Ok((Ring { ring, _ebpf: ebpf }, lost))
+    }
+
+    /// Segments the ring had no room for, over all CPUs.
+    pub(super) fn lost(lost: &PerCpuArray<MapData, u64>) -> u64 {
+        lost.get(&0, 0)
+            .map(|per_cpu| per_cpu.iter().sum())
+            .unwrap_or(0)
+    }
+}
+
+/// This build has no eBPF program: `--tcp-keys` says why.
+#[cfg(not(deepspan_tcp_keys))]
+mod program {
+    use crate::Error;
+
+    pub(super) struct Ring;
+
+    impl Ring {
+        pub(super) fn next(&mut self) -> Option<&[u8]> {
+            None
+        }
+    }
+
+    pub(super) struct Lost;
+
+    pub(super) fn attach(_netns: &[u64]) -> Result<(Ring, Lost), Error> {
+        Err(Error::InvalidOptions(
+            "--tcp-keys: this deepspan was built without its eBPF program (clang was not found at build \
+             time): install clang and libbpf-dev (make deps does) and build again"
+                .into(),
+        ))
+    }
+
+    pub(super) fn lost(_lost: &Lost) -> u64 {
+        0
+    }
+}
+
+/// The network namespace (inode) of process `pid`.
+pub(crate) fn netns_of(pid: i32) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
+    let text = link.to_string_lossy();
+    text.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_line_reads_back() {
+        let line = "S 457084414274 0 8193 4026531833 878362228 0 2 74 53828 59095";
+        let s = TcpSegment::parse(line).unwrap();
+        assert!(s.sent);
+        assert_eq!(
+            (s.mono_ns, s.cpu, s.tid, s.netns),
+            (457084414274, 0, 8193, 4026531833)
+        );
+        assert_eq!(
+            (s.seq, s.ack_seq, s.flags, s.len, s.sport, s.dport),
+            (878362228, 0, 2, 74, 53828, 59095)
+        );
+        assert_eq!(s.line(), line);
+    }
+
+    #[test]
+    fn bad_lines_say_why() {
+        assert!(TcpSegment::parse("X 1 0 0 0 0 0 0 0 0 0")
+            .unwrap_err()
+            .contains("direction"));
+        assert!(TcpSegment::parse("S 1 0 0 0")
+            .unwrap_err()
+            .contains("5 fields"));
+        assert!(TcpSegment::parse("R 1 0 0 0 4294967296 0 0 0 0 0")
+            .unwrap_err()
+            .contains("seq"));
+    }
+
+    #[test]
+    fn a_ring_record_reads_as_the_program_wrote_it() {
+        let mut record = [0u8; RECORD_BYTES];
+        record[0..8].copy_from_slice(&457084414274u64.to_ne_bytes());
+        record[8..16].copy_from_slice(&4026531833u64.to_ne_bytes());
+        record[16..20].copy_from_slice(&1u32.to_ne_bytes());
+        record[20..24].copy_from_slice(&8193i32.to_ne_bytes());
+        record[24..28].copy_from_slice(&878362228u32.to_ne_bytes());
+        record[28..32].copy_from_slice(&7u32.to_ne_bytes());
+        record[32..36].copy_from_slice(&74u32.to_ne_bytes());
+        record[36..38].copy_from_slice(&53828u16.to_ne_bytes());
+        record[38..40].copy_from_slice(&59095u16.to_ne_bytes());
+        record[40] = 0x12;
+        record[41] = 1;
+        let s = TcpSegment::from_record(&record).unwrap();
+        assert_eq!(
+            s.line(),
+            "S 457084414274 1 8193 4026531833 878362228 7 18 74 53828 59095"
+        );
+        assert_eq!(TcpSegment::from_record(&record[..40]), None);
+    }
+
+    #[test]
+    fn the_sink_keeps_the_namespaces_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segments.tsv");
+        let mut sink = SegmentSink::new(File::create(&path).unwrap(), vec![8]).unwrap();
+        let kept = TcpSegment::parse("R 3 1 0 8 10 11 24 60 80 81").unwrap();
+        sink.push(kept).unwrap();
+        sink.push(TcpSegment { netns: 9, ..kept }).unwrap();
+        let m = sink.finish().unwrap();
+        assert_eq!((m.segments, m.other_netns), (1, 1));
+        assert_eq!(read_tcp_segments(&path).unwrap(), vec![kept]);
+    }
+}
