@@ -7,10 +7,12 @@
 //! - spans (run folders): a CLIENT span and its SERVER child on another
 //!   host are two messages, client start → server start and server end →
 //!   client end;
-//! - TCP segments (CTF folders): an LTTng `net_dev_queue` or
-//!   `inet_sock_local_out` on one host and a `netif_receive_skb`,
-//!   `net_if_receive_skb` or `inet_sock_local_in` on another with the same
-//!   TCP (seq, ack_seq, flags), as Trace Compass's TcpEventKey;
+//! - TCP segments: an LTTng `net_dev_queue` or `inet_sock_local_out` (CTF
+//!   folders), or a segment `record --tcp-keys` saw leave a device (runs),
+//!   on one host, and a `netif_receive_skb`, `net_if_receive_skb` or
+//!   `inet_sock_local_in`, or a segment seen entering a device, on another,
+//!   with the same TCP (seq, ack_seq, flags), as Trace Compass's
+//!   TcpEventKey;
 //!
 //! Times are each host's kernel trace clock: CLOCK_MONOTONIC for a run
 //! recorded by deepspan (spans placed by their deepspan fields, else mapped
@@ -161,6 +163,33 @@ fn read_run(
     if let Some(trace) = &ctf {
         read_tcp_segments(trace, &ctf_dir, input, collected, notes)?;
     }
+    // `record --tcp-keys`: on the kernel trace's clock, as the spans'
+    // deepspan times.
+    let recorded_keys = path.join(deepspan_record::TCP_SEGMENTS);
+    let has_keys = recorded_keys.is_file();
+    if has_keys {
+        let segments =
+            deepspan_record::read_tcp_segments(&recorded_keys).map_err(|e| Error::RunManifest {
+                path: recorded_keys.clone(),
+                reason: e.to_string(),
+            })?;
+        for s in segments {
+            let key = TcpKey {
+                seq: s.seq.into(),
+                ack_seq: s.ack_seq.into(),
+                flags: s.flags.into(),
+            };
+            let stamp = Stamp {
+                input,
+                ns: s.mono_ns,
+            };
+            if s.sent {
+                collected.sent.entry(key).or_default().push_back(stamp);
+            } else {
+                collected.received.push((key, stamp));
+            }
+        }
+    }
     // A run imported with --ctf keeps its spans on the CTF clock, whose
     // absolute time is the wall clock span files carry.
     let clock = if imported_ctf {
@@ -220,16 +249,16 @@ fn read_run(
             path.display()
         ));
     }
-    if spans == 0 && !imported_ctf {
+    if spans == 0 && !imported_ctf && !has_keys {
         let ftrace = path.join("kernel").join("trace.dat").is_file();
         notes.push(format!(
             "{}: no spans, so nothing to match{}",
             path.display(),
             if ftrace {
                 "; its kernel trace is ftrace, and the upstream net/tcp tracepoints carry no TCP \
-                 sequence numbers, so packets cannot be matched across hosts either: that needs \
-                 the TCP header (seq, ack_seq, flags) from a kprobe (e.g. on tcp_transmit_skb and \
-                 tcp_v4_rcv) or an eBPF program"
+                 sequence numbers, so packets cannot be matched across hosts either: record with \
+                 `deepspan record --tcp-keys`, whose eBPF program reads the TCP header (seq, \
+                 ack_seq, flags) of every segment"
             } else {
                 ""
             }
@@ -393,26 +422,21 @@ pub(crate) fn add_message(
 
 /// Adds the matched messages to the graph; returns the span pairs and TCP
 /// segments matched.
+///
+/// Segments come first: where two hosts exchanged matched segments, their
+/// span pairs are left out. A segment's ends are microseconds apart, while
+/// a span pair's can even cross: a server span commonly ends after the
+/// reply has left, and the client may have read it by then (a message
+/// "received before it was sent", which breaks the hulls apart).
 fn match_messages(
     collected: &Collected,
     graph: &mut HostGraph,
     inputs: &[PathBuf],
 ) -> Result<(u64, u64), Error> {
-    let mut span_pairs = 0;
-    for (trace, parent, server_start, server_end) in &collected.servers {
-        let Some(&(client_start, client_end)) = collected.clients.get(&(*trace, *parent)) else {
-            continue;
-        };
-        if client_start.input == server_start.input {
-            continue;
-        }
-        let what = || format!("client span {parent} of trace {trace} and its server child");
-        add_message(graph, inputs, client_start, *server_start, &what)?;
-        add_message(graph, inputs, *server_end, client_end, &what)?;
-        span_pairs += 1;
-    }
+    let pair = |a: usize, b: usize| (a.min(b), a.max(b));
     let mut sent = collected.sent.clone();
     let mut tcp = 0;
+    let mut by_segments = std::collections::HashSet::new();
     for (key, receive) in &collected.received {
         let Some(queue) = sent.get_mut(key) else {
             continue;
@@ -429,7 +453,23 @@ fn match_messages(
             )
         };
         add_message(graph, inputs, send, *receive, &what)?;
+        by_segments.insert(pair(send.input, receive.input));
         tcp += 1;
+    }
+    let mut span_pairs = 0;
+    for (trace, parent, server_start, server_end) in &collected.servers {
+        let Some(&(client_start, client_end)) = collected.clients.get(&(*trace, *parent)) else {
+            continue;
+        };
+        if client_start.input == server_start.input
+            || by_segments.contains(&pair(client_start.input, server_start.input))
+        {
+            continue;
+        }
+        let what = || format!("client span {parent} of trace {trace} and its server child");
+        add_message(graph, inputs, client_start, *server_start, &what)?;
+        add_message(graph, inputs, *server_end, client_end, &what)?;
+        span_pairs += 1;
     }
     Ok((span_pairs, tcp))
 }
@@ -526,6 +566,46 @@ mod tests {
         assert_eq!(estimate.quality, deepspan_sync::Quality::Incomplete);
         // One way only, 1 ms (+ 50 ns) later on host zero's clock.
         assert_eq!(estimate.transform.map_ns(200), 1_000_250);
+    }
+
+    #[test]
+    fn segments_between_two_hosts_leave_their_span_pairs_out() {
+        let at = |input, ns| Stamp { input, ns };
+        let key = |seq| TcpKey {
+            seq,
+            ack_seq: 1,
+            flags: 0x18,
+        };
+        let mut collected = Collected::default();
+        // Two segments each way, 1 µs in flight on one clock.
+        for (seq, from, ns) in [(1, 0, 1_000), (2, 1, 5_000), (3, 0, 10_000), (4, 1, 15_000)] {
+            collected
+                .sent
+                .insert(key(seq), VecDeque::from([at(from, ns)]));
+            collected
+                .received
+                .push((key(seq), at(1 - from, ns + 1_000)));
+        }
+        // A span pair whose server ends after its client: left out, else
+        // the hulls would cross.
+        let (trace, client) = (TraceId(7), SpanId(3));
+        collected
+            .clients
+            .insert((trace, client), (at(0, 1_500), at(0, 5_500)));
+        collected
+            .servers
+            .push((trace, client, at(1, 1_800), at(1, 5_900)));
+        let mut graph = HostGraph::new();
+        graph.host("zero");
+        graph.host("one");
+        let inputs = [PathBuf::from("zero"), PathBuf::from("one")];
+        assert_eq!(
+            match_messages(&collected, &mut graph, &inputs).unwrap(),
+            (0, 4)
+        );
+        let estimate = graph.pair_estimate(0, 1).unwrap();
+        assert_eq!(estimate.matched, 4);
+        assert_eq!(estimate.quality, deepspan_sync::Quality::Accurate);
     }
 
     #[test]

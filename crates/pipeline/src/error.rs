@@ -70,6 +70,9 @@ pub enum Error {
     #[error("{}: {reason}", path.display())]
     Hosts { path: PathBuf, reason: String },
     /// An input of [`crate::align::align_inputs`] is not a folder.
+    #[error("cannot read the recorded TCP segments {}: {reason}", path.display())]
+    TcpSegments { path: PathBuf, reason: String },
+
     #[error("{}: not a run folder (manifest.json or spans/) nor a CTF trace folder", path.display())]
     NotAnAlignInput { path: PathBuf },
     /// A folder given to [`crate::align::align_inputs`] is not a run and
