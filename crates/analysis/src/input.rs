@@ -19,13 +19,23 @@ pub enum Input {
         ts: u64,
         count: u64,
     },
+    /// A TCP segment recorded leaving or entering a device on `cpu`
+    /// (`record --tcp-keys`; see [`crate::StateBuilder::segment`]).
+    Segment {
+        cpu: u32,
+        ts: u64,
+        /// The thread current at the segment (the recording's view).
+        tid: deepspan_model::Tid,
+        key: u64,
+        direction: crate::PacketDirection,
+    },
 }
 
 impl Timestamped for Input {
     fn timestamp(&self) -> u64 {
         match self {
             Input::Event(e) => e.ts,
-            Input::Lost { ts, .. } => *ts,
+            Input::Lost { ts, .. } | Input::Segment { ts, .. } => *ts,
         }
     }
 }
@@ -79,6 +89,13 @@ where
                 builder.lost(cpu, ts);
                 *counts.entry((cpu, ts)).or_default() += count;
             }
+            Input::Segment {
+                cpu,
+                ts,
+                tid,
+                key,
+                direction,
+            } => builder.segment(ts, cpu, tid, key, direction),
         }
         merged += 1;
         if merged.is_multiple_of(65_536) {

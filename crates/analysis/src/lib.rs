@@ -61,7 +61,7 @@ pub use state::{
     InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds,
     PacketDirection, StateBuilder, KERNEL_WORKER,
     StateInterval, SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, MAX_CPUS,
-    HOST_TID_SHIFT, NO_CPU, PENDING_WAKING_WINDOW_NS,
+    HOST_TID_SHIFT, NO_CPU, PENDING_WAKING_WINDOW_NS, SEGMENT_WAKE_NS,
 };
 pub use summary::{
     aggregate, group_causes, summarize, CauseGroup, OperationRow, OperationSummary, RequestSummary, SummaryRow,

@@ -566,6 +566,10 @@ pub struct StateBuilder {
     local_in_flight: FastMap<u64, LocalPacket>,
     /// The host of each CPU, in a model of several hosts (empty: one).
     cpu_hosts: Vec<u32>,
+    /// Recorded TCP segments sent and not yet received, by key: the
+    /// sending context's vertex at the send, and when (see
+    /// [`StateBuilder::segment`]).
+    segments_in_flight: FastMap<u64, (VertexId, u64)>,
 }
 
 /// A packet a thread queued, until its address is queued again.
@@ -586,6 +590,20 @@ impl LocalPacket {
         let same_device = *self.dev == *dev;
         ts.saturating_sub(self.queued) <= LOOPBACK_IN_FLIGHT_NS && (same_device == (dev == "lo"))
     }
+}
+
+/// A segment received outside an interrupt frame explains wake-ups on its
+/// CPU for this long: the kernel wakes the socket's reader within
+/// microseconds of the segment's arrival, and the frame's end, which would
+/// close the window, may be missing from the trace (ksoftirqd, pid filters).
+pub const SEGMENT_WAKE_NS: u64 = 100_000;
+
+/// The key of the segment received on CPU `c` outside a frame, if within
+/// [`SEGMENT_WAKE_NS`] of `ts`.
+fn fresh_segment(c: &CpuRec, ts: u64) -> Option<u64> {
+    c.thread_segment
+        .filter(|&(_, at)| ts.saturating_sub(at) <= SEGMENT_WAKE_NS)
+        .map(|(key, _)| key)
 }
 
 /// A local packet is received within microseconds of being queued; an
@@ -652,6 +670,9 @@ struct CpuRec {
     /// The key of the last message given to [`StateBuilder::packet`] as
     /// received in thread context since the last switch.
     thread_message: Option<u64>,
+    /// The last recorded TCP segment received in thread context since the
+    /// last switch (see [`StateBuilder::segment`]): key and time.
+    thread_segment: Option<(u64, u64)>,
     /// The thread that queued a packet on the loopback device since the
     /// last switch (in thread context): a NET_RX softirq run in its
     /// context then delivers its packets.
@@ -804,6 +825,7 @@ impl StateBuilder {
             arch: Arch::default(),
             local_in_flight: FastMap::default(),
             cpu_hosts: Vec::new(),
+            segments_in_flight: FastMap::default(),
         }
     }
 
@@ -897,6 +919,85 @@ impl StateBuilder {
         }
     }
 
+    /// A TCP segment recorded (`record --tcp-keys`) leaving (`Sent`) or
+    /// entering (`Received`) a device now on `cpu`, with `tid` current
+    /// there, `key` its (seq, ack_seq, flags) digest. Unlike [`StateBuilder::packet`] (Trace
+    /// Compass's stubs, whose hosts are joined afterwards), the two ends
+    /// meet in this model: a thread woken by a received segment gets a
+    /// NETWORK edge from the context that sent it, at the send, when no
+    /// other rule names the sender (loopback and veth packets are matched
+    /// by skb address; a wake-up in another host's thread is that
+    /// thread's). So a request waiting for another host's reply continues,
+    /// on its critical path, into that host's thread that sent it.
+    ///
+    /// A received segment outside an interrupt frame (a softirq run by
+    /// ksoftirqd, or whose events a pid filter left out) makes the CPU's
+    /// next wake-ups within [`SEGMENT_WAKE_NS`], of threads blocked in a
+    /// system call that waits for I/O, network wake-ups.
+    pub fn segment(&mut self, ts: u64, cpu: u32, tid: Tid, key: u64, direction: PacketDirection) {
+        if cpu >= MAX_CPUS {
+            self.stats.bad_cpu += 1;
+            return;
+        }
+        let ts = self.clock(ts);
+        match direction {
+            PacketDirection::Sent => {
+                // The recording names the thread current at the send: more
+                // certain than the model's current thread when the trace
+                // lacks that CPU's switches (pid filters), unless the send
+                // is in an interrupt frame (the kernel's, not that thread's).
+                let in_frame = self
+                    .cpus
+                    .get(cpu as usize)
+                    .is_some_and(|c| !c.stack.is_empty());
+                let vertex = if tid > 0 && !in_frame && self.graph_on {
+                    let t = self.thread(tid);
+                    Some(self.vertex_now(t, ts))
+                } else {
+                    self.context_vertex(cpu, ts)
+                };
+                if let Some(v) = vertex {
+                    if self.segments_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
+                        let oldest = ts.saturating_sub(LOOPBACK_IN_FLIGHT_NS);
+                        self.segments_in_flight
+                            .retain(|_, &mut (_, sent)| sent >= oldest);
+                        if self.segments_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
+                            self.segments_in_flight.clear();
+                        }
+                    }
+                    self.segments_in_flight.insert(key, (v, ts));
+                }
+            }
+            PacketDirection::Received => {
+                let c = self.cpu_mut(cpu);
+                match c.stack.last_mut() {
+                    Some(f) => {
+                        f.packet = true;
+                        f.message = Some(key);
+                    }
+                    None => c.thread_segment = Some((key, ts)),
+                }
+            }
+        }
+    }
+
+    /// The NETWORK edge of thread `t`, woken at `ts` by the message `key`,
+    /// from the context that sent it (see [`StateBuilder::segment`]).
+    fn link_segment(&mut self, t: usize, ts: u64, key: u64) -> bool {
+        let Some(&(from, sent)) = self.segments_in_flight.get(&key) else {
+            return false;
+        };
+        if sent > ts || ts - sent > LOOPBACK_IN_FLIGHT_NS {
+            return false;
+        }
+        let to = self.vertex_now(t, ts);
+        if from.worker == to.worker {
+            return false;
+        }
+        self.segments_in_flight.remove(&key);
+        self.graph.link(from, to, EdgeType::Network, None)
+    }
+
     /// A network wake-up of thread `t` by a thread that received packets
     /// (a threaded interrupt handler, threaded NAPI) names that thread on
     /// the NETWORK edge, as Trace Compass does: the edge ends here, before
@@ -921,12 +1022,14 @@ impl StateBuilder {
             .append(worker, ts, EdgeType::Network, name.as_deref());
     }
 
-    /// The key of the message the context running on `cpu` received last.
-    fn context_message(&self, cpu: u32) -> Option<u64> {
+    /// The key of the message the context running on `cpu` received last
+    /// (a segment received in thread context only until [`SEGMENT_WAKE_NS`]
+    /// after it, `ts`).
+    fn context_message(&self, cpu: u32, ts: u64) -> Option<u64> {
         let c = self.cpus.get(cpu as usize)?;
         match c.stack.last() {
             Some(f) => f.message,
-            None => c.thread_message,
+            None => c.thread_message.or(fresh_segment(c, ts)),
         }
     }
 
@@ -1394,6 +1497,7 @@ impl StateBuilder {
             c.thread_block = false;
             c.thread_packet = false;
             c.thread_message = None;
+            c.thread_segment = None;
             c.loopback_sender = None;
         }
         let c = self.cpu_mut(cpu);
@@ -1581,6 +1685,7 @@ impl StateBuilder {
         c.thread_block = false;
         c.thread_packet = false;
         c.thread_message = None;
+        c.thread_segment = None;
         c.loopback_sender = None;
     }
 
@@ -1620,6 +1725,50 @@ impl StateBuilder {
         match c.current.or((ev_tid >= 0).then_some(ev_tid)) {
             Some(tid) if tid > 0 => Waker::Thread(tid),
             _ => Waker::Context(BlockReason::Unexplained),
+        }
+    }
+
+    /// Whether thread `t` may be waiting for a packet: blocked in a system
+    /// call that waits on sockets or file descriptors (or in one the trace
+    /// does not show). A sleep, a futex or a child's exit is not ended by
+    /// a segment that arrived on the CPU meanwhile.
+    fn may_wait_for_network(&self, t: usize) -> bool {
+        let Some(call) = &self.threads[t].open_syscall else {
+            return true;
+        };
+        let name = match call.name {
+            0 => syscall_name(self.arch, call.id),
+            n => self.syscall_names.names.get(n as usize).map(|n| &**n),
+        };
+        match name {
+            None => true,
+            Some(name) => matches!(
+                name,
+                "read"
+                    | "readv"
+                    | "recvfrom"
+                    | "recvmsg"
+                    | "recvmmsg"
+                    | "write"
+                    | "writev"
+                    | "sendto"
+                    | "sendmsg"
+                    | "sendmmsg"
+                    | "accept"
+                    | "accept4"
+                    | "connect"
+                    | "poll"
+                    | "ppoll"
+                    | "select"
+                    | "pselect6"
+                    | "epoll_wait"
+                    | "epoll_pwait"
+                    | "epoll_pwait2"
+                    | "io_uring_enter"
+                    | "splice"
+                    | "sendfile"
+                    | "sendfile64"
+            ),
         }
     }
 
@@ -1699,6 +1848,20 @@ impl StateBuilder {
             .filter(|&c| c < MAX_CPUS)
             .unwrap_or(NO_CPU);
         let mut waker = self.waker(cpu, ev_tid);
+        // A segment received on this CPU outside a frame just before, and
+        // a thread waiting for I/O: the segment's wake-up (see `segment`).
+        if matches!(
+            waker,
+            Waker::Thread(_) | Waker::Context(BlockReason::Unexplained)
+        ) && self
+            .cpus
+            .get(cpu as usize)
+            .and_then(|c| fresh_segment(c, ts))
+            .is_some()
+            && self.may_wait_for_network(t)
+        {
+            waker = Waker::Context(BlockReason::Network);
+        }
         if matches!(waker, Waker::Context(BlockReason::PacketFrom(x)) if x == ev_tid)
             && self.from_other_host(cpu, ev_tid)
         {
@@ -1788,9 +1951,9 @@ impl StateBuilder {
                     self.link(x, t, ts);
                 }
                 if let (Waker::Context(BlockReason::Network), Some(key)) =
-                    (waker, self.context_message(cpu))
+                    (waker, self.context_message(cpu, ts))
                 {
-                    if self.graph_on {
+                    if self.graph_on && !self.link_segment(t, ts, key) {
                         let v = self.vertex_now(t, ts);
                         self.packets.received.push((key, v));
                     }

@@ -605,3 +605,149 @@ fn a_thread_first_seen_at_its_wake_up_slept_since_the_trace_began() {
     }
     assert!(b.finish().thread(5).unwrap().state_at(30).is_none());
 }
+
+/// A client thread (1, CPU 0) waits for a reply that thread 2 (CPU 1)
+/// sends: the recorded TCP segments (`record --tcp-keys`) join the two
+/// ends, so the wait is NETWORK with an edge from 2 at the send, and the
+/// client's critical path runs through 2 until then.
+fn segment_script(receive_in_softirq: bool) -> KernelModel {
+    use deepspan_analysis::PacketDirection;
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1) // 1 runs
+        .switch(20, 0, 1, 1, 0) // 1 blocks (waits for the reply)
+        .switch(25, 1, 0, 0, 2); // 2 runs on CPU 1
+    let mut b = StateBuilder::new();
+    for e in &s.events {
+        b.push(e);
+    }
+    b.segment(40, 1, 2, 0xfeed, PacketDirection::Sent); // 2 sends the reply
+    let mut s = Script::new();
+    if receive_in_softirq {
+        s.ev(
+            44,
+            0,
+            EventKind::SoftirqEntry {
+                vec: softirq::NET_RX,
+            },
+        );
+    }
+    for e in &s.events {
+        b.push(e);
+    }
+    // An unrelated segment first: only the last one received counts.
+    b.segment(44, 0, 0, 0xbeef, PacketDirection::Received);
+    b.segment(45, 0, 0, 0xfeed, PacketDirection::Received);
+    let mut s = Script::new();
+    // The wake-up comes from whatever runs on CPU 0: the idle task here
+    // (the softirq, or a ksoftirqd the recording left out).
+    s.wake(46, 0, 1, true);
+    if receive_in_softirq {
+        s.ev(
+            47,
+            0,
+            EventKind::SoftirqExit {
+                vec: softirq::NET_RX,
+            },
+        );
+    }
+    s.switch(50, 0, 0, 0, 1).switch(60, 1, 2, 1, 0);
+    for e in &s.events {
+        b.push(e);
+    }
+    b.finish()
+}
+
+#[test]
+fn a_recorded_segment_links_the_wake_up_to_its_sender() {
+    for in_softirq in [true, false] {
+        let m = segment_script(in_softirq);
+        assert_eq!(
+            blocked_reason(&m, 1, 30),
+            BlockReason::Network,
+            "softirq {in_softirq}"
+        );
+        let g = m.graph();
+        let v = g.vertex_at(g.worker_of(1).unwrap(), 46).unwrap();
+        let link = g
+            .edge(v, Direction::IncomingVertical)
+            .expect("an edge from the sender");
+        assert_eq!(
+            (g.tid(link.from.worker), g.ts(link.from), link.kind),
+            (2, 40, EdgeType::Network)
+        );
+        let cp = critical_path(&m, 1, 10, 50);
+        let pieces: Vec<_> = cp
+            .pieces
+            .iter()
+            .map(|p| (p.start, p.end, p.tid, p.state))
+            .collect();
+        assert_eq!(
+            pieces,
+            vec![
+                (10, 20, 1, EdgeType::Running),
+                (20, 25, 2, EdgeType::Unknown),
+                (25, 40, 2, EdgeType::Running),
+                (40, 46, 1, EdgeType::Network),
+                (46, 50, 1, EdgeType::Preempted),
+            ],
+            "softirq {in_softirq}"
+        );
+    }
+}
+
+#[test]
+fn a_segment_received_long_before_a_wake_up_does_not_explain_it() {
+    use deepspan_analysis::{PacketDirection, SEGMENT_WAKE_NS};
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1)
+        .switch(20, 0, 1, 1, 3)
+        .switch(25, 1, 0, 0, 2);
+    let mut b = StateBuilder::new();
+    for e in &s.events {
+        b.push(e);
+    }
+    b.segment(40, 1, 2, 0xfeed, PacketDirection::Sent);
+    b.segment(45, 0, 0, 0xfeed, PacketDirection::Received);
+    let mut s = Script::new();
+    // Thread 3 (current on CPU 0, its switch-out not traced) wakes 1 well
+    // after the segment: a thread's wake-up, not the segment's.
+    let late = 45 + SEGMENT_WAKE_NS + 1;
+    s.wake(late, 0, 1, true).switch(late + 10, 0, 3, 0, 1);
+    for e in &s.events {
+        b.push(e);
+    }
+    let m = b.finish();
+    assert_eq!(blocked_reason(&m, 1, 30), BlockReason::Thread(3));
+}
+
+#[test]
+fn a_segment_does_not_end_a_sleep() {
+    use deepspan_analysis::PacketDirection;
+    // 1 sleeps in clock_nanosleep; a segment arrives on CPU 0 (someone
+    // else's traffic) just before 3, current there, wakes 1 (its timer's
+    // interrupt left out of the trace): a wake-up by 3, not a packet.
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1).ev(
+        11,
+        0,
+        EventKind::SysEnter {
+            id: 230,
+            name: Some(Name::new("clock_nanosleep")),
+            args: [0; 6],
+        },
+    );
+    s.switch(20, 0, 1, 1, 3).switch(25, 1, 0, 0, 2);
+    let mut b = StateBuilder::new();
+    for e in &s.events {
+        b.push(e);
+    }
+    b.segment(40, 1, 2, 0xfeed, PacketDirection::Sent);
+    b.segment(45, 0, 0, 0xfeed, PacketDirection::Received);
+    let mut s = Script::new();
+    s.wake(46, 0, 1, true).switch(50, 0, 3, 0, 1);
+    for e in &s.events {
+        b.push(e);
+    }
+    let m = b.finish();
+    assert_eq!(blocked_reason(&m, 1, 30), BlockReason::Thread(3));
+}

@@ -10,9 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use deepspan_analysis::{build_model, Arch, Input, KernelModel, LostEvents, StateBuilder};
+use deepspan_analysis::{
+    build_model, Arch, Input, KernelModel, LostEvents, PacketDirection, StateBuilder,
+};
 use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{CpuRecords, Schema, TraceDat};
+use deepspan_model::Timestamped;
 
 use crate::hosts::HostMap;
 use crate::{Error, Progress, Step};
@@ -25,6 +28,9 @@ pub enum KernelTrace {
     TraceDat {
         path: PathBuf,
         trace: TraceDat,
+        /// The run's recorded TCP segments (`record --tcp-keys`), in time
+        /// order.
+        segments: Vec<Input>,
     },
     Ctf {
         path: PathBuf,
@@ -39,6 +45,9 @@ pub enum KernelTrace {
         maps: Vec<Arc<HostMap>>,
         /// The host of each CPU of the merged model.
         cpu_hosts: Vec<u32>,
+        /// Every host's recorded TCP segments on the merged clock and CPUs,
+        /// in time order.
+        segments: Vec<Input>,
     },
 }
 
@@ -61,18 +70,32 @@ impl KernelTrace {
                 }
                 traces.push((dat, trace));
             }
-            let maps = HostMap::all(&file).into_iter().map(Arc::new).collect();
+            let maps: Vec<Arc<HostMap>> = HostMap::all(&file).into_iter().map(Arc::new).collect();
+            let mut segments = Vec::new();
+            for (host, map) in file.hosts.iter().zip(&maps) {
+                segments.extend(
+                    read_segments(&host.run)?
+                        .into_iter()
+                        .map(|s| map.segment(s)),
+                );
+            }
+            segments.sort_by_key(|s| s.timestamp());
             return Ok(KernelTrace::Hosts {
                 path: run.join(crate::hosts::HOSTS_JSON),
                 traces,
                 maps,
                 cpu_hosts,
+                segments,
             });
         }
         let dat = run.join("kernel").join("trace.dat");
         if dat.is_file() {
             return match TraceDat::open(&dat) {
-                Ok(trace) => Ok(KernelTrace::TraceDat { path: dat, trace }),
+                Ok(trace) => Ok(KernelTrace::TraceDat {
+                    path: dat,
+                    trace,
+                    segments: segment_inputs(run)?,
+                }),
                 Err(source) => Err(Error::OpenTraceDat { path: dat, source }),
             };
         }
@@ -147,22 +170,29 @@ impl KernelTrace {
         progress: &dyn Progress,
     ) -> Result<(KernelModel, LostEvents), Error> {
         match self {
-            KernelTrace::TraceDat { path, trace } => {
+            KernelTrace::TraceDat {
+                path,
+                trace,
+                segments,
+            } => {
                 let total = trace.cpu_data_bytes();
                 let step = Step::DecodeTraceDat;
                 progress.begin(step, Some(total));
                 let read = Arc::new(AtomicU64::new(0));
                 let streams = (0..trace.cpus())
                     .map(|cpu| {
-                        Ok(CpuStream::new(
+                        Ok(WithSegments::Trace(CpuStream::new(
                             trace.cpu_records(cpu)?,
                             trace.schema().clone(),
                             read.clone(),
-                        ))
+                        )))
                     })
                     .collect::<Result<Vec<_>, deepspan_ftrace::Error>>();
                 let streams = match streams {
-                    Ok(streams) => streams,
+                    Ok(mut streams) => {
+                        streams.push(WithSegments::Segments(segments.clone().into_iter()));
+                        streams
+                    }
                     Err(source) => {
                         progress.end(step);
                         let path = path.clone();
@@ -183,6 +213,7 @@ impl KernelTrace {
                 traces,
                 maps,
                 cpu_hosts,
+                segments,
                 ..
             } => {
                 let total = traces.iter().map(|(_, t)| t.cpu_data_bytes()).sum();
@@ -199,13 +230,14 @@ impl KernelTrace {
                                 source,
                             }
                         })?;
-                        streams.push(HostStream {
+                        streams.push(WithSegments::Trace(HostStream {
                             host: h,
                             cpu: CpuStream::new(records, trace.schema().clone(), read.clone()),
                             map: map.clone(),
-                        });
+                        }));
                     }
                 }
+                streams.push(WithSegments::Segments(segments.clone().into_iter()));
                 let builder = builder.hosts(cpu_hosts.clone());
                 let built = build_model(builder, streams, &mut |_| {
                     progress.advance(step, read.load(Ordering::Relaxed).min(total));
@@ -256,6 +288,68 @@ fn domains(trace: &CtfTrace) -> String {
         .map(|t| t.domain().unwrap_or("unknown domain"))
         .collect();
     names.join(", ")
+}
+
+/// A kernel trace's streams, and the run's recorded TCP segments as one
+/// more (the model takes them in time order with the events).
+enum WithSegments<S> {
+    Trace(S),
+    Segments(std::vec::IntoIter<Input>),
+}
+
+impl<S, E> Iterator for WithSegments<S>
+where
+    S: Iterator<Item = Result<Input, E>>,
+{
+    type Item = Result<Input, E>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            WithSegments::Trace(stream) => stream.next(),
+            WithSegments::Segments(segments) => segments.next().map(Ok),
+        }
+    }
+}
+
+/// The TCP segments `record --tcp-keys` saved in `run` (none when it saved
+/// none).
+fn read_segments(run: &Path) -> Result<Vec<deepspan_record::TcpSegment>, Error> {
+    let path = run.join(deepspan_record::TCP_SEGMENTS);
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    deepspan_record::read_tcp_segments(&path).map_err(|e| Error::TcpSegments {
+        path: path.clone(),
+        reason: e.to_string(),
+    })
+}
+
+/// A run's recorded TCP segments as model input, in time order.
+fn segment_inputs(run: &Path) -> Result<Vec<Input>, Error> {
+    let mut inputs: Vec<Input> = read_segments(run)?.iter().map(segment_input).collect();
+    inputs.sort_by_key(|s| s.timestamp());
+    Ok(inputs)
+}
+
+/// A recorded segment as model input: keyed by what both ends see.
+pub(crate) fn segment_input(s: &deepspan_record::TcpSegment) -> Input {
+    Input::Segment {
+        cpu: s.cpu,
+        ts: s.mono_ns,
+        tid: s.tid,
+        key: segment_key(s.seq, s.ack_seq, s.flags),
+        direction: if s.sent {
+            PacketDirection::Sent
+        } else {
+            PacketDirection::Received
+        },
+    }
+}
+
+/// A 64-bit digest of a TCP segment's (seq, ack_seq, flags).
+fn segment_key(seq: u32, ack_seq: u32, flags: u8) -> u64 {
+    let both = (u64::from(seq) << 32) | u64::from(ack_seq);
+    (both ^ (u64::from(flags) << 56)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// One CPU of one host of a merged run, as the merged model takes it.
