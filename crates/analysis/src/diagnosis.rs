@@ -554,8 +554,8 @@ pub(crate) fn request_culprit(request: SpanIdx) -> Culprit {
 pub(crate) fn who(c: &Culprit) -> String {
     let comm = c.comm.map(|x| x.to_string_lossy()).unwrap_or_default();
     match (c.kind, c.tid, c.pid) {
-        (CulpritKind::Thread, Some(t), _) => format!("{t}/{comm}"),
-        (_, _, Some(p)) => format!("{comm} (pid {p})"),
+        (CulpritKind::Thread, Some(t), _) => format!("{}/{comm}", crate::tid_label(t)),
+        (_, _, Some(p)) => format!("{comm} (pid {})", crate::tid_label(p)),
         _ => comm,
     }
 }

@@ -57,7 +57,7 @@ pub use request::{
     FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, RESUME_GAP_NS, WAKEUP_GRACE_NS,
 };
 pub use state::{
-    host_tid, softirq_name, split_host_tid, switch_out, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval,
+    host_tid, softirq_name, split_host_tid, switch_out, tid_label, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval,
     InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds,
     PacketDirection, StateBuilder, KERNEL_WORKER,
     StateInterval, SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, MAX_CPUS,

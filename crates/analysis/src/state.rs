@@ -53,6 +53,15 @@ pub fn host_tid(host: u32, tid: Tid) -> Tid {
     }
 }
 
+/// A thread (or process) id for people: `hN:TID` for a thread of host
+/// N > 0 of a model of several hosts, else the id itself.
+pub fn tid_label(tid: Tid) -> String {
+    match split_host_tid(tid) {
+        (0, t) => t.to_string(),
+        (host, t) => format!("h{host}:{t}"),
+    }
+}
+
 /// The host and the host's own thread id of a thread id of a model of
 /// several hosts.
 pub fn split_host_tid(tid: Tid) -> (u32, Tid) {

@@ -535,11 +535,15 @@ fn culprit_lines(culprits: &[serde_json::Value], detail: bool) -> Vec<(String, S
         if let Some(comm) = field("comm") {
             who.push(comm);
         }
+        let id = |text: String| match text.parse::<Tid>() {
+            Ok(id) => deepspan_analysis::tid_label(id),
+            Err(_) => text,
+        };
         if let Some(t) = field("tid") {
-            who.push(format!("tid {t}"));
+            who.push(format!("tid {}", id(t)));
         }
         if let Some(p) = field("pid") {
-            who.push(format!("pid {p}"));
+            who.push(format!("pid {}", id(p)));
         }
         if let Some(s) = field("span_id") {
             who.push(format!("{s} {operation}"));

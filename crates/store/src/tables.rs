@@ -793,13 +793,9 @@ pub fn write_operation_summary(path: &Path, r: &AnalysisResults) -> Result<u64, 
 /// thread of host N > 0 is `hN:tid/comm` (its own tid on its host; the
 /// hosts are listed in `hosts.json` and the analysis notes).
 pub fn thread_label(tid: Option<Tid>, comm: Option<&str>) -> String {
-    let id = |t: Tid| match deepspan_analysis::split_host_tid(t) {
-        (0, t) => t.to_string(),
-        (host, t) => format!("h{host}:{t}"),
-    };
     match (tid, comm) {
-        (Some(t), Some(c)) if !c.is_empty() => format!("{}/{c}", id(t)),
-        (Some(t), _) => id(t),
+        (Some(t), Some(c)) if !c.is_empty() => format!("{}/{c}", deepspan_analysis::tid_label(t)),
+        (Some(t), _) => deepspan_analysis::tid_label(t),
         (None, _) => "-".to_string(),
     }
 }
