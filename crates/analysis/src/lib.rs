@@ -58,7 +58,7 @@ pub use request::{
 };
 pub use state::{
     host_tid, softirq_name, split_host_tid, switch_out, tid_label, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval,
-    InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds,
+    InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds, RemoteCall,
     PacketDirection, StateBuilder, KERNEL_WORKER,
     StateInterval, SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, MAX_CPUS,
     HOST_TID_SHIFT, NO_CPU, PENDING_WAKING_WINDOW_NS, SEGMENT_WAKE_NS,

@@ -27,7 +27,7 @@ use deepspan_model::{
 };
 
 use crate::fxhash::FastMap;
-use crate::graph::{EdgeType, Graph, VertexId};
+use crate::graph::{Direction, EdgeType, Graph, VertexId};
 use crate::syscalls::{syscall_name, Arch};
 
 /// CPU number used where the CPU is not known.
@@ -2167,7 +2167,84 @@ pub struct KernelModel {
     packets: NetworkEnds,
 }
 
+/// A call between hosts, from its spans: a CLIENT span on one host and
+/// its SERVER child on another, on one clock (see
+/// [`KernelModel::link_replies`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteCall {
+    pub client_tid: Tid,
+    pub server_tid: Tid,
+    /// When the server span ended (its reply was sent by then).
+    pub server_end: u64,
+    /// When the client span ended.
+    pub client_end: u64,
+}
+
 impl KernelModel {
+    /// Joins calls between hosts whose reply no message links (no TCP
+    /// segment recorded, no shared kernel): the caller's wait for the
+    /// reply, a NETWORK wait without a sender ended between the server
+    /// span's end and the client span's, gets a NETWORK edge from the
+    /// server's thread at its first vertex after the span ended (before
+    /// the wake-up), else at its last before.
+    /// So the request's critical path continues into the server's path.
+    /// Returns the calls linked.
+    pub fn link_replies(&mut self, calls: &[RemoteCall]) -> usize {
+        let mut linked = 0;
+        for call in calls {
+            let Some(client) = self.thread(call.client_tid) else {
+                continue;
+            };
+            // The caller's first network wait that ends in the window.
+            let from = client.states().partition_point(|s| s.end < call.server_end);
+            let wait = client.states()[from..]
+                .iter()
+                .take_while(|s| s.end <= call.client_end)
+                .find(|s| s.state == ThreadState::Blocked(BlockReason::Network));
+            let Some(wake) = wait.map(|s| s.end) else {
+                continue;
+            };
+            let g = &self.graph;
+            let (Some(wc), Some(ws)) = (g.worker_of(call.client_tid), g.worker_of(call.server_tid))
+            else {
+                continue;
+            };
+            let Some(to) = g.vertex_at(wc, wake) else {
+                continue;
+            };
+            if g.edge(to, Direction::IncomingVertical).is_some() {
+                continue;
+            }
+            // The server thread's first vertex from the span's end (it
+            // blocks for the next call, say) when it comes before the
+            // wake-up: its run until then stays on the path; else its last
+            // vertex before.
+            let last = g.tail(ws).map_or(0, |v| v.index);
+            let next = match g.vertex_at_or_before(ws, call.server_end.saturating_sub(1)) {
+                Some(v) if v.index < last => Some(VertexId {
+                    worker: ws,
+                    index: v.index + 1,
+                }),
+                Some(_) => None,
+                None => g.tail(ws).map(|_| VertexId {
+                    worker: ws,
+                    index: 0,
+                }),
+            };
+            let from = match next.filter(|&v| g.ts(v) <= wake) {
+                Some(v) => v,
+                None => match g.vertex_at_or_before(ws, call.server_end) {
+                    Some(v) => v,
+                    None => continue,
+                },
+            };
+            if self.graph.link(from, to, EdgeType::Network, None) {
+                linked += 1;
+            }
+        }
+        linked
+    }
+
     /// The graph vertices where messages given to
     /// [`StateBuilder::packet`] left and woke threads.
     pub fn network_ends(&self) -> &NetworkEnds {

@@ -751,3 +751,62 @@ fn a_segment_does_not_end_a_sleep() {
     let m = b.finish();
     assert_eq!(blocked_reason(&m, 1, 30), BlockReason::Thread(3));
 }
+
+#[test]
+fn a_reply_without_a_matched_packet_is_joined_by_its_spans() {
+    use deepspan_analysis::{host_tid, RemoteCall};
+    // Host 0: client 1 on CPU 0 waits for the reply; its NET_RX wake-up
+    // at 60 names no sender. Host 1: server (1, CPU 1) runs the call from
+    // 25, ends its span at 50, blocks for the next call at 55.
+    let server = host_tid(1, 1);
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1)
+        .switch(20, 0, 1, 1, 0)
+        .switch(25, 1, 0, 0, server)
+        .switch(55, 1, server, 1, 0)
+        .ev(
+            59,
+            0,
+            EventKind::SoftirqEntry {
+                vec: softirq::NET_RX,
+            },
+        )
+        .wake(60, 0, 1, true)
+        .ev(
+            61,
+            0,
+            EventKind::SoftirqExit {
+                vec: softirq::NET_RX,
+            },
+        )
+        .switch(62, 0, 0, 0, 1);
+    let mut b = StateBuilder::new().hosts(vec![0, 1]);
+    for e in &s.events {
+        b.push(e);
+    }
+    let mut m = b.finish();
+    assert_eq!(blocked_reason(&m, 1, 30), BlockReason::Network);
+    let call = RemoteCall {
+        client_tid: 1,
+        server_tid: server,
+        server_end: 50,
+        client_end: 70,
+    };
+    assert_eq!(m.link_replies(&[call]), 1);
+    // Linked once only.
+    assert_eq!(m.link_replies(&[call]), 0);
+    let cp = critical_path(&m, 1, 10, 62);
+    let pieces: Vec<_> = cp
+        .pieces
+        .iter()
+        .map(|p| (p.start, p.end, p.tid, p.state))
+        .collect();
+    assert!(
+        pieces.contains(&(25, 55, server, EdgeType::Running)),
+        "the server's run is on the caller's path: {pieces:?}"
+    );
+    assert!(
+        pieces.contains(&(55, 60, 1, EdgeType::Network)),
+        "then the reply's way back: {pieces:?}"
+    );
+}

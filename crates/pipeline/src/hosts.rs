@@ -511,6 +511,35 @@ impl HostMap {
     }
 }
 
+/// The calls between hosts of a merged run's spans: each CLIENT span and
+/// its SERVER child on another host, both placed by deepspan's fields.
+pub(crate) fn remote_calls(spans: &[Span]) -> Vec<deepspan_analysis::RemoteCall> {
+    let clients: HashMap<(deepspan_spans::TraceId, deepspan_spans::SpanId), (Tid, u64)> = spans
+        .iter()
+        .filter(|s| s.kind == deepspan_spans::SpanKind::Client)
+        .filter_map(|s| {
+            let tid = Tid::try_from(s.sync.tid?).ok()?;
+            Some(((s.trace_id, s.span_id), (tid, s.sync.mono_end_ns?)))
+        })
+        .collect();
+    spans
+        .iter()
+        .filter(|s| s.kind == deepspan_spans::SpanKind::Server)
+        .filter_map(|s| {
+            let &(client_tid, client_end) = clients.get(&(s.trace_id, s.parent_span_id?))?;
+            let server_tid = Tid::try_from(s.sync.tid?).ok()?;
+            let other_host = deepspan_analysis::split_host_tid(client_tid).0
+                != deepspan_analysis::split_host_tid(server_tid).0;
+            other_host.then_some(deepspan_analysis::RemoteCall {
+                client_tid,
+                server_tid,
+                server_end: s.sync.mono_end_ns?,
+                client_end,
+            })
+        })
+        .collect()
+}
+
 /// Reads a merged run's `hosts.json`, if `run` is one.
 pub fn read_hosts(run: &Path) -> Result<Option<HostsFile>, Error> {
     let path = run.join(HOSTS_JSON);

@@ -284,8 +284,16 @@ pub fn analyze_run(
     }
     .without_interrupt_history()
     .recorder_threads(&recorder_tids, arch);
-    let (model, lost) = kernel_trace.build_model(builder, progress)?;
+    let (mut model, lost) = kernel_trace.build_model(builder, progress)?;
     notes.extend(kernel_trace.warnings());
+    if matches!(kernel_trace, KernelTrace::Hosts { .. }) {
+        let linked = model.link_replies(&hosts::remote_calls(&spans));
+        if linked > 0 {
+            notes.push(format!(
+                "{linked} replies between hosts had no matched packet (record with --tcp-keys for those): each caller's wait was joined to the server span's thread at its end"
+            ));
+        }
+    }
     phases.done(phase::MODEL);
     let events = model.stats().events;
     let lost_events = lost.total();
