@@ -309,7 +309,7 @@ fn parallel_build_gives_the_sequential_model() {
             let x = x.clone().unwrap();
             let ts = match &x {
                 Input::Event(e) => e.ts,
-                Input::Lost { ts, .. } => *ts,
+                Input::Lost { ts, .. } | Input::Segment { ts, .. } => *ts,
             };
             merged.push((ts, cpu, i, x));
         }
@@ -320,6 +320,13 @@ fn parallel_build_gives_the_sequential_model() {
         match x {
             Input::Event(e) => b.push(e),
             Input::Lost { cpu, ts, .. } => b.lost(*cpu, *ts),
+            Input::Segment {
+                cpu,
+                ts,
+                tid,
+                key,
+                direction,
+            } => b.segment(*ts, *cpu, *tid, *key, *direction),
         }
     }
     let sequential = b.finish();
