@@ -41,8 +41,9 @@ const HEADER: &str =
 /// are left to the writer's filter.
 const PROGRAM_NETNS: usize = 4;
 
-/// How often the ring buffer is drained: it holds 4 MiB, about 87 000
-/// segments, so 10 ms leaves room for 8 million segments a second.
+/// How often the ring buffer is drained: it holds 4 MiB, about 75 000
+/// segments (56 bytes with the ring's header), so 10 ms leaves room for 7
+/// million segments a second.
 const DRAIN_EVERY: Duration = Duration::from_millis(10);
 
 /// A segment record of the program's ring buffer.
@@ -185,8 +186,11 @@ impl TcpKeyCapture {
                 let mut ring = ring;
                 loop {
                     // The flag is read before the drain: segments of the
-                    // last moments are drained after it is set.
-                    let last = stopping.load(Ordering::Acquire);
+                    // last moments are drained after it is set. A capture
+                    // dropped without `stop` (the recording failed) ends
+                    // the thread too.
+                    let last =
+                        stopping.load(Ordering::Acquire) || Arc::strong_count(&stopping) == 1;
                     while let Some(record) = ring.next() {
                         if let Some(segment) = TcpSegment::from_record(&record) {
                             sink.push(segment)?;
