@@ -51,6 +51,30 @@ pub const ANOMALY_MIN_EXCESS_NS: u64 = 1_000_000;
 /// The baseline (median duration, the lower middle one for an even count)
 /// of every key with at least [`MIN_BASELINE_REQUESTS`] durations.
 pub fn baselines<K: Hash + Eq>(durations: impl IntoIterator<Item = (K, u64)>) -> HashMap<K, u64> {
+    quantiles(durations, 1, 2)
+}
+
+/// The usual healthy duration (lower quartile) of every key with at least
+/// [`MIN_BASELINE_REQUESTS`] durations: the reference for whether a
+/// request others waited for was itself held up (see
+/// [`crate::ChainIndex::mark_held_up`]). Not the median: a fault that holds
+/// up an operation's requests (a CPU hog beside its worker) holds up every
+/// request queued behind them too, often half of the operation's requests
+/// or more, and those then make its median. The lower quartile stays the
+/// healthy duration until three quarters of the requests are held up.
+pub fn usual_durations<K: Hash + Eq>(
+    durations: impl IntoIterator<Item = (K, u64)>,
+) -> HashMap<K, u64> {
+    quantiles(durations, 1, 4)
+}
+
+/// The `num/den` quantile (the lower one between two) of every key's
+/// durations, for keys with at least [`MIN_BASELINE_REQUESTS`].
+fn quantiles<K: Hash + Eq>(
+    durations: impl IntoIterator<Item = (K, u64)>,
+    num: usize,
+    den: usize,
+) -> HashMap<K, u64> {
     let mut by_key: HashMap<K, Vec<u64>> = HashMap::new();
     for (k, d) in durations {
         by_key.entry(k).or_default().push(d);
@@ -59,9 +83,9 @@ pub fn baselines<K: Hash + Eq>(durations: impl IntoIterator<Item = (K, u64)>) ->
         .into_iter()
         .filter(|(_, v)| v.len() >= MIN_BASELINE_REQUESTS)
         .map(|(k, mut v)| {
-            let mid = (v.len() - 1) / 2;
-            let (_, m, _) = v.select_nth_unstable(mid);
-            (k, *m)
+            let at = (v.len() - 1) * num / den;
+            let (_, q, _) = v.select_nth_unstable(at);
+            (k, *q)
         })
         .collect()
 }

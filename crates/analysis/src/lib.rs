@@ -19,7 +19,8 @@
 //!   process and thread that served them, from the kernel trace alone.
 //! - [`diagnose`] names the cause of a request's waiting, with evidence and
 //!   culprits (seed 001's top-down method); [`baselines`] and
-//!   [`is_anomalous`] flag the outliers of each operation.
+//!   [`is_anomalous`] flag the outliers of each operation, and
+//!   [`usual_durations`] the requests held up that others waited for.
 
 mod critical;
 mod diagnosis;
@@ -38,8 +39,9 @@ mod syscalls;
 pub use critical::{critical_path_of, pieces_of, CriticalPath, Piece};
 pub use distributed::distributed_graph;
 pub use diagnosis::{
-    baselines, diagnose, is_anomalous, Cause, Culprit, CulpritKind, Diagnosis, DiagnosisContext,
-    ANOMALY_FACTOR, ANOMALY_MIN_EXCESS_NS, HEADLINE_MAX, MAX_CULPRITS, MIN_BASELINE_REQUESTS,
+    baselines, diagnose, is_anomalous, usual_durations, Cause, Culprit, CulpritKind, Diagnosis,
+    DiagnosisContext, ANOMALY_FACTOR, ANOMALY_MIN_EXCESS_NS, HEADLINE_MAX, MAX_CULPRITS,
+    MIN_BASELINE_REQUESTS,
 };
 pub use root_cause::{ChainIndex, RootCause, MAX_CHAIN_DEPTH};
 pub use fxhash::{FastMap, FastSet, FxHasher};

@@ -12,11 +12,11 @@
 //! the disk …) the chain ends: that piece is a *leaf*. The leaves'
 //! buckets (as [`crate::diagnose`] buckets a path) say what the blocked
 //! time was really spent on, but only for blocking requests that were
-//! themselves outliers of their operation ([`ChainIndex::mark_anomalous`]):
-//! a blocker of its usual length (or of an operation without a baseline)
-//! is simply work the request had to wait for, whatever share of it the
-//! blocker spent waiting for a busy CPU. The largest bucket is the root
-//! cause:
+//! themselves held up, well above their operation's usual duration
+//! ([`ChainIndex::mark_held_up`]): a blocker of its usual length (or of an
+//! operation without a baseline) is simply work the request had to wait
+//! for, whatever share of it the blocker spent waiting for a busy CPU. The
+//! largest bucket is the root cause:
 //! - queued behind throttled requests → `cpu_throttled`;
 //! - behind requests that read the disk → `disk`;
 //! - blocked by a request that ran (a row lock's holder doing its work) →
@@ -71,8 +71,8 @@ pub struct RootCause {
 /// One request's path as the chains need it.
 struct ChainPath {
     path: RequestPath,
-    /// Well above its operation's baseline ([`ChainIndex::mark_anomalous`]).
-    anomalous: bool,
+    /// Well above its operation's usual duration ([`ChainIndex::mark_held_up`]).
+    held_up: bool,
     /// The bucket of each piece (as the request's own diagnosis put it).
     buckets: Vec<Bucket>,
 }
@@ -116,31 +116,32 @@ impl ChainIndex {
             path.request,
             ChainPath {
                 path: path.clone(),
-                anomalous: false,
+                held_up: false,
                 buckets,
             },
         );
         self.children = OnceLock::new();
     }
 
-    /// Marks `request` as an outlier of its operation
-    /// ([`crate::is_anomalous`]): its own waits then explain the time
+    /// Marks `request` as held up: well above its operation's usual
+    /// duration ([`crate::is_anomalous`] against
+    /// [`crate::usual_durations`]). Its own waits then explain the time
     /// others spent waiting for it (module doc).
-    pub fn mark_anomalous(&mut self, request: SpanIdx) {
+    pub fn mark_held_up(&mut self, request: SpanIdx) {
         if let Some(p) = self.paths.get_mut(&request) {
-            p.anomalous = true;
+            p.held_up = true;
         }
     }
 
     /// What a leaf's time is put down to: the owner's own waits when the
-    /// owner was abnormally slow, its work otherwise (and always for a
-    /// request that could not be followed further).
+    /// owner was held up, its work otherwise (and always for a request
+    /// that could not be followed further).
     fn leaf_bucket(&self, l: &Leaf) -> Bucket {
-        let anomalous = self.paths.get(&l.owner).is_some_and(|p| p.anomalous);
+        let held_up = self.paths.get(&l.owner).is_some_and(|p| p.held_up);
         match l.bucket {
             Bucket::Lock => Bucket::Lock,
             Bucket::OtherRequest => Bucket::Running,
-            b if anomalous => b,
+            b if held_up => b,
             _ => Bucket::Running,
         }
     }
@@ -748,7 +749,7 @@ mod tests {
                 index.add(&ctx, p);
             }
             for &r in anomalous {
-                index.mark_anomalous(r);
+                index.mark_held_up(r);
             }
             paths
                 .iter()

@@ -8,7 +8,7 @@ use common::requests::{request, Work};
 use std::collections::HashMap;
 
 use deepspan_analysis::{
-    analyze_requests, baselines, diagnose, is_anomalous, Arch, BlockPhase, Cause,
+    analyze_requests, baselines, diagnose, is_anomalous, usual_durations, Arch, BlockPhase, Cause,
     CulpritKind, Diagnosis, DiagnosisContext, KernelModel, RequestPath, SpanIdx, SpanInput,
     StateBuilder, HEADLINE_MAX,
 };
@@ -158,7 +158,6 @@ impl Script {
         b.finish()
     }
 }
-
 
 /// Every request's diagnosis, by request span index.
 fn diagnoses(
@@ -518,6 +517,24 @@ fn anomalies_are_well_above_the_median_of_their_operation() {
     // Twice a tiny baseline is not enough: 1 ms more is needed too.
     assert!(!is_anomalous(30_000, Some(10_000)));
     assert!(is_anomalous(1_020_000, Some(10_000)));
+}
+
+#[test]
+fn requests_held_up_are_judged_against_the_lower_quartile() {
+    // A fault held up five of nine requests of an operation: they make
+    // its median, and no longer stand out against it.
+    let durations = [10, 11, 9, 10, 30, 32, 29, 31, 33].map(|ms| ("a", ms * 1_000_000));
+    let median = baselines(durations)["a"];
+    let usual = usual_durations(durations)["a"];
+    assert_eq!(median, 29_000_000);
+    assert_eq!(usual, 10_000_000, "the lower quartile");
+    assert!(!is_anomalous(32_000_000, Some(median)));
+    assert!(is_anomalous(32_000_000, Some(usual)));
+    assert!(!is_anomalous(11_000_000, Some(usual)));
+    assert!(
+        usual_durations([("b", 1), ("b", 2)]).is_empty(),
+        "fewer than three requests"
+    );
 }
 
 /// Request X (thread 1) asks its database backend (thread 10, process 10)

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use deepspan_analysis::{
     aggregate, analyze_requests, baselines, clock_offset_bound, diagnose, infer_placements,
-    is_anomalous, ChainIndex, DiagnosisContext, InferredPlace, OperationSummary, PlacementMethod,
-    PlacementSpan, Processes, RequestPath, SpanIdx, StateBuilder, SyncSource,
+    is_anomalous, usual_durations, ChainIndex, DiagnosisContext, InferredPlace, OperationSummary,
+    PlacementMethod, PlacementSpan, Processes, RequestPath, SpanIdx, StateBuilder, SyncSource,
 };
 use deepspan_model::Tid;
 use deepspan_spans::activity::ActivityOptions;
@@ -538,11 +538,14 @@ pub fn analyze_run(
     }
     phases.done(phase::BASELINES);
     // Root causes, once every path is known: what the requests a request
-    // waited for were held up by (those that were outliers themselves).
+    // waited for were held up by (those held up themselves).
     {
         let mut chains = chains;
-        for r in records.iter().filter(|r| r.anomalous) {
-            chains.mark_anomalous(r.path.request);
+        let usual = usual_durations(records.iter().map(|r| (key(r), r.path.duration())));
+        for r in &records {
+            if is_anomalous(r.path.duration(), usual.get(&key(r)).copied()) {
+                chains.mark_held_up(r.path.request);
+            }
         }
         let diagnosis =
             DiagnosisContext::new(&model, arch, &span_inputs, &pids, &span_label, &work);
