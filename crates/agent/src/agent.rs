@@ -506,10 +506,35 @@ pub struct AgentStats {
 pub struct Agent {
     shared: Arc<Shared>,
     receiver: Option<ReceiverHandle>,
-    worker: Option<(SyncSender<Message>, JoinHandle<()>)>,
+    worker: Option<SnapshotThread>,
     release: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
     instance: String,
     snapshots_dir: PathBuf,
+}
+
+/// The snapshot worker's thread, which owns the flight recorder: stopped
+/// and joined when dropped, so the tracefs instance is removed even when
+/// the agent is dropped without [`Agent::shutdown`] (a panic unwinding
+/// the thread that holds it). A detached worker would die with the
+/// process and leave the instance behind.
+struct SnapshotThread {
+    triggers: SyncSender<Message>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SnapshotThread {
+    fn stop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = self.triggers.send(Message::Stop);
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for SnapshotThread {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 /// Triggers waiting for the worker at most.
@@ -575,22 +600,25 @@ impl Agent {
                 metrics: shared.metrics.clone(),
                 deliver: Arc::new(move |t, o| deliver_to.deliver(t, o)),
             };
-            std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name("deepspan-snapshot".into())
                 .spawn(move || worker.run(trigger_rx))
-                .map_err(crate::Error::Threads)?
+                .map_err(crate::Error::Threads)?;
+            SnapshotThread {
+                triggers: trigger_tx.clone(),
+                thread: Some(thread),
+            }
         };
         let sink = AgentSink {
             shared: shared.clone(),
             detector,
-            triggers: trigger_tx.clone(),
+            triggers: trigger_tx,
         };
         let receiver = match Receiver::start_with_sink(config.receiver.clone(), Box::new(sink)) {
             Ok(receiver) => receiver,
             Err(e) => {
                 // A port in use: stop what started (the worker removes the instance).
-                let _ = trigger_tx.send(Message::Stop);
-                let _ = worker.join();
+                drop(worker);
                 stop_release.store(true, Relaxed);
                 let _ = release.join();
                 return Err(e.into());
@@ -599,7 +627,7 @@ impl Agent {
         Ok(Agent {
             shared,
             receiver: Some(receiver),
-            worker: Some((trigger_tx, worker)),
+            worker: Some(worker),
             release: Some((stop_release, release)),
             instance,
             snapshots_dir: config.snapshots.dir,
@@ -669,9 +697,8 @@ impl Agent {
                 eprintln!("deepspan agent: {e}");
             }
         }
-        if let Some((tx, worker)) = self.worker.take() {
-            let _ = tx.send(Message::Stop);
-            let _ = worker.join();
+        if let Some(mut worker) = self.worker.take() {
+            worker.stop();
         }
         if let Some((stop, release)) = self.release.take() {
             stop.store(true, Relaxed);

@@ -186,13 +186,13 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
     };
     let addr = |a: Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
     // Scripts read the real ports (port 0) from this line; keep its shape.
-    eprintln!(
+    say(format_args!(
         "deepspan agent: receiving OTLP/gRPC on {} and OTLP/HTTP on {}, forwarding to {}",
         addr(agent.grpc_addr()),
         addr(agent.http_addr()),
         args.forward
-    );
-    eprintln!(
+    ));
+    say(format_args!(
         "deepspan agent: flight recorder {} ({} KiB per CPU); snapshots in {}; metrics on {}; memory bound {} MiB",
         agent.instance_name(),
         args.buffer_kb,
@@ -201,19 +201,28 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
             .as_ref()
             .map_or("-".to_string(), |m| format!("http://{}/metrics", m.local_addr())),
         memory_bound >> 20
-    );
+    ));
     let started = Instant::now();
     while !stop.load(Ordering::Relaxed) && duration.is_none_or(|d| started.elapsed() < d) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    eprintln!(
+    say(format_args!(
         "deepspan agent: stopping (flushing up to {} s)",
         args.flush_s
-    );
+    ));
     let stats = agent.shutdown(Duration::from_secs(args.flush_s));
     if let Some(m) = metrics {
         m.shutdown();
     }
-    eprintln!("deepspan agent: {}", stats.summary);
+    say(format_args!("deepspan agent: {}", stats.summary));
     Ok(ExitCode::SUCCESS)
+}
+
+/// A line on stderr, whether or not anyone still reads it. The agent
+/// outlives a parent that died or a pipe closed behind it, and
+/// `eprintln!` would then panic the main thread; it must still stop in
+/// order (the flight recorder's instance removed, the queue flushed).
+fn say(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }

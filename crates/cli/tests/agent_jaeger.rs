@@ -890,6 +890,67 @@ fn sigterm_sends_what_is_queued_and_removes_the_instance() {
     }
 }
 
+/// Whoever read the agent's stderr is gone (a parent that died, a closed
+/// pipe): SIGTERM still stops it in order, its tracefs instance removed.
+/// Its exit lines then fail to print, which once panicked the main thread
+/// and ended the process with the recorder's instance left behind.
+#[test]
+fn sigterm_with_nobody_reading_stderr_still_removes_the_instance() {
+    if !kernel_or_skip("sigterm_with_nobody_reading_stderr_still_removes_the_instance") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let snapshots = tempfile::tempdir().unwrap();
+    let unused = free_port();
+    let mut child = deepspan()
+        .args(["agent", "--forward", &format!("http://127.0.0.1:{unused}")])
+        .args([
+            "--otlp-grpc-port",
+            "0",
+            "--otlp-http-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ])
+        .arg("--snapshots")
+        .arg(snapshots.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start deepspan agent");
+    let pid = child.id();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("flight recorder ") {
+        let mut line = String::new();
+        let n = stderr.read_line(&mut line).unwrap();
+        assert!(n > 0, "the agent ended before recording: {said}");
+        said.push_str(&line);
+    }
+    assert_eq!(instances_of(pid).len(), 1, "{said}");
+    drop(stderr);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    assert!(
+        instances_of(pid).is_empty(),
+        "instance left: {:?}",
+        instances_of(pid)
+    );
+}
+
 /// Jaeger down: the agent keeps receiving, keeps only the newest spans
 /// within its queue budget, counts every span it drops, and its memory
 /// stays within the bounds it was given.
