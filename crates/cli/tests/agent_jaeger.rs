@@ -498,7 +498,7 @@ fn misdiagnosis(snapshots: &Path, d: &Diagnosed) -> String {
         })
         .unwrap_or_default();
     format!(
-        "  span {} ({} µs over baseline): {} \"{}\"; snapshot {} window {} ; request {request}; notes {}\n{report}",
+        "  span {} ({} µs over baseline): {} \"{}\"; snapshot {} window {} ; request {request}; notes {}\n{report}\n{}",
         d.span_id,
         d.excess_us,
         d.cause,
@@ -506,6 +506,75 @@ fn misdiagnosis(snapshots: &Path, d: &Diagnosed) -> String {
         d.snapshot,
         snapshot["window_mono_ns"],
         requests["notes"],
+        longest_piece_events(&run, &d.span_id),
+    )
+}
+
+/// The scheduler events of the thread of the request's longest critical
+/// path piece over that piece (±1 ms), as recorded: what a misdiagnosis
+/// rests on, since the snapshot is gone with the test's folder.
+fn longest_piece_events(run: &Path, span_id: &str) -> String {
+    let Ok(out) = deepspan()
+        .arg("report")
+        .arg(run)
+        .args(["--request", span_id, "--format", "json"])
+        .output()
+    else {
+        return String::new();
+    };
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let Some(piece) = report["critical_path"].as_array().and_then(|p| {
+        p.iter()
+            .max_by_key(|x| x["end_ns"].as_u64().unwrap_or(0) - x["start_ns"].as_u64().unwrap_or(0))
+    }) else {
+        return String::new();
+    };
+    let (Some(tid), Some(start), Some(end)) = (
+        piece["tid"].as_i64(),
+        piece["start_ns"].as_u64(),
+        piece["end_ns"].as_u64(),
+    ) else {
+        return String::new();
+    };
+    let Ok(decoded) = deepspan()
+        .arg("decode")
+        .arg(run)
+        .args(["--format", "jsonl"])
+        .output()
+    else {
+        return String::new();
+    };
+    let (from, to) = (start.saturating_sub(1_000_000), end + 1_000_000);
+    let names = [
+        "sched_switch",
+        "sched_wakeup",
+        "sched_waking",
+        "sched_migrate_task",
+    ];
+    let lines: Vec<String> = String::from_utf8_lossy(&decoded.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["ts"].as_u64().is_some_and(|ts| ts >= from && ts <= to))
+        .filter(|e| names.iter().any(|n| e["name"] == *n))
+        .filter(|e| {
+            let f = &e["fields"];
+            ["prev_pid", "next_pid", "pid"]
+                .iter()
+                .any(|k| f[*k].as_i64() == Some(tid))
+        })
+        .take(60)
+        .map(|e| {
+            let at = e["ts"].as_u64().unwrap_or(0) as i128 - start as i128;
+            format!(
+                "    {at:>+12} ns cpu {} {} by {} {}",
+                e["cpu"], e["name"], e["tid"], e["fields"]
+            )
+        })
+        .collect();
+    format!(
+        "  scheduler events of thread {tid} around its longest piece ({} ns from 0 ns):\n{}",
+        end - start,
+        lines.join("\n")
     )
 }
 
