@@ -186,8 +186,12 @@ fn is_event_line(line: &str) -> bool {
 fn parse_trace_cmd_switch(line: &str) -> (u64, i64, i64) {
     let after_cpu = &line[line.find("] ").unwrap() + 2..];
     let ts_text = after_cpu.split(':').next().unwrap().trim();
-    let (secs, nanos) = ts_text.split_once('.').unwrap();
-    let ts = secs.parse::<u64>().unwrap() * 1_000_000_000 + nanos.parse::<u64>().unwrap();
+    // Seconds with nanoseconds, or the bare nanosecond count that
+    // trace-cmd now and then prints instead when several run at once.
+    let ts = match ts_text.split_once('.') {
+        Some((secs, nanos)) => secs.parse::<u64>().unwrap() * 1_000_000_000 + nanos.parse::<u64>().unwrap(),
+        None => ts_text.parse::<u64>().unwrap_or_else(|e| panic!("timestamp {ts_text:?} in {line}: {e}")),
+    };
     // `prev_comm=x prev_pid=1 … next_comm=y next_pid=2 …` (comms may hold spaces,
     // so look for the keys themselves).
     let pid_after = |key: &str| -> i64 {
