@@ -133,6 +133,47 @@ fn report(run: &Path, span_id: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The trace as Jaeger shows it once it holds every span `deepspan
+/// export` sends of it (counted in `export --out` of the same run). Jaeger
+/// acknowledges spans before they are stored, so a trace read right after
+/// the export may still lack its last batch (the kernel children of a
+/// request then ended before the request did, once in CI).
+fn complete_trace(jaeger: &Jaeger, run: &Path, trace_id: &str) -> Value {
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("export.otlp.json");
+    check(
+        "deepspan export --out",
+        deepspan()
+            .arg("export")
+            .arg(run)
+            .arg("--out")
+            .arg(&file)
+            .output()
+            .unwrap(),
+    );
+    let sent = import_file(&file)
+        .unwrap()
+        .spans
+        .iter()
+        .filter(|s| s.trace_id.to_string() == trace_id)
+        .count();
+    assert!(sent > 0, "export sends no span of trace {trace_id}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let stored = jaeger
+            .find_trace(trace_id)
+            .filter(|t| t["spans"].as_array().map_or(0, Vec::len) >= sent);
+        if let Some(trace) = stored {
+            return trace;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Jaeger has not all {sent} spans of trace {trace_id} after 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Checks common to both requests; returns the (state, tid) of the children.
 fn check_request(run: &Path, request: &Value, trace: &Value) -> Vec<(String, i64)> {
     let span_id = request["span_id"].as_str().unwrap();
@@ -290,7 +331,7 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
             .unwrap(),
     );
     let throttled = diagnosed_request(&run, None);
-    let trace = jaeger.trace(throttled["trace_id"].as_str().unwrap());
+    let trace = complete_trace(&jaeger, &run, throttled["trace_id"].as_str().unwrap());
     let children = check_request(&run, &throttled, &trace);
     let (_, path) = from_jaeger(&trace, throttled["span_id"].as_str().unwrap());
     let pricing_tid = throttled["tid"].as_i64().unwrap();
@@ -331,7 +372,7 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
     let expected = read_json(&run.join("demo/expected.json"));
     let holder = expected["path"]["blocked_by_request"].as_str().unwrap();
     let waiter = diagnosed_request(&run, Some(holder));
-    let trace = jaeger.trace(waiter["trace_id"].as_str().unwrap());
+    let trace = complete_trace(&jaeger, &run, waiter["trace_id"].as_str().unwrap());
     check_request(&run, &waiter, &trace);
     let (me, path) = from_jaeger(&trace, waiter["span_id"].as_str().unwrap());
     let linked: Vec<&&Value> = path
@@ -370,7 +411,7 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
         .as_str()
         .unwrap()
         .to_string();
-    let holder_spans = jaeger.trace(&holder_trace);
+    let holder_spans = complete_trace(&jaeger, &run, &holder_trace);
     assert!(
         holder_spans["spans"]
             .as_array()
