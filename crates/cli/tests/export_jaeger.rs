@@ -140,17 +140,7 @@ fn report(run: &Path, span_id: &str) -> Value {
 /// request then ended before the request did, once in CI).
 fn complete_trace(jaeger: &Jaeger, run: &Path, trace_id: &str) -> Value {
     let scratch = tempfile::tempdir().unwrap();
-    let file = scratch.path().join("export.otlp.json");
-    check(
-        "deepspan export --out",
-        deepspan()
-            .arg("export")
-            .arg(run)
-            .arg("--out")
-            .arg(&file)
-            .output()
-            .unwrap(),
-    );
+    let file = export_out(run, scratch.path());
     let sent = import_file(&file)
         .unwrap()
         .spans
@@ -236,11 +226,8 @@ fn check_request(run: &Path, request: &Value, trace: &Value) -> Vec<(String, i64
     children
 }
 
-/// `export --out` of a real run, imported into a new run by `deepspan
-/// import`: every span of the run comes back, those that are no request
-/// exactly as they were, request spans with only what export adds (after
-/// their own attributes and events), and the kernel children as written.
-fn round_trip(run: &Path, scratch: &Path) {
+/// `deepspan export RUN --out SCRATCH/export.otlp.json`; the file.
+fn export_out(run: &Path, scratch: &Path) -> PathBuf {
     let file = scratch.join("export.otlp.json");
     check(
         "deepspan export --out",
@@ -252,6 +239,15 @@ fn round_trip(run: &Path, scratch: &Path) {
             .output()
             .unwrap(),
     );
+    file
+}
+
+/// `export --out` of a real run, imported into a new run by `deepspan
+/// import`: every span of the run comes back, those that are no request
+/// exactly as they were, request spans with only what export adds (after
+/// their own attributes and events), and the kernel children as written.
+fn round_trip(run: &Path, scratch: &Path) {
+    let file = export_out(run, scratch);
     let imported_run = scratch.join("imported");
     check(
         "deepspan import",
