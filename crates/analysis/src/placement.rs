@@ -23,7 +23,8 @@
 //!    runs); the thread with the smallest sum wins. A thread that hands
 //!    many requests over is an acceptor and serves none; a pool thread that
 //!    took a queued request without a wake-up has the acceptor's receive. A `thread.name`
-//!    attribute must equal the thread's comm (cut to 15 bytes). Requests
+//!    attribute must equal the thread's comm (cut to 15 bytes) at the
+//!    start, or the next one the trace shows (a rename shows late). Requests
 //!    take their threads surest first; one whose thread is taken by an
 //!    overlapping request takes the next credible thread of the same
 //!    process (a pool); two overlapping requests swap threads when that
@@ -942,10 +943,14 @@ impl<'a> Finder<'a> {
         let mut name_matched = false;
         if let Some(want) = thread_name {
             let cut = &want.as_bytes()[..want.len().min(15)];
-            match th.name_at(start) {
-                Some(c) if c.as_bytes() == cut => name_matched = true,
-                Some(_) => return None,
-                None => {}
+            // A thread that a pool has just made may serve its first
+            // request before any event of the trace shows its new name.
+            let mut names = th.names_possible_at(start).peekable();
+            if names.peek().is_some() {
+                if !names.any(|c| c.as_bytes() == cut) {
+                    return None;
+                }
+                name_matched = true;
             }
         }
         let run_start = self.run_distance(th, start)?;

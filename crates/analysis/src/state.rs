@@ -378,6 +378,18 @@ impl ThreadHistory {
         self.names.get(i.saturating_sub(1)).map(|n| n.1)
     }
 
+    /// The names the thread may have had at `ts`: the name at `ts` and,
+    /// when the trace shows a later one, that one too. A rename (`prctl`,
+    /// a runtime naming a thread it has just made) shows only at the
+    /// thread's next event that carries its name, so the new name may have
+    /// been the thread's at any moment after its last event under the old.
+    pub fn names_possible_at(&self, ts: u64) -> impl Iterator<Item = Comm> + '_ {
+        let i = self.names.partition_point(|n| n.0 <= ts);
+        self.names[i.saturating_sub(1)..(i + 1).min(self.names.len())]
+            .iter()
+            .map(|n| n.1)
+    }
+
     /// When the thread was first seen.
     pub fn first_seen(&self) -> Option<u64> {
         let s = self.states.first().map(|s| s.start);

@@ -175,6 +175,52 @@ fn spans_with_sdk_fields_or_a_thread_name_of_another_thread_are_not_placed_there
     assert_eq!((q.method, q.tid), (PlacementMethod::Process, None));
 }
 
+/// Thread 103, just made by a pool, still carries its maker's name "web"
+/// when it reads the request; it names itself "web-7" and serves the
+/// request without leaving the CPU, so the trace shows the new name only
+/// at its switch-out after the span's start (a Jetty thread, seen in a
+/// WireMock recording).
+fn renamed_while_serving() -> KernelModel {
+    let mut s = Script::named(&[(101, "web"), (103, "web")]);
+    s.switch(0, 0, 0, 0, 101)
+        .switch(10, 0, 101, SLEEPING, 0)
+        .switch(20, 1, 0, 0, 103)
+        .call(100, 1_000, 1, RECVFROM, 120)
+        .call(4_900, 4_950, 1, SENDTO, 300);
+    s.names.insert(103, "web-7");
+    s.switch(6_000, 1, 103, SLEEPING, 0);
+    s.model()
+}
+
+#[test]
+fn a_thread_name_the_trace_shows_only_after_the_start_still_matches() {
+    let model = renamed_while_serving();
+    let mut renamed = server_span("web", 1_100, 5_000);
+    renamed.thread_name = Some("web-7".into());
+    let mut other = renamed.clone();
+    other.thread_name = Some("web-8".into());
+    let p = place(
+        &model,
+        &[renamed, other],
+        &processes(&[(101, 100), (103, 100)]),
+    );
+    let placed = p[0].as_ref().expect("placed");
+    assert_eq!(
+        (placed.method, placed.tid),
+        (PlacementMethod::Thread, Some(103))
+    );
+    assert!(
+        placed
+            .evidence
+            .iter()
+            .any(|e| e == "thread.name is its comm"),
+        "{placed:?}"
+    );
+    // A name the thread never had still rules it out.
+    let q = p[1].as_ref().expect("placed on the process");
+    assert_eq!((q.method, q.tid), (PlacementMethod::Process, None));
+}
+
 #[test]
 fn the_service_name_picks_the_process() {
     // Two processes, each with a thread that received and sent at the

@@ -434,6 +434,15 @@ fn fork_exec_exit_and_names() {
     assert_eq!(t5.deaths(), &[16]);
     assert_eq!(t5.name_at(14).unwrap().to_string(), "worker");
     assert_eq!(t5.name_at(12).unwrap().to_string(), "t1");
+    let possible = |ts| {
+        t5.names_possible_at(ts)
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+    };
+    // Its switch-in at 13 shows "t5": at 12 it may already have had it.
+    assert_eq!(possible(12), ["t1", "t5"]);
+    // After the last name shown, only that one.
+    assert_eq!(possible(100), [t5.name().unwrap().to_string()]);
     assert_eq!(
         states(&m, 5),
         vec![

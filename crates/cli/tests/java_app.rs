@@ -187,17 +187,26 @@ struct Analysed {
 
 fn run(fault: Fault, with_extension: bool) -> Analysed {
     let jars = jars();
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let temp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    // DEEPSPAN_KEEP_JAVA_TEST=1 keeps the runs for a look afterwards.
+    let kept;
+    let dir = if std::env::var_os("DEEPSPAN_KEEP_JAVA_TEST").is_some() {
+        kept = temp.keep();
+        eprintln!("{fault:?} run kept in {}", kept.display());
+        kept.as_path()
+    } else {
+        temp.path()
+    };
     // WireMock answers every GET from one stub in its root folder.
-    let root = dir.path().join("wiremock");
+    let root = dir.join("wiremock");
     std::fs::create_dir_all(root.join("mappings")).unwrap();
     std::fs::write(
         root.join("mappings/any.json"),
         r#"{"request":{"method":"GET","urlPattern":"/.*"},"response":{"status":200,"body":"ok\n"}}"#,
     )
     .unwrap();
-    let log = dir.path().join("fault.jsonl");
-    let run = dir.path().join("run");
+    let log = dir.join("fault.jsonl");
+    let run = dir.join("run");
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -234,7 +243,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
         .env("OTEL_METRICS_EXPORTER", "none")
         .env("OTEL_LOGS_EXPORTER", "none")
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("record.log")).unwrap());
+        .stderr(std::fs::File::create(dir.join("record.log")).unwrap());
     let mut recorder = KillOnDrop(rec.spawn().expect("run deepspan record"));
 
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -307,7 +316,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
     };
     let throttled_periods = quota.as_ref().map_or(0, |q| q.throttled_periods());
     drop(quota);
-    let record_log = std::fs::read_to_string(dir.path().join("record.log")).unwrap_or_default();
+    let record_log = std::fs::read_to_string(dir.join("record.log")).unwrap_or_default();
     assert!(status.success(), "deepspan record: {status}\n{record_log}");
 
     let mut analyze = deepspan();
@@ -401,18 +410,13 @@ fn check_lock(a: &Analysed, mode: &str, placement: &str) {
     assert_eq!(waiters.len(), ROUNDS * WAITERS, "every waiter served");
     eprintln!("lock, {}", summary(mode, &waiters));
     let mut timed_out = 0;
-    let mut on_process = 0;
     let waiter_threads: Vec<i64> = waiters.iter().map(|(s, _)| s.tid).collect();
     for (s, r) in &waiters {
-        // Jetty's pool threads both hand requests over and serve them: a
-        // waiter's thread that handed several over can be passed over as
-        // an acceptor, and the waiter then goes to its process as a whole
-        // (seen once in an unloaded CI run). Never more than one, never an
-        // invented thread; its process-level analysis is not a waiter's.
-        if placement == "inferred" && r["sync"] == "process" {
-            on_process += 1;
-            continue;
-        }
+        // Jetty makes pool threads while the waiters block, and a new one
+        // may serve a waiter before any event of the trace shows the name
+        // it gave itself (thread.name): placement takes that name too, so
+        // every waiter is on a thread (2 on their process in one CI run,
+        // 1 in 8 loaded runs, before it did).
         assert_eq!(r["sync"], placement, "{r}\n{}", a.analyze_stderr);
         if placement == "exact" {
             assert_eq!(r["tid"].as_i64(), Some(s.tid), "placed on its thread: {r}");
@@ -455,11 +459,6 @@ fn check_lock(a: &Analysed, mode: &str, placement: &str) {
     assert!(
         timed_out <= ROUNDS,
         "{timed_out} waiters got the monitor by a timeout, more than one a round"
-    );
-    assert!(
-        on_process <= 1,
-        "{on_process} waiters placed on their process only\n{}",
-        a.analyze_stderr
     );
 }
 
