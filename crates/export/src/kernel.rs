@@ -4,12 +4,15 @@
 //! events) and the diagnosis attributes.
 //!
 //! Times: the analysis is on the recording host's CLOCK_MONOTONIC, spans are
-//! on the wall clock. A request's pieces are moved by the difference between
-//! its span's wall start and its monotonic start, so the path lines up with
-//! the span exactly, and every child is then clipped to the span's bounds:
-//! Jaeger's clock-skew adjuster moves a child that starts before or ends
-//! after its parent, and the two clocks may disagree by a few microseconds
-//! over a request's length.
+//! on the wall clock. A request's monotonic start and end are mapped onto its
+//! span's wall start and end, and its pieces linearly in between, so the
+//! path tiles the span exactly. The two durations disagree by some
+//! microseconds (an SDK reads the two clocks one after the other, at the
+//! start and again at the end, and may be preempted in between); moved by
+//! the start's offset alone, the path would end that much before or after
+//! its span, and Jaeger's clock-skew adjuster moves a child that starts
+//! before or ends after its parent. The monotonic times stay in the
+//! children's attributes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -289,17 +292,35 @@ fn thread_label(tid: Option<i64>, comm: Option<&str>) -> String {
     }
 }
 
-/// Turns monotonic ns into the span's wall clock, inside the span.
+/// Turns a request's monotonic ns into its span's wall clock: the
+/// request's monotonic start and end onto the span's, linearly in between
+/// (outside, clipped to the span).
 struct Clock {
-    offset: i128,
-    start_ns: u64,
-    end_ns: u64,
+    mono_start_ns: u64,
+    mono_len_ns: u64,
+    wall_start_ns: u64,
+    wall_len_ns: u64,
 }
 
 impl Clock {
+    fn new(mono: (u64, u64), wall: (u64, u64)) -> Clock {
+        Clock {
+            mono_start_ns: mono.0,
+            mono_len_ns: mono.1.saturating_sub(mono.0),
+            wall_start_ns: wall.0,
+            wall_len_ns: wall.1.saturating_sub(wall.0),
+        }
+    }
+
     fn wall(&self, mono_ns: u64) -> u64 {
-        let t = (mono_ns as i128 + self.offset).max(0) as u64;
-        t.clamp(self.start_ns, self.end_ns)
+        if self.mono_len_ns == 0 {
+            return self.wall_start_ns;
+        }
+        let into = mono_ns
+            .saturating_sub(self.mono_start_ns)
+            .min(self.mono_len_ns) as u128;
+        let scaled = into * self.wall_len_ns as u128 / self.mono_len_ns as u128;
+        self.wall_start_ns + scaled as u64
     }
 }
 
@@ -499,11 +520,10 @@ pub fn enrich_request(
     cx: &Context<'_>,
 ) -> Enriched {
     request_attributes(span, request, threshold_ns);
-    let clock = Clock {
-        offset: span.start_ns as i128 - request.start_ns as i128,
-        start_ns: span.start_ns,
-        end_ns: span.end_ns,
-    };
+    let clock = Clock::new(
+        (request.start_ns, request.end_ns),
+        (span.start_ns, span.end_ns),
+    );
     let blocker_of = |j: &Joined| {
         j.blocked_by
             .and_then(|id| cx.by_id.get(&id))
@@ -751,6 +771,23 @@ mod tests {
             contended_ns: 0,
             wakeup_ns: 0,
         }
+    }
+
+    #[test]
+    fn the_path_tiles_its_span_when_the_two_clocks_disagree_on_its_length() {
+        // 10 000 ns on the monotonic clock, 10 030 ns on the wall clock.
+        let clock = Clock::new((1_000, 11_000), (500_000, 510_030));
+        assert_eq!(clock.wall(1_000), 500_000);
+        assert_eq!(clock.wall(6_000), 505_015);
+        assert_eq!(clock.wall(11_000), 510_030);
+        // Outside the request: clipped to the span.
+        assert_eq!(clock.wall(0), 500_000);
+        assert_eq!(clock.wall(20_000), 510_030);
+        // Longer on the monotonic clock: still inside the span.
+        let longer = Clock::new((1_000, 11_000), (500_000, 509_000));
+        assert_eq!(longer.wall(11_000), 509_000);
+        // A request of no length sits at its span's start.
+        assert_eq!(Clock::new((5, 5), (100, 200)).wall(5), 100);
     }
 
     fn spans_of(children: &[Child]) -> Vec<(u64, u64, String)> {
