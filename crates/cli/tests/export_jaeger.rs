@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use common::{check, deepspan, kernel_or_skip};
@@ -133,20 +133,25 @@ fn report(run: &Path, span_id: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// The trace as Jaeger shows it once it holds every span `deepspan
-/// export` sends of it (counted in `export --out` of the same run). Jaeger
-/// acknowledges spans before they are stored, so a trace read right after
-/// the export may still lack its last batch (the kernel children of a
-/// request then ended before the request did, once in CI).
-fn complete_trace(jaeger: &Jaeger, run: &Path, trace_id: &str) -> Value {
+/// How many spans `deepspan export` sends of each trace of a run (counted
+/// in `export --out`), by trace id.
+fn spans_sent(run: &Path) -> HashMap<String, usize> {
     let scratch = tempfile::tempdir().unwrap();
     let file = export_out(run, scratch.path());
-    let sent = import_file(&file)
-        .unwrap()
-        .spans
-        .iter()
-        .filter(|s| s.trace_id.to_string() == trace_id)
-        .count();
+    let mut sent = HashMap::new();
+    for span in import_file(&file).unwrap().spans {
+        *sent.entry(span.trace_id.to_string()).or_default() += 1;
+    }
+    sent
+}
+
+/// The trace as Jaeger shows it once it holds every span `deepspan
+/// export` sends of it (`sent`, from [`spans_sent`]). Jaeger acknowledges
+/// spans before they are stored, so a trace read right after the export
+/// may still lack its last batch (the kernel children of a request then
+/// ended before the request did, once in CI).
+fn complete_trace(jaeger: &Jaeger, sent: &HashMap<String, usize>, trace_id: &str) -> Value {
+    let sent = sent.get(trace_id).copied().unwrap_or(0);
     assert!(sent > 0, "export sends no span of trace {trace_id}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
@@ -275,7 +280,7 @@ fn round_trip(run: &Path, scratch: &Path) {
         .iter()
         .map(|r| r["span_id"].as_str().unwrap().to_string())
         .collect();
-    let by_id: std::collections::HashMap<(TraceId, SpanId), &Span> = imported
+    let by_id: HashMap<(TraceId, SpanId), &Span> = imported
         .iter()
         .map(|s| ((s.trace_id, s.span_id), s))
         .collect();
@@ -327,7 +332,8 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
             .unwrap(),
     );
     let throttled = diagnosed_request(&run, None);
-    let trace = complete_trace(&jaeger, &run, throttled["trace_id"].as_str().unwrap());
+    let sent = spans_sent(&run);
+    let trace = complete_trace(&jaeger, &sent, throttled["trace_id"].as_str().unwrap());
     let children = check_request(&run, &throttled, &trace);
     let (_, path) = from_jaeger(&trace, throttled["span_id"].as_str().unwrap());
     let pricing_tid = throttled["tid"].as_i64().unwrap();
@@ -368,7 +374,8 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
     let expected = read_json(&run.join("demo/expected.json"));
     let holder = expected["path"]["blocked_by_request"].as_str().unwrap();
     let waiter = diagnosed_request(&run, Some(holder));
-    let trace = complete_trace(&jaeger, &run, waiter["trace_id"].as_str().unwrap());
+    let sent = spans_sent(&run);
+    let trace = complete_trace(&jaeger, &sent, waiter["trace_id"].as_str().unwrap());
     check_request(&run, &waiter, &trace);
     let (me, path) = from_jaeger(&trace, waiter["span_id"].as_str().unwrap());
     let linked: Vec<&&Value> = path
@@ -407,7 +414,7 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
         .as_str()
         .unwrap()
         .to_string();
-    let holder_spans = complete_trace(&jaeger, &run, &holder_trace);
+    let holder_spans = complete_trace(&jaeger, &sent, &holder_trace);
     assert!(
         holder_spans["spans"]
             .as_array()
