@@ -127,13 +127,28 @@ pub struct Jaeger {
 impl Jaeger {
     /// On free ports; returns once its health check and query API answer
     /// (panics after 60 s, with its log).
+    /// Free ports are picked, closed, then handed to Jaeger, so another
+    /// process may bind one in between (seen once in CI): Jaeger then
+    /// exits at once, and is started again on new ports.
     pub fn start() -> Jaeger {
-        Jaeger::start_on(Ports::free())
+        let mut tries = 0;
+        loop {
+            match Jaeger::try_start_on(Ports::free()) {
+                Ok(jaeger) => return jaeger,
+                Err(log) if log.contains("address already in use") && tries < 4 => tries += 1,
+                Err(log) => panic!("{log}"),
+            }
+        }
     }
 
     /// On the given ports (a test that sends before Jaeger is up picks
     /// them first).
     pub fn start_on(ports: Ports) -> Jaeger {
+        Jaeger::try_start_on(ports).unwrap_or_else(|log| panic!("{log}"))
+    }
+
+    /// Err: Jaeger exited before it was ready, with what it logged.
+    fn try_start_on(ports: Ports) -> Result<Jaeger, String> {
         let binary = jaeger_binary();
         let dir = tempfile::tempdir().unwrap();
         let Ports {
@@ -210,7 +225,7 @@ exporters:
                 break;
             }
             if let Some(status) = jaeger.child.try_wait().unwrap() {
-                panic!("jaeger exited ({status}): {}", jaeger.log());
+                return Err(format!("jaeger exited ({status}): {}", jaeger.log()));
             }
             assert!(
                 started.elapsed() < Duration::from_secs(60),
@@ -219,7 +234,7 @@ exporters:
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-        jaeger
+        Ok(jaeger)
     }
 
     /// What Jaeger wrote to stdout and stderr.
