@@ -7,8 +7,9 @@ latencies at the end. It is not instrumented: requests start at the front.
 With `--dcpt FILE` every request asks for its in-band critical path
 (`deepspan-dcpt: 1`, seed 002) and FILE gets one JSON line per request:
 method, path, status, CLOCK_MONOTONIC start and end (ns) and the decoded
-hops ({service, operation, self_us, total_us}, front first; null when the
-reply had no valid path)."""
+hops in preorder ({service, operation, depth, self_us, total_us, wire_us},
+front first, wire_us the time between the hop's caller and it or null;
+null when the reply had no valid path)."""
 
 import argparse
 import http.client
@@ -41,8 +42,15 @@ def decoded_hops(value):
     except dcpt.DcptError:
         return None
     return [
-        {"service": h.service, "operation": h.operation, "self_us": h.self_us, "total_us": h.total_us}
-        for h in path.hops
+        {
+            "service": h.service,
+            "operation": h.operation,
+            "depth": h.depth,
+            "self_us": h.self_us,
+            "total_us": h.total_us,
+            "wire_us": path.wire_us(i),
+        }
+        for i, h in enumerate(path.hops)
     ]
 
 

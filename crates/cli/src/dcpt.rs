@@ -17,8 +17,10 @@ pub struct DcptArgs {
 enum DcptCommand {
     /// Print the critical path carried by a `deepspan-dcpt-path` header.
     ///
-    /// Per hop: service, operation, self time, total time, the time between
-    /// it and the next hop (network, queues) and its kernel cause if any.
+    /// Per hop, in call order: service (indented under the hop that called
+    /// it, so sequential calls are siblings), operation, self time, total
+    /// time, the time from its caller to it (network, queues) and its kernel
+    /// cause if any.
     Decode(DecodeArgs),
 }
 
@@ -71,25 +73,29 @@ fn decode(args: DecodeArgs) -> Result<()> {
     let mut out = stdout.lock();
     match args.format {
         Format::Json => {
-            let hops: Vec<_> = path
-                .hops
-                .iter()
-                .enumerate()
-                .map(|(i, hop)| {
-                    let mut value = serde_json::to_value(hop).expect("a hop serialises");
-                    value["wire_us"] = json!(path.wire_us(i));
-                    value
-                })
-                .collect();
-            serde_json::to_writer_pretty(
-                &mut out,
-                &json!({"hops": hops, "dropped": path.dropped}),
-            )?;
+            serde_json::to_writer_pretty(&mut out, &to_json(&path))?;
             writeln!(out)?;
         }
         Format::Table => write_table(&mut out, &path)?,
     }
     Ok(())
+}
+
+/// The path for programs: each hop as `dcpt::Hop` serialises (with its
+/// `depth`, and `call_us` when the caller wrote it) plus `wire_us`, the time
+/// into it from its caller (`null` when unknown).
+fn to_json(path: &CriticalPath) -> serde_json::Value {
+    let hops: Vec<_> = path
+        .hops
+        .iter()
+        .zip(path.wire_times())
+        .map(|(hop, wire_us)| {
+            let mut value = serde_json::to_value(hop).expect("a hop serialises");
+            value["wire_us"] = json!(wire_us);
+            value
+        })
+        .collect();
+    json!({"hops": hops, "dropped": path.dropped})
 }
 
 fn human_us(us: u64) -> String {
@@ -101,16 +107,25 @@ fn human_us(us: u64) -> String {
     }
 }
 
+/// Two spaces per level under the outermost service, then the name.
+fn indented_service(hop: &dcpt::Hop) -> String {
+    format!("{:indent$}{}", "", hop.service, indent = 2 * hop.depth)
+}
+
 fn write_table(out: &mut impl Write, path: &CriticalPath) -> Result<()> {
-    let service_width = column_width(path.hops.iter().map(|h| h.service.as_str()), "service");
+    let services: Vec<String> = path.hops.iter().map(indented_service).collect();
+    let service_width = column_width(services.iter().map(String::as_str), "service");
     let operation_width = column_width(path.hops.iter().map(|h| h.operation.as_str()), "operation");
     writeln!(
         out,
         "{:>4}  {:<service_width$}  {:<operation_width$}  {:>12}  {:>12}  {:>12}  kernel cause",
-        "hop", "service", "operation", "self", "total", "to next"
+        "hop", "service", "operation", "self", "total", "from caller"
     )?;
-    for (index, hop) in path.hops.iter().enumerate() {
-        let wire = path.wire_us(index).map(human_us).unwrap_or_default();
+    let wire_times = path.wire_times();
+    for (index, ((hop, service), wire_us)) in
+        path.hops.iter().zip(&services).zip(wire_times).enumerate()
+    {
+        let wire = wire_us.map(human_us).unwrap_or_default();
         let cause = hop
             .cause
             .as_ref()
@@ -118,19 +133,23 @@ fn write_table(out: &mut impl Write, path: &CriticalPath) -> Result<()> {
             .unwrap_or_default();
         let line = format!(
             "{index:>4}  {:<service_width$}  {:<operation_width$}  {:>12}  {:>12}  {wire:>12}  {cause}",
-            hop.service,
+            service,
             hop.operation,
             human_us(hop.self_us),
             human_us(hop.total_us),
         );
         writeln!(out, "{}", line.trim_end())?;
     }
-    if path.dropped > 0 {
-        writeln!(
+    match path.dropped {
+        0 => {}
+        1 => writeln!(
             out,
-            "(+{} deeper hops dropped to fit the header; their time is in the last hop's total)",
-            path.dropped
-        )?;
+            "(+1 hop dropped from the end to fit the header; its time is in the totals of the hops above it)"
+        )?,
+        dropped => writeln!(
+            out,
+            "(+{dropped} hops dropped from the end to fit the header; their time is in the totals of the hops above them)"
+        )?,
     }
     Ok(())
 }
@@ -157,22 +176,60 @@ mod tests {
         );
     }
 
+    /// front calls inventory then pricing; pricing calls tax; one hop dropped.
+    const TREE: &str = "2;front:GET%20/:2500:48000;9500@inventory:GET%20/stock:9300:9400;\
+        1^36000@pricing:POST%20/price:20100:35500:cpu-wait:31000;15400@tax:GET:15000:15000;+1";
+
     #[test]
-    fn the_table_has_one_row_per_hop_and_says_what_was_dropped() {
-        let path = dcpt::decode(
-            "1;front:GET%20/:1000:48000;cart:POST%20/items:46000:46500:cpu-wait:31000;+3",
-        )
-        .unwrap();
+    fn the_table_shows_the_call_tree_and_says_what_was_dropped() {
+        let path = dcpt::decode(TREE).unwrap();
         let mut text = Vec::new();
         write_table(&mut text, &path).unwrap();
         let text = String::from_utf8(text).unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(lines.len(), 6, "{text}");
         assert!(lines.iter().all(|line| !line.ends_with(' ')), "{text}");
+        assert!(lines[0].contains("from caller"), "{text}");
+        // The outermost hop has no caller on the path: no wire time.
         assert!(
-            lines[1].contains("front") && lines[1].contains("GET /") && lines[1].contains("500 µs")
+            lines[1].contains("   0  front ")
+                && lines[1].contains("GET /")
+                && lines[1].ends_with("48.000 ms"),
+            "{text}"
         );
-        assert!(lines[2].contains("46.000 ms") && lines[2].contains("cpu-wait 31.000 ms"));
-        assert!(lines[3].contains("+3 deeper hops"));
+        // Sequential calls are siblings, one level in; the wire time is into each.
+        assert!(
+            lines[2].contains("   1    inventory ") && lines[2].ends_with("100 µs"),
+            "{text}"
+        );
+        assert!(
+            lines[3].contains("   2    pricing ")
+                && lines[3].contains("500 µs  cpu-wait 31.000 ms"),
+            "{text}"
+        );
+        assert!(
+            lines[4].contains("   3      tax ") && lines[4].ends_with("400 µs"),
+            "{text}"
+        );
+        assert!(lines[5].starts_with("(+1 hop dropped"), "{text}");
+    }
+
+    #[test]
+    fn the_json_has_depths_call_times_and_wire_times_into_each_hop() {
+        let json = to_json(&dcpt::decode(TREE).unwrap());
+        let hops = json["hops"].as_array().unwrap();
+        let depths: Vec<_> = hops.iter().map(|h| h["depth"].as_u64().unwrap()).collect();
+        assert_eq!(depths, [0, 1, 1, 2]);
+        assert!(hops[0].get("call_us").is_none());
+        assert_eq!(hops[2]["call_us"], 36000);
+        let wire: Vec<_> = hops.iter().map(|h| h["wire_us"].as_u64()).collect();
+        assert_eq!(wire, [None, Some(100), Some(500), Some(400)]);
+        assert!(hops[0]["wire_us"].is_null());
+        assert_eq!(hops[2]["cause"]["name"], "cpu-wait");
+        assert_eq!(json["dropped"], 1);
+        // Version 1: a chain, the wire time from the caller's times.
+        let json = to_json(&dcpt::decode("1;a:x:10:100;b:y:50:70").unwrap());
+        assert_eq!(json["hops"][1]["depth"], 1);
+        assert_eq!(json["hops"][1]["wire_us"], 20);
     }
 }

@@ -411,20 +411,15 @@ fn look_in_jaeger(jaeger: &Jaeger, expected: &Value) -> Seen {
 }
 
 /// The hop where most of a request's time went, from the in-band critical
-/// path the front sent back (seed 002): each hop's self time plus the wire
-/// time before it (what its caller saw of it beyond its own critical child).
+/// path the front sent back (seed 002, calls made in turn kept apart): each
+/// hop's self time plus the wire time before it (what its caller waited
+/// for it beyond its total: a slow link, a slow reply body).
 fn dcpt_argmax(hops: &[Value]) -> Option<(String, i64)> {
     let us = |h: &Value, k: &str| h[k].as_i64().unwrap_or(0);
-    let mut seen = hops.first().map(|h| us(h, "total_us"))?;
-    let mut best: Option<(i64, String)> = None;
-    for h in hops {
-        let exclusive = seen - us(h, "total_us") + us(h, "self_us");
-        if best.as_ref().is_none_or(|(b, _)| exclusive > *b) {
-            best = Some((exclusive, h["service"].as_str()?.to_string()));
-        }
-        seen = us(h, "total_us") - us(h, "self_us");
-    }
-    best.map(|(us, s)| (s, us))
+    hops.iter()
+        .map(|h| (us(h, "self_us") + us(h, "wire_us"), h))
+        .max_by_key(|(exclusive, _)| *exclusive)
+        .and_then(|(exclusive, h)| Some((h["service"].as_str()?.to_string(), exclusive)))
 }
 
 /// The services named as the argmax hop of the ten slowest requests that

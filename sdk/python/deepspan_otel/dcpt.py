@@ -2,31 +2,48 @@
 
 A caller that wants to know where a request's time went sends the opt-in
 header ``deepspan-dcpt: 1``. Every server with the middleware then answers
-with ``deepspan-dcpt-path``: its own hop followed by the path of its slowest
-child call, ``self ⊕ argmax(children)``, recursively. The caller merges the
-paths it gets back the same way; the outermost service (which got no header
-but samples the request) puts the result on its OpenTelemetry span as
+with ``deepspan-dcpt-path``: its own hop followed by the paths of the calls
+on its critical path, recursively. For calls made in parallel that is seed
+002's ``self ⊕ argmax(children)``; calls made one after the other are all on
+the path, as siblings. The outermost service (which got no header but
+samples the request) puts the result on its OpenTelemetry span as
 ``deepspan.dcpt.path`` and can log it. No collector is involved.
 
-Wire format (version 1)
+Wire format (version 2)
 -----------------------
 Request header: ``deepspan-dcpt: 1``. Any other value is "not asked".
 
 Reply header ``deepspan-dcpt-path``, ASCII, at most 4096 bytes::
 
-    value   = "1" *( ";" hop ) [ ";+" dropped ]
-    hop     = service ":" operation ":" self_us ":" total_us [ ":" cause ":" cause_us ]
+    value   = version *( ";" hop ) [ ";+" dropped ]      ; "2" written, "1" and "2" read
+    hop     = [ up "^" ] [ call_us "@" ] service ":" operation ":" self_us ":" total_us [ ":" cause ":" cause_us ]
     service, operation, cause = *( ALPHA / DIGIT / "-" / "." / "_" / "~" / "/" / pct-encoded )
-    self_us, total_us, cause_us, dropped = "0" / ( %x31-39 *DIGIT )      ; fits in 64 bits
+    up, call_us, self_us, total_us, cause_us, dropped = "0" / ( %x31-39 *DIGIT )   ; fits in 64 bits
 
-Example: ``1;front:GET%20/checkout:1203:48210;cart:POST%20/items:46001:46790:cpu-wait:31000``.
+Example, front calling inventory, pricing and media one after the other::
 
+    2;front:GET%20/product:1500:48000;9500@inventory:GET%20/stock:9300:9400;1^12000@pricing:GET%20/price:11800:11900;1^25000@media:GET%20/image:24000:24800:disk-read:20000
+
+- Hops are in preorder: a hop, then the hops of the calls on its critical
+  path in the order they were made. The first hop (depth 0) is the
+  outermost service. A hop's depth is the previous hop's plus one minus its
+  ``up`` (0 when absent): with no markers the hops are a chain, ``1^`` makes
+  a hop the sibling of the one before it, ``2^`` the sibling of that one's
+  parent. Version 1 was that chain with no markers, and is still read.
+- ``call_us``: how long the caller waited for the call (send to reply
+  received, network and queues included), written by the caller when it
+  relays the callee's value. ``call_us - total_us`` is the time between the
+  two processes: the wire time that ``deepspan dcpt decode`` prints.
+- Markers: a hop starts with a run of digits followed by ``^`` (up), then a
+  run of digits followed by ``@`` (call). Digits followed by anything else
+  belong to the service name, which may start with a digit; ``^`` and ``@``
+  are always escaped in names.
 - Strings are UTF-8, percent-encoded except for the RFC 3986 unreserved
   characters and ``/`` (routes stay readable); ``:``, ``;``, ``+``, ``,``,
-  ``%``, spaces and control characters are always escaped, so the delimiters
-  are unambiguous and the value is a valid HTTP field value with no comma (a
-  proxy that folds repeated headers cannot split it). Each string is cut to
-  200 bytes (at a character boundary) before escaping.
+  ``^``, ``@``, ``%``, spaces and control characters are always escaped, so
+  the delimiters are unambiguous and the value is a valid HTTP field value
+  with no comma (a proxy that folds repeated headers cannot split it). Each
+  string is cut to 200 bytes (at a character boundary) before escaping.
 - Why text and not base64 of a binary form: hops are mostly names, which
   base64 would grow by a third, while decimal microseconds cost about as much
   as varints would after base64 (7 characters for up to 10 s). Text needs no
@@ -37,8 +54,9 @@ Example: ``1;front:GET%20/checkout:1203:48210;cart:POST%20/items:46001:46790:cpu
   ``disk-read``) and its time, when a kernel view is available (see
   ``kernel_cause`` of the middlewares).
 - Truncation: when the value would exceed the bound, hops are dropped from
-  the deep end and the last element ``+N`` says how many hops are missing. The
-  last kept hop's ``total_us - self_us`` still holds their time. Every hop
+  the end (a prefix of a preorder is still a tree) and the last element
+  ``+N`` says how many hops are missing; a relayed child's own ``+N`` adds
+  to it. The dropped hops' time stays in their callers' totals. Every hop
   fits (names are cut to 200 bytes, so a hop is at most ~1.3 KiB), so the
   first hops are never lost. 4 KiB stays well under the ~8 KiB per header
   that common servers accept (nginx, Apache, Node), and a caller refuses
@@ -49,41 +67,47 @@ Semantics
 - ``total_us`` of a hop: from the request's arrival in the middleware to the
   moment its reply headers are emitted (the header has to carry it, so later
   body streaming is not counted).
-- Children: the calls made through an instrumented client (``requests``,
+- Calls: those made through an instrumented client (``requests``,
   ``httpx``) while the request was being served, in the request's context
   (threads started with ``contextvars.copy_context().run`` and asyncio tasks
-  keep it), which completed before the reply headers. The critical child is
-  the one with the largest duration *as the caller measured it* (send to
-  reply received, so network and queueing included); ties go to the one that
-  ended last. Only that child's path follows; the others, whether they
-  overlapped it (parallel fan-out) or ran before or after it (sequential
-  calls), are counted in the parent's self time.
-- ``self_us = total_us - duration of the critical child as the caller saw
-  it`` (not less than 0). So ``parent.total - parent.self - child.total`` is
-  the time spent between the two processes (network, queues): the wire time
-  that ``deepspan dcpt decode`` prints.
-- A child that answered without a (valid) path, e.g. an uninstrumented
+  keep it), which completed before the reply headers.
+- The critical calls, as the caller measured them: walking back from the
+  reply, the call that returned last, then the call that returned last
+  before that one was sent, and so on (the last-returning-child walk of
+  Jaeger's critical path). Of calls made in parallel that is the one the
+  request waited for; when they were sent together, the slowest (seed 002's
+  argmax). Calls made one after another are all critical.
+- ``self_us = total_us - the sum of the critical calls' call_us`` (not less
+  than 0): the time the hop spent on its own, or waiting for calls that were
+  not critical.
+- A call that answered without a (valid) path, e.g. an uninstrumented
   service or a failed call, still counts: its hop is ``host:port`` and
-  ``METHOD /path`` with self = total = the duration the caller saw.
+  ``METHOD /path`` with self = total = call = the duration the caller saw.
+- Why not version 1 (``self ⊕ argmax(children)`` as a chain): it folded
+  calls made one after the other into the caller's self time, so a service
+  that called three slow services in turn could be named as the slow hop.
 
-- Relaying: a hop does not decode its child's value; it checks its size
-  (at most 8 KiB) and characters (one regular-expression pass) and puts its
-  own hop in front, cutting the deep end if needed. Decoding and re-encoding
-  the whole path at every hop would make a chain's cost quadratic in its
-  length (a full decode of 4 KiB takes about 1 ms in Python, the check
-  10 µs). So a value can reach a caller well-formed in characters but not in
-  structure if some hop sent one; the outermost service decodes the merged
-  path and, if that fails, names its critical child as a hop of its own.
+- Relaying: a hop does not decode its calls' values; it checks their size
+  (at most 8 KiB) and characters (one regular-expression pass), reads the
+  ``up`` markers to know how deep each one ends, and puts its own hop in
+  front, cutting the end if needed. Decoding and re-encoding the whole path
+  at every hop would make a chain's cost quadratic in its length (a full
+  decode of 4 KiB takes about 1 ms in Python, the check 10 µs). So a value
+  can reach a caller well-formed in characters but not in structure if some
+  hop sent one; the outermost service decodes the merged path and, if that
+  fails, names the calls whose values do not decode as hops of its own.
 
 Cost: a request without the header, not sampled, costs one dict lookup. A
-traced request keeps only its critical child so far (constant memory whatever
-the fan-out) and checks at most 8 KiB per child reply.
+traced request keeps each call it made (two times, the reply value as
+text, the callee's name) until its reply, and checks at most 8 KiB per
+call's reply.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import random
 import re
@@ -99,7 +123,9 @@ REPLY_HEADER = "deepspan-dcpt-path"
 """Reply header that carries the encoded critical path."""
 SPAN_ATTRIBUTE = "deepspan.dcpt.path"
 """Span attribute on which the outermost service stores the merged path."""
-VERSION = "1"
+VERSION = "2"
+"""The version written; version 1 (a chain, no markers) is still read."""
+_READABLE_VERSIONS = ("1", "2")
 MAX_HEADER_BYTES = 4096
 """Bound of an encoded path (the reply header's value)."""
 MAX_ACCEPTED_BYTES = 8192
@@ -110,6 +136,9 @@ MAX_NAME_BYTES = 200
 _U64_MAX = 2**64 - 1
 _FIELD = re.compile(r"(?:[A-Za-z0-9\-._~/]|%[0-9A-Fa-f]{2})*\Z")
 _NUMBER = re.compile(r"(?:0|[1-9][0-9]*)\Z")
+# A hop's markers: digits then '^' (up), digits then '@' (call time).
+_UP = re.compile(r"([0-9]*)\^")
+_CALL = re.compile(r"([0-9]*)@")
 
 logger = logging.getLogger("deepspan_otel.dcpt")
 
@@ -135,15 +164,43 @@ class Hop:
     cause: Optional[str] = None
     """Top kernel cause of the hop's self time, when known."""
     cause_us: Optional[int] = None
+    depth: int = 0
+    """0 for the outermost service, its calls 1, theirs 2, …"""
+    call_us: Optional[int] = None
+    """How long the caller waited for this call, when the caller said."""
 
 
 @dataclasses.dataclass(frozen=True)
 class CriticalPath:
-    """Hops from the outermost service inwards; ``dropped`` hops are missing
-    at the deep end because of the size bound."""
+    """Hops in preorder from the outermost service (see :attr:`Hop.depth`);
+    ``dropped`` hops are missing at the end because of the size bound."""
 
     hops: Tuple[Hop, ...]
     dropped: int = 0
+
+    def parent(self, index: int) -> Optional[int]:
+        """The index of the hop that made call ``index``, None for the first."""
+        depth = self.hops[index].depth
+        return next((i for i in range(index - 1, -1, -1) if self.hops[i].depth < depth), None)
+
+    def wire_us(self, index: int) -> Optional[int]:
+        """Time between hop ``index``'s caller and it (network, queues):
+        ``call_us - total_us``, or for a version 1 chain the parent's total
+        minus its self time minus the hop's total. None for the first hop,
+        when unknown, or when the times do not add up (clocks that jumped)."""
+        hop = self.hops[index]
+        parent = self.parent(index)
+        if parent is None:
+            return None
+        if hop.call_us is not None:
+            wire = hop.call_us - hop.total_us
+        else:
+            caller = self.hops[parent]
+            below = itertools.takewhile(lambda h: h.depth > caller.depth, self.hops[parent + 1 :])
+            siblings = sum(1 for h in below if h.depth == hop.depth)
+            # Only a lone call's wait is known from its caller's times.
+            wire = caller.total_us - caller.self_us - hop.total_us if siblings == 1 else -1
+        return wire if wire >= 0 else None
 
 
 def _cut(name: str) -> str:
@@ -158,18 +215,32 @@ def _escape(name: str) -> str:
     return urllib.parse.quote(_cut(name), safe="/")
 
 
-def encode_hop(hop: Hop) -> str:
-    """The wire form of one hop (no separator)."""
-    text = f"{_escape(hop.service)}:{_escape(hop.operation)}:{int(hop.self_us)}:{int(hop.total_us)}"
+def encode_hop(hop: Hop, up: int = 0) -> str:
+    """The wire form of one hop (no separator); ``up`` levels above the
+    previous hop's depth plus one."""
+    text = f"{up}^" if up else ""
+    if hop.call_us is not None:
+        text += f"{int(hop.call_us)}@"
+    text += f"{_escape(hop.service)}:{_escape(hop.operation)}:{int(hop.self_us)}:{int(hop.total_us)}"
     if hop.cause is not None:
         text += f":{_escape(hop.cause)}:{int(hop.cause_us or 0)}"
     return text
 
 
 def encode(path: CriticalPath, limit: int = MAX_HEADER_BYTES) -> str:
-    """The header value of ``path``, cut from the deep end to fit ``limit``
-    bytes, with ``+N`` counting every hop missing (``path.dropped`` included)."""
-    return _encode_parts([encode_hop(h) for h in path.hops], path.dropped, limit)
+    """The header value of ``path``, cut from the end to fit ``limit`` bytes,
+    with ``+N`` counting every hop missing (``path.dropped`` included).
+    Raises ValueError if the depths are not a preorder (the first 0, each at
+    most one deeper than the one before, none other 0)."""
+    parts = []
+    previous = -1
+    for index, hop in enumerate(path.hops):
+        up = previous + 1 - hop.depth
+        if up < 0 or (index > 0 and hop.depth < 1) or (index == 0 and hop.depth != 0):
+            raise ValueError(f"hop {index} at depth {hop.depth} after depth {previous}: not a preorder")
+        parts.append(encode_hop(hop, up))
+        previous = hop.depth
+    return _encode_parts(parts, path.dropped, limit)
 
 
 def _encode_parts(parts: List[str], dropped: int, limit: int) -> str:
@@ -220,11 +291,12 @@ def decode(value: str) -> CriticalPath:
         at = next(i for i, c in enumerate(value) if not c.isascii())
         raise DcptError(len(value[:at].encode("utf-8")), "not ASCII")
     elements = value.split(";")
-    if elements[0] != VERSION:
-        raise DcptError(0, f"unknown version {elements[0][:16]!r} (this decoder reads {VERSION!r})")
-    hops = []
+    version = elements[0]
+    if version not in _READABLE_VERSIONS:
+        raise DcptError(0, f"unknown version {version[:16]!r} (this decoder reads '1' and '2')")
+    hops: List[Hop] = []
     dropped = 0
-    offset = len(elements[0]) + 1
+    offset = len(version) + 1
     for index, element in enumerate(elements[1:], start=1):
         if element.startswith("+"):
             if index != len(elements) - 1:
@@ -233,17 +305,39 @@ def decode(value: str) -> CriticalPath:
             if dropped == 0:
                 raise DcptError(offset + 1, "truncation marker says 0 hops were dropped")
         else:
-            hops.append(_hop(element, offset, len(hops)))
+            previous = hops[-1].depth if hops else -1
+            hops.append(_hop(element, offset, len(hops), previous, version == "2"))
         offset += len(element) + 1
     if not hops:
         raise DcptError(len(value), "no hops")
     return CriticalPath(tuple(hops), dropped)
 
 
-def _hop(element: str, offset: int, index: int) -> Hop:
+def _hop(element: str, offset: int, index: int, previous_depth: int, markers: bool) -> Hop:
+    start = offset
+    up = 0
+    call_us = None
+    if markers:
+        m = _UP.match(element)
+        if m:
+            up = _number(m.group(1), offset, f"hop {index} up count")
+            if up == 0:
+                raise DcptError(offset, f"hop {index} goes up 0 levels (an absent marker means that)")
+            if index == 0:
+                raise DcptError(start, "the first hop is the outermost service: it has no caller to go up to")
+            if up > previous_depth:
+                raise DcptError(start, f"hop {index} goes up {up} levels from depth {previous_depth}: it would be a second outermost hop")
+            element, offset = element[m.end() :], offset + m.end()
+        m = _CALL.match(element)
+        if m:
+            call_us = _number(m.group(1), offset, f"hop {index} call time")
+            if index == 0:
+                raise DcptError(start, "the first hop is the outermost service: no caller timed it")
+            element, offset = element[m.end() :], offset + m.end()
+    depth = previous_depth + 1 - up
     fields = element.split(":")
     if len(fields) not in (4, 6):
-        raise DcptError(offset, f"hop {index} has {len(fields)} ':'-separated fields, expected 4 or 6")
+        raise DcptError(start, f"hop {index} has {len(fields)} ':'-separated fields, expected 4 or 6")
     starts = [offset]
     for f in fields[:-1]:
         starts.append(starts[-1] + len(f) + 1)
@@ -257,7 +351,7 @@ def _hop(element: str, offset: int, index: int) -> Hop:
     if len(fields) == 6:
         cause = _field(fields[4], starts[4], f"hop {index} kernel cause")
         cause_us = _number(fields[5], starts[5], f"hop {index} kernel cause time")
-    return Hop(service, operation, self_us, total_us, cause, cause_us)
+    return Hop(service, operation, self_us, total_us, cause, cause_us, depth, call_us)
 
 
 # --- Per-request state --------------------------------------------------------
@@ -267,11 +361,12 @@ _current: ContextVar[Optional["_Request"]] = ContextVar("deepspan_dcpt_request",
 # What a relayed value may contain: checked in one pass of a character class,
 # so that a hop never decodes and re-encodes the whole path (which would make
 # a chain quadratic). The outermost service decodes it fully.
-_RELAYABLE = re.compile(r"1;[A-Za-z0-9\-._~/%:;+]+\Z")
+_RELAYABLE = re.compile(r"[12];[A-Za-z0-9\-._~/%:;+^@]+\Z")
+_UP_MARKER = re.compile(r"[0-9]+(?=\^)")
 
 
 def _relayable(value) -> Optional[str]:
-    """``value`` if it may be relayed as is (a child's reply header), else None."""
+    """``value`` if it may be relayed as is (a call's reply header), else None."""
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value).decode("latin-1")
     if value is None or len(value) > MAX_ACCEPTED_BYTES or not _RELAYABLE.match(value):
@@ -279,68 +374,112 @@ def _relayable(value) -> Optional[str]:
     return value
 
 
-def _prepend(own: str, child: str, limit: int) -> str:
-    """``own`` hop (encoded) followed by the hops of the ``child`` value, cut
-    at the deep end to fit ``limit`` bytes, with the ``+N`` marker updated."""
-    hops = child[len(VERSION) + 1 :]
-    dropped = 0
-    head, _, last = hops.rpartition(";")
-    if last.startswith("+") and last[1:].isdigit():
-        dropped, hops = int(last[1:]), head
-    end = len(hops)
-    fixed = len(VERSION) + 1 + len(own)
-    while end > 0 and fixed + 1 + end + (len(f";+{dropped}") if dropped else 0) > limit:
-        end = max(hops.rfind(";", 0, end), 0)
-        dropped += 1
-    marker = f";+{dropped}" if dropped else ""
-    return f"{VERSION};{own};{hops[:end]}{marker}" if end else f"{VERSION};{own}{marker}"
+@dataclasses.dataclass
+class _Call:
+    """A call made while serving a traced request: when it was sent and
+    answered, the path its reply carried (checked text) and the callee."""
+
+    start_ns: int
+    end_ns: int
+    value: Optional[str]
+    callee: Tuple[str, str]
+
+    def hops(self) -> Tuple[List[str], int]:
+        """The call's hops as wire text, the first one timed by the caller,
+        and how many hops its value says were dropped."""
+        call_us = (self.end_ns - self.start_ns) // 1000
+        if self.value is None:
+            own = Hop(self.callee[0], self.callee[1], call_us, call_us, call_us=call_us)
+            return [encode_hop(own)], 0
+        hops = self.value[len(VERSION) + 1 :].split(";")
+        dropped = 0
+        if hops[-1].startswith("+") and hops[-1][1:].isdigit():
+            dropped = int(hops.pop()[1:])
+        hops[0] = f"{call_us}@{hops[0]}"
+        return hops, dropped
+
+
+def _depth_of_last(hops: List[str]) -> int:
+    """How deep the last of ``hops`` is below the first (read from the up
+    markers; a version 1 value, with none, is a chain)."""
+    depth = 0
+    for hop in hops[1:]:
+        up = _UP_MARKER.match(hop)
+        depth += 1 - (int(up.group()) if up else 0)
+    return depth
+
+
+def critical_calls(calls: Iterable[_Call]) -> List[_Call]:
+    """The calls on the request's critical path, in the order they were
+    made: walking back from the reply, the call that returned last, then the
+    one that returned last before it was sent, and so on. Ties go to the
+    call sent first (the longer)."""
+    chosen = []
+    waiting_since = None
+    for call in sorted(calls, key=lambda c: (-c.end_ns, c.start_ns)):
+        if waiting_since is None or call.end_ns <= waiting_since:
+            chosen.append(call)
+            waiting_since = call.start_ns
+    chosen.reverse()
+    return chosen
 
 
 class _Request:
-    """One traced request being served: when it started and its slowest child
-    so far (the child's reply value, relayed as text, or its name for a hop
-    of our own if it sent none)."""
+    """One traced request being served: when it started and the calls it
+    made (kept until its reply, when the critical ones are chosen)."""
 
-    __slots__ = ("start_ns", "lock", "child_ns", "child_end_ns", "child_value", "child_name", "done")
+    __slots__ = ("start_ns", "lock", "calls", "critical", "done")
 
     def __init__(self) -> None:
         self.start_ns = time.monotonic_ns()
         self.lock = threading.Lock()
-        self.child_ns = -1
-        self.child_end_ns = 0
-        self.child_value: Optional[str] = None
-        self.child_name: Optional[Tuple[str, str]] = None
+        self.calls: List[_Call] = []
+        self.critical: List[_Call] = []
         self.done = False
 
-    def add_child(self, duration_ns: int, end_ns: int, value: Optional[str], name: Tuple[str, str]) -> None:
+    def add_call(self, call: _Call) -> None:
         with self.lock:
             if self.done:
                 return  # Ended after the reply headers: not on this request's path.
-            if duration_ns > self.child_ns or (duration_ns == self.child_ns and end_ns >= self.child_end_ns):
-                self.child_ns, self.child_end_ns = duration_ns, end_ns
-                self.child_value, self.child_name = value, name
+            self.calls.append(call)
 
     def finish(self) -> Tuple[int, int]:
-        """Ends the request's measure: its total and self times in µs."""
+        """Ends the request's measure and picks its critical calls: its
+        total and self times in µs."""
         with self.lock:
             self.done = True
             total_ns = time.monotonic_ns() - self.start_ns
-        if self.child_name is None:
-            return total_ns // 1000, total_ns // 1000
-        return total_ns // 1000, max(0, total_ns - self.child_ns) // 1000
-
-    def child_hop(self) -> str:
-        """The critical child as a hop of its own (callee, operation, duration)."""
-        us = self.child_ns // 1000
-        return encode_hop(Hop(self.child_name[0], self.child_name[1], us, us))
+        self.critical = critical_calls(self.calls)
+        waited_ns = sum(c.end_ns - c.start_ns for c in self.critical)
+        return total_ns // 1000, max(0, total_ns - waited_ns) // 1000
 
     def value(self, own: Hop, limit: int) -> str:
-        """The encoded path: ``own`` hop, then the critical child's hops."""
-        own_text = encode_hop(own)
-        if self.child_name is None:
-            return f"{VERSION};{own_text}"
-        child = self.child_value if self.child_value is not None else f"{VERSION};{self.child_hop()}"
-        return _prepend(own_text, child, limit)
+        """The encoded path: ``own`` hop, then each critical call's hops,
+        the calls as siblings one level below."""
+        parts = [encode_hop(own)]
+        dropped = 0
+        last_depth = None
+        for call in self.critical:
+            hops, call_dropped = call.hops()
+            if last_depth is not None:
+                # Back up from the previous call's last hop to a sibling of its first.
+                hops[0] = f"{last_depth + 1}^{hops[0]}"
+            last_depth = _depth_of_last(hops)
+            parts.extend(hops)
+            dropped += call_dropped
+        return _encode_parts(parts, dropped, limit)
+
+    def forget_paths_that_do_not_decode(self) -> None:
+        """Name the critical calls whose values are not valid paths as hops
+        of their own (the values had the right characters only)."""
+        for call in self.critical:
+            if call.value is None:
+                continue
+            try:
+                decode(call.value)
+            except DcptError as e:
+                logger.debug("ignoring the path relayed by %s: %s", call.callee[0], e)
+                call.value = None
 
 
 # --- Servers ------------------------------------------------------------------
@@ -385,11 +524,8 @@ class _Server:
         if not asked:
             try:
                 path = decode(value)
-            except DcptError as e:
-                # The child's value had the right characters but is not a
-                # path: report the child as a hop of our own instead.
-                logger.debug("ignoring the path relayed by %s: %s", request.child_name[0], e)
-                request.child_value = None
+            except DcptError:
+                request.forget_paths_that_do_not_decode()
                 value = request.value(own, self.limit)
                 path = decode(value)
             self._report(path, value)
@@ -408,16 +544,41 @@ class _Server:
 
 
 def format_path(path: CriticalPath) -> str:
-    """A one-line human form: ``service operation self/total µs`` per hop."""
-    parts = []
-    for hop in path.hops:
-        text = f"{hop.service} {hop.operation} {hop.self_us}/{hop.total_us}µs"
+    """A one-line human form: ``service operation self/total µs`` per hop,
+    ``->`` before a hop's calls, in brackets when it made several. Built in
+    one loop, not by recursion: a decoded chain can be a thousand hops deep."""
+    hops = path.hops
+    parents: List[Optional[int]] = []
+    calls = [0] * len(hops)
+    ancestors: List[int] = []
+    for index, hop in enumerate(hops):
+        while ancestors and hops[ancestors[-1]].depth >= hop.depth:
+            ancestors.pop()
+        parents.append(ancestors[-1] if ancestors else None)
+        if ancestors:
+            calls[ancestors[-1]] += 1
+        ancestors.append(index)
+
+    text: List[str] = []
+    bracketed: List[int] = []  # hops whose list of calls is open
+    for index, hop in enumerate(hops):
+        while bracketed and hops[bracketed[-1]].depth >= hop.depth:
+            bracketed.pop()
+            text.append("]")
+        parent = parents[index]
+        if parent is not None and parent == index - 1:
+            text.append(" -> [" if calls[parent] > 1 else " -> ")
+            if calls[parent] > 1:
+                bracketed.append(parent)
+        elif parent is not None:
+            text.append("; ")
+        text.append(f"{hop.service} {hop.operation} {hop.self_us}/{hop.total_us}µs")
         if hop.cause is not None:
-            text += f" [{hop.cause} {hop.cause_us}µs]"
-        parts.append(text)
+            text.append(f" [{hop.cause} {hop.cause_us}µs]")
+    text.append("]" * len(bracketed))
     if path.dropped:
-        parts.append(f"(+{path.dropped} hops dropped)")
-    return " -> ".join(parts)
+        text.append(f" (+{path.dropped} hops dropped)")
+    return "".join(text)
 
 
 class DcptWsgiMiddleware:
@@ -563,7 +724,7 @@ class OutgoingCall:
         value = _relayable(reply_value)
         if value is None and reply_value is not None:
             logger.debug("ignoring the path sent by %s: not a valid %s value", callee, REPLY_HEADER)
-        self._request.add_child(end_ns - self._start_ns, end_ns, value, (callee, operation))
+        self._request.add_call(_Call(self._start_ns, end_ns, value, (callee, operation)))
 
 
 def start_call() -> Optional[OutgoingCall]:
