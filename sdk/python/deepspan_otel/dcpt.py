@@ -256,6 +256,18 @@ def _encode_parts(parts: List[str], dropped: int, limit: int) -> str:
     return ";".join([VERSION, *parts[:kept]]) + marker
 
 
+def _cut_to_fit(value: str, dropped: int, limit: int) -> str:
+    """``value`` (no marker) with hops cut from its end until it fits
+    ``limit`` bytes with its ``+N`` marker; the first hop always stays."""
+    first_end = value.find(";", len(VERSION) + 1)
+    end = len(value)
+    if first_end != -1:
+        while end > first_end and end + (len(f";+{dropped}") if dropped else 0) > limit:
+            end = value.rfind(";", 0, end)
+            dropped += 1
+    return value[:end] + (f";+{dropped}" if dropped else "")
+
+
 def _field(value: str, offset: int, what: str) -> str:
     if not _FIELD.match(value):
         bad = next(
@@ -362,7 +374,7 @@ _current: ContextVar[Optional["_Request"]] = ContextVar("deepspan_dcpt_request",
 # so that a hop never decodes and re-encodes the whole path (which would make
 # a chain quadratic). The outermost service decodes it fully.
 _RELAYABLE = re.compile(r"[12];[A-Za-z0-9\-._~/%:;+^@]+\Z")
-_UP_MARKER = re.compile(r"[0-9]+(?=\^)")
+_LATER_UP_MARKERS = re.compile(r";([0-9]+)\^")
 
 
 def _relayable(value) -> Optional[str]:
@@ -384,29 +396,26 @@ class _Call:
     value: Optional[str]
     callee: Tuple[str, str]
 
-    def hops(self) -> Tuple[List[str], int]:
-        """The call's hops as wire text, the first one timed by the caller,
-        and how many hops its value says were dropped."""
+    def hops(self) -> Tuple[str, int]:
+        """The call's hops as wire text (``;``-separated, the first one timed
+        by the caller), and how many hops its value says were dropped. Text
+        is sliced, never split into hops: a chain relays 4 KiB per hop."""
         call_us = (self.end_ns - self.start_ns) // 1000
         if self.value is None:
             own = Hop(self.callee[0], self.callee[1], call_us, call_us, call_us=call_us)
-            return [encode_hop(own)], 0
-        hops = self.value[len(VERSION) + 1 :].split(";")
+            return encode_hop(own), 0
+        hops = self.value[len(VERSION) + 1 :]
         dropped = 0
-        if hops[-1].startswith("+") and hops[-1][1:].isdigit():
-            dropped = int(hops.pop()[1:])
-        hops[0] = f"{call_us}@{hops[0]}"
-        return hops, dropped
+        head, _, last = hops.rpartition(";")
+        if last.startswith("+") and last[1:].isdigit():
+            dropped, hops = int(last[1:]), head
+        return f"{call_us}@{hops}", dropped
 
 
-def _depth_of_last(hops: List[str]) -> int:
-    """How deep the last of ``hops`` is below the first (read from the up
-    markers; a version 1 value, with none, is a chain)."""
-    depth = 0
-    for hop in hops[1:]:
-        up = _UP_MARKER.match(hop)
-        depth += 1 - (int(up.group()) if up else 0)
-    return depth
+def _depth_of_last(hops: str) -> int:
+    """How deep the last of ``hops`` (wire text) is below the first, read
+    from the up markers; a version 1 value, with none, is a chain."""
+    return hops.count(";") - sum(int(up) for up in _LATER_UP_MARKERS.findall(hops))
 
 
 def critical_calls(calls: Iterable[_Call]) -> List[_Call]:
@@ -449,25 +458,26 @@ class _Request:
         with self.lock:
             self.done = True
             total_ns = time.monotonic_ns() - self.start_ns
-        self.critical = critical_calls(self.calls)
+        # One call (a chain) or none is the common case: no walk needed.
+        self.critical = self.calls if len(self.calls) < 2 else critical_calls(self.calls)
         waited_ns = sum(c.end_ns - c.start_ns for c in self.critical)
         return total_ns // 1000, max(0, total_ns - waited_ns) // 1000
 
     def value(self, own: Hop, limit: int) -> str:
         """The encoded path: ``own`` hop, then each critical call's hops,
         the calls as siblings one level below."""
-        parts = [encode_hop(own)]
+        parts = [VERSION, encode_hop(own)]
         dropped = 0
-        last_depth = None
-        for call in self.critical:
+        for index, call in enumerate(self.critical):
             hops, call_dropped = call.hops()
-            if last_depth is not None:
+            if index > 0:
                 # Back up from the previous call's last hop to a sibling of its first.
-                hops[0] = f"{last_depth + 1}^{hops[0]}"
-            last_depth = _depth_of_last(hops)
-            parts.extend(hops)
+                hops = f"{last_depth + 1}^{hops}"
+            if index + 1 < len(self.critical):
+                last_depth = _depth_of_last(hops)
+            parts.append(hops)
             dropped += call_dropped
-        return _encode_parts(parts, dropped, limit)
+        return _cut_to_fit(";".join(parts), dropped, limit)
 
     def forget_paths_that_do_not_decode(self) -> None:
         """Name the critical calls whose values are not valid paths as hops
