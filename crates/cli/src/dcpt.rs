@@ -107,9 +107,18 @@ fn human_us(us: u64) -> String {
     }
 }
 
+/// Levels shown by indentation; deeper hops say their depth instead, so a
+/// pasted chain of thousands of hops cannot print gigabytes of spaces.
+const MAX_INDENTED_DEPTH: usize = 16;
+
 /// Two spaces per level under the outermost service, then the name.
 fn indented_service(hop: &dcpt::Hop) -> String {
-    format!("{:indent$}{}", "", hop.service, indent = 2 * hop.depth)
+    let indent = 2 * hop.depth.min(MAX_INDENTED_DEPTH);
+    if hop.depth > MAX_INDENTED_DEPTH {
+        format!("{:indent$}(depth {}) {}", "", hop.depth, hop.service)
+    } else {
+        format!("{:indent$}{}", "", hop.service)
+    }
 }
 
 fn write_table(out: &mut impl Write, path: &CriticalPath) -> Result<()> {
@@ -212,6 +221,18 @@ mod tests {
             "{text}"
         );
         assert!(lines[5].starts_with("(+1 hop dropped"), "{text}");
+    }
+
+    #[test]
+    fn a_deep_chain_is_indented_only_so_far() {
+        let chain = format!("1;{}", vec!["a:b:0:0"; 5000].join(";"));
+        let path = dcpt::decode(&chain).unwrap();
+        let mut text = Vec::new();
+        write_table(&mut text, &path).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        let last = text.lines().last().unwrap();
+        assert!(last.contains("(depth 4999) a"), "{last}");
+        assert!(text.len() < 5000 * 200, "{} bytes", text.len());
     }
 
     #[test]
