@@ -489,7 +489,7 @@ pub enum EncodeError {
     FirstHopHasCallTime,
     #[error(
         "hop {index} has depth {depth} after a hop at depth {previous}: \
-         the hops are not in preorder (a hop is at most one level below the one before it)"
+         the hops are not in preorder (only the first hop is at depth 0, and a hop is at most one level below the one before it)"
     )]
     NotPreorder {
         index: usize,
@@ -516,7 +516,8 @@ fn check_encodable(hops: &[Hop]) -> Result<(), EncodeError> {
         return Err(EncodeError::FirstHopHasCallTime);
     }
     for (index, pair) in hops.windows(2).enumerate() {
-        if pair[1].depth > pair[0].depth + 1 {
+        // Depth 0 again would be a second outermost hop.
+        if pair[1].depth > pair[0].depth + 1 || pair[1].depth == 0 {
             return Err(EncodeError::NotPreorder {
                 index: index + 1,
                 depth: pair[1].depth,
@@ -785,6 +786,16 @@ mod tests {
                 index: 2,
                 depth: 3,
                 previous: 1
+            })
+        );
+        let mut path = chain(3);
+        path.hops[1].depth = 0;
+        assert_eq!(
+            encode(&path, MAX_HEADER_BYTES),
+            Err(EncodeError::NotPreorder {
+                index: 1,
+                depth: 0,
+                previous: 0
             })
         );
         let mut path = chain(3);
