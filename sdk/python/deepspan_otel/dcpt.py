@@ -240,20 +240,7 @@ def encode(path: CriticalPath, limit: int = MAX_HEADER_BYTES) -> str:
             raise ValueError(f"hop {index} at depth {hop.depth} after depth {previous}: not a preorder")
         parts.append(encode_hop(hop, up))
         previous = hop.depth
-    return _encode_parts(parts, path.dropped, limit)
-
-
-def _encode_parts(parts: List[str], dropped: int, limit: int) -> str:
-    kept = len(parts)
-    size = len(VERSION) + sum(len(p) + 1 for p in parts)
-    marker = f";+{dropped}" if dropped else ""
-    # The marker grows as hops go, so recompute it at each step; at most a
-    # few digits, so the loop ends after len(parts) steps at worst.
-    while kept > 1 and size + len(marker) > limit:
-        kept -= 1
-        size -= len(parts[kept]) + 1
-        marker = f";+{dropped + len(parts) - kept}"
-    return ";".join([VERSION, *parts[:kept]]) + marker
+    return _cut_to_fit(";".join([VERSION, *parts]), path.dropped, limit)
 
 
 def _cut_to_fit(value: str, dropped: int, limit: int) -> str:
