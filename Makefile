@@ -1,16 +1,19 @@
-# deepspan: the two commands a newcomer needs are `make demo` and `make test`.
+# deepspan: the two commands a newcomer needs are `make demo` and `make test`;
+# a developer's loop after each change is `make check`.
 SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps build bench bench-agent fuzz clean ui ui-e2e jaeger java-sdk
+.PHONY: demo check test bench bench-agent fuzz clean build ui ui-e2e jaeger java-sdk \
+	setup-build setup-demo setup-check setup-test
 
-deps:
-	@scripts/install-deps.sh
+# What each purpose needs, and nothing more (scripts/setup.sh says what and
+# why): each step prints its wall time.
+setup-build setup-demo setup-check setup-test:
+	@scripts/setup.sh $(@:setup-%=%)
 
-# Jaeger v2 for the export test (crates/cli/tests/export_jaeger.rs), built
-# from the Go module proxy once and cached under ~/.cache/deepspan; `deps`
-# builds it too. Prints the binary's path.
+# Jaeger v2 for the export and agent tests, built from the Go module proxy
+# once and cached under ~/.cache/deepspan. Prints the binary's path.
 jaeger:
 	@scripts/build-jaeger.sh
 
@@ -18,56 +21,76 @@ jaeger:
 # sdk/java/target/deepspan-otel-extension.jar and the stock agent it is tested
 # with, sdk/java/target/agent/opentelemetry-javaagent.jar (Maven Central,
 # cached in ~/.m2). Then the fault extension for WireMock, the third-party
-# application of crates/cli/tests/java_app.rs, and WireMock's jars in its
+# application of the CLI's java_app tests, and WireMock's jars in its
 # target/lib.
-java-sdk: deps
-	cd sdk/java && mvn -B --no-transfer-progress package
-	cd sdk/java/testapp/wiremock-fault && mvn -B --no-transfer-progress package
+java-sdk:
+	cd sdk/java && mvn -B -q --no-transfer-progress package
+	cd sdk/java/testapp/wiremock-fault && mvn -B -q --no-transfer-progress package
 
 # Where cargo puts binaries (CARGO_TARGET_DIR when set).
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+DEEPSPAN_BIN := $(TARGET_DIR)/release/deepspan
+TIMED := scripts/timed.sh
 
-build: deps ui
+build: setup-build ui
 	$(CARGO) build --release --workspace
 
 # The web UI (ui/, TypeScript + Vite) is built into ui/dist, which the
 # ui-server crate compiles into the binary: it must exist before cargo runs.
-ui: deps
-	@cd ui && { [ -d node_modules ] && [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }
-	cd ui && npm run --silent build
+ui:
+	@cd ui && npm run --silent build
 
 # End-to-end test of `deepspan ui` in headless Chromium on a real recording;
 # screenshots in $(TARGET_DIR)/ui-e2e.
-ui-e2e: ui
+ui-e2e: setup-test ui
 	$(CARGO) build --release -p deepspan
-	node ui/e2e/e2e.mjs --deepspan $(TARGET_DIR)/release/deepspan --out $(TARGET_DIR)/ui-e2e
+	node ui/e2e/e2e.mjs --deepspan $(DEEPSPAN_BIN) --out $(TARGET_DIR)/ui-e2e
 
 # Runs the demo shop under six injected faults (CPU quota, CPU hog, lock,
 # row lock, disk flood, slow network), records and analyses each run and
 # prints the diagnosis table. Needs root. `make demo DEMO_ARGS="--scenario
 # lock --keep runs"` runs one scenario and keeps its run for `deepspan report`.
 DEMO_ARGS ?=
-demo: deps ui
-	$(CARGO) build --release -p deepspan
-	$(TARGET_DIR)/release/deepspan demo $(DEMO_ARGS)
+demo: setup-demo
+	@$(TIMED) "web UI" $(MAKE) --no-print-directory -s ui
+	@$(TIMED) "build deepspan" $(CARGO) build --release -p deepspan
+	$(DEEPSPAN_BIN) demo $(DEMO_ARGS)
 
-# The whole test suite; kernel tests need root and tracefs, and fail instead
-# of skipping when DEEPSPAN_REQUIRE_KERNEL is set (CI sets it).
-test: deps ui java-sdk
+# The fast loop, after each change: format, clippy, and every test that
+# needs no root, no tracefs and no service (tests that do are marked
+# `#[ignore = "system: …"]`, which `make test` lifts), and the Python SDK's
+# own tests. Shares the release build with `make demo` and `make test`.
+check: setup-check ui
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	$(CARGO) test --release --workspace
+	python3 -m pytest -q -p no:cacheprovider sdk/python/tests
+
+# The whole suite; system tests need root and tracefs, and fail instead of
+# skipping when DEEPSPAN_REQUIRE_KERNEL is set (.ci/run sets it). Each stage
+# prints its wall time (and appends it to $$DEEPSPAN_STAGE_LOG).
+test:
+	@$(TIMED) "set-up" scripts/setup.sh test
+	@$(TIMED) "Java extension (Maven)" $(MAKE) --no-print-directory -s java-sdk
+	@$(TIMED) "build" $(MAKE) --no-print-directory -s build-tests
+	@$(TIMED) "Rust tests" $(CARGO) test --release --workspace --no-fail-fast -- --include-ignored
+	@$(TIMED) "Python SDK tests" python3 -m pytest -q -p no:cacheprovider sdk/python/tests
+	@$(TIMED) "fleet tables" python3 -m pytest -q -p no:cacheprovider tests/fleet --deepspan $(DEEPSPAN_BIN)
+	@$(TIMED) "UI end to end" node ui/e2e/e2e.mjs --deepspan $(DEEPSPAN_BIN) --out $(TARGET_DIR)/ui-e2e
+
+# The binaries the suite runs and every test binary, built once.
+build-tests: ui
 	$(CARGO) build --release -p deepspan -p deepspan-workloads
-	$(CARGO) test --release --workspace --no-fail-fast
-	python3 -m pytest -q sdk/python/tests
-	python3 -m pytest -q tests/fleet --deepspan $(TARGET_DIR)/release/deepspan
-	node ui/e2e/e2e.mjs --deepspan $(TARGET_DIR)/release/deepspan --out $(TARGET_DIR)/ui-e2e
+	$(CARGO) test --release --workspace --no-run
 
 # Benchmarks are timings: run by hand, never part of `make test`.
-bench: build java-sdk
+bench: setup-test build java-sdk
 	@bench/run.sh
 
-# The live agent's benchmarks (issue 17; root and tracefs): throughput
-# through `deepspan agent` on one CPU, anomaly-to-diagnosed-span latency,
-# and its overhead on the demo shop against OpenTelemetry -> Jaeger alone.
-bench-agent: deps ui
+# The live agent's benchmarks (root and tracefs): throughput through
+# `deepspan agent` on one CPU, anomaly-to-diagnosed-span latency, and its
+# overhead on the demo shop against OpenTelemetry -> Jaeger alone.
+bench-agent: setup-test ui
 	$(CARGO) build --release -p deepspan
 	$(CARGO) bench -p deepspan-agent --bench agent_throughput
 	$(CARGO) bench -p deepspan-agent --bench agent_latency

@@ -54,6 +54,6 @@ fn main() {
     };
     println!(
         "cargo:warning=record --tcp-keys disabled: cannot compile its eBPF program ({why}); install clang \
-         and libbpf-dev (make deps does)"
+         and libbpf-dev (scripts/setup.sh build does)"
     );
 }

@@ -40,7 +40,7 @@ def find_bindir():
             return out.stdout.strip()
     raise RuntimeError(
         "no PostgreSQL server found (looked in /usr/lib/postgresql/*/bin and pg_config): "
-        "scripts/install-deps.sh installs postgresql-15"
+        "scripts/setup.sh demo installs postgresql-15"
     )
 
 

@@ -65,7 +65,7 @@ async function startServer(run) {
 
 async function main() {
   check(existsSync(deepspan), `no deepspan binary at ${deepspan} (build it first)`);
-  check(existsSync(CHROMIUM), `no ${CHROMIUM}: install the Debian package chromium (scripts/install-deps.sh)`);
+  check(existsSync(CHROMIUM), `no ${CHROMIUM}: install the Debian package chromium (scripts/setup.sh test)`);
   mkdirSync(out, { recursive: true });
   const work = mkdtempSync(join(args.tmp ?? "/var/tmp", "deepspan-ui-e2e-"));
   let run = args.run;

@@ -278,7 +278,7 @@ fn check_python(python: &str, demo_dir: &std::path::Path) -> Result<()> {
         .with_context(|| format!("run {python}"))?;
     if !out.status.success() {
         bail!(
-            "{python} lacks the demo's Python packages ({}): `scripts/install-deps.sh` (or `make demo`) \
+            "{python} lacks the demo's Python packages ({}): `scripts/setup.sh demo` (or `make demo`) \
              installs them, see {}/requirements.txt",
             String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("import failed").trim(),
             demo_dir.display()

@@ -388,7 +388,7 @@ mod program {
     pub(super) fn attach(_netns: &[u64]) -> Result<(Ring, Lost), Error> {
         Err(Error::InvalidOptions(
             "--tcp-keys: this deepspan was built without its eBPF program (clang was not found at build \
-             time): install clang and libbpf-dev (make deps does) and build again"
+             time): install clang and libbpf-dev (scripts/setup.sh build does) and build again"
                 .into(),
         ))
     }
