@@ -1,14 +1,13 @@
 //! End to end: `deepspan record` a real multi-threaded program, decode the
 //! trace, and check it against what the program did and against trace-cmd.
 
-mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value as Json;
 
 fn decode_jsonl(run: &Path) -> Vec<Json> {
@@ -70,6 +69,7 @@ fn transitions(events: &[Json], tid: i64) -> Vec<(u64, Transition)> {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn records_a_multithreaded_program_and_trace_cmd_agrees() {
     if !kernel_or_skip("records_a_multithreaded_program_and_trace_cmd_agrees") {
         return;
@@ -201,21 +201,8 @@ fn parse_trace_cmd_switch(line: &str) -> (u64, i64, i64) {
     (ts, pid_after(" prev_pid="), pid_after(" next_pid="))
 }
 
-/// The recordings of this file one at a time: each traces the whole
-/// machine, so the others' workloads would fill its ring buffer too.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+// The recordings here take the shared lock (`one_at_a_time`): each traces
+// the whole machine, so the others' workloads would fill its ring buffer too.
 
 fn signal(pid: u32, sig: i32) {
     // SAFETY: plain kill(2) on a child we spawned.
@@ -240,6 +227,7 @@ fn start_recorder(args: &[&str], run: &Path) -> (u32, KillOnDrop) {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn sigint_stops_the_recording_cleanly() {
     if !kernel_or_skip("sigint_stops_the_recording_cleanly") {
         return;
@@ -265,6 +253,7 @@ fn sigint_stops_the_recording_cleanly() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn flight_mode_writes_only_on_snapshot() {
     if !kernel_or_skip("flight_mode_writes_only_on_snapshot") {
         return;
@@ -343,6 +332,7 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn unknown_event_names_get_close_matches() {
     if !kernel_or_skip("unknown_event_names_get_close_matches") {
         return;
@@ -360,6 +350,7 @@ fn unknown_event_names_get_close_matches() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn command_exit_status_is_passed_through() {
     if !kernel_or_skip("command_exit_status_is_passed_through") {
         return;

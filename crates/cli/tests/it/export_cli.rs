@@ -2,16 +2,14 @@
 //! says so, and a run without requests (spans imported from a file, an
 //! analysis that found none) exported unchanged.
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::deepspan;
+use crate::common::{deepspan, testdata};
 
-fn testdata() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/testdata/spans/otlp/opentelemetry-proto-example-trace.json")
+fn example_trace() -> PathBuf {
+    testdata("spans/otlp/opentelemetry-proto-example-trace.json")
 }
 
 fn stderr(out: &Output) -> String {
@@ -25,7 +23,7 @@ fn run_without_requests(dir: &Path) -> PathBuf {
         .arg("import")
         .arg("-o")
         .arg(&run)
-        .arg(testdata())
+        .arg(example_trace())
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
@@ -115,7 +113,7 @@ fn spans_of_a_run_without_requests_are_exported_unchanged() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    let mut original = deepspan_spans::import_file(&testdata()).unwrap().spans;
+    let mut original = deepspan_spans::import_file(&example_trace()).unwrap().spans;
     let mut exported = deepspan_spans::import_file(&file).unwrap().spans;
     assert!(!original.is_empty());
     original.sort_by_key(|s| (s.trace_id, s.span_id));

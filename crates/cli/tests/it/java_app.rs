@@ -19,17 +19,18 @@
 //! fetches the agent and WireMock; this test runs Maven when they are
 //! missing).
 
-mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{check, deepspan, kernel_or_skip, CpuQuota, KillOnDrop};
+use crate::common::{
+    check, deepspan, java_agent_jars, kernel_or_skip, maven_package, one_at_a_time, poll, sdk_java,
+    wait_exit, CpuQuota, KillOnDrop,
+};
 use serde_json::Value;
 
 /// Lock case: rounds of one holder and WAITERS requests that need its lock.
@@ -45,24 +46,6 @@ const WORK_CPU_MS: u64 = 30;
 const QUOTA_US: u64 = 10_000;
 const PERIOD_US: u64 = 100_000;
 
-/// One JVM at a time: the two tests would otherwise share the CPUs.
-static ONE_JVM: Mutex<()> = Mutex::new(());
-
-fn sdk_java() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/java")
-}
-
-fn maven_package(dir: &Path) {
-    check(
-        &format!("mvn package in {} (make java-sdk)", dir.display()),
-        Command::new("mvn")
-            .args(["-B", "-q", "package", "-DskipTests"])
-            .current_dir(dir)
-            .output()
-            .expect("run mvn (Maven, scripts/install-deps.sh)"),
-    );
-}
-
 /// The jars: deepspan's extension, the stock agent, and WireMock's class
 /// path with the fault extension.
 struct Jars {
@@ -72,12 +55,7 @@ struct Jars {
 }
 
 fn jars() -> Jars {
-    let target = sdk_java().join("target");
-    let extension = target.join("deepspan-otel-extension.jar");
-    let agent = target.join("agent/opentelemetry-javaagent.jar");
-    if !extension.is_file() || !agent.is_file() {
-        maven_package(&sdk_java());
-    }
+    let (extension, agent) = java_agent_jars();
     let app = sdk_java().join("testapp/wiremock-fault");
     let fault = app.join("target/wiremock-fault.jar");
     let lib = app.join("target/lib");
@@ -155,17 +133,10 @@ fn served(log: &Path) -> HashMap<String, Served> {
 
 fn wait_for_trace(log: &Path, trace_id: u128) -> Served {
     let key = format!("{trace_id:032x}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(s) = served(log).remove(&key) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{key} never reached the fault extension"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    poll(Duration::from_secs(60), Duration::from_millis(10), || {
+        served(log).remove(&key)
+    })
+    .unwrap_or_else(|| panic!("{key} never reached the fault extension"))
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -213,7 +184,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
         .port();
 
     let mut rec = deepspan();
-    common::ahead_of_other_load(&mut rec);
+    crate::common::ahead_of_other_load(&mut rec);
     rec.arg("record")
         .arg("-o")
         .arg(&run)
@@ -306,14 +277,12 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
         }
     }
     shutdown(port);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = recorder.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "deepspan record did not end");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_exit(
+        &mut recorder.0,
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        "deepspan record did not end",
+    );
     let throttled_periods = quota.as_ref().map_or(0, |q| q.throttled_periods());
     drop(quota);
     let record_log = std::fs::read_to_string(dir.join("record.log")).unwrap_or_default();
@@ -488,11 +457,12 @@ fn check_quota(a: &Analysed, mode: &str, placement: &str) {
 }
 
 #[test]
+#[ignore = "system: root, tracefs, JDK and Maven"]
 fn wiremock_waiting_on_a_synchronized_lock_is_lock_contention_with_and_without_the_extension() {
     if !kernel_or_skip("wiremock_waiting_on_a_synchronized_lock_is_lock_contention") {
         return;
     }
-    let _one = ONE_JVM.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_at_a_time();
     check_lock(&run(Fault::Lock, true), "with the extension", "exact");
     check_lock(
         &run(Fault::Lock, false),
@@ -502,11 +472,12 @@ fn wiremock_waiting_on_a_synchronized_lock_is_lock_contention_with_and_without_t
 }
 
 #[test]
+#[ignore = "system: root, tracefs, cgroups, JDK and Maven"]
 fn wiremock_under_a_cpu_quota_is_cpu_throttled_with_and_without_the_extension() {
     if !kernel_or_skip("wiremock_under_a_cpu_quota_is_cpu_throttled") {
         return;
     }
-    let _one = ONE_JVM.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_at_a_time();
     check_quota(&run(Fault::Quota, true), "with the extension", "exact");
     check_quota(
         &run(Fault::Quota, false),

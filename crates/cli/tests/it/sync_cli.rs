@@ -1,12 +1,11 @@
 //! `deepspan sync`, run as a user runs it: runs whose client/server spans
 //! were made from a known clock transform, and the corpus' CTF traces.
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::deepspan;
+use crate::common::{deepspan, testdata};
 use serde_json::{json, Value as J};
 
 const SECOND: u64 = 1_000_000_000;
@@ -273,10 +272,9 @@ fn bad_inputs_say_which_and_why() {
 
 #[test]
 fn ctf_traces_are_hosts_by_their_hostname_and_say_why_nothing_matched() {
-    let testdata =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/kernel/ctf");
-    let arm = testdata.join("bug446190/trace");
-    let qemu = testdata.join("flipping-endianness/trace");
+    let ctf = testdata("kernel/ctf");
+    let arm = ctf.join("bug446190/trace");
+    let qemu = ctf.join("flipping-endianness/trace");
     let out = sync(&[&arm, &qemu], &["--format", "json"]);
     let doc: J = serde_json::from_str(&ok_stdout(&out)).unwrap();
     assert_eq!(doc["reference"], "lager");

@@ -1,26 +1,25 @@
 //! `deepspan decode` on the public trace.dat files of ../shared/testdata,
 //! against the counts trace-cmd gives for them.
 
-mod common;
 
 use std::path::PathBuf;
 
-use common::deepspan;
+use crate::common::{deepspan, testdata};
 use serde_json::Value as Json;
 
-fn testdata(name: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ftrace")).join(name)
+fn ftrace(name: &str) -> PathBuf {
+    testdata("kernel/ftrace").join(name)
 }
 
 fn expected_counts(name: &str) -> Json {
-    let path = testdata(&format!("{name}.counts.json"));
+    let path = ftrace(&format!("{name}.counts.json"));
     serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
 #[test]
 fn summary_matches_trace_cmd_counts() {
     for name in ["sched_load", "example_rtapp"] {
-        let out = deepspan().arg("decode").arg(testdata(&format!("{name}.dat"))).output().unwrap();
+        let out = deepspan().arg("decode").arg(ftrace(&format!("{name}.dat"))).output().unwrap();
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
         let expected = expected_counts(name);
@@ -35,7 +34,7 @@ fn summary_matches_trace_cmd_counts() {
 fn jsonl_is_time_ordered_and_limited() {
     let out = deepspan()
         .arg("decode")
-        .arg(testdata("sched_load.dat"))
+        .arg(ftrace("sched_load.dat"))
         .args(["--format", "jsonl", "--limit", "500"])
         .output()
         .unwrap();
@@ -71,7 +70,7 @@ fn bad_input_is_a_clear_error() {
     // decodes, with a warning saying what is lost, on stderr and in the
     // summary (deepspan issue 15).
     let truncated = tmp.path().join("truncated.dat");
-    let full = std::fs::read(testdata("sched_load.dat")).unwrap();
+    let full = std::fs::read(ftrace("sched_load.dat")).unwrap();
     std::fs::write(&truncated, &full[..full.len() - 100_000]).unwrap();
     let out = deepspan().arg("decode").arg(&truncated).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -95,7 +94,7 @@ fn bad_input_is_a_clear_error() {
 #[test]
 fn cut_ctf_stream_decodes_with_a_warning() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ctf/bug446190/trace"));
+    let src = testdata("kernel/ctf/bug446190/trace");
     for name in ["metadata", "channel0_0", "channel0_1"] {
         std::fs::copy(src.join(name), tmp.path().join(name)).unwrap();
     }
@@ -122,7 +121,7 @@ fn cut_ctf_stream_decodes_with_a_warning() {
 /// gave (the corpus's expected.json), and JSON lines come out in time order.
 #[test]
 fn ctf_summary_matches_babeltrace2_counts() {
-    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ctf"));
+    let root = testdata("kernel/ctf");
     let mut checked = 0;
     for entry in std::fs::read_dir(&root).unwrap() {
         let dir = entry.unwrap().path();
@@ -151,9 +150,9 @@ fn ctf_summary_matches_babeltrace2_counts() {
 /// them; it must say exactly what one thread reading in time order says.
 #[test]
 fn summary_is_the_same_on_any_number_of_threads() {
-    let ctf = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/testdata/kernel/ctf"));
+    let ctf = testdata("kernel/ctf");
     let mut inputs: Vec<PathBuf> = std::fs::read_dir(&ctf).unwrap().map(|e| e.unwrap().path()).collect();
-    inputs.extend(["sched_load.dat", "example_rtapp.dat"].map(testdata));
+    inputs.extend(["sched_load.dat", "example_rtapp.dat"].map(ftrace));
     for input in inputs {
         let summary = |threads: &str| {
             let out = deepspan().arg("decode").arg(&input).args(["--threads", threads]).output().unwrap();
@@ -174,7 +173,7 @@ fn analyze_notes_a_cut_trace() {
     let tmp = tempfile::tempdir().unwrap();
     let kernel = tmp.path().join("run/kernel");
     std::fs::create_dir_all(&kernel).unwrap();
-    let full = std::fs::read(testdata("sched_load.dat")).unwrap();
+    let full = std::fs::read(ftrace("sched_load.dat")).unwrap();
     std::fs::write(kernel.join("trace.dat"), &full[..full.len() - 100_000]).unwrap();
     let out = deepspan().arg("analyze").arg(tmp.path().join("run")).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

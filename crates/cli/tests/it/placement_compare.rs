@@ -12,16 +12,12 @@
 //!
 //! Needs root, PostgreSQL and the demo's Python packages (`make demo`).
 
-mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::{check, deepspan, kernel_or_skip};
+use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time};
 use serde_json::Value;
-
-/// The demos of this file one at a time (each would be the other's load).
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// `(trace_id, span_id)` → request, from an analysis's requests.json.
 fn requests(run: &Path) -> HashMap<(String, String), Value> {
@@ -55,15 +51,16 @@ fn analyze(run: &Path, placement: &str) -> HashMap<(String, String), Value> {
 }
 
 #[test]
+#[ignore = "system: root, tracefs, the demo (cgroups, netns, PostgreSQL)"]
 fn inferred_placement_agrees_with_the_sdk_on_a_demo_recording() {
     if !kernel_or_skip("inferred_placement_agrees_with_the_sdk_on_a_demo_recording") {
         return;
     }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_at_a_time();
     // On a real disk, under the target folder.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
     let mut demo = deepspan();
-    common::ahead_of_other_load(&mut demo);
+    crate::common::ahead_of_other_load(&mut demo);
     // The demo's own verdict is not this test's business: only the run.
     let out = demo
         .args(["demo", "--scenario", "lock", "--keep"])
@@ -140,14 +137,15 @@ fn inferred_placement_agrees_with_the_sdk_on_a_demo_recording() {
 /// check) and the kernel path must show it, with every request placed from
 /// the kernel trace (no `exact`).
 #[test]
+#[ignore = "system: root, tracefs, the demo (cgroups, netns, PostgreSQL)"]
 fn every_demo_scenario_is_diagnosed_without_the_sdk() {
     if !kernel_or_skip("every_demo_scenario_is_diagnosed_without_the_sdk") {
         return;
     }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_at_a_time();
     let keep = tempfile::tempdir_in("/var/tmp").expect("temp dir");
     let mut demo = deepspan();
-    common::ahead_of_other_load(&mut demo);
+    crate::common::ahead_of_other_load(&mut demo);
     let out = demo
         .args(["demo", "--no-sdk", "--format", "json", "--keep"])
         .arg(keep.path())

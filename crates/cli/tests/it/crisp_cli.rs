@@ -1,8 +1,7 @@
 //! `deepspan spans critical-path --semantics crisp` on a Jaeger JSON file.
 
-mod common;
 
-use common::deepspan;
+use crate::common::deepspan;
 
 /// A root of 100 µs, an erring child of 40 µs, then a child of 60 µs.
 const TRACE: &str = r#"{"data": [{"traceID": "a1", "processes": {"p1": {"serviceName": "S1", "tags": []}},

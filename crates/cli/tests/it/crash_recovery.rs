@@ -3,21 +3,16 @@
 //! command it traced is gone. Kill points are drawn from fixed seeds; what is
 //! checked holds wherever the kill lands.
 
-mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{deepspan, instances_of, kernel_or_skip, recording_started, workload};
-
-/// One recorder at a time: `--cleanup` looks at every instance, so a test's
-/// cleanup would see another test's recorder.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
+// One recorder at a time (the shared lock): `--cleanup` looks at every
+// instance, so a test's cleanup would see another test's recorder.
+use crate::common::{
+    deepspan, instances_of, kernel_or_skip, one_at_a_time, poll, recording_started, workload,
+};
 
 /// Runs `deepspan record --cleanup` and checks that it removed the dead
 /// recorder's instance (other instances on the machine are not ours to judge).
@@ -68,48 +63,39 @@ fn start_recorder(run: &Path, mode: &str) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("start deepspan record");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !recording_started(child.id()) {
+    poll(Duration::from_secs(60), Duration::from_millis(20), || {
+        if recording_started(child.id()) {
+            return Some(());
+        }
         if let Ok(Some(status)) = child.try_wait() {
             panic!("the recorder exited before tracing started: {status}");
         }
-        assert!(
-            Instant::now() < deadline,
-            "the recorder did not start tracing within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        None
+    })
+    .expect("the recorder did not start tracing within 60 s");
     child
 }
 
 /// The traced command (a child of the recorder, orphaned by its death), once
 /// the recorder has started it and written it into its journal.
 fn command_pid(run: &Path) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let state: Option<serde_json::Value> =
-            std::fs::read(run.join("kernel/journal/recording.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-        if let Some(pid) = state
+    let mut state: Option<serde_json::Value> = None;
+    poll(Duration::from_secs(30), Duration::from_millis(20), || {
+        state = std::fs::read(run.join("kernel/journal/recording.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        state
             .as_ref()
             .and_then(|s| s["owner"]["traced"][0]["pid"].as_i64())
-        {
-            return pid as i32;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the journal never named the command: {state:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    })
+    .map(|pid| pid as i32)
+    .unwrap_or_else(|| panic!("the journal never named the command: {state:?}"))
 }
 
 /// Waits until `pid` has exited (gone, or a zombie nobody reaped yet: it
 /// traces nothing any more, and cleanup counts it as gone too).
 fn wait_gone(pid: i32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    poll(Duration::from_secs(30), Duration::from_millis(10), || {
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
             .and_then(|s| {
@@ -117,15 +103,9 @@ fn wait_gone(pid: i32) {
                     .map(|(_, rest)| rest.trim_start().chars().next())
             })
             .flatten();
-        if matches!(state, None | Some('Z') | Some('X')) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process {pid} did not exit after SIGKILL"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        matches!(state, None | Some('Z') | Some('X')).then_some(())
+    })
+    .unwrap_or_else(|| panic!("process {pid} did not exit after SIGKILL"));
 }
 
 /// Records `mode` into `run`, and SIGKILLs the recorder `after` tracing
@@ -178,6 +158,7 @@ fn deepspan_events(path: &Path) -> usize {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn a_killed_recorder_leaves_a_run_that_recovers_whole() {
     let test = "a_killed_recorder_leaves_a_run_that_recovers_whole";
     if !kernel_or_skip(test) {
@@ -294,6 +275,7 @@ fn a_killed_recorder_leaves_a_run_that_recovers_whole() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn analyze_reads_a_killed_recorders_run_with_a_note() {
     let test = "analyze_reads_a_killed_recorders_run_with_a_note";
     if !kernel_or_skip(test) {
@@ -327,6 +309,7 @@ fn analyze_reads_a_killed_recorders_run_with_a_note() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn a_killed_flight_recorder_keeps_its_ring_buffer() {
     let test = "a_killed_flight_recorder_keeps_its_ring_buffer";
     if !kernel_or_skip(test) {

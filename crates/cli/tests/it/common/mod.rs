@@ -1,11 +1,13 @@
-//! Shared test plumbing: the binaries under test and the kernel-test gate.
+//! Shared test plumbing: the binaries under test, the kernel-test gate,
+//! the one lock of the heavy kernel tests, paths and polling.
 #![allow(dead_code)]
 
 pub mod ui;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus, Output};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -35,6 +37,78 @@ pub fn workload() -> PathBuf {
         assert!(status.success(), "building deepspan-workloads failed");
     }
     path
+}
+
+/// The repository's root (this crate is `crates/cli`).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `rel` in the public test data next to the repository
+/// (`../shared/testdata`, e.g. `kernel/ctf`, `spans/otlp/…`).
+pub fn testdata(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/testdata")
+        .join(rel)
+}
+
+/// A JSON file, read and parsed, or a panic naming it.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The one lock of this binary's heavy kernel tests; hold it for the whole
+/// test. Each of them stages load or a fault (CPU hogs, a CPU quota, a disk
+/// flood, a JVM, the demo's faults), or records the whole machine and
+/// judges timing, so two at once would each be the other's noise; they also
+/// share the demo's names and the Java SDK's Maven build, and one's `record
+/// --cleanup` would see another's recorder. The test binary runs tests on
+/// several threads; this keeps these one at a time. A test that panicked
+/// while holding it poisons nothing here.
+pub fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Calls `attempt` every `every` until it gives a value; `None` once
+/// `timeout` has passed without one (the caller says what never came).
+pub fn poll<T>(timeout: Duration, every: Duration, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = attempt() {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// Waits (polling every 50 ms) until `done`, failing after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    poll(timeout, Duration::from_millis(50), || done().then_some(()))
+        .unwrap_or_else(|| panic!("timed out waiting for {what}"));
+}
+
+/// Waits for `child` to exit (polling every `every`); panics with
+/// `too_long` if it runs over `limit`.
+pub fn wait_exit(child: &mut Child, limit: Duration, every: Duration, too_long: &str) -> ExitStatus {
+    poll(limit, every, || child.try_wait().expect("wait for the child"))
+        .unwrap_or_else(|| panic!("{too_long}"))
+}
+
+/// Runs `cmd`; its stdout and stderr, after checking that it succeeded.
+pub fn run_ok(cmd: &mut Command) -> (String, String) {
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{cmd:?} failed: {stderr}");
+    (stdout, stderr)
 }
 
 /// Whether kernel tests can run. They may skip only when tracefs is
@@ -210,4 +284,44 @@ impl Drop for CpuQuota {
         }
         eprintln!("could not remove the test cgroup {}", self.0.display());
     }
+}
+
+/// Runs `cmd`; its stdout, after checking that it succeeded.
+pub fn ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The Java SDK of this checkout (sdk/java).
+pub fn sdk_java() -> PathBuf {
+    repo().join("sdk/java")
+}
+
+/// `mvn package` in `dir`, what `make java-sdk` does.
+pub fn maven_package(dir: &Path) {
+    check(
+        &format!("mvn package in {} (make java-sdk)", dir.display()),
+        Command::new("mvn")
+            .args(["-B", "-q", "package", "-DskipTests"])
+            .current_dir(dir)
+            .output()
+            .expect("run mvn (Maven, scripts/install-deps.sh)"),
+    );
+}
+
+/// deepspan's extension jar and the stock OpenTelemetry Java agent jar,
+/// built by Maven when missing.
+pub fn java_agent_jars() -> (PathBuf, PathBuf) {
+    let target = sdk_java().join("target");
+    let extension = target.join("deepspan-otel-extension.jar");
+    let agent = target.join("agent/opentelemetry-javaagent.jar");
+    if !extension.is_file() || !agent.is_file() {
+        maven_package(&sdk_java());
+    }
+    (extension, agent)
 }

@@ -6,24 +6,12 @@
 //! malformed id, 404 for an unknown one or a symlink out of DIR). A run
 //! folder given directly is served as before (`ui_api.rs` covers it).
 
-mod common;
 
 use std::path::Path;
-use std::process::Command;
 
-use common::ui::{get, serve, Server};
-use common::{deepspan, kernel_or_skip, workload};
+use crate::common::ui::{get, serve, Server};
+use crate::common::{deepspan, kernel_or_skip, ok, workload};
 use serde_json::{json, Value};
-
-fn ok(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("run");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// Records one `hot` request into `folder` as a run and analyses it;
 /// returns the workload's line about itself (its span id).
@@ -61,6 +49,7 @@ fn get_json(s: &Server, path: &str) -> (u16, Value) {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn a_folder_of_snapshots_lists_them_and_opens_each() {
     if !kernel_or_skip("a_folder_of_snapshots_lists_them_and_opens_each") {
         return;

@@ -2,17 +2,16 @@
 //! of the corpus: the thread-state table must follow every context switch
 //! the trace holds, exactly as for trace.dat runs.
 
-mod common;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use common::deepspan;
+use crate::common::{deepspan, testdata};
 use deepspan_store::table::{read_rows, Cell};
 use serde_json::Value;
 
 fn corpus(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/kernel/ctf").join(name)
+    testdata("kernel/ctf").join(name)
 }
 
 fn ok(cmd: &mut std::process::Command) -> std::process::Output {

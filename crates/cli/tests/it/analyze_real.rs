@@ -21,26 +21,20 @@
 //! python3 with opentelemetry-sdk (`pip install -e 'sdk/python[test]'`);
 //! the SDK itself is taken from the repository.
 
-mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
-use common::{check, deepspan, kernel_or_skip};
+use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time, repo};
 use serde_json::Value;
 
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// `None` when the kernel test is skipped; otherwise the guard that keeps
-/// the recordings of this file one at a time (they measure each other).
+/// `None` when the kernel test is skipped; otherwise the guard of the
+/// shared lock that keeps the heavy recordings one at a time (they measure
+/// each other).
 fn exclusive_kernel_test(name: &str) -> Option<MutexGuard<'static, ()>> {
-    kernel_or_skip(name).then(|| ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    kernel_or_skip(name).then(one_at_a_time)
 }
 
 fn cases_py() -> PathBuf {
@@ -86,7 +80,7 @@ fn record_case(case: &str, extra: &[&str]) -> Case {
     std::fs::create_dir_all(&out).expect("out dir");
     let run = dir.path().join("run");
     let mut rec = deepspan();
-    common::ahead_of_other_load(&mut rec);
+    crate::common::ahead_of_other_load(&mut rec);
     rec.arg("record")
         .arg("-o")
         .arg(&run)
@@ -247,6 +241,7 @@ fn assert_well_formed(report: &Value) {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn lock_contention_blames_the_holder() {
     let Some(_one) = exclusive_kernel_test("lock_contention_blames_the_holder") else {
         return;
@@ -318,11 +313,12 @@ fn lock_contention_blames_the_holder() {
 }
 
 #[test]
+#[ignore = "system: root, tracefs, cgroups"]
 fn cpu_cgroup_quota_shows_as_preempted() {
     let Some(_one) = exclusive_kernel_test("cpu_cgroup_quota_shows_as_preempted") else {
         return;
     };
-    let group = common::CpuQuota::create("analyze", 1000, 100_000);
+    let group = crate::common::CpuQuota::create("analyze", 1000, 100_000);
     let case = record_case("cgroup", &[group.path().to_str().unwrap()]);
     drop(group);
     let report = case.report_json("throttled");
@@ -373,6 +369,7 @@ fn cpu_cgroup_quota_shows_as_preempted() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn o_direct_read_waits_on_the_block_device() {
     let Some(_one) = exclusive_kernel_test("o_direct_read_waits_on_the_block_device") else {
         return;
@@ -437,6 +434,7 @@ fn o_direct_read_waits_on_the_block_device() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn a_process_flooding_the_disk_is_named_for_a_read_that_waits() {
     let Some(_one) = exclusive_kernel_test("a_process_flooding_the_disk_is_named_for_a_read_that_waits") else {
         return;
@@ -471,6 +469,7 @@ fn a_process_flooding_the_disk_is_named_for_a_read_that_waits() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn sleep_is_timer() {
     let Some(_one) = exclusive_kernel_test("sleep_is_timer") else {
         return;
@@ -667,6 +666,7 @@ fn report_errors_are_clear() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn cpu_hogs_on_the_same_cpu_are_named_as_contention() {
     let Some(_one) = exclusive_kernel_test("cpu_hogs_on_the_same_cpu_are_named_as_contention") else {
         return;
@@ -792,7 +792,7 @@ impl Drop for Postgres {
 }
 
 fn row_lock(mode: &str) {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_at_a_time();
     let out = python()
         .args(["-c", "import psycopg2"])
         .output()
@@ -839,6 +839,7 @@ fn row_lock(mode: &str) {
 }
 
 #[test]
+#[ignore = "system: root, tracefs, PostgreSQL"]
 fn a_postgres_row_lock_blames_the_other_request_through_its_backend() {
     if !kernel_or_skip("a_postgres_row_lock_blames_the_other_request_through_its_backend") {
         return;

@@ -13,44 +13,22 @@
 //! Needs root, a JDK and Maven (`make java-sdk` builds the extension and
 //! fetches the agent; this test runs Maven itself when they are missing).
 
-mod common;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{check, deepspan, kernel_or_skip, KillOnDrop};
+use crate::common::{
+    check, deepspan, java_agent_jars, kernel_or_skip, one_at_a_time, sdk_java, wait_exit, KillOnDrop,
+};
 use deepspan_spans::{read_run_spans, ClockMap, Span, SpanKind};
 use serde_json::Value;
 
 /// Requests sent, from CLIENTS threads.
 const REQUESTS: usize = 40;
 const CLIENTS: usize = 2;
-
-fn sdk_java() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/java")
-}
-
-/// The extension jar and the stock agent jar, built by Maven when missing.
-fn jars() -> (PathBuf, PathBuf) {
-    let target = sdk_java().join("target");
-    let extension = target.join("deepspan-otel-extension.jar");
-    let agent = target.join("agent/opentelemetry-javaagent.jar");
-    if !extension.is_file() || !agent.is_file() {
-        check(
-            "mvn package in sdk/java (make java-sdk)",
-            Command::new("mvn")
-                .args(["-B", "-q", "package", "-DskipTests"])
-                .current_dir(sdk_java())
-                .output()
-                .expect("run mvn (Maven, scripts/install-deps.sh)"),
-        );
-    }
-    (extension, agent)
-}
 
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -100,11 +78,14 @@ struct Served {
 }
 
 #[test]
+#[ignore = "system: root, tracefs, JDK and Maven"]
 fn the_java_extension_places_a_pooled_request_on_its_threads() {
     if !kernel_or_skip("the_java_extension_places_a_pooled_request_on_its_threads") {
         return;
     }
-    let (extension, agent) = jars();
+    // A JVM is heavy load, and java_app builds the same jars: one at a time.
+    let _one = one_at_a_time();
+    let (extension, agent) = java_agent_jars();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
     let classes = dir.path().join("classes");
     check(
@@ -124,7 +105,7 @@ fn the_java_extension_places_a_pooled_request_on_its_threads() {
     let run = dir.path().join("run");
 
     let mut rec = deepspan();
-    common::ahead_of_other_load(&mut rec);
+    crate::common::ahead_of_other_load(&mut rec);
     rec.arg("record")
         .arg("-o")
         .arg(&run)
@@ -189,14 +170,12 @@ fn the_java_extension_places_a_pooled_request_on_its_threads() {
             .collect()
     });
     get(port, "/quit", None).expect("GET /quit");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = recorder.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "deepspan record did not end");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let status = wait_exit(
+        &mut recorder.0,
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        "deepspan record did not end",
+    );
     let mut stderr = String::new();
     recorder
         .0

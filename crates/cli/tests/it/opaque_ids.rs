@@ -3,12 +3,10 @@
 //! traces) imports with `deepspan import` and gives Jaeger UI's critical
 //! path with `deepspan spans critical-path`, on the file and on the run.
 
-mod common;
 
 use std::path::Path;
-use std::process::Command;
 
-use common::deepspan;
+use crate::common::{deepspan, run_ok};
 use deepspan_spans::{read_run_spans, SpanId, TraceId};
 use serde_json::Value as J;
 
@@ -78,16 +76,6 @@ fn jaeger_trace() -> J {
             "processes": {"p1": {"serviceName": "letters", "tags": []}}
         }]
     })
-}
-
-fn run_ok(cmd: &mut Command) -> (String, String) {
-    let out = cmd.output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert!(out.status.success(), "{cmd:?} failed: {stderr}");
-    (stdout, stderr)
 }
 
 /// The sections of `deepspan spans critical-path --format json`, span ids
