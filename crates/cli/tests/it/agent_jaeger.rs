@@ -20,7 +20,6 @@
 //! Needs root and tracefs (the flight recorder); python3 with the demo's
 //! packages for the shop (scripts/install-deps.sh).
 
-
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -1065,7 +1064,7 @@ fn with_jaeger_down_the_oldest_are_dropped_counted_and_memory_stays_bounded() {
     assert!(status.success(), "{status}: {log}");
     // Every span is accounted for: dropped as oldest, or at shutdown (nothing was sent).
     let words: HashMap<&str, u64> = log
-        .split(|c: char| c == ';' || c == ',' || c == '(' || c == ')')
+        .split([';', ',', '(', ')'])
         .filter_map(|part| {
             let part = part.trim();
             let (name, n) = part.rsplit_once(' ')?;

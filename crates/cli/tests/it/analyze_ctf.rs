@@ -2,7 +2,6 @@
 //! of the corpus: the thread-state table must follow every context switch
 //! the trace holds, exactly as for trace.dat runs.
 
-
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -30,9 +29,16 @@ fn state_starts(run: &Path) -> HashSet<(u64, i64, String)> {
     let rows = read_rows(&run.join("analysis/thread_states.parquet"), |_| true).unwrap();
     rows.into_iter()
         .map(|row| {
-            let get = |k: &str| row.iter().find(|(n, _)| n == k).map(|(_, c)| c.clone()).unwrap();
+            let get = |k: &str| {
+                row.iter()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, c)| c.clone())
+                    .unwrap()
+            };
             let int = |c: Cell| c.as_i64().or_else(|| c.as_u64().map(|v| v as i64)).unwrap();
-            let Cell::Str(state) = get("state") else { panic!("state is not a string") };
+            let Cell::Str(state) = get("state") else {
+                panic!("state is not a string")
+            };
             (int(get("start_ns")) as u64, int(get("tid")), state)
         })
         .collect()
@@ -44,15 +50,31 @@ fn ctf_kernel_trace_gives_thread_states_at_every_switch() {
         let dir = corpus(name);
         let tmp = tempfile::tempdir().unwrap();
         let run = tmp.path().join("run");
-        ok(deepspan().arg("import").arg("-o").arg(&run).arg("--ctf").arg(&dir));
+        ok(deepspan()
+            .arg("import")
+            .arg("-o")
+            .arg(&run)
+            .arg("--ctf")
+            .arg(&dir));
         // Importing twice into one run is refused: one kernel trace per run.
-        let again = deepspan().arg("import").arg("-o").arg(&run).arg("--ctf").arg(&dir).output().unwrap();
+        let again = deepspan()
+            .arg("import")
+            .arg("-o")
+            .arg(&run)
+            .arg("--ctf")
+            .arg(&dir)
+            .output()
+            .unwrap();
         assert!(!again.status.success());
         assert!(String::from_utf8_lossy(&again.stderr).contains("already has a kernel trace"));
 
         ok(deepspan().arg("analyze").arg(&run));
         let states = state_starts(&run);
-        let decoded = ok(deepspan().arg("decode").arg(&dir).arg("--format").arg("jsonl"));
+        let decoded = ok(deepspan()
+            .arg("decode")
+            .arg(&dir)
+            .arg("--format")
+            .arg("jsonl"));
         let mut switches = 0;
         // A thread's switch out after its exit ends it: no state follows.
         let mut exited = HashSet::new();
@@ -66,7 +88,10 @@ fn ctf_kernel_trace_gives_thread_states_at_every_switch() {
             }
             let ts = e["ts"].as_u64().unwrap();
             let f = &e["fields"];
-            let (prev, next) = (f["prev_tid"].as_i64().unwrap(), f["next_tid"].as_i64().unwrap());
+            let (prev, next) = (
+                f["prev_tid"].as_i64().unwrap(),
+                f["next_tid"].as_i64().unwrap(),
+            );
             if next != 0 {
                 assert!(
                     states.contains(&(ts, next, "RUNNING".to_string())),
@@ -115,5 +140,8 @@ fn ctf_import_errors_are_clear() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot read the CTF trace"), "{err}");
-    assert!(!tmp.path().join("run").join("kernel").exists(), "nothing is left behind");
+    assert!(
+        !tmp.path().join("run").join("kernel").exists(),
+        "nothing is left behind"
+    );
 }

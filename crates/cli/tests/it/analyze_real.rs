@@ -21,7 +21,6 @@
 //! python3 with opentelemetry-sdk (`pip install -e 'sdk/python[test]'`);
 //! the SDK itself is taken from the repository.
 
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -429,14 +428,22 @@ fn o_direct_read_waits_on_the_block_device() {
         .unwrap()
         .iter()
         .any(|c| c["kind"] == "process" && c["pid"].as_i64() == Some(reader_pid));
-    assert!(named, "the reader (pid {reader_pid}) is not among the culprits: {d}");
-    assert!(d["evidence"]["own_block_requests"].as_u64() > Some(0), "{d}");
+    assert!(
+        named,
+        "the reader (pid {reader_pid}) is not among the culprits: {d}"
+    );
+    assert!(
+        d["evidence"]["own_block_requests"].as_u64() > Some(0),
+        "{d}"
+    );
 }
 
 #[test]
 #[ignore = "system: root and tracefs"]
 fn a_process_flooding_the_disk_is_named_for_a_read_that_waits() {
-    let Some(_one) = exclusive_kernel_test("a_process_flooding_the_disk_is_named_for_a_read_that_waits") else {
+    let Some(_one) =
+        exclusive_kernel_test("a_process_flooding_the_disk_is_named_for_a_read_that_waits")
+    else {
         return;
     };
     let case = record_case("diskflood", &[]);
@@ -668,7 +675,8 @@ fn report_errors_are_clear() {
 #[test]
 #[ignore = "system: root and tracefs"]
 fn cpu_hogs_on_the_same_cpu_are_named_as_contention() {
-    let Some(_one) = exclusive_kernel_test("cpu_hogs_on_the_same_cpu_are_named_as_contention") else {
+    let Some(_one) = exclusive_kernel_test("cpu_hogs_on_the_same_cpu_are_named_as_contention")
+    else {
         return;
     };
     let case = record_case("hog", &[]);

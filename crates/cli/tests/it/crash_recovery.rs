@@ -3,7 +3,6 @@
 //! command it traced is gone. Kill points are drawn from fixed seeds; what is
 //! checked holds wherever the kill lands.
 
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -212,7 +211,10 @@ fn a_killed_recorder_leaves_a_run_that_recovers_whole() {
         }
         let events = deepspan_events(&trace);
         let whole_pages: u64 = raw_sizes.iter().map(|s| s / page_size).sum();
-        assert!(events > 0 || whole_pages == 0, "{context}: {whole_pages} pages gave no event");
+        assert!(
+            events > 0 || whole_pages == 0,
+            "{context}: {whole_pages} pages gave no event"
+        );
         assert_eq!(
             events,
             trace_cmd_events(&trace),

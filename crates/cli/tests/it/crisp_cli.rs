@@ -1,6 +1,5 @@
 //! `deepspan spans critical-path --semantics crisp` on a Jaeger JSON file.
 
-
 use crate::common::deepspan;
 
 /// A root of 100 µs, an erring child of 40 µs, then a child of 60 µs.

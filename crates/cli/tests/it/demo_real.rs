@@ -18,7 +18,6 @@
 //! carry a tag in their environment, and only what is tagged, or named
 //! after a process that is gone, counts as left behind.
 
-
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;
 use std::path::Path;

@@ -2,7 +2,6 @@
 //! says so, and a run without requests (spans imported from a file, an
 //! analysis that found none) exported unchanged.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 

@@ -10,7 +10,6 @@
 //! Kernel test (root, tracefs, cgroups, PostgreSQL: the demo's needs). It
 //! depends on no timing beyond bounded waits for Jaeger to be ready.
 
-
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

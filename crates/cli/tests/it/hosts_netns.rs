@@ -9,7 +9,6 @@
 //! - `deepspan analyze CLIENT_RUN SERVER_RUN --out MERGED` gives every
 //!   request the critical path the single run gives it.
 
-
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -147,7 +146,11 @@ fn start_echo(ns: &Namespaces) -> (KillOnDrop, KillOnDrop) {
             .spawn()
             .expect("start python3")
     };
-    let mut server = python(&ns.server, ECHO_SERVER, &[ns.server_addr.clone()]);
+    let mut server = python(
+        &ns.server,
+        ECHO_SERVER,
+        std::slice::from_ref(&ns.server_addr),
+    );
     let mut port = String::new();
     BufReader::new(server.stdout.as_mut().unwrap())
         .read_line(&mut port)

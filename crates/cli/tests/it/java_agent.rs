@@ -13,7 +13,6 @@
 //! Needs root, a JDK and Maven (`make java-sdk` builds the extension and
 //! fetches the agent; this test runs Maven itself when they are missing).
 
-
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -21,7 +20,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    check, deepspan, java_agent_jars, kernel_or_skip, one_at_a_time, sdk_java, wait_exit, KillOnDrop,
+    check, deepspan, java_agent_jars, kernel_or_skip, one_at_a_time, sdk_java, wait_exit,
+    KillOnDrop,
 };
 use deepspan_spans::{read_run_spans, ClockMap, Span, SpanKind};
 use serde_json::Value;

@@ -19,7 +19,6 @@
 //! fetches the agent and WireMock; this test runs Maven when they are
 //! missing).
 
-
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -395,7 +394,9 @@ fn check_lock(a: &Analysed, mode: &str, placement: &str) {
             // (seen once in a loaded run), never put one off the threads
             // that served waiters.
             assert!(
-                r["tid"].as_i64().is_some_and(|t| waiter_threads.contains(&t)),
+                r["tid"]
+                    .as_i64()
+                    .is_some_and(|t| waiter_threads.contains(&t)),
                 "placed on a thread that served a waiter: {r}"
             );
         }
@@ -417,11 +418,17 @@ fn check_lock(a: &Analysed, mode: &str, placement: &str) {
         let owners: Vec<i64> = holders
             .iter()
             .map(|h| h.tid)
-            .chain(if placement == "exact" { vec![] } else { waiter_threads.clone() })
+            .chain(if placement == "exact" {
+                vec![]
+            } else {
+                waiter_threads.clone()
+            })
             .collect();
         assert!(
-            culprits.iter().any(|c| c["kind"] == "thread"
-                && c["tid"].as_i64().is_some_and(|t| owners.contains(&t))),
+            culprits
+                .iter()
+                .any(|c| c["kind"] == "thread"
+                    && c["tid"].as_i64().is_some_and(|t| owners.contains(&t))),
             "a holder's thread among the culprits (or, placed by inference, a waiter's): {d}"
         );
     }

@@ -3,7 +3,6 @@
 //! traces) imports with `deepspan import` and gives Jaeger UI's critical
 //! path with `deepspan spans critical-path`, on the file and on the run.
 
-
 use std::path::Path;
 
 use crate::common::{deepspan, run_ok};

@@ -12,7 +12,6 @@
 //!
 //! Needs root, PostgreSQL and the demo's Python packages (`make demo`).
 
-
 use std::collections::HashMap;
 use std::path::Path;
 

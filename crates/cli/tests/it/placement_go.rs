@@ -13,14 +13,14 @@
 //! `go mod download` in its folder); the binary is built into this test
 //! target's temporary folder, from Go's build cache after the first time.
 
-
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::common::{
-    check, deepspan, kernel_or_skip, one_at_a_time, poll, read_json, wait_exit, CpuQuota, KillOnDrop,
+    check, deepspan, kernel_or_skip, one_at_a_time, poll, read_json, wait_exit, CpuQuota,
+    KillOnDrop,
 };
 use serde_json::Value;
 

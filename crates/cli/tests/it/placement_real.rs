@@ -10,7 +10,6 @@
 //! Needs python3 with opentelemetry-sdk and the OTLP/HTTP exporter
 //! (scripts/install-deps.sh).
 
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

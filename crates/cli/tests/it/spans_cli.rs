@@ -2,7 +2,6 @@
 //! run as a user runs them, checked against the shared test data and, for
 //! `receive`, against a real OpenTelemetry Python program.
 
-
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -72,7 +71,9 @@ fn import_refuses_a_file_given_as_another_format_and_writes_nothing() {
         .args(["import", "-o"])
         .arg(run.path())
         .arg("--zipkin")
-        .arg(testdata("spans/jaeger/tracecompass-opentracing/simple.json"))
+        .arg(testdata(
+            "spans/jaeger/tracecompass-opentracing/simple.json",
+        ))
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -119,7 +120,10 @@ type Sections = Vec<(String, u64, u64)>;
 /// temporary Jaeger file, and the map gives the names back.
 fn jaeger_ui_case(i: usize, dir: &Path) -> (PathBuf, HashMap<String, String>, Sections) {
     let doc: J = serde_json::from_slice(
-        &std::fs::read(testdata(&format!("spans/jaeger-ui-critical-path/test{i}.json"))).unwrap(),
+        &std::fs::read(testdata(&format!(
+            "spans/jaeger-ui-critical-path/test{i}.json"
+        )))
+        .unwrap(),
     )
     .unwrap();
     let mut trace = doc["trace"].clone();
@@ -335,7 +339,9 @@ fn receive_writes_spans_and_a_manifest_until_sigint() {
     let run = dir.path().join("run");
     let r = receive(&run, &[]);
     let sent = deepspan_spans::request_from_spans(
-        &import_file(&testdata("spans/zipkin/yelp.json")).unwrap().spans,
+        &import_file(&testdata("spans/zipkin/yelp.json"))
+            .unwrap()
+            .spans,
     );
     assert_eq!(post_protobuf(r.http, &sent), 200);
     let (grpc, http) = (r.grpc, r.http);
@@ -594,7 +600,8 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
     let trace = deepspan_ftrace::TraceDat::open(&run.join("kernel/trace.dat")).unwrap();
     let schema = trace.schema().clone();
     // Per tid: times it was switched in (true) or out (false), in order.
-    let tids: std::collections::HashSet<i32> = spans.iter().map(|s| s.sync.tid.unwrap() as i32).collect();
+    let tids: std::collections::HashSet<i32> =
+        spans.iter().map(|s| s.sync.tid.unwrap() as i32).collect();
     let mut switches: std::collections::HashMap<i32, Vec<(u64, bool)>> = Default::default();
     // Per tid: times of its own other events (it was on a CPU then).
     let mut own: std::collections::HashMap<i32, Vec<u64>> = Default::default();
@@ -607,14 +614,21 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
         }
         if let EventKind::SchedSwitch(sw) = event.kind {
             if tids.contains(&sw.prev_tid) {
-                switches.entry(sw.prev_tid).or_default().push((event.ts, false));
+                switches
+                    .entry(sw.prev_tid)
+                    .or_default()
+                    .push((event.ts, false));
             }
             if tids.contains(&sw.next_tid) {
-                switches.entry(sw.next_tid).or_default().push((event.ts, true));
+                switches
+                    .entry(sw.next_tid)
+                    .or_default()
+                    .push((event.ts, true));
             }
         }
     }
-    let manifest: J = serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+    let manifest: J =
+        serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
     let lost = manifest["lost_events"].as_u64().unwrap();
     let (mut running, mut unseen, mut inferred) = (0, 0, 0);
     for span in spans {
@@ -622,12 +636,27 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
         let start = span.sync.mono_start_ns.unwrap();
         // Held from its start; active from the moment it became current.
         let held = activity.held_at(tid, start + 1);
-        assert!(held.iter().any(|r| r.span_id == span.span_id), "span not held by its thread at {start}");
-        let first_on = span.sync.activations.iter().find(|a| a.on).expect("an activation");
+        assert!(
+            held.iter().any(|r| r.span_id == span.span_id),
+            "span not held by its thread at {start}"
+        );
+        let first_on = span
+            .sync
+            .activations
+            .iter()
+            .find(|a| a.on)
+            .expect("an activation");
         assert_eq!(first_on.tid, tid);
-        let active = activity.active_at(tid, first_on.mono_ns + 1).expect("span active once current");
-        assert_eq!(active.span_id, span.span_id, "the activity map names another span");
-        let last = switches.get(&(tid as i32)).and_then(|h| h.iter().rev().find(|(ts, _)| *ts <= start));
+        let active = activity
+            .active_at(tid, first_on.mono_ns + 1)
+            .expect("span active once current");
+        assert_eq!(
+            active.span_id, span.span_id,
+            "the activity map names another span"
+        );
+        let last = switches
+            .get(&(tid as i32))
+            .and_then(|h| h.iter().rev().find(|(ts, _)| *ts <= start));
         // This VM's kernel sometimes records no switch-in (out of the idle
         // task); the thread's own events show it ran again, which is how
         // the analysis infers the switch too.
@@ -649,7 +678,10 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
     }
     // A thread's first switch-in can only be missing if the ring buffer
     // overran (overwrite mode drops the oldest pages), which the run counts.
-    assert!(unseen == 0 || lost > 0, "{unseen} spans on threads never switched in, with no lost events");
+    assert!(
+        unseen == 0 || lost > 0,
+        "{unseen} spans on threads never switched in, with no lost events"
+    );
     // Every span was checked, on a recorded switch-in or on one the
     // analysis infers; how many of each depends on how many switches this
     // kernel dropped, so no share is asked for. That the reader lost none
@@ -690,7 +722,14 @@ fn record_on_a_busy_otlp_port_names_it_and_the_flags() {
     let out = deepspan()
         .args(["record", "-o"])
         .arg(&run)
-        .args(["--otlp-grpc-port", "0", "--otlp-http-port", &port, "--duration", "1"])
+        .args([
+            "--otlp-grpc-port",
+            "0",
+            "--otlp-http-port",
+            &port,
+            "--duration",
+            "1",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -1,7 +1,6 @@
 //! `deepspan sync`, run as a user runs it: runs whose client/server spans
 //! were made from a known clock transform, and the corpus' CTF traces.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 

@@ -5,7 +5,6 @@
 //! `%2e%2e`, absolute paths, symlinks), sent as raw HTTP so that no client
 //! normalizes them first.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -6,7 +6,6 @@
 //! malformed id, 404 for an unknown one or a symlink out of DIR). A run
 //! folder given directly is served as before (`ui_api.rs` covers it).
 
-
 use std::path::Path;
 
 use crate::common::ui::{get, serve, Server};

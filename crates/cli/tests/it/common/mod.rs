@@ -74,7 +74,11 @@ pub fn one_at_a_time() -> MutexGuard<'static, ()> {
 
 /// Calls `attempt` every `every` until it gives a value; `None` once
 /// `timeout` has passed without one (the caller says what never came).
-pub fn poll<T>(timeout: Duration, every: Duration, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+pub fn poll<T>(
+    timeout: Duration,
+    every: Duration,
+    mut attempt: impl FnMut() -> Option<T>,
+) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = attempt() {
@@ -95,9 +99,16 @@ pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool)
 
 /// Waits for `child` to exit (polling every `every`); panics with
 /// `too_long` if it runs over `limit`.
-pub fn wait_exit(child: &mut Child, limit: Duration, every: Duration, too_long: &str) -> ExitStatus {
-    poll(limit, every, || child.try_wait().expect("wait for the child"))
-        .unwrap_or_else(|| panic!("{too_long}"))
+pub fn wait_exit(
+    child: &mut Child,
+    limit: Duration,
+    every: Duration,
+    too_long: &str,
+) -> ExitStatus {
+    poll(limit, every, || {
+        child.try_wait().expect("wait for the child")
+    })
+    .unwrap_or_else(|| panic!("{too_long}"))
 }
 
 /// Runs `cmd`; its stdout and stderr, after checking that it succeeded.
