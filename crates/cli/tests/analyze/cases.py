@@ -1,5 +1,5 @@
 """Small instrumented programs whose kernel critical paths are known in
-advance, for crates/cli/tests/analyze_real.rs.
+advance, for crates/cli/tests/it/analyze_real.rs.
 
 Usage: python3 cases.py CASE OUT_DIR [CGROUP_DIR]
 

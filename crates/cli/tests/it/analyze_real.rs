@@ -573,7 +573,7 @@ fn sleep_is_timer() {
             .map(|r| r["sync"].as_str().unwrap().to_string())
     };
     // With the SDK's placement only (no inference from the kernel trace,
-    // which `tests/placement_real.rs` covers).
+    // which `placement_real` covers).
     let out = check(
         "deepspan analyze --placement sdk",
         deepspan()

@@ -31,7 +31,7 @@ fn demo_run(keep: &Path, scenario: &str) -> PathBuf {
         .output()
         .expect("run deepspan demo");
     let run = keep.join(scenario);
-    // The demo's own verdict is demo_real.rs's business: here the run only
+    // The demo's own verdict is the demo_real module's business: here the run only
     // has to hold a request with the scenario's diagnosis (checked below).
     assert!(
         run.join("analysis/requests.json").is_file(),

@@ -4,7 +4,7 @@
 //! list (`/api/snapshots`, newest first), each snapshot's run API under
 //! `/s/<id>/api/`, the app page, and that ids cannot leave DIR (400 for a
 //! malformed id, 404 for an unknown one or a symlink out of DIR). A run
-//! folder given directly is served as before (`ui_api.rs` covers it).
+//! folder given directly is served as before (the `ui_api` module covers it).
 
 use std::path::Path;
 

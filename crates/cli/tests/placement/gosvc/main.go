@@ -1,6 +1,6 @@
 // Command gosvc is a small Go HTTP service with stock OpenTelemetry only
 // (the SDK, otelhttp and the OTLP/HTTP exporter; nothing of deepspan), for
-// the placement test of crates/cli/tests/placement_go.rs: its requests
+// the placement test of crates/cli/tests/it/placement_go.rs: its requests
 // carry no deepspan fields, so `deepspan analyze` has to place them from
 // the kernel trace alone. Goroutines move between OS threads, so the
 // process as a whole (`sync: process`) is the expected placement.
