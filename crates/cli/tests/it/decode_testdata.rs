@@ -1,7 +1,7 @@
 //! `deepspan decode` on the public trace.dat files of ../shared/testdata,
 //! against the counts trace-cmd gives for them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::common::{deepspan, testdata};
 use serde_json::Value as Json;
@@ -186,61 +186,90 @@ fn cut_ctf_stream_decodes_with_a_warning() {
     }
 }
 
-/// Every CTF folder of the corpus: counts by name equal what babeltrace2
+/// Every CTF trace of the corpus: counts by name equal what babeltrace2
 /// gave (the corpus's expected.json), and JSON lines come out in time order.
+/// A folder of several traces (`trace_dirs`: multi-domains' kernel and UST,
+/// synctraces' two machines) has babeltrace2's counts per trace under
+/// `observed.<dir>`, and for the folder read as one under `observed.both`.
 #[test]
 fn ctf_summary_matches_babeltrace2_counts() {
     let root = testdata("kernel/ctf");
     let mut checked = 0;
     for entry in std::fs::read_dir(&root).unwrap() {
-        let dir = entry.unwrap().path();
+        let folder = entry.unwrap().path();
         let expected: Json =
-            serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
-        let observed = expected["observed"]
-            .get("both")
-            .unwrap_or(&expected["observed"]);
-        let out = deepspan().arg("decode").arg(&dir).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(summary["format"], "CTF 1.8");
-        assert_eq!(
-            summary["events"],
-            observed["event_count"],
-            "{}",
-            dir.display()
-        );
-        if let Some(by_name) = observed.get("events_per_name") {
-            assert_eq!(&summary["by_name"], by_name, "{}", dir.display());
+            serde_json::from_slice(&std::fs::read(folder.join("expected.json")).unwrap()).unwrap();
+        let observed = &expected["observed"];
+        let mut traces: Vec<(PathBuf, &Json)> = Vec::new();
+        match expected["trace_dirs"].as_array() {
+            Some(dirs) => {
+                for d in dirs {
+                    let d = d.as_str().expect("trace_dirs holds folder names");
+                    traces.push((folder.join(d), &observed[d]));
+                }
+                if let Some(both) = observed.get("both") {
+                    traces.push((folder.clone(), both));
+                }
+            }
+            None => traces.push((folder.clone(), observed)),
         }
-
-        let out = deepspan()
-            .arg("decode")
-            .arg(&dir)
-            .args(["--format", "jsonl", "--limit", "300"])
-            .output()
-            .unwrap();
-        let events: Vec<Json> = String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(
-            events[0]["ts"],
-            observed["first_event_ts_ns"],
-            "{}",
-            dir.display()
-        );
-        assert!(events
-            .windows(2)
-            .all(|w| w[0]["ts"].as_u64() <= w[1]["ts"].as_u64()));
-        checked += 1;
+        for (dir, observed) in traces {
+            assert_summary_matches(&dir, observed);
+            checked += 1;
+        }
     }
-    assert_eq!(checked, 5, "the corpus has five CTF folders");
+    assert_eq!(
+        checked, 9,
+        "the corpus has nine CTF traces: four folders of one, multi-domains' \
+         kernel, UST and both, synctraces' two machines"
+    );
+}
+
+fn assert_summary_matches(dir: &Path, observed: &Json) {
+    let out = deepspan().arg("decode").arg(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["format"], "CTF 1.8");
+    assert!(
+        observed["event_count"].is_u64(),
+        "{}: no event_count in expected.json",
+        dir.display()
+    );
+    assert_eq!(
+        summary["events"],
+        observed["event_count"],
+        "{}",
+        dir.display()
+    );
+    if let Some(by_name) = observed.get("events_per_name") {
+        assert_eq!(&summary["by_name"], by_name, "{}", dir.display());
+    }
+
+    let out = deepspan()
+        .arg("decode")
+        .arg(dir)
+        .args(["--format", "jsonl", "--limit", "300"])
+        .output()
+        .unwrap();
+    let events: Vec<Json> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        events[0]["ts"],
+        observed["first_event_ts_ns"],
+        "{}",
+        dir.display()
+    );
+    assert!(events
+        .windows(2)
+        .all(|w| w[0]["ts"].as_u64() <= w[1]["ts"].as_u64()));
 }
 
 /// The summary counts streams (CPUs) on several threads without merging
