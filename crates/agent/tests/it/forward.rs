@@ -159,6 +159,7 @@ fn check_unchanged(trace: &Value, n: u32) {
 }
 
 #[test]
+#[ignore = "system: Jaeger"]
 fn spans_arrive_in_jaeger_unchanged_over_grpc_and_http() {
     let jaeger = Jaeger::start();
     for (test, url) in [
@@ -272,11 +273,13 @@ fn offline_then_jaeger(test: u8, grpc: bool) {
 }
 
 #[test]
+#[ignore = "system: Jaeger"]
 fn over_http_with_jaeger_down_the_oldest_go_and_the_newest_arrive_later() {
     offline_then_jaeger(3, false);
 }
 
 #[test]
+#[ignore = "system: Jaeger"]
 fn over_grpc_with_jaeger_down_the_oldest_go_and_the_newest_arrive_later() {
     offline_then_jaeger(4, true);
 }
