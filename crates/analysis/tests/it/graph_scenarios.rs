@@ -2,7 +2,7 @@
 //! critical paths its bounded algorithm gives from the head of worker 0
 //! (`TmfCriticalPathAlgoBoundedTest`), compared with its graph equality.
 
-mod common;
+use crate::common;
 
 use deepspan_analysis::critical_path_of;
 

@@ -1,7 +1,8 @@
 //! Run storage round trip, clock mapping and span↔thread activity.
 
+use crate::common::testdata;
+
 use std::io::Write;
-use std::path::PathBuf;
 
 use deepspan_spans::activity::ActivityOptions;
 use deepspan_spans::model::{
@@ -13,14 +14,6 @@ use deepspan_spans::{
     import_file, import_into_run, ClockMap, Format, Span, SpanId, SpanRef, SpanWriter, SyncEvent,
     SyncKind, ThreadActivity, TraceId,
 };
-
-fn testdata(rel: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/testdata/spans"
-    ))
-    .join(rel)
-}
 
 #[test]
 fn run_storage_round_trip_and_append() {

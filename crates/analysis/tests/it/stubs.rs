@@ -3,7 +3,7 @@
 //! rows and arrows of `lttng_kernel_analysis.xml`
 //! (`ThreadStatusDataProviderTest`).
 
-mod common;
+use crate::common;
 
 use deepspan_analysis::{KernelModel, StateBuilder, ThreadHistory, ThreadState};
 

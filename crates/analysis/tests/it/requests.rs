@@ -1,102 +1,16 @@
 //! Request critical paths, summaries and the parallel model build on small
 //! hand-made event sequences whose answers are known.
 
-mod common;
-
-use common::requests::{request, Work};
+use crate::common::requests::{request, Work};
+use crate::common::script::Script;
 
 use deepspan_analysis::{
-    aggregate, analyze_requests, build_model, summarize, Arch, EdgeType, Input,
-    KernelModel, RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder, SyncSource,
+    aggregate, analyze_requests, build_model, summarize, Arch, EdgeType, Input, KernelModel,
+    RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder, SyncSource,
 };
-use deepspan_model::{Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
+use deepspan_model::{Event, EventKind, Tid};
 
 const FUTEX: i64 = 202;
-
-#[derive(Default)]
-struct Script {
-    events: Vec<Event>,
-}
-
-impl Script {
-    fn ev(&mut self, ts: u64, cpu: u32, kind: EventKind) -> &mut Self {
-        self.events.push(Event {
-            ts,
-            cpu,
-            tid: -1,
-            kind,
-        });
-        self
-    }
-    fn switch(&mut self, ts: u64, cpu: u32, prev: Tid, prev_state: i64, next: Tid) -> &mut Self {
-        let comm = |t: Tid| Comm::from_bytes(format!("t{t}").as_bytes());
-        self.ev(
-            ts,
-            cpu,
-            EventKind::SchedSwitch(SchedSwitch {
-                prev_tid: prev,
-                prev_comm: comm(prev),
-                prev_prio: 120,
-                prev_state,
-                next_tid: next,
-                next_comm: comm(next),
-                next_prio: 120,
-            }),
-        )
-    }
-    fn waking(&mut self, ts: u64, cpu: u32, tid: Tid) -> &mut Self {
-        self.ev(
-            ts,
-            cpu,
-            EventKind::SchedWaking(Wakeup {
-                tid,
-                comm: Comm::from_bytes(format!("t{tid}").as_bytes()),
-                prio: 120,
-                target_cpu: cpu as i32,
-            }),
-        )
-    }
-    fn sys(&mut self, ts: u64, cpu: u32, id: i64, arg0: u64, enter: bool) -> &mut Self {
-        self.ev(
-            ts,
-            cpu,
-            if enter {
-                EventKind::SysEnter {
-                    id,
-                    name: None,
-                    args: [arg0, 0, 0, 0, 0, 0],
-                }
-            } else {
-                EventKind::SysExit {
-                    id,
-                    name: None,
-                    ret: 0,
-                }
-            },
-        )
-    }
-    fn timer(&mut self, ts: u64, cpu: u32, wakes: Tid) -> &mut Self {
-        self.ev(
-            ts,
-            cpu,
-            EventKind::HrtimerExpireEntry {
-                hrtimer: 1,
-                function: 2,
-                now: ts as i64,
-            },
-        )
-        .waking(ts, cpu, wakes)
-        .ev(ts, cpu, EventKind::HrtimerExpireExit { hrtimer: 1 })
-    }
-    fn model(&self) -> KernelModel {
-        let mut b = StateBuilder::new();
-        for e in &self.events {
-            b.push(e);
-        }
-        b.finish()
-    }
-}
-
 
 /// Holder (tid 1, CPU 0) sleeps 10..100 holding a lock, then releases it at
 /// 105, waking the waiter (tid 2, CPU 1) blocked in a futex since 20.
@@ -104,16 +18,16 @@ fn lock_scenario() -> (KernelModel, Vec<SpanInput>, Work) {
     let mut s = Script::default();
     s.switch(1, 0, 0, 0, 1)
         .switch(2, 1, 0, 0, 2)
-        .sys(9, 0, 230, 0, true) // clock_nanosleep
+        .enter(9, 0, 230, 0) // clock_nanosleep
         .switch(10, 0, 1, 1, 0)
-        .sys(20, 1, FUTEX, 0x1000, true)
+        .enter(20, 1, FUTEX, 0x1000)
         .switch(21, 1, 2, 1, 0)
         .timer(100, 0, 1)
         .switch(101, 0, 0, 0, 1)
-        .sys(102, 0, 230, 0, false)
+        .exit(102, 0, 230, 0)
         .waking(105, 0, 2)
         .switch(106, 1, 0, 0, 2)
-        .sys(107, 1, FUTEX, 0, false)
+        .exit(107, 1, FUTEX, 0)
         .switch(110, 0, 1, 1, 0)
         .switch(130, 1, 2, 1, 0);
     let spans = vec![request(1, 0, 110), request(2, 15, 120)];
@@ -273,11 +187,11 @@ fn parallel_build_gives_the_sequential_model() {
     // Two CPUs with interleaved and equal timestamps.
     s.switch(1, 0, 0, 0, 1)
         .switch(1, 1, 0, 0, 2)
-        .sys(5, 0, FUTEX, 7, true)
+        .enter(5, 0, FUTEX, 7)
         .switch(6, 0, 1, 1, 0)
         .waking(8, 1, 1)
         .switch(8, 0, 0, 0, 1)
-        .sys(9, 0, FUTEX, 7, false)
+        .exit(9, 0, FUTEX, 0)
         .switch(12, 1, 2, 0, 3)
         .switch(20, 0, 1, 1, 0);
     let streams: Vec<Vec<Result<Input, ()>>> = (0..2)
@@ -515,7 +429,11 @@ fn a_thread_skipped_in_the_rotation_is_held_back() {
     let spans = vec![request(3, 5, 10 + 10 * turn + 50)];
     let work = Work(vec![(3, 5, 10 + 10 * turn + 50, 0)]);
     let a = analyze(&model, &spans, &work);
-    let waits: Vec<_> = a.paths[0].pieces.iter().filter_map(|p| p.cpu_wait).collect();
+    let waits: Vec<_> = a.paths[0]
+        .pieces
+        .iter()
+        .filter_map(|p| p.cpu_wait)
+        .collect();
     let throttled: u64 = waits.iter().map(|w| w.throttled_ns).sum();
     let contended: u64 = waits.iter().map(|w| w.contended_ns).sum();
     // From the third turn of thread 4 (at 8 ms into the wait) on.

@@ -1,163 +1,24 @@
 //! Diagnoses of requests on small hand-made event sequences whose causes
 //! and culprits are known: one scenario per cause.
 
-mod common;
-
-use common::requests::{request, Work};
+use crate::common::requests::{request, Work};
+use crate::common::script::{comm, Script};
 
 use std::collections::HashMap;
 
 use deepspan_analysis::{
     analyze_requests, baselines, diagnose, is_anomalous, usual_durations, Arch, BlockPhase, Cause,
     CulpritKind, Diagnosis, DiagnosisContext, KernelModel, RequestPath, SpanIdx, SpanInput,
-    StateBuilder, HEADLINE_MAX,
+    HEADLINE_MAX,
 };
 use deepspan_analysis::{BlockReason, ThreadState};
-use deepspan_model::{softirq, BlockRq, Comm, Event, EventKind, Packet, SchedSwitch, Tid, Wakeup};
+use deepspan_model::{softirq, EventKind, Packet, Tid};
 
 const READ: i64 = 0;
 const PREAD64: i64 = 17;
 const RECVFROM: i64 = 45;
 const FUTEX: i64 = 202;
 const NANOSLEEP: i64 = 230;
-
-#[derive(Default)]
-struct Script {
-    events: Vec<Event>,
-}
-
-fn comm(t: Tid) -> Comm {
-    Comm::from_bytes(format!("t{t}").as_bytes())
-}
-
-impl Script {
-    fn ev(&mut self, ts: u64, cpu: u32, tid: Tid, kind: EventKind) -> &mut Self {
-        self.events.push(Event { ts, cpu, tid, kind });
-        self
-    }
-    fn switch(&mut self, ts: u64, cpu: u32, prev: Tid, prev_state: i64, next: Tid) -> &mut Self {
-        self.ev(
-            ts,
-            cpu,
-            prev,
-            EventKind::SchedSwitch(SchedSwitch {
-                prev_tid: prev,
-                prev_comm: comm(prev),
-                prev_prio: 120,
-                prev_state,
-                next_tid: next,
-                next_comm: comm(next),
-                next_prio: 120,
-            }),
-        )
-    }
-    fn waking(&mut self, ts: u64, cpu: u32, tid: Tid) -> &mut Self {
-        self.ev(
-            ts,
-            cpu,
-            -1,
-            EventKind::SchedWaking(Wakeup {
-                tid,
-                comm: comm(tid),
-                prio: 120,
-                target_cpu: cpu as i32,
-            }),
-        )
-    }
-    fn enter(&mut self, ts: u64, cpu: u32, id: i64, arg0: u64) -> &mut Self {
-        self.ev(
-            ts,
-            cpu,
-            -1,
-            EventKind::SysEnter {
-                id,
-                name: None,
-                args: [arg0, 0, 0, 0, 0, 0],
-            },
-        )
-    }
-    fn exit(&mut self, ts: u64, cpu: u32, id: i64, ret: i64) -> &mut Self {
-        self.ev(
-            ts,
-            cpu,
-            -1,
-            EventKind::SysExit {
-                id,
-                name: None,
-                ret,
-            },
-        )
-    }
-    fn timer(&mut self, ts: u64, cpu: u32, wakes: Tid) -> &mut Self {
-        self.ev(
-            ts,
-            cpu,
-            -1,
-            EventKind::HrtimerExpireEntry {
-                hrtimer: 1,
-                function: 2,
-                now: ts as i64,
-            },
-        )
-        .waking(ts, cpu, wakes)
-        .ev(ts, cpu, -1, EventKind::HrtimerExpireExit { hrtimer: 1 })
-    }
-    fn softirq(&mut self, ts: u64, cpu: u32, vec: u32, wakes: Tid) -> &mut Self {
-        self.ev(ts, cpu, -1, EventKind::SoftirqEntry { vec })
-            .waking(ts, cpu, wakes)
-            .ev(ts, cpu, -1, EventKind::SoftirqExit { vec })
-    }
-    fn block(&mut self, ts: u64, cpu: u32, tid: Tid, phase: BlockPhase, sector: u64) -> &mut Self {
-        let rq = BlockRq {
-            dev: 253 << 20, // major 253, minor 0
-            sector,
-            nr_sector: 8,
-            rwbs: *b"R\0\0\0\0\0\0\0",
-            error: 0,
-        };
-        let kind = match phase {
-            BlockPhase::Insert => EventKind::BlockRqInsert(rq),
-            BlockPhase::Issue => EventKind::BlockRqIssue(rq),
-            BlockPhase::Complete => EventKind::BlockRqComplete(rq),
-        };
-        self.ev(ts, cpu, tid, kind)
-    }
-    /// `sender` (running on `cpu`) sends a packet over `lo`, delivered in a
-    /// NET_RX softirq in its context that wakes `wakes`.
-    fn loopback(&mut self, ts: u64, cpu: u32, sender: Tid, wakes: Tid) -> &mut Self {
-        let packet = || Packet {
-            skbaddr: 0xff00,
-            len: 100,
-            dev: "lo".into(),
-        };
-        self.ev(ts, cpu, sender, EventKind::NetDevQueue(packet()))
-            .ev(
-                ts,
-                cpu,
-                sender,
-                EventKind::SoftirqEntry {
-                    vec: softirq::NET_RX,
-                },
-            )
-            .ev(ts, cpu, sender, EventKind::NetifReceiveSkb(packet()))
-            .waking(ts, cpu, wakes)
-            .ev(
-                ts,
-                cpu,
-                sender,
-                EventKind::SoftirqExit {
-                    vec: softirq::NET_RX,
-                },
-            )
-    }
-    fn model(&self) -> KernelModel {
-        let mut b = StateBuilder::new();
-        for e in &self.events {
-            b.push(e);
-        }
-        b.finish()
-    }
-}
 
 /// Every request's diagnosis, by request span index.
 fn diagnoses(
@@ -320,7 +181,7 @@ fn a_read_from_disk_names_the_miss_ratio_the_queue_and_who_filled_it() {
         .block(11, 0, 1, BlockPhase::Insert, 100)
         .switch(12, 0, 1, 2, 0)
         .switch(15, 1, 5, 1, 0)
-        .ev(
+        .ev_by(
             40,
             0,
             0,
@@ -331,8 +192,8 @@ fn a_read_from_disk_names_the_miss_ratio_the_queue_and_who_filled_it() {
         )
         .block(40, 0, 0, BlockPhase::Complete, 1000)
         .block(40, 0, 0, BlockPhase::Complete, 2000)
-        .ev(41, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
-        .ev(
+        .ev_by(41, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
+        .ev_by(
             60,
             0,
             0,
@@ -342,8 +203,8 @@ fn a_read_from_disk_names_the_miss_ratio_the_queue_and_who_filled_it() {
             },
         )
         .block(60, 0, 0, BlockPhase::Complete, 3000)
-        .ev(61, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
-        .ev(
+        .ev_by(61, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
+        .ev_by(
             90,
             0,
             0,
@@ -354,7 +215,7 @@ fn a_read_from_disk_names_the_miss_ratio_the_queue_and_who_filled_it() {
         )
         .block(90, 0, 0, BlockPhase::Complete, 100)
         .waking(90, 0, 1)
-        .ev(91, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
+        .ev_by(91, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
         .switch(92, 0, 0, 0, 1)
         .exit(93, 0, PREAD64, 4096)
         .switch(100, 0, 1, 1, 0);
@@ -394,7 +255,7 @@ fn a_cached_read_has_a_zero_miss_ratio() {
         .enter(26, 0, READ, 3)
         .exit(28, 0, READ, 8192)
         .switch(30, 0, 1, 1, 0)
-        .ev(
+        .ev_by(
             50,
             0,
             0,
@@ -405,7 +266,7 @@ fn a_cached_read_has_a_zero_miss_ratio() {
         )
         .block(50, 0, 0, BlockPhase::Complete, 7)
         .waking(50, 0, 1)
-        .ev(51, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
+        .ev_by(51, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
         .switch(52, 0, 0, 0, 1)
         .switch(60, 0, 1, 1, 0);
     let model = s.model();
@@ -620,9 +481,9 @@ fn a_loopback_packet_delivered_by_ksoftirqd_is_from_the_thread_that_queued_it() 
             .enter(2, 1, RECVFROM, 7)
             .switch(3, 1, 1, 1, 0)
             .switch(10, 0, 0, 0, 10)
-            .ev(20, 0, 10, EventKind::NetDevQueue(packet(queued_skb)))
+            .ev_by(20, 0, 10, EventKind::NetDevQueue(packet(queued_skb)))
             .switch(25, 0, 10, 0, 99)
-            .ev(
+            .ev_by(
                 30,
                 0,
                 99,
@@ -630,9 +491,9 @@ fn a_loopback_packet_delivered_by_ksoftirqd_is_from_the_thread_that_queued_it() 
                     vec: softirq::NET_RX,
                 },
             )
-            .ev(30, 0, 99, EventKind::NetifReceiveSkb(packet(received_skb)))
+            .ev_by(30, 0, 99, EventKind::NetifReceiveSkb(packet(received_skb)))
             .waking(31, 0, 1)
-            .ev(
+            .ev_by(
                 32,
                 0,
                 99,

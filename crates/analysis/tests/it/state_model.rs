@@ -2,82 +2,12 @@
 
 use std::sync::Arc;
 
+use crate::common::script::Script;
+
 use deepspan_analysis::{
     critical_path, BlockReason, Direction, EdgeType, KernelModel, StateBuilder, ThreadState, NO_CPU,
 };
 use deepspan_model::{softirq, BlockRq, Comm, Event, EventKind, Name, SchedSwitch, Tid, Wakeup};
-
-/// A tiny event script: events on CPUs, in time order.
-struct Script {
-    events: Vec<Event>,
-}
-
-impl Script {
-    fn new() -> Script {
-        Script { events: Vec::new() }
-    }
-    fn ev(&mut self, ts: u64, cpu: u32, kind: EventKind) -> &mut Self {
-        self.events.push(Event {
-            ts,
-            cpu,
-            tid: -1,
-            kind,
-        });
-        self
-    }
-    fn switch(&mut self, ts: u64, cpu: u32, prev: Tid, prev_state: i64, next: Tid) -> &mut Self {
-        let comm = |t: Tid| Comm::from_bytes(format!("t{t}").as_bytes());
-        self.ev(
-            ts,
-            cpu,
-            EventKind::SchedSwitch(SchedSwitch {
-                prev_tid: prev,
-                prev_comm: comm(prev),
-                prev_prio: 120,
-                prev_state,
-                next_tid: next,
-                next_comm: comm(next),
-                next_prio: 120,
-            }),
-        )
-    }
-    fn wake(&mut self, ts: u64, cpu: u32, tid: Tid, waking: bool) -> &mut Self {
-        let w = Wakeup {
-            tid,
-            comm: Comm::from_bytes(format!("t{tid}").as_bytes()),
-            prio: 120,
-            target_cpu: cpu as i32,
-        };
-        self.ev(
-            ts,
-            cpu,
-            if waking {
-                EventKind::SchedWaking(w)
-            } else {
-                EventKind::SchedWakeup(w)
-            },
-        )
-    }
-    fn model(&self) -> KernelModel {
-        let mut b = StateBuilder::new();
-        for e in &self.events {
-            b.push(e);
-        }
-        b.finish()
-    }
-    fn model_with_lost(&self, cpu: u32, ts: u64) -> KernelModel {
-        let mut b = StateBuilder::new();
-        let mut marked = false;
-        for e in &self.events {
-            if e.ts >= ts && !marked {
-                b.lost(cpu, ts);
-                marked = true;
-            }
-            b.push(e);
-        }
-        b.finish()
-    }
-}
 
 fn states(m: &KernelModel, tid: Tid) -> Vec<(u64, u64, ThreadState)> {
     m.thread(tid)

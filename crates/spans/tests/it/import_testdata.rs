@@ -1,18 +1,11 @@
 //! Importers on the public span files of ../shared/testdata/spans.
 
+use crate::common::testdata;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use deepspan_spans::model::{SpanKind, StatusCode, Value};
 use deepspan_spans::{import_file, Format, Span, SpanId, TraceId};
-
-fn testdata(rel: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/testdata/spans"
-    ))
-    .join(rel)
-}
 
 fn json(rel: &str) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(testdata(rel)).unwrap()).unwrap()

@@ -1,7 +1,7 @@
 //! Smoke test on real trace.dat files (LISA test assets): the model builds
 //! and keeps its invariants.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

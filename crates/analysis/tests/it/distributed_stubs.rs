@@ -6,7 +6,7 @@
 //! from a send to the thread the reception woke) and critical paths must
 //! equal the expected ones under Trace Compass' graph equality.
 
-mod common;
+use crate::common;
 
 use deepspan_analysis::{critical_path_of, distributed_graph, KernelModel, StateBuilder};
 use serde_json::Value;

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod requests;
+pub mod script;
 pub mod stub;
 
 use std::collections::{BTreeSet, HashMap};

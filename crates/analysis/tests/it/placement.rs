@@ -3,102 +3,20 @@
 //! hand-off from an acceptor thread, process identification, and the
 //! process-level path.
 
-mod common;
-
-use common::requests::Work;
-
-use std::collections::HashMap;
+use crate::common::requests::Work;
+use crate::common::script::Script;
 
 use deepspan_analysis::{
     analyze_requests, clock_offset_bound, infer_placements, Arch, EdgeType, InferredPlace,
     KernelModel, Placement, PlacementMethod, PlacementSpan, Processes, RequestPath, ScannedProcess,
-    SpanInput, StateBuilder, SyncSource,
+    SpanInput, SyncSource,
 };
-use deepspan_model::{Comm, Event, EventKind, SchedSwitch, Tid, Wakeup};
+use deepspan_model::Tid;
 
 const RECVFROM: i64 = 45;
 const SENDTO: i64 = 44;
 const FUTEX: i64 = 202;
 const SLEEPING: i64 = 1;
-
-/// Kernel events of a few threads; each thread's name is its process's.
-#[derive(Default)]
-struct Script {
-    events: Vec<Event>,
-    names: HashMap<Tid, &'static str>,
-}
-
-impl Script {
-    fn named(names: &[(Tid, &'static str)]) -> Script {
-        Script {
-            names: names.iter().copied().collect(),
-            ..Script::default()
-        }
-    }
-    fn comm(&self, t: Tid) -> Comm {
-        let name = self.names.get(&t).copied().unwrap_or("swapper");
-        Comm::from_bytes(name.as_bytes())
-    }
-    fn ev(&mut self, ts: u64, cpu: u32, kind: EventKind) -> &mut Self {
-        self.events.push(Event {
-            ts,
-            cpu,
-            tid: -1,
-            kind,
-        });
-        self
-    }
-    fn switch(&mut self, ts: u64, cpu: u32, prev: Tid, prev_state: i64, next: Tid) -> &mut Self {
-        let kind = EventKind::SchedSwitch(SchedSwitch {
-            prev_tid: prev,
-            prev_comm: self.comm(prev),
-            prev_prio: 120,
-            prev_state,
-            next_tid: next,
-            next_comm: self.comm(next),
-            next_prio: 120,
-        });
-        self.ev(ts, cpu, kind)
-    }
-    fn waking(&mut self, ts: u64, cpu: u32, tid: Tid) -> &mut Self {
-        let kind = EventKind::SchedWaking(Wakeup {
-            tid,
-            comm: self.comm(tid),
-            prio: 120,
-            target_cpu: cpu as i32,
-        });
-        self.ev(ts, cpu, kind)
-    }
-    /// A system call of the thread current on `cpu`.
-    fn call(&mut self, start: u64, end: u64, cpu: u32, id: i64, ret: i64) -> &mut Self {
-        self.ev(
-            start,
-            cpu,
-            EventKind::SysEnter {
-                id,
-                name: None,
-                args: [5, 0, 0, 0, 0, 0],
-            },
-        )
-        .ev(
-            end,
-            cpu,
-            EventKind::SysExit {
-                id,
-                name: None,
-                ret,
-            },
-        )
-    }
-    fn model(&mut self) -> KernelModel {
-        self.events.sort_by_key(|e| e.ts);
-        let mut b = StateBuilder::new();
-        for e in &self.events {
-            b.push(e);
-        }
-        b.finish()
-    }
-}
 
 fn server_span(service: &str, start: u64, end: u64) -> PlacementSpan {
     PlacementSpan {
@@ -131,7 +49,7 @@ fn pool() -> KernelModel {
         .call(100, 1_000, 0, RECVFROM, 120)
         .call(4_900, 4_950, 0, SENDTO, 300)
         .switch(6_000, 0, 101, SLEEPING, 0);
-    s.model()
+    s.model_in_time_order()
 }
 
 #[test]
@@ -189,7 +107,7 @@ fn renamed_while_serving() -> KernelModel {
         .call(4_900, 4_950, 1, SENDTO, 300);
     s.names.insert(103, "web-7");
     s.switch(6_000, 1, 103, SLEEPING, 0);
-    s.model()
+    s.model_in_time_order()
 }
 
 #[test]
@@ -232,7 +150,7 @@ fn the_service_name_picks_the_process() {
         .call(100, 1_000, 1, RECVFROM, 10)
         .call(4_900, 4_950, 0, SENDTO, 10)
         .call(4_900, 4_950, 1, SENDTO, 10);
-    let model = s.model();
+    let model = s.model_in_time_order();
     let spans = vec![
         server_span("api", 1_100, 5_000),
         server_span("web", 1_100, 5_000),
@@ -262,7 +180,7 @@ fn a_request_handed_over_by_an_acceptor_is_placed_on_the_pool_thread() {
         .switch(1_070, 0, 301, SLEEPING, 0)
         .call(4_900, 4_950, 1, SENDTO, 10)
         .switch(6_000, 1, 302, SLEEPING, 0);
-    let model = s.model();
+    let model = s.model_in_time_order();
     let p = place(
         &model,
         &[server_span("srv", 1_100, 5_000)],
@@ -290,7 +208,7 @@ fn event_loop() -> KernelModel {
         .call(4_900, 4_950, 0, SENDTO, 10)
         .call(5_900, 5_950, 0, SENDTO, 10)
         .switch(7_000, 0, 201, SLEEPING, 0);
-    s.model()
+    s.model_in_time_order()
 }
 
 #[test]
@@ -380,7 +298,7 @@ fn a_go_request_among_processes_of_one_name_goes_to_the_one_that_fits() {
         .call(100, 1_000, 0, RECVFROM, 10)
         .call(4_900, 4_950, 0, SENDTO, 10)
         .switch(6_000, 0, 101, SLEEPING, 0);
-    let model = s.model();
+    let model = s.model_in_time_order();
     let mut span = server_span("gosvc", 1_100, 5_000);
     span.sdk_language = Some("go".into());
     let p = place(&model, &[span], &processes(&[(101, 100), (201, 200)]));
@@ -398,7 +316,7 @@ fn without_a_named_process_both_a_receive_and_a_send_are_needed() {
     s.switch(0, 0, 0, 0, 101)
         .call(100, 1_000, 0, RECVFROM, 10)
         .switch(9_000, 0, 101, SLEEPING, 0);
-    let model = s.model();
+    let model = s.model_in_time_order();
     // unknown_service: every process is considered, and a receive alone
     // is not enough.
     let p = place(
@@ -420,7 +338,7 @@ fn the_listening_port_picks_the_process_when_the_name_does_not() {
         .call(100, 1_000, 1, RECVFROM, 10)
         .call(4_900, 4_950, 0, SENDTO, 10)
         .call(4_900, 4_950, 1, SENDTO, 10);
-    let model = s.model();
+    let model = s.model_in_time_order();
     let mut span = server_span("unknown_service:python3", 1_100, 5_000);
     span.port = Some(8080);
     let mut p = processes(&[(101, 100), (201, 200)]);

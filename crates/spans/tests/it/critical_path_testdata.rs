@@ -1,22 +1,15 @@
 //! Span-level critical path and self time against jaeger-ui's test cases
 //! (../shared/testdata/spans/jaeger-ui-critical-path, spans/jaeger).
 
+use crate::common::testdata;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use deepspan_spans::critical_path::{critical_path_report_with, operation_key, self_time_stats};
 use deepspan_spans::{
     critical_path, group_traces, import_bytes, import_file, CriticalPathOptions, SpanId, Trace,
 };
 use serde_json::Value as J;
-
-fn testdata(rel: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/testdata/spans"
-    ))
-    .join(rel)
-}
 
 /// jaeger-ui's test traces use ids like "span-A"; Jaeger ids are hex, so the
 /// ids are replaced by hex ones here (and mapped back for comparison).
