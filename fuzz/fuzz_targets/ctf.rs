@@ -2,7 +2,7 @@
 //! fail with an error, never panic or hang.
 //!
 //! Input layout (seeds in fuzz/ctf_seeds, written by
-//! `cargo test -p deepspan-ctf --test synthetic -- --ignored write_ctf_fuzz_seeds`):
+//! `cargo run --release -p deepspan-ctf --example write_ctf_fuzz_seeds`):
 //! - first byte % 8 in 1..=6: a fixed real metadata (packetized LE/BE, text,
 //!   old and new LTTng, perf, the synthetic one) and the rest is one stream,
 //!   so mutations concentrate on the binary decoder;

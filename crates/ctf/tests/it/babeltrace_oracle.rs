@@ -2,12 +2,10 @@
 //! prints (timestamps, names, packet cpu_id, context and payload values),
 //! and to the counts recorded in its expected.json.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use deepspan_ctf::CtfTrace;
 
 fn expected(trace: &str) -> serde_json::Value {

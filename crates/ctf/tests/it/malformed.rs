@@ -2,11 +2,9 @@
 //! offset inside it; nothing panics or hangs. Hand-picked breakages first,
 //! then random mutations of small real traces (proptest).
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use deepspan_ctf::{CtfTrace, Error, ErrorKind};
 use proptest::prelude::*;
 

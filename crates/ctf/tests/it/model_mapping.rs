@@ -2,11 +2,9 @@
 //! field values, syscall naming (LTTng < 2.6 and ≥ 2.6), thread ids
 //! inferred from sched_switch, and statedump fields kept reachable.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 
-use common::corpus;
+use crate::common::corpus;
 use deepspan_ctf::CtfTrace;
 use deepspan_model::{Comm, EventKind, SchedSwitch, Tid, Value, Wakeup};
 

@@ -5,9 +5,7 @@
 
 #![allow(clippy::manual_is_multiple_of)] // MSRV 1.80
 
-mod common;
-
-use common::corpus;
+use crate::common::corpus;
 use deepspan_ctf::CtfTrace;
 use deepspan_model::Value;
 

@@ -5,12 +5,10 @@
 //! file's, and the other files' events are untouched. Metadata cut short is
 //! an error naming the metadata file.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use deepspan_ctf::CtfTrace;
 
 /// Events per file: (byte offset of the event, absolute ts), in the order

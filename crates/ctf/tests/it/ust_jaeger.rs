@@ -6,14 +6,12 @@
 //! work on the machine the test is skipped with the reason printed, unless
 //! DEEPSPAN_REQUIRE_LTTNG is set (then it fails).
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use deepspan_ctf::{CtfTrace, SpanSync};
 use deepspan_model::EventKind;
 
@@ -158,6 +156,7 @@ fn record(dir: &Path, exe: &Path) -> Result<(PathBuf, u32, HashMap<u64, i32>), S
 }
 
 #[test]
+#[ignore = "system: LTTng (lttng-tools, liblttng-ust-dev, a C compiler)"]
 fn jaeger_ust_spans_decode_like_babeltrace2_and_as_emitted() {
     if Command::new("lttng").arg("--version").output().is_err() {
         return unavailable(

@@ -4,10 +4,8 @@
 //! time options. Where trace-cmd is installed it decodes the same files and
 //! must agree.
 
-mod common;
-
-use common::builder::*;
-use common::*;
+use crate::common::builder::*;
+use crate::common::*;
 use deepspan_ftrace::{Error, TraceDat, UNKNOWN_EVENT};
 use deepspan_model::{EventKind, Value};
 

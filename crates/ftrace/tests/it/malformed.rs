@@ -3,12 +3,10 @@
 //! after its event formats, a truncation report), never panic and never
 //! hang. `truncated.rs` checks what a cut file still decodes.
 
-mod common;
-
 use std::path::PathBuf;
 
-use common::builder::*;
-use common::*;
+use crate::common::builder::*;
+use crate::common::*;
 use deepspan_ftrace::{Error, TraceDat};
 use proptest::prelude::*;
 

@@ -1,11 +1,9 @@
 //! Field values against `trace-cmd report -R` (raw field output), record by
 //! record, for every event of the corpus traces.
 
-mod common;
-
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use deepspan_ftrace::TraceDat;
 use deepspan_model::{EventKind, Value};
 

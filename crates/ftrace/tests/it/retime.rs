@@ -2,13 +2,11 @@
 //! drift) reads back, in deepspan's reader and in `trace-cmd report`, as
 //! the same records at the mapped times; maps it cannot encode are errors.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::builder::*;
-use common::*;
+use crate::common::builder::*;
+use crate::common::*;
 use deepspan_ftrace::{
     retime_trace_dat, write_trace_dat, RetimeError, RetimeStats, TraceDat, TraceDatMeta,
 };

@@ -2,9 +2,7 @@
 //! (`*.counts.json`, observed with trace-cmd 3.1.6), in v6 and in v7
 //! conversions made with trace-cmd at test time.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use deepspan_ftrace::TraceDat;
 
 #[test]

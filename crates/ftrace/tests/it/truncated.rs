@@ -5,12 +5,10 @@
 //! every cut of a v7 file (whose CPU table is written last), are errors
 //! that say the file is cut short.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use deepspan_ftrace::TraceDat;
 
 /// One record's identity: time, event id and payload bytes.

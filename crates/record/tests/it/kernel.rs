@@ -1,18 +1,20 @@
-//! Recording against the running kernel. Needs root and tracefs: without
-//! them each test prints "skipped: no tracefs" and passes, unless
+//! Recording against the running kernel. Needs root and tracefs (so each
+//! test is marked `#[ignore = "system: …"]` and runs under `make test`):
+//! without them each test prints "skipped: no tracefs" and passes, unless
 //! DEEPSPAN_REQUIRE_KERNEL is set (as in CI), where that is a failure.
 //!
 //! Tests that send signals run the recorder in a child process: this test
-//! binary re-executed on the `child_recorder` test, so no extra binary is
-//! needed and the signals never reach the test harness.
+//! binary re-executed on the `kernel::child_recorder` test, so no extra
+//! binary is needed and the signals never reach the test harness.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
+use crate::common::one_at_a_time;
 use deepspan_record::{
     cleanup_stale_instances, owners_dir, record, resolve_events, Error, EventSelection, FlightOptions, FlightRecorder,
     InstanceOwner, Manifest, Mode, ProcessId, RecordOptions, StaleInstance, Tracefs, WindowOutcome,
@@ -22,17 +24,15 @@ const CHILD_ENV: &str = "DEEPSPAN_RECORD_TEST_CHILD";
 /// Ring size per CPU of the flight-mode child, KiB.
 const FLIGHT_KB: u64 = 1024;
 
-/// Recording tests run one at a time: they share 2 CPUs and the kernel.
-static KERNEL: Mutex<()> = Mutex::new(());
-
 fn require_kernel() -> bool {
     std::env::var("DEEPSPAN_REQUIRE_KERNEL").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
-/// The tracefs and the serialisation lock, or None (test skipped).
+/// The tracefs and the shared lock ([`one_at_a_time`]), or None (test
+/// skipped).
 fn kernel() -> Option<(Tracefs, MutexGuard<'static, ()>)> {
     match Tracefs::open() {
-        Ok(t) => Some((t, KERNEL.lock().unwrap_or_else(|e| e.into_inner()))),
+        Ok(t) => Some((t, one_at_a_time())),
         Err(e) if require_kernel() => {
             panic!("DEEPSPAN_REQUIRE_KERNEL is set but tracefs is unavailable: {e}")
         }
@@ -89,7 +89,7 @@ struct Recorder {
 impl Recorder {
     fn start(tracefs: &Tracefs, mode: &str, out: &Path) -> Recorder {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_recorder", "--nocapture", "--test-threads=1"])
+            .args(["--exact", "kernel::child_recorder", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, format!("{mode}:{}", out.display()))
             .stdout(Stdio::piped())
             .spawn()
@@ -205,6 +205,7 @@ fn trace_cmd_available() -> bool {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn records_a_command_and_passes_its_exit_code_through() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
@@ -279,6 +280,7 @@ fn records_a_command_and_passes_its_exit_code_through() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn pid_filter_follows_the_process_and_its_children() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
@@ -327,6 +329,7 @@ fn pid_filter_follows_the_process_and_its_children() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn unknown_event_names_suggest_close_matches_and_leave_nothing() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
@@ -348,6 +351,7 @@ fn unknown_event_names_suggest_close_matches_and_leave_nothing() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn refuses_a_non_empty_output_folder() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
@@ -361,6 +365,7 @@ fn refuses_a_non_empty_output_folder() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn sigint_stops_a_recording_cleanly() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
@@ -387,6 +392,7 @@ fn sigint_stops_a_recording_cleanly() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn flight_mode_writes_nothing_until_sigusr2_then_the_buffer() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
@@ -454,6 +460,7 @@ fn flight_mode_writes_nothing_until_sigusr2_then_the_buffer() {
 }
 
 #[test]
+#[ignore = "system: root and tracefs"]
 fn cleanup_removes_only_instances_of_dead_recorders() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
@@ -482,6 +489,7 @@ fn cleanup_removes_only_instances_of_dead_recorders() {
 /// The instance of a dead recorder stays while a process it traced lives
 /// (its owner file says which), and goes once that process is gone.
 #[test]
+#[ignore = "system: root and tracefs"]
 fn cleanup_keeps_an_instance_while_a_process_it_traced_runs() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
@@ -520,6 +528,7 @@ fn cleanup_keeps_an_instance_while_a_process_it_traced_runs() {
 /// Fills a tiny filesystem: the recording must stop with a disk-full error
 /// naming the file, remove its instance and keep what it wrote.
 #[test]
+#[ignore = "system: root (mounts a tmpfs) and tracefs"]
 fn disk_full_stops_cleanly_and_keeps_what_was_written() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
@@ -570,6 +579,7 @@ fn disk_full_stops_cleanly_and_keeps_what_was_written() {
 /// over the same time still finds those events (drained pages stay in
 /// memory); a window from before the recorder started is refused.
 #[test]
+#[ignore = "system: root and tracefs"]
 fn flight_recorder_writes_past_windows_and_refuses_windows_it_no_longer_holds() {
     let Some((tracefs, _lock)) = kernel() else { return };
     let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };

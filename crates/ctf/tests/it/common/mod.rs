@@ -1,5 +1,6 @@
-//! Shared by the oracle tests: paths to the test corpus, running external
-//! tools, and a parser for babeltrace2's `sink.text.pretty` output.
+//! Shared by the integration tests: paths to the test corpus, running
+//! external tools, a parser for babeltrace2's `sink.text.pretty` output,
+//! small traces cut from the corpus, and the synthetic trace (`synthetic`).
 
 #![allow(dead_code)]
 
@@ -8,6 +9,8 @@ use std::process::Command;
 
 use deepspan_ctf::CtfEvent;
 use deepspan_model::Value;
+
+pub mod synthetic;
 
 pub fn corpus(rel: &str) -> PathBuf {
     Path::new(concat!(
