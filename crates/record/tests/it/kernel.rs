@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::one_at_a_time;
 use deepspan_record::{
-    cleanup_stale_instances, owners_dir, record, resolve_events, Error, EventSelection, FlightOptions, FlightRecorder,
-    InstanceOwner, Manifest, Mode, ProcessId, RecordOptions, StaleInstance, Tracefs, WindowOutcome,
+    cleanup_stale_instances, owners_dir, record, resolve_events, Error, EventSelection,
+    FlightOptions, FlightRecorder, InstanceOwner, Manifest, Mode, ProcessId, RecordOptions,
+    StaleInstance, Tracefs, WindowOutcome,
 };
 
 const CHILD_ENV: &str = "DEEPSPAN_RECORD_TEST_CHILD";
@@ -89,7 +90,12 @@ struct Recorder {
 impl Recorder {
     fn start(tracefs: &Tracefs, mode: &str, out: &Path) -> Recorder {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "kernel::child_recorder", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "kernel::child_recorder",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, format!("{mode}:{}", out.display()))
             .stdout(Stdio::piped())
             .spawn()
@@ -101,8 +107,15 @@ impl Recorder {
                 let _ = tx.send(line);
             }
         });
-        let sweep = Sweep { tracefs: tracefs.clone(), pids: vec![child.id()] };
-        Recorder { child, lines, _sweep: sweep }
+        let sweep = Sweep {
+            tracefs: tracefs.clone(),
+            pids: vec![child.id()],
+        };
+        Recorder {
+            child,
+            lines,
+            _sweep: sweep,
+        }
     }
 
     /// Waits for a line containing `prefix` from the child (libtest may put
@@ -130,7 +143,10 @@ impl Recorder {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "recorder child did not exit within {timeout:?}");
+            assert!(
+                Instant::now() < deadline,
+                "recorder child did not exit within {timeout:?}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -170,14 +186,25 @@ fn child_recorder() {
         println!("PROGRESS snapshots={}", p.snapshots);
     })
     .expect("record");
-    println!("DONE exit_code={:?} snapshots={}", summary.exit_code, summary.snapshots);
+    println!(
+        "DONE exit_code={:?} snapshots={}",
+        summary.exit_code, summary.snapshots
+    );
 }
 
 /// `trace-cmd report` of a file: (events, stdout). Fails on any complaint.
 fn trace_cmd_report(path: &Path) -> (usize, String) {
-    let out = Command::new("trace-cmd").arg("report").arg(path).output().expect("run trace-cmd report");
+    let out = Command::new("trace-cmd")
+        .arg("report")
+        .arg(path)
+        .output()
+        .expect("run trace-cmd report");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "trace-cmd report {} failed: {stderr}", path.display());
+    assert!(
+        out.status.success(),
+        "trace-cmd report {} failed: {stderr}",
+        path.display()
+    );
     let lower = stderr.to_lowercase();
     assert!(
         !lower.contains("warn") && !lower.contains("error") && !lower.contains("fail"),
@@ -185,7 +212,10 @@ fn trace_cmd_report(path: &Path) -> (usize, String) {
         path.display()
     );
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let events = stdout.lines().filter(|l| l.contains(": ") && l.contains('[') && !l.starts_with("cpus=")).count();
+    let events = stdout
+        .lines()
+        .filter(|l| l.contains(": ") && l.contains('[') && !l.starts_with("cpus="))
+        .count();
     (events, stdout)
 }
 
@@ -201,7 +231,10 @@ fn reader_events(path: &Path) -> (usize, Option<String>) {
 }
 
 fn trace_cmd_available() -> bool {
-    Command::new("trace-cmd").arg("--version").output().is_ok_and(|o| o.status.success() || !o.stdout.is_empty())
+    Command::new("trace-cmd")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success() || !o.stdout.is_empty())
 }
 
 #[test]
@@ -210,20 +243,30 @@ fn records_a_command_and_passes_its_exit_code_through() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
     };
-    let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
+    let _sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![std::process::id()],
+    };
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let env_file = tmp.path().join("otel-endpoint");
     let mut opts = RecordOptions::new(&run);
-    opts.command = ["sh", "-c", "sleep 0.2; ls / >/dev/null; echo \"$OTEL_EXPORTER_OTLP_ENDPOINT\" > \"$0\"; exit 3"]
-        .iter()
-        .map(Into::into)
-        .chain([env_file.clone().into_os_string()])
-        .collect();
+    opts.command = [
+        "sh",
+        "-c",
+        "sleep 0.2; ls / >/dev/null; echo \"$OTEL_EXPORTER_OTLP_ENDPOINT\" > \"$0\"; exit 3",
+    ]
+    .iter()
+    .map(Into::into)
+    .chain([env_file.clone().into_os_string()])
+    .collect();
     let summary = record(&opts, &mut |_| {}).expect("record");
 
     assert_eq!(summary.exit_code, Some(3));
-    assert!(instances_of(&tracefs, std::process::id()).is_empty(), "instance left behind");
+    assert!(
+        instances_of(&tracefs, std::process::id()).is_empty(),
+        "instance left behind"
+    );
     let trace = run.join("kernel/trace.dat");
     assert_eq!(summary.kernel_trace, trace);
     assert!(trace.is_file());
@@ -235,14 +278,21 @@ fn records_a_command_and_passes_its_exit_code_through() {
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 
-    let expected_endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or("http://127.0.0.1:4318".into());
-    assert_eq!(std::fs::read_to_string(&env_file).unwrap().trim(), expected_endpoint);
+    let expected_endpoint =
+        std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or("http://127.0.0.1:4318".into());
+    assert_eq!(
+        std::fs::read_to_string(&env_file).unwrap().trim(),
+        expected_endpoint
+    );
 
     let manifest = Manifest::load(&run).unwrap();
     assert_eq!(manifest.exit_code, Some(3));
     assert_eq!(manifest.kernel_trace.as_deref(), Some("kernel/trace.dat"));
     assert_eq!(manifest.trace_clock, "mono");
-    assert_eq!((manifest.otlp.grpc_port, manifest.otlp.http_port), (4317, 4318));
+    assert_eq!(
+        (manifest.otlp.grpc_port, manifest.otlp.http_port),
+        (4317, 4318)
+    );
     assert_eq!(manifest.command[0], "sh");
     assert!(manifest.clock_samples.len() >= 2);
     assert!(manifest.events.contains(&"sched:sched_switch".to_string()));
@@ -254,7 +304,10 @@ fn records_a_command_and_passes_its_exit_code_through() {
     let kernel_count: u64 = manifest.per_cpu.iter().map(|c| c.read_events).sum();
     let (reader_count, clock) = reader_events(&trace);
     assert_eq!(clock.as_deref(), Some("mono"));
-    assert_eq!(reader_count as u64, kernel_count, "deepspan reader vs kernel read_events");
+    assert_eq!(
+        reader_count as u64, kernel_count,
+        "deepspan reader vs kernel read_events"
+    );
     assert!(reader_count > 0);
 
     // All events lie between the start and end clock samples.
@@ -273,7 +326,10 @@ fn records_a_command_and_passes_its_exit_code_through() {
     if trace_cmd_available() {
         let (count, text) = trace_cmd_report(&trace);
         assert_eq!(count, reader_count, "trace-cmd report vs deepspan reader");
-        assert!(text.contains("ls-"), "the command's `ls` is not in the trace");
+        assert!(
+            text.contains("ls-"),
+            "the command's `ls` is not in the trace"
+        );
     } else {
         eprintln!("trace-cmd not installed: cross-check with trace-cmd report skipped");
     }
@@ -285,7 +341,10 @@ fn pid_filter_follows_the_process_and_its_children() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
     };
-    let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
+    let _sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![std::process::id()],
+    };
     struct Kill(Child);
     impl Drop for Kill {
         fn drop(&mut self) {
@@ -293,7 +352,12 @@ fn pid_filter_follows_the_process_and_its_children() {
             let _ = self.0.wait();
         }
     }
-    let target = Kill(Command::new("sh").args(["-c", "while :; do sleep 0.05; done"]).spawn().unwrap());
+    let target = Kill(
+        Command::new("sh")
+            .args(["-c", "while :; do sleep 0.05; done"])
+            .spawn()
+            .unwrap(),
+    );
     let pid = target.0.id() as i32;
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
@@ -313,18 +377,26 @@ fn pid_filter_follows_the_process_and_its_children() {
                 comms.insert(s.prev_tid, s.prev_comm.to_string_lossy());
                 comms.insert(s.next_tid, s.next_comm.to_string_lossy());
             }
-            deepspan_model::EventKind::SchedProcessFork { parent_tid, .. } if parent_tid == pid => forks += 1,
+            deepspan_model::EventKind::SchedProcessFork { parent_tid, .. } if parent_tid == pid => {
+                forks += 1
+            }
             deepspan_model::EventKind::SysEnter { .. } => {
                 syscall_tids.insert(ev.tid);
             }
             _ => {}
         }
     }
-    assert!(forks > 0 && syscall_tids.contains(&pid), "the traced shell's forks and syscalls are missing");
+    assert!(
+        forks > 0 && syscall_tids.contains(&pid),
+        "the traced shell's forks and syscalls are missing"
+    );
     // Only the shell and its `sleep` children make system calls in the trace.
     for tid in syscall_tids {
         let comm = comms.get(&tid).map(String::as_str).unwrap_or("?");
-        assert!(tid == pid || comm == "sleep", "syscalls of thread {tid} ({comm}) in a --pid recording");
+        assert!(
+            tid == pid || comm == "sleep",
+            "syscalls of thread {tid} ({comm}) in a --pid recording"
+        );
     }
 }
 
@@ -334,10 +406,16 @@ fn unknown_event_names_suggest_close_matches_and_leave_nothing() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
     };
-    let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
+    let _sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![std::process::id()],
+    };
     let err = resolve_events("sched:sched_swich", &tracefs).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("unknown kernel event 'sched:sched_swich'"), "{text}");
+    assert!(
+        text.contains("unknown kernel event 'sched:sched_swich'"),
+        "{text}"
+    );
     assert!(text.contains("sched:sched_switch"), "{text}");
 
     let tmp = tempfile::tempdir().unwrap();
@@ -356,12 +434,18 @@ fn refuses_a_non_empty_output_folder() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
     };
-    let _sweep = Sweep { tracefs, pids: vec![std::process::id()] };
+    let _sweep = Sweep {
+        tracefs,
+        pids: vec![std::process::id()],
+    };
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("precious"), "keep me").unwrap();
     let err = record(&RecordOptions::new(tmp.path()), &mut |_| {}).unwrap_err();
     assert!(matches!(err, Error::OutputNotEmpty(_)), "{err}");
-    assert_eq!(std::fs::read_to_string(tmp.path().join("precious")).unwrap(), "keep me");
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("precious")).unwrap(),
+        "keep me"
+    );
 }
 
 #[test]
@@ -374,17 +458,27 @@ fn sigint_stops_a_recording_cleanly() {
     let run = tmp.path().join("run");
     let mut recorder = Recorder::start(&tracefs, "standard", &run);
     recorder.expect_line("RECORDING", Duration::from_secs(60));
-    assert_eq!(instances_of(&tracefs, recorder.child.id()).len(), 1, "the recorder works in one instance");
+    assert_eq!(
+        instances_of(&tracefs, recorder.child.id()).len(),
+        1,
+        "the recorder works in one instance"
+    );
     recorder.signal(libc::SIGINT);
     let status = recorder.wait(Duration::from_secs(60));
     assert!(status.success(), "recorder child failed: {status}");
     recorder.expect_line("DONE exit_code=None", Duration::from_secs(5));
-    assert!(instances_of(&tracefs, recorder.child.id()).is_empty(), "instance left behind");
+    assert!(
+        instances_of(&tracefs, recorder.child.id()).is_empty(),
+        "instance left behind"
+    );
 
     let trace = run.join("kernel/trace.dat");
     let manifest = Manifest::load(&run).unwrap();
     let (reader_count, _) = reader_events(&trace);
-    assert_eq!(reader_count as u64, manifest.per_cpu.iter().map(|c| c.read_events).sum::<u64>());
+    assert_eq!(
+        reader_count as u64,
+        manifest.per_cpu.iter().map(|c| c.read_events).sum::<u64>()
+    );
     if trace_cmd_available() {
         let (count, _) = trace_cmd_report(&trace);
         assert_eq!(count, reader_count);
@@ -405,7 +499,11 @@ fn flight_mode_writes_nothing_until_sigusr2_then_the_buffer() {
     std::thread::sleep(Duration::from_secs(2));
     // Only the journal (what recovery needs after a crash) is on disk.
     let written: Vec<String> = std::fs::read_dir(run.join("kernel"))
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     assert!(
         written.iter().all(|name| name == "journal"),
@@ -432,21 +530,32 @@ fn flight_mode_writes_nothing_until_sigusr2_then_the_buffer() {
     assert!(snap_events > 0);
     // "The last buffer's worth": bounded by the ring size, with slack for
     // pages written while it was read.
-    let cpus = std::fs::read_dir(tracefs.root().join("per_cpu")).unwrap().count() as u64;
+    let cpus = std::fs::read_dir(tracefs.root().join("per_cpu"))
+        .unwrap()
+        .count() as u64;
     let snap_size = std::fs::metadata(&snapshot).unwrap().len();
     let header = 8 << 20; // kallsyms and formats
-    assert!(snap_size <= header + cpus * 2 * FLIGHT_KB * 1024, "snapshot of {snap_size} bytes is more than the ring");
+    assert!(
+        snap_size <= header + cpus * 2 * FLIGHT_KB * 1024,
+        "snapshot of {snap_size} bytes is more than the ring"
+    );
     if trace_cmd_available() {
         let (count, text) = trace_cmd_report(&snapshot);
         assert_eq!(count, snap_events);
-        assert!(text.contains("flightprobe"), "the snapshot misses events from just before SIGUSR2");
+        assert!(
+            text.contains("flightprobe"),
+            "the snapshot misses events from just before SIGUSR2"
+        );
     }
 
     recorder.signal(libc::SIGINT);
     let status = recorder.wait(Duration::from_secs(60));
     assert!(status.success(), "recorder child failed: {status}");
     recorder.expect_line("DONE exit_code=None snapshots=1", Duration::from_secs(5));
-    assert!(instances_of(&tracefs, recorder.child.id()).is_empty(), "instance left behind");
+    assert!(
+        instances_of(&tracefs, recorder.child.id()).is_empty(),
+        "instance left behind"
+    );
     let manifest = Manifest::load(&run).unwrap();
     assert_eq!(manifest.mode, "flight");
     assert_eq!(manifest.snapshots.len(), 1);
@@ -468,7 +577,10 @@ fn cleanup_removes_only_instances_of_dead_recorders() {
     let instances = tracefs.root().join("instances");
     let stale = instances.join("deepspan-999999999-x");
     let live = instances.join(format!("deepspan-{}-cleanup-test", std::process::id()));
-    let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![999_999_999, std::process::id()] };
+    let _sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![999_999_999, std::process::id()],
+    };
     std::fs::create_dir(&stale).expect("create a fake stale instance");
     std::fs::create_dir(&live).expect("create a fake live instance");
 
@@ -481,7 +593,12 @@ fn cleanup_removes_only_instances_of_dead_recorders() {
         })
         .collect();
     assert!(removed.contains(&"deepspan-999999999-x"), "{done:?}");
-    assert!(!removed.iter().any(|n| n.starts_with(&format!("deepspan-{}-", std::process::id()))), "{done:?}");
+    assert!(
+        !removed
+            .iter()
+            .any(|n| n.starts_with(&format!("deepspan-{}-", std::process::id()))),
+        "{done:?}"
+    );
     assert!(!stale.exists());
     assert!(live.exists());
 }
@@ -496,13 +613,19 @@ fn cleanup_keeps_an_instance_while_a_process_it_traced_runs() {
     };
     let name = "deepspan-999999998-held";
     let dir = tracefs.root().join("instances").join(name);
-    let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![999_999_998] };
+    let _sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![999_999_998],
+    };
     std::fs::create_dir(&dir).expect("create a fake stale instance");
     let mut traced = Command::new("sleep").arg("60").spawn().unwrap();
     let owner = InstanceOwner {
         instance: name.into(),
         run_dir: PathBuf::from("/nonexistent-run"),
-        recorder: ProcessId { pid: 999_999_998, start_ticks: None },
+        recorder: ProcessId {
+            pid: 999_999_998,
+            start_ticks: None,
+        },
         traced: vec![ProcessId::of(traced.id() as i32)],
     };
     std::fs::create_dir_all(owners_dir()).unwrap();
@@ -511,18 +634,31 @@ fn cleanup_keeps_an_instance_while_a_process_it_traced_runs() {
 
     let done = cleanup_stale_instances(false).expect("cleanup");
     let kept = done.iter().find_map(|d| match d {
-        StaleInstance::Kept { instance, held_by, .. } if instance == name => Some(held_by.clone()),
+        StaleInstance::Kept {
+            instance, held_by, ..
+        } if instance == name => Some(held_by.clone()),
         _ => None,
     });
-    assert_eq!(kept, Some(vec![(traced.id() as i32, "sleep".to_string())]), "{done:?}");
+    assert_eq!(
+        kept,
+        Some(vec![(traced.id() as i32, "sleep".to_string())]),
+        "{done:?}"
+    );
     assert!(dir.exists());
 
     traced.kill().unwrap();
     traced.wait().unwrap();
     let done = cleanup_stale_instances(false).expect("cleanup");
-    assert!(done.iter().any(|d| matches!(d, StaleInstance::Removed { instance, .. } if instance == name)), "{done:?}");
+    assert!(
+        done.iter()
+            .any(|d| matches!(d, StaleInstance::Removed { instance, .. } if instance == name)),
+        "{done:?}"
+    );
     assert!(!dir.exists());
-    assert!(!owner_file.exists(), "the owner file goes with its instance");
+    assert!(
+        !owner_file.exists(),
+        "the owner file goes with its instance"
+    );
 }
 
 /// Fills a tiny filesystem: the recording must stop with a disk-full error
@@ -533,13 +669,22 @@ fn disk_full_stops_cleanly_and_keeps_what_was_written() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
     };
-    let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
+    let _sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![std::process::id()],
+    };
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("small");
     std::fs::create_dir(&mnt).unwrap();
-    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&mnt).status();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&mnt)
+        .status();
     if !mounted.is_ok_and(|s| s.success()) {
-        assert!(!require_kernel(), "cannot mount a small tmpfs to test disk-full handling");
+        assert!(
+            !require_kernel(),
+            "cannot mount a small tmpfs to test disk-full handling"
+        );
         eprintln!("skipped: cannot mount a tmpfs");
         return;
     }
@@ -556,15 +701,29 @@ fn disk_full_stops_cleanly_and_keeps_what_was_written() {
     opts.duration = Some(Duration::from_secs(30));
     // Over half a million tiny reads: far more trace than 1 MiB. `timeout`
     // bounds it, as the recorder leaves a command running on error.
-    opts.command = ["timeout", "10", "dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=300000"]
-        .iter()
-        .map(Into::into)
-        .collect();
+    opts.command = [
+        "timeout",
+        "10",
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=1",
+        "count=300000",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
     let err = record(&opts, &mut |_| {}).unwrap_err();
     assert!(err.is_disk_full(), "expected a disk-full error, got: {err}");
     let text = err.to_string();
-    assert!(text.contains(&mnt.display().to_string()), "error does not name the file: {text}");
-    assert!(instances_of(&tracefs, std::process::id()).is_empty(), "instance left behind");
+    assert!(
+        text.contains(&mnt.display().to_string()),
+        "error does not name the file: {text}"
+    );
+    assert!(
+        instances_of(&tracefs, std::process::id()).is_empty(),
+        "instance left behind"
+    );
     let kept: u64 = std::fs::read_dir(mnt.join("run/kernel"))
         .unwrap()
         .flatten()
@@ -581,8 +740,13 @@ fn disk_full_stops_cleanly_and_keeps_what_was_written() {
 #[test]
 #[ignore = "system: root and tracefs"]
 fn flight_recorder_writes_past_windows_and_refuses_windows_it_no_longer_holds() {
-    let Some((tracefs, _lock)) = kernel() else { return };
-    let _sweep = Sweep { tracefs: tracefs.clone(), pids: vec![std::process::id()] };
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
+    let _sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![std::process::id()],
+    };
     let before_start = deepspan_record::ClockPoint::default();
     // Process events only: a busy machine (a build beside the test) cannot
     // produce enough of them to push the window out of the history, which
@@ -598,14 +762,19 @@ fn flight_recorder_writes_past_windows_and_refuses_windows_it_no_longer_holds() 
     assert!(instances_of(&tracefs, std::process::id()).contains(&instance));
 
     let start = mono_ns();
-    let status = Command::new("sleep").arg("0.05").status().expect("run sleep");
+    let status = Command::new("sleep")
+        .arg("0.05")
+        .status()
+        .expect("run sleep");
     assert!(status.success());
     let end = mono_ns();
 
     let dir = tempfile::tempdir().unwrap();
     let first = dir.path().join("first");
     let outcome = flight.snapshot(start, end, &first).expect("snapshot");
-    let WindowOutcome::Written { bytes, pages } = outcome else { panic!("window refused: {outcome:?}") };
+    let WindowOutcome::Written { bytes, pages } = outcome else {
+        panic!("window refused: {outcome:?}")
+    };
     assert!(bytes > 0 && pages > 0);
     let manifest = Manifest::load(&first).expect("the snapshot has a manifest");
     assert_eq!(manifest.mode, "flight");
@@ -616,29 +785,48 @@ fn flight_recorder_writes_past_windows_and_refuses_windows_it_no_longer_holds() 
     assert_eq!(clock.as_deref(), Some("mono"));
     if trace_cmd_available() {
         let (_, text) = trace_cmd_report(&trace);
-        assert!(text.contains("sleep-"), "the window holds what the command did");
+        assert!(
+            text.contains("sleep-"),
+            "the window holds what the command did"
+        );
     }
 
     // A later snapshot over the same time: the kernel buffer was drained,
     // the pages must come from the recorder's history.
     let second = dir.path().join("second");
-    let outcome = flight.snapshot(start, end, &second).expect("second snapshot");
-    assert!(matches!(outcome, WindowOutcome::Written { .. }), "{outcome:?}");
+    let outcome = flight
+        .snapshot(start, end, &second)
+        .expect("second snapshot");
+    assert!(
+        matches!(outcome, WindowOutcome::Written { .. }),
+        "{outcome:?}"
+    );
     if trace_cmd_available() {
         let (_, text) = trace_cmd_report(&second.join("kernel/trace.dat"));
         assert!(text.contains("sleep-"));
     }
 
-    let outcome = flight.snapshot(before_start.mono_ns, end, &dir.path().join("third")).expect("third");
-    assert!(matches!(outcome, WindowOutcome::LeftBuffer { complete_since_ns } if complete_since_ns > 0), "{outcome:?}");
+    let outcome = flight
+        .snapshot(before_start.mono_ns, end, &dir.path().join("third"))
+        .expect("third");
+    assert!(
+        matches!(outcome, WindowOutcome::LeftBuffer { complete_since_ns } if complete_since_ns > 0),
+        "{outcome:?}"
+    );
     assert!(!dir.path().join("third/manifest.json").exists());
 
     flight.stop().expect("stop");
-    assert!(!instances_of(&tracefs, std::process::id()).contains(&instance), "instance removed");
+    assert!(
+        !instances_of(&tracefs, std::process::id()).contains(&instance),
+        "instance removed"
+    );
 }
 
 fn mono_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes the timespec it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
