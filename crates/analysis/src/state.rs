@@ -868,7 +868,7 @@ impl StateBuilder {
 
     /// Whether `tid` is current on `cpu` of another host (see
     /// [`StateBuilder::hosts`]).
-    fn from_other_host(&self, cpu: u32, tid: Tid) -> bool {
+    fn is_on_other_host(&self, cpu: u32, tid: Tid) -> bool {
         !self.cpu_hosts.is_empty()
             && tid > 0
             && self.cpu_hosts.get(cpu as usize) != Some(&split_host_tid(tid).0)
@@ -1110,7 +1110,7 @@ impl StateBuilder {
         let cpu = ev.cpu;
         self.cpu_mut(cpu).last_ts = ts;
         if !matches!(ev.kind, EventKind::SchedSwitch(_)) {
-            if self.from_other_host(cpu, ev.tid) {
+            if self.is_on_other_host(cpu, ev.tid) {
                 match &ev.kind {
                     EventKind::SchedWaking(w) => self.wakeup(ts, cpu, ev.tid, w, WakeKind::Waking),
                     EventKind::SchedWakeup(w) => self.wakeup(ts, cpu, ev.tid, w, WakeKind::Wakeup),
@@ -1728,7 +1728,7 @@ impl StateBuilder {
 
     /// Who (or what) wakes a thread from `cpu` now.
     fn waker(&self, cpu: u32, ev_tid: Tid) -> Waker {
-        if self.from_other_host(cpu, ev_tid) {
+        if self.is_on_other_host(cpu, ev_tid) {
             return Waker::Context(BlockReason::PacketFrom(ev_tid));
         }
         let Some(c) = self.cpus.get(cpu as usize) else {
@@ -1884,7 +1884,7 @@ impl StateBuilder {
             waker = Waker::Context(BlockReason::Network);
         }
         if matches!(waker, Waker::Context(BlockReason::PacketFrom(x)) if x == ev_tid)
-            && self.from_other_host(cpu, ev_tid)
+            && self.is_on_other_host(cpu, ev_tid)
         {
             self.stats.wakeups_from_other_hosts += 1;
         }

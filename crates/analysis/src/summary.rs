@@ -201,7 +201,7 @@ pub fn group_causes<K: Eq + Clone + Ord>(
         });
     }
     // Stable: equal times keep the summary's order.
-    out.sort_by(|a, b| b.ns.cmp(&a.ns));
+    out.sort_by_key(|item| std::cmp::Reverse(item.ns));
     out
 }
 

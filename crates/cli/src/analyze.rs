@@ -553,7 +553,7 @@ fn culprit_lines(culprits: &[serde_json::Value], detail: bool) -> Vec<(String, S
         }
         lines.push((kind, who.join(", "), ns));
     }
-    lines.sort_by(|a, b| b.2.cmp(&a.2));
+    lines.sort_by_key(|line| std::cmp::Reverse(line.2));
     lines
 }
 

@@ -138,6 +138,9 @@ fn join(pieces: &[Piece]) -> Vec<Joined> {
 }
 
 /// One child span of the path, before it becomes a span.
+// Most children are pieces, each made once and turned into a span at once:
+// boxing the large variant would add an allocation per piece and save nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Child {
     Piece(Joined),

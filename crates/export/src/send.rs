@@ -205,6 +205,8 @@ pub struct OtlpClient {
     transport: Transport,
 }
 
+// One per sender: the size difference of its variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Transport {
     Grpc(Box<tonic::client::Grpc<tonic::transport::Channel>>),
     Http(

@@ -372,8 +372,12 @@ pub struct HostMap {
     cpu_base: u32,
     /// For a pid-limited run sharing its kernel with other hosts' runs:
     /// this run's traced threads, and the others' (by host number).
-    shared_kernel: Option<(Arc<Traced>, Vec<(u32, Arc<Traced>)>)>,
+    shared_kernel: Option<SharedKernel>,
 }
+
+/// A run's own traced threads, and those of the other runs on its kernel
+/// (by host number).
+type SharedKernel = (Arc<Traced>, Vec<(u32, Arc<Traced>)>);
 
 /// Whose thread a tid of a run sharing its kernel is.
 enum Owner {

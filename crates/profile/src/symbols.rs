@@ -71,10 +71,12 @@ impl Symbols {
     fn kernel_frame(&mut self, addr: u64) -> Frame {
         let unknown = || Frame { function: format!("0x{addr:x}"), module: "[kernel]".into() };
         let Some(kallsyms) = &self.kallsyms else { return unknown() };
-        let mut kernel = Kernel::default();
-        kernel.kallsyms = MaybeDefault::Some(kallsyms.to_path_buf());
-        kernel.vmlinux = MaybeDefault::None;
-        kernel.kaslr_offset = Some(0);
+        let kernel = Kernel {
+            kallsyms: MaybeDefault::Some(kallsyms.to_path_buf()),
+            vmlinux: MaybeDefault::None,
+            kaslr_offset: Some(0),
+            ..Kernel::default()
+        };
         match self.symbolizer.symbolize_single(&Source::Kernel(kernel), Input::AbsAddr(addr)) {
             Ok(Symbolized::Sym(sym)) => Frame {
                 function: sym.name.into_owned(),

@@ -385,8 +385,6 @@ impl FlightRecorder {
     }
 }
 
-/// The thread ids of this process now.
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -318,7 +318,8 @@ pub fn read_critical_paths(
     let wanted: HashSet<&str> = span_ids.iter().map(String::as_str).collect();
     let is_wanted = |r: &[(String, Cell)]| get(r, "span_id").as_str().is_some_and(|s| wanted.contains(s));
     let requests = read_rows(&dir.join(REQUESTS), |r| is_wanted(r))?;
-    let mut rows_of: HashMap<(String, String), Vec<Vec<(String, Cell)>>> = HashMap::new();
+    type Row = Vec<(String, Cell)>;
+    let mut rows_of: HashMap<(String, String), Vec<Row>> = HashMap::new();
     for row in read_rows(&dir.join(CRITICAL_PATH), |r| is_wanted(r))? {
         let key = (string(&row, "trace_id").unwrap_or_default(), string(&row, "span_id").unwrap_or_default());
         rows_of.entry(key).or_default().push(row);
