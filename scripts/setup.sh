@@ -53,7 +53,8 @@ node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' ||
 
 # --- Debian packages -------------------------------------------------------
 # build: clang and libbpf's headers compile the recorder's eBPF program
-#   (crates/record/build.rs).
+#   (crates/record/build.rs); the zstd crate links the system's libzstd,
+#   found by pkg-config.
 # demo: PostgreSQL 15 serves the shop's inventory; iproute2 makes the network
 #   fault's namespace, veth pair and tc qdisc.
 # check: trace-cmd and babeltrace2 are the oracles of the trace.dat and CTF
@@ -61,7 +62,7 @@ node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' ||
 # test: LTTng records the user-space CTF traces; Chromium runs the web UI's
 #   end-to-end test (headless, driven by playwright-core); Maven and JDK 17
 #   build the Java agent extension and run WireMock.
-debian=(clang libbpf-dev)
+debian=(clang libbpf-dev libzstd-dev pkg-config)
 wants demo && debian+=(postgresql-15 iproute2)
 wants check && debian+=(trace-cmd babeltrace2 strace)
 wants test && debian+=(lttng-tools liblttng-ust-dev chromium maven openjdk-17-jdk-headless)
