@@ -24,8 +24,8 @@ pub mod snapshot;
 pub mod spans;
 
 pub use agent::{attr, Agent, AgentConfig, AgentStats};
-pub use detect::DetectorConfig;
 pub use deepspan_record::FlightOptions;
+pub use detect::DetectorConfig;
 pub use forward::ForwardConfig;
 pub use snapshot::SnapshotConfig;
 

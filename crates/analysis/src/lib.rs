@@ -37,36 +37,38 @@ mod summary;
 mod syscalls;
 
 pub use critical::{critical_path_of, pieces_of, CriticalPath, Piece};
-pub use distributed::distributed_graph;
 pub use diagnosis::{
     baselines, diagnose, is_anomalous, usual_durations, Cause, Culprit, CulpritKind, Diagnosis,
     DiagnosisContext, ANOMALY_FACTOR, ANOMALY_MIN_EXCESS_NS, HEADLINE_MAX, MAX_CULPRITS,
     MIN_BASELINE_REQUESTS,
 };
-pub use root_cause::{ChainIndex, RootCause, MAX_CHAIN_DEPTH};
+pub use distributed::distributed_graph;
 pub use fxhash::{FastMap, FastSet, FxHasher};
 pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Worker};
 pub use input::{build_model, Input, LostEvents};
 pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
 pub use placement::{
     clock_offset_bound, infer_placements, runs_requests_on_any_thread, OffsetBound, Placement,
-    PlacementMethod, PlacementSpan, Processes, ScannedProcess,
-    IO_WINDOW_NS, MISSING_IO_COST_NS, RUN_LIMIT_NS,
+    PlacementMethod, PlacementSpan, Processes, ScannedProcess, IO_WINDOW_NS, MISSING_IO_COST_NS,
+    RUN_LIMIT_NS,
 };
 pub use request::{
-    analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait, InferredPlace,
-    RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource, SyscallLabelKey, ThreadWork,
-    FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, RESUME_GAP_NS, WAKEUP_GRACE_NS,
+    analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait,
+    InferredPlace, RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource,
+    SyscallLabelKey, ThreadWork, FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, RESUME_GAP_NS,
+    WAKEUP_GRACE_NS,
 };
+pub use root_cause::{ChainIndex, RootCause, MAX_CHAIN_DEPTH};
 pub use state::{
-    host_tid, softirq_name, split_host_tid, switch_out, tid_label, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval,
-    InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds, RemoteCall,
-    PacketDirection, StateBuilder, KERNEL_WORKER,
-    StateInterval, SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, MAX_CPUS,
-    HOST_TID_SHIFT, NO_CPU, PENDING_WAKING_WINDOW_NS, SEGMENT_WAKE_NS,
+    host_tid, softirq_name, split_host_tid, switch_out, tid_label, BlockIo, BlockPhase,
+    BlockReason, CpuHistory, CpuInterval, InitialStatus, Interrupt, InterruptInterval, KernelModel,
+    LostRange, ModelStats, NetworkEnds, PacketDirection, RemoteCall, StateBuilder, StateInterval,
+    SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, HOST_TID_SHIFT,
+    KERNEL_WORKER, MAX_CPUS, NO_CPU, PENDING_WAKING_WINDOW_NS, SEGMENT_WAKE_NS,
 };
 pub use summary::{
-    aggregate, group_causes, summarize, CauseGroup, OperationRow, OperationSummary, RequestSummary, SummaryRow,
+    aggregate, group_causes, summarize, CauseGroup, OperationRow, OperationSummary, RequestSummary,
+    SummaryRow,
 };
 pub use syscalls::{syscall_name, Arch};
 

@@ -75,13 +75,21 @@ enum Input {
 
 /// What a trace.dat cut short lost (the rest of it was decoded).
 fn trace_dat_warnings(trace: &TraceDat) -> Vec<String> {
-    trace.truncation().map(ToString::to_string).into_iter().collect()
+    trace
+        .truncation()
+        .map(ToString::to_string)
+        .into_iter()
+        .collect()
 }
 
 /// The CTF stream files found cut short (their whole packets were
 /// decoded); complete once the trace has been read through.
 fn ctf_warnings(trace: &CtfTrace) -> Vec<String> {
-    trace.truncations().iter().map(ToString::to_string).collect()
+    trace
+        .truncations()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 /// On stderr, after the output, so that they are the last thing seen.
@@ -129,7 +137,9 @@ fn contains_ctf_metadata(dir: &Path, depth: u32) -> bool {
     }
     depth > 0
         && std::fs::read_dir(dir).is_ok_and(|entries| {
-            entries.flatten().any(|e| e.path().is_dir() && contains_ctf_metadata(&e.path(), depth - 1))
+            entries
+                .flatten()
+                .any(|e| e.path().is_dir() && contains_ctf_metadata(&e.path(), depth - 1))
         })
 }
 
@@ -249,7 +259,10 @@ fn count_in_parallel<S: Send>(
         }
         workers
             .into_iter()
-            .map(|w| w.join().unwrap_or_else(|_| Err(anyhow!("a decoding thread panicked"))))
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a decoding thread panicked")))
+            })
             .collect()
     });
     bar.finish_and_clear();
@@ -267,7 +280,12 @@ fn count_in_parallel<S: Send>(
     }
 }
 
-fn summary(trace: &TraceDat, limit: Option<u64>, threads: usize, out: &mut impl Write) -> Result<()> {
+fn summary(
+    trace: &TraceDat,
+    limit: Option<u64>,
+    threads: usize,
+    out: &mut impl Write,
+) -> Result<()> {
     let schema = trace.schema().clone();
     // Counting by numeric id keeps the hot loop free of string hashing.
     let ids = usize::from(u16::MAX) + 1;
@@ -328,29 +346,39 @@ fn summary(trace: &TraceDat, limit: Option<u64>, threads: usize, out: &mut impl 
     Ok(())
 }
 
-fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, threads: usize, out: &mut impl Write) -> Result<()> {
+fn ctf_summary(
+    trace: &CtfTrace,
+    limit: Option<u64>,
+    threads: usize,
+    out: &mut impl Write,
+) -> Result<()> {
     // Counting by the class's dense index keeps hashing out of the
     // per-event loop; classes are joined by name at the end (two traces
     // may declare the same name).
     let classes = trace.class_count();
     // Streams decoded on their own infer thread ids as the merged order
     // does (`stream_events` is None when they would not).
-    let streams = if threads > 1 { trace.stream_events() } else { None };
+    let streams = if threads > 1 {
+        trace.stream_events()
+    } else {
+        None
+    };
     let tally = match streams {
         Some(streams) if streams.len() > 1 => {
             let lost = streams.first().map(|s| s.lost_log());
             let streams = streams.into_iter().map(|s| (s.bytes(), s)).collect();
-            let mut tally = count_in_parallel(streams, threads, classes, |events, tally, shared| {
-                for event in events {
-                    let event = event?;
-                    std::hint::black_box(event.to_event());
-                    tally.count(event.class_index());
-                    if tally.events % Shared::TICK == 0 && shared.tick() {
-                        break;
+            let mut tally =
+                count_in_parallel(streams, threads, classes, |events, tally, shared| {
+                    for event in events {
+                        let event = event?;
+                        std::hint::black_box(event.to_event());
+                        tally.count(event.class_index());
+                        if tally.events % Shared::TICK == 0 && shared.tick() {
+                            break;
+                        }
                     }
-                }
-                Ok(())
-            })?;
+                    Ok(())
+                })?;
             tally.lost = lost.map_or(0, |l| l.total());
             tally
         }
@@ -392,10 +420,16 @@ fn ctf_summary(trace: &CtfTrace, limit: Option<u64>, threads: usize, out: &mut i
 }
 
 fn ctf_lines(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
-    for event in trace.events().take(limit.map_or(usize::MAX, saturating_usize)) {
+    for event in trace
+        .events()
+        .take(limit.map_or(usize::MAX, saturating_usize))
+    {
         let event = event?;
         let fields = |fields: &deepspan_model::Fields| -> Map<String, Json> {
-            fields.iter().map(|(name, value)| (name.to_string(), value_json(value.clone()))).collect()
+            fields
+                .iter()
+                .map(|(name, value)| (name.to_string(), value_json(value.clone())))
+                .collect()
         };
         let doc = json!({
             "ts": event.ts(),
@@ -413,7 +447,10 @@ fn ctf_lines(trace: &CtfTrace, limit: Option<u64>, out: &mut impl Write) -> Resu
 
 fn lines(trace: &TraceDat, limit: Option<u64>, out: &mut impl Write) -> Result<()> {
     let schema = trace.schema().clone();
-    for record in trace.records()?.take(limit.map_or(usize::MAX, saturating_usize)) {
+    for record in trace
+        .records()?
+        .take(limit.map_or(usize::MAX, saturating_usize))
+    {
         let record = record?;
         serde_json::to_writer(&mut *out, &event_json(&record, &schema)?)?;
         out.write_all(b"\n")?;

@@ -8,14 +8,15 @@ use deepspan_ctf::{CtfTrace, SpanSync};
 use deepspan_spans::ust::{spans_from_events, UstSpanEvent};
 use deepspan_spans::Span;
 
-use deepspan_pipeline::RUN_CTF_DIR;
 use crate::progress;
+use deepspan_pipeline::RUN_CTF_DIR;
 
 /// Copies the trace into `run/kernel/ctf/` and returns the spans its
 /// `jaeger_ust` events describe (times in the trace's clock, as the kernel
 /// events of the run).
 pub fn import(dir: &Path, run: &Path) -> Result<Vec<Span>> {
-    let trace = CtfTrace::open(dir).with_context(|| format!("cannot read the CTF trace {}", dir.display()))?;
+    let trace = CtfTrace::open(dir)
+        .with_context(|| format!("cannot read the CTF trace {}", dir.display()))?;
     if run.join("kernel").join("trace.dat").exists() || run.join(RUN_CTF_DIR).exists() {
         bail!(
             "{} already has a kernel trace (kernel/trace.dat or {RUN_CTF_DIR}/); import the CTF trace into a new run folder",
@@ -24,11 +25,15 @@ pub fn import(dir: &Path, run: &Path) -> Result<Vec<Span>> {
     }
     let spans = span_events(&trace, dir)?;
     let target = run.join(RUN_CTF_DIR);
-    let staging = run.join("kernel").join(format!(".ctf-import-{}", std::process::id()));
-    std::fs::create_dir_all(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
+    let staging = run
+        .join("kernel")
+        .join(format!(".ctf-import-{}", std::process::id()));
+    std::fs::create_dir_all(&staging)
+        .with_context(|| format!("cannot create {}", staging.display()))?;
     let copied = copy_tree(dir, &staging).and_then(|files| {
-        std::fs::rename(&staging, &target)
-            .with_context(|| format!("cannot move {} to {}", staging.display(), target.display()))?;
+        std::fs::rename(&staging, &target).with_context(|| {
+            format!("cannot move {} to {}", staging.display(), target.display())
+        })?;
         Ok(files)
     });
     let files = match copied {
@@ -41,7 +46,13 @@ pub fn import(dir: &Path, run: &Path) -> Result<Vec<Span>> {
     let domains: Vec<String> = trace
         .traces()
         .iter()
-        .map(|t| format!("{} ({} streams)", t.domain().unwrap_or("unknown domain"), t.stream_count()))
+        .map(|t| {
+            format!(
+                "{} ({} streams)",
+                t.domain().unwrap_or("unknown domain"),
+                t.stream_count()
+            )
+        })
         .collect();
     println!(
         "{}: CTF, {} → {} ({files} files)",
@@ -87,19 +98,33 @@ fn span_events(trace: &CtfTrace, dir: &Path) -> Result<SpanEvents> {
             bar.set_message(format!("{n} events"));
         }
         match e.span_sync() {
-            Some(SpanSync::Start { trace_id, span_id, parent_span_id, op_name, start_time, vtid, vpid, ts }) => {
-                events.push(UstSpanEvent::Start {
-                    trace_id,
-                    span_id,
-                    parent_span_id,
-                    op_name,
-                    start_time_us: start_time,
-                    tid: vtid.and_then(|t| u32::try_from(t).ok()),
-                    pid: vpid,
-                    ts,
-                })
-            }
-            Some(SpanSync::End { trace_id, span_id, duration, vtid, ts, .. }) => events.push(UstSpanEvent::End {
+            Some(SpanSync::Start {
+                trace_id,
+                span_id,
+                parent_span_id,
+                op_name,
+                start_time,
+                vtid,
+                vpid,
+                ts,
+            }) => events.push(UstSpanEvent::Start {
+                trace_id,
+                span_id,
+                parent_span_id,
+                op_name,
+                start_time_us: start_time,
+                tid: vtid.and_then(|t| u32::try_from(t).ok()),
+                pid: vpid,
+                ts,
+            }),
+            Some(SpanSync::End {
+                trace_id,
+                span_id,
+                duration,
+                vtid,
+                ts,
+                ..
+            }) => events.push(UstSpanEvent::End {
                 trace_id,
                 span_id,
                 duration_us: duration,
@@ -117,18 +142,23 @@ fn span_events(trace: &CtfTrace, dir: &Path) -> Result<SpanEvents> {
 /// where the file system allows. Returns the number of files.
 fn copy_tree(from: &Path, to: &Path) -> Result<u64> {
     let mut files = 0;
-    for entry in std::fs::read_dir(from).with_context(|| format!("cannot list {}", from.display()))? {
+    for entry in
+        std::fs::read_dir(from).with_context(|| format!("cannot list {}", from.display()))?
+    {
         let entry = entry.with_context(|| format!("cannot list {}", from.display()))?;
         let src = entry.path();
         let dst = to.join(entry.file_name());
-        let kind = std::fs::metadata(&src).with_context(|| format!("cannot read {}", src.display()))?;
+        let kind =
+            std::fs::metadata(&src).with_context(|| format!("cannot read {}", src.display()))?;
         if kind.is_dir() {
-            std::fs::create_dir(&dst).with_context(|| format!("cannot create {}", dst.display()))?;
+            std::fs::create_dir(&dst)
+                .with_context(|| format!("cannot create {}", dst.display()))?;
             files += copy_tree(&src, &dst)?;
         } else if kind.is_file() {
             if std::fs::hard_link(&src, &dst).is_err() {
-                std::fs::copy(&src, &dst)
-                    .with_context(|| format!("cannot copy {} to {}", src.display(), dst.display()))?;
+                std::fs::copy(&src, &dst).with_context(|| {
+                    format!("cannot copy {} to {}", src.display(), dst.display())
+                })?;
             }
             files += 1;
         }

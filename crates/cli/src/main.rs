@@ -126,7 +126,9 @@ fn main() -> ExitCode {
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     use std::io::ErrorKind::BrokenPipe;
     e.chain().any(|cause| {
-        cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == BrokenPipe)
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == BrokenPipe)
             || cause
                 .downcast_ref::<serde_json::Error>()
                 .is_some_and(|j| j.io_error_kind() == Some(BrokenPipe))

@@ -43,7 +43,9 @@ pub fn count_bar(total: u64, what: &str) -> ProgressBar {
 /// A spinner for work of unknown length, e.g. a recording until Ctrl-C.
 pub fn spinner(what: &str) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(None, target());
-    bar.set_style(ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("valid template"));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("valid template"),
+    );
     bar.set_message(what.to_string());
     bar
 }

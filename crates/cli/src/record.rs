@@ -101,10 +101,18 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
         Some(s) => bail!("--duration must be a positive number of seconds, not {s}"),
     };
-    let out = args.output.expect("clap requires --output without --cleanup");
+    let out = args
+        .output
+        .expect("clap requires --output without --cleanup");
     // Listening before the command starts; port 0 becomes the real port in its environment.
     let receiver = (!args.no_otlp)
-        .then(|| crate::receive::start_run_receiver(&out, Some(args.otlp_grpc_port), Some(args.otlp_http_port)))
+        .then(|| {
+            crate::receive::start_run_receiver(
+                &out,
+                Some(args.otlp_grpc_port),
+                Some(args.otlp_http_port),
+            )
+        })
         .transpose()?;
     let bound = |addr: Option<std::net::SocketAddr>, asked: u16| addr.map_or(asked, |a| a.port());
     let options = RecordOptions {
@@ -118,8 +126,14 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         pids: args.pids,
         duration,
         command: args.command,
-        otlp_grpc_port: bound(receiver.as_ref().and_then(|r| r.grpc_addr()), args.otlp_grpc_port),
-        otlp_http_port: bound(receiver.as_ref().and_then(|r| r.http_addr()), args.otlp_http_port),
+        otlp_grpc_port: bound(
+            receiver.as_ref().and_then(|r| r.grpc_addr()),
+            args.otlp_grpc_port,
+        ),
+        otlp_http_port: bound(
+            receiver.as_ref().and_then(|r| r.http_addr()),
+            args.otlp_http_port,
+        ),
         profile_hz: args.profile,
         host: args.host,
         tcp_keys: args.tcp_keys,
@@ -156,7 +170,11 @@ fn cleanup(force: bool) -> Result<ExitCode> {
     let mut kept = false;
     for instance in done {
         match instance {
-            StaleInstance::Removed { instance, recorder_pid, unfinished_run } => {
+            StaleInstance::Removed {
+                instance,
+                recorder_pid,
+                unfinished_run,
+            } => {
                 eprintln!("removed the tracefs instance {instance} of the dead recorder (pid {recorder_pid})");
                 if let Some(run) = unfinished_run {
                     eprintln!(
@@ -166,9 +184,16 @@ fn cleanup(force: bool) -> Result<ExitCode> {
                     );
                 }
             }
-            StaleInstance::Kept { instance, recorder_pid, held_by } => {
+            StaleInstance::Kept {
+                instance,
+                recorder_pid,
+                held_by,
+            } => {
                 kept = true;
-                let holders: Vec<String> = held_by.iter().map(|(pid, comm)| format!("pid {pid} ({comm})")).collect();
+                let holders: Vec<String> = held_by
+                    .iter()
+                    .map(|(pid, comm)| format!("pid {pid} ({comm})"))
+                    .collect();
                 eprintln!(
                     "kept the tracefs instance {instance} of the dead recorder (pid {recorder_pid}): \
                      {} it traced still running; stop it and run --cleanup again, or add --force",
@@ -178,13 +203,17 @@ fn cleanup(force: bool) -> Result<ExitCode> {
         }
     }
     // Something left behind on purpose is not a failure, but scripts may want to know.
-    Ok(if kept { ExitCode::from(3) } else { ExitCode::SUCCESS })
+    Ok(if kept {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Finishes an interrupted run and says what it could not restore.
 pub fn recover(run: &Path) -> Result<()> {
-    let recovery =
-        deepspan_record::recover(run).with_context(|| format!("cannot recover the run {}", run.display()))?;
+    let recovery = deepspan_record::recover(run)
+        .with_context(|| format!("cannot recover the run {}", run.display()))?;
     let kept: u64 = recovery.kept_bytes.iter().sum();
     let dropped: u64 = recovery.dropped_bytes.iter().sum();
     eprintln!(
@@ -203,14 +232,21 @@ pub fn recover(run: &Path) -> Result<()> {
 /// commands reading runs take such a folder as it is (with a note).
 pub fn recover_if_unfinished(run: &Path) -> Result<()> {
     if deepspan_record::needs_recovery(run) {
-        eprintln!("deepspan: {} is a recording that never finished; recovering it first", run.display());
+        eprintln!(
+            "deepspan: {} is a recording that never finished; recovering it first",
+            run.display()
+        );
         recover(run)?;
     }
     Ok(())
 }
 
 fn describe(p: &Progress) -> String {
-    format!("{} recorded, {} lost", human_bytes(p.bytes_written), p.lost_events)
+    format!(
+        "{} recorded, {} lost",
+        human_bytes(p.bytes_written),
+        p.lost_events
+    )
 }
 
 fn human_bytes(n: u64) -> String {

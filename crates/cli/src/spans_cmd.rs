@@ -8,8 +8,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use deepspan_spans::{
     crisp::{crisp_report, CrispOptions, CrispReport},
-    critical_path::critical_path_report_with, group_traces, import_file, import_into_run_with_ust,
-    CriticalPathOptions, CriticalPathReport, Format,
+    critical_path::critical_path_report_with,
+    group_traces, import_file, import_into_run_with_ust, CriticalPathOptions, CriticalPathReport,
+    Format,
 };
 
 use crate::import_ctf;
@@ -97,7 +98,11 @@ pub fn import(args: ImportArgs) -> Result<()> {
         )?;
     }
     if result.ust_added > 0 {
-        writeln!(out, "{} spans known only from jaeger_ust events", result.ust_added)?;
+        writeln!(
+            out,
+            "{} spans known only from jaeger_ust events",
+            result.ust_added
+        )?;
         total += result.ust_added;
     }
     writeln!(out, "imported {total} spans into {}", result.file.display())?;
@@ -305,10 +310,23 @@ fn write_crisp_table(out: &mut impl Write, report: &CrispReport, source: &Path) 
         human_ns(report.time_saved_on_work_ns),
         human_ns(report.total_work_ns)
     )?;
-    let width = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0).max(20);
-    writeln!(out, "{:<width$}  {:>12}  {:>6}", "[service] operation", "exclusive", "share")?;
+    let width = rows
+        .iter()
+        .map(|r| r.0.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(20);
+    writeln!(
+        out,
+        "{:<width$}  {:>12}  {:>6}",
+        "[service] operation", "exclusive", "share"
+    )?;
     for (op, ns) in rows {
-        let share = if total == 0 { 0.0 } else { *ns as f64 * 100.0 / total as f64 };
+        let share = if total == 0 {
+            0.0
+        } else {
+            *ns as f64 * 100.0 / total as f64
+        };
         writeln!(out, "{op:<width$}  {:>12}  {share:>5.1}%", human_ns(*ns))?;
     }
     Ok(())

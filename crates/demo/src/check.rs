@@ -209,7 +209,11 @@ impl<'a> Req<'a> {
     }
 
     fn excess(&self) -> u64 {
-        let baseline = self.v.get("baseline_ns").and_then(Value::as_u64).unwrap_or(0);
+        let baseline = self
+            .v
+            .get("baseline_ns")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
         self.duration.saturating_sub(baseline)
     }
 
@@ -359,7 +363,10 @@ fn root_verdict(expected: &Expected, felt: &Felt, all: &[Req]) -> RootVerdict {
         .collect();
     anomalous.sort_by_key(|r| std::cmp::Reverse(r.duration));
     let want = felt.root_cause.as_str();
-    let root_matching = anomalous.iter().filter(|r| r.root_cause() == Some(want)).count();
+    let root_matching = anomalous
+        .iter()
+        .filter(|r| r.root_cause() == Some(want))
+        .count();
     let proximate_matching = anomalous.iter().filter(|r| r.cause() == Some(want)).count();
     let excess: u64 = anomalous.iter().map(|r| r.excess()).sum();
     let excess_matching: u64 = anomalous

@@ -1,7 +1,7 @@
 //! The event formats of one trace, indexed for decoding.
 
-use std::collections::HashMap;
 use deepspan_model::Name;
+use std::collections::HashMap;
 
 use crate::format::EventFormat;
 use crate::source::Endian;

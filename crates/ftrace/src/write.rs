@@ -61,7 +61,11 @@ pub struct TraceDatMeta {
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     #[error("cannot write trace file {path}: {what}: {source}")]
-    Io { path: PathBuf, what: String, source: io::Error },
+    Io {
+        path: PathBuf,
+        what: String,
+        source: io::Error,
+    },
     #[error("cannot write trace file {path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
 }
@@ -82,7 +86,11 @@ impl WriteError {
 ///
 /// The file is first written as `<out>.partial` and renamed when complete, so
 /// nobody ever reads a half-written trace. Returns the size of the file.
-pub fn write_trace_dat(out: &Path, meta: &TraceDatMeta, cpu_data: &[PathBuf]) -> Result<u64, WriteError> {
+pub fn write_trace_dat(
+    out: &Path,
+    meta: &TraceDatMeta,
+    cpu_data: &[PathBuf],
+) -> Result<u64, WriteError> {
     validate(out, meta)?;
     let partial = partial_path(out);
     let result = write_to(&partial, out, meta, cpu_data);
@@ -104,31 +112,52 @@ pub fn write_trace_dat(out: &Path, meta: &TraceDatMeta, cpu_data: &[PathBuf]) ->
 }
 
 fn partial_path(out: &Path) -> PathBuf {
-    let mut name = out.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut name = out
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
     name.push(".partial");
     out.with_file_name(name)
 }
 
 fn validate(out: &Path, meta: &TraceDatMeta) -> Result<(), WriteError> {
-    let invalid = |reason: String| Err(WriteError::Invalid { path: out.to_path_buf(), reason });
+    let invalid = |reason: String| {
+        Err(WriteError::Invalid {
+            path: out.to_path_buf(),
+            reason,
+        })
+    };
     if !meta.page_size.is_power_of_two() || meta.page_size < 64 {
-        return invalid(format!("page size {} is not a power of two of at least 64 bytes", meta.page_size));
+        return invalid(format!(
+            "page size {} is not a power of two of at least 64 bytes",
+            meta.page_size
+        ));
     }
     if meta.long_size != 4 && meta.long_size != 8 {
         return invalid(format!("long size {} is neither 4 nor 8", meta.long_size));
     }
     // These sections have 32-bit sizes in v6.
-    for (name, len) in [("kallsyms", meta.kallsyms.len()), ("printk formats", meta.printk_formats.len())] {
+    for (name, len) in [
+        ("kallsyms", meta.kallsyms.len()),
+        ("printk formats", meta.printk_formats.len()),
+    ] {
         if u32::try_from(len).is_err() {
-            return invalid(format!("{name} are {len} bytes, more than a v6 file can hold"));
+            return invalid(format!(
+                "{name} are {len} bytes, more than a v6 file can hold"
+            ));
         }
     }
     if meta.trace_clock.is_empty() || meta.trace_clock.contains(['[', ']', ' ', '\0']) {
-        return invalid(format!("trace clock name {:?} is not a plain clock name", meta.trace_clock));
+        return invalid(format!(
+            "trace clock name {:?} is not a plain clock name",
+            meta.trace_clock
+        ));
     }
     for (system, _) in &meta.event_formats {
         if system.is_empty() || system.contains('\0') {
-            return invalid(format!("event system name {system:?} is empty or contains NUL"));
+            return invalid(format!(
+                "event system name {system:?} is empty or contains NUL"
+            ));
         }
     }
     Ok(())
@@ -142,11 +171,17 @@ struct Out {
 
 impl Out {
     fn put(&mut self, bytes: &[u8], what: &str) -> Result<(), WriteError> {
-        self.w.write_all(bytes).map_err(|source| self.err(what, source))
+        self.w
+            .write_all(bytes)
+            .map_err(|source| self.err(what, source))
     }
 
     fn err(&self, what: &str, source: io::Error) -> WriteError {
-        WriteError::Io { path: self.path.clone(), what: what.to_string(), source }
+        WriteError::Io {
+            path: self.path.clone(),
+            what: what.to_string(),
+            source,
+        }
     }
 
     fn u16(&mut self, v: u16, what: &str) -> Result<(), WriteError> {
@@ -183,11 +218,18 @@ impl Out {
 }
 
 fn count_u32(n: usize, what: &str, path: &Path) -> Result<u32, WriteError> {
-    u32::try_from(n)
-        .map_err(|_| WriteError::Invalid { path: path.to_path_buf(), reason: format!("too many {what}: {n}") })
+    u32::try_from(n).map_err(|_| WriteError::Invalid {
+        path: path.to_path_buf(),
+        reason: format!("too many {what}: {n}"),
+    })
 }
 
-fn write_to(partial: &Path, out: &Path, meta: &TraceDatMeta, cpu_data: &[PathBuf]) -> Result<u64, WriteError> {
+fn write_to(
+    partial: &Path,
+    out: &Path,
+    meta: &TraceDatMeta,
+    cpu_data: &[PathBuf],
+) -> Result<u64, WriteError> {
     let page = u64::from(meta.page_size);
     let mut sizes = Vec::with_capacity(cpu_data.len());
     for path in cpu_data {
@@ -201,7 +243,10 @@ fn write_to(partial: &Path, out: &Path, meta: &TraceDatMeta, cpu_data: &[PathBuf
         if size % page != 0 {
             return Err(WriteError::Invalid {
                 path: out.to_path_buf(),
-                reason: format!("CPU data {} is {size} bytes, not a whole number of {page}-byte pages", path.display()),
+                reason: format!(
+                    "CPU data {} is {size} bytes, not a whole number of {page}-byte pages",
+                    path.display()
+                ),
             });
         }
         sizes.push(size);
@@ -212,11 +257,17 @@ fn write_to(partial: &Path, out: &Path, meta: &TraceDatMeta, cpu_data: &[PathBuf
         what: "creating the file".into(),
         source,
     })?;
-    let mut o = Out { w: BufWriter::with_capacity(1 << 20, file), path: partial.to_path_buf() };
+    let mut o = Out {
+        w: BufWriter::with_capacity(1 << 20, file),
+        path: partial.to_path_buf(),
+    };
 
     // Initial format.
     o.put(b"\x17\x08\x44tracing6\0", "magic")?;
-    o.put(&[u8::from(cfg!(target_endian = "big")), meta.long_size], "endianness and long size")?;
+    o.put(
+        &[u8::from(cfg!(target_endian = "big")), meta.long_size],
+        "endianness and long size",
+    )?;
     o.u32(meta.page_size, "page size")?;
 
     // Header info.
@@ -225,16 +276,25 @@ fn write_to(partial: &Path, out: &Path, meta: &TraceDatMeta, cpu_data: &[PathBuf
     o.put(b"header_event\0", "header_event")?;
     o.block8(&meta.header_event, "header_event")?;
 
-    o.u32(count_u32(meta.ftrace_formats.len(), "ftrace formats", out)?, "ftrace formats")?;
+    o.u32(
+        count_u32(meta.ftrace_formats.len(), "ftrace formats", out)?,
+        "ftrace formats",
+    )?;
     for format in &meta.ftrace_formats {
         o.block8(format, "ftrace formats")?;
     }
 
-    o.u32(count_u32(meta.event_formats.len(), "event systems", out)?, "event formats")?;
+    o.u32(
+        count_u32(meta.event_formats.len(), "event systems", out)?,
+        "event formats",
+    )?;
     for (system, formats) in &meta.event_formats {
         o.put(system.as_bytes(), "event formats")?;
         o.put(b"\0", "event formats")?;
-        o.u32(count_u32(formats.len(), "event formats", out)?, "event formats")?;
+        o.u32(
+            count_u32(formats.len(), "event formats", out)?,
+            "event formats",
+        )?;
         for format in formats {
             o.block8(format, "event formats")?;
         }
@@ -267,8 +327,10 @@ fn write_to(partial: &Path, out: &Path, meta: &TraceDatMeta, cpu_data: &[PathBuf
     // Flyrecord: the CPU table, then (because of the TRACECLOCK option) the
     // clock again, then page-aligned CPU data.
     o.put(b"flyrecord\0", "flyrecord")?;
-    let header_end =
-        o.w.stream_position().map_err(|e| o.err("flyrecord", e))? + 16 * sizes.len() as u64 + 8 + clock.len() as u64;
+    let header_end = o.w.stream_position().map_err(|e| o.err("flyrecord", e))?
+        + 16 * sizes.len() as u64
+        + 8
+        + clock.len() as u64;
     let mut offsets = Vec::with_capacity(sizes.len());
     let mut next = header_end;
     for &size in &sizes {
@@ -287,16 +349,25 @@ fn write_to(partial: &Path, out: &Path, meta: &TraceDatMeta, cpu_data: &[PathBuf
         what: "writing the headers".into(),
         source: e.into_error(),
     })?;
-    for (cpu, (path, (&offset, &size))) in cpu_data.iter().zip(offsets.iter().zip(&sizes)).enumerate() {
+    for (cpu, (path, (&offset, &size))) in
+        cpu_data.iter().zip(offsets.iter().zip(&sizes)).enumerate()
+    {
         let what = || format!("copying CPU {cpu} data from {}", path.display());
-        let io_err = |source| WriteError::Io { path: partial.to_path_buf(), what: what(), source };
+        let io_err = |source| WriteError::Io {
+            path: partial.to_path_buf(),
+            what: what(),
+            source,
+        };
         file.seek(SeekFrom::Start(offset)).map_err(io_err)?;
         let mut src = File::open(path).map_err(io_err)?;
         let copied = io::copy(&mut src, &mut file).map_err(io_err)?;
         if copied != size {
             return Err(WriteError::Invalid {
                 path: partial.to_path_buf(),
-                reason: format!("{} changed size while being copied ({size} then {copied} bytes)", path.display()),
+                reason: format!(
+                    "{} changed size while being copied ({size} then {copied} bytes)",
+                    path.display()
+                ),
             });
         }
     }
@@ -307,7 +378,11 @@ fn write_to(partial: &Path, out: &Path, meta: &TraceDatMeta, cpu_data: &[PathBuf
         what: "setting the final size".into(),
         source,
     })?;
-    file.sync_all().map_err(|source| WriteError::Io { path: partial.to_path_buf(), what: "syncing".into(), source })?;
+    file.sync_all().map_err(|source| WriteError::Io {
+        path: partial.to_path_buf(),
+        what: "syncing".into(),
+        source,
+    })?;
     Ok(next)
 }
 
@@ -401,7 +476,9 @@ mod tests {
         assert_eq!(&b[at..at + 6], b"[mono]");
         assert_eq!((off0 % 4096, size0), (0, 8192));
         assert_eq!((off1, size1), (off0 + 8192, 0));
-        assert!(b[off0 as usize..(off0 + size0) as usize].iter().all(|&x| x == 0xab));
+        assert!(b[off0 as usize..(off0 + size0) as usize]
+            .iter()
+            .all(|&x| x == 0xab));
     }
 
     #[test]

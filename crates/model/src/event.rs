@@ -88,8 +88,14 @@ impl Event {
                 s.prev_tid = f(s.prev_tid);
                 s.next_tid = f(s.next_tid);
             }
-            EventKind::SchedWaking(w) | EventKind::SchedWakeup(w) | EventKind::SchedWakeupNew(w) => w.tid = f(w.tid),
-            EventKind::SchedProcessFork { parent_tid, child_tid, .. } => {
+            EventKind::SchedWaking(w)
+            | EventKind::SchedWakeup(w)
+            | EventKind::SchedWakeupNew(w) => w.tid = f(w.tid),
+            EventKind::SchedProcessFork {
+                parent_tid,
+                child_tid,
+                ..
+            } => {
                 *parent_tid = f(*parent_tid);
                 *child_tid = f(*child_tid);
             }
@@ -171,7 +177,11 @@ pub struct BlockRq {
 
 impl BlockRq {
     pub fn rwbs_str(&self) -> &str {
-        let len = self.rwbs.iter().position(|&b| b == 0).unwrap_or(self.rwbs.len());
+        let len = self
+            .rwbs
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.rwbs.len());
         std::str::from_utf8(&self.rwbs[..len]).unwrap_or("?")
     }
 }
@@ -192,33 +202,90 @@ pub enum EventKind {
     SchedWaking(Wakeup),
     SchedWakeup(Wakeup),
     SchedWakeupNew(Wakeup),
-    SchedProcessFork { parent_tid: Tid, parent_comm: Comm, child_tid: Tid, child_comm: Comm },
-    SchedProcessExec { tid: Tid, old_tid: Tid, filename: Arc<str> },
-    SchedProcessExit { tid: Tid, comm: Comm, prio: i32 },
-    SchedProcessFree { tid: Tid, comm: Comm, prio: i32 },
-    SchedMigrateTask { tid: Tid, comm: Comm, prio: i32, orig_cpu: i32, dest_cpu: i32 },
-    IrqHandlerEntry { irq: i32, name: Name },
-    IrqHandlerExit { irq: i32, ret: i32 },
-    SoftirqRaise { vec: u32 },
-    SoftirqEntry { vec: u32 },
-    SoftirqExit { vec: u32 },
-    HrtimerExpireEntry { hrtimer: u64, function: u64, now: i64 },
-    HrtimerExpireExit { hrtimer: u64 },
+    SchedProcessFork {
+        parent_tid: Tid,
+        parent_comm: Comm,
+        child_tid: Tid,
+        child_comm: Comm,
+    },
+    SchedProcessExec {
+        tid: Tid,
+        old_tid: Tid,
+        filename: Arc<str>,
+    },
+    SchedProcessExit {
+        tid: Tid,
+        comm: Comm,
+        prio: i32,
+    },
+    SchedProcessFree {
+        tid: Tid,
+        comm: Comm,
+        prio: i32,
+    },
+    SchedMigrateTask {
+        tid: Tid,
+        comm: Comm,
+        prio: i32,
+        orig_cpu: i32,
+        dest_cpu: i32,
+    },
+    IrqHandlerEntry {
+        irq: i32,
+        name: Name,
+    },
+    IrqHandlerExit {
+        irq: i32,
+        ret: i32,
+    },
+    SoftirqRaise {
+        vec: u32,
+    },
+    SoftirqEntry {
+        vec: u32,
+    },
+    SoftirqExit {
+        vec: u32,
+    },
+    HrtimerExpireEntry {
+        hrtimer: u64,
+        function: u64,
+        now: i64,
+    },
+    HrtimerExpireExit {
+        hrtimer: u64,
+    },
     /// An inter-processor interrupt handler starts (x86 `irq_vectors:*_entry`,
     /// arm `ipi:ipi_entry`). `kind` names it, e.g. `reschedule`.
-    IpiEntry { kind: Name, vector: i32 },
-    IpiExit { kind: Name, vector: i32 },
+    IpiEntry {
+        kind: Name,
+        vector: i32,
+    },
+    IpiExit {
+        kind: Name,
+        vector: i32,
+    },
     /// `raw_syscalls:sys_enter`, or a named syscall entry (LTTng) with its
     /// positional arguments; `id` is -1 when only the name is known.
-    SysEnter { id: i64, name: Option<Name>, args: [u64; 6] },
-    SysExit { id: i64, name: Option<Name>, ret: i64 },
+    SysEnter {
+        id: i64,
+        name: Option<Name>,
+        args: [u64; 6],
+    },
+    SysExit {
+        id: i64,
+        name: Option<Name>,
+        ret: i64,
+    },
     BlockRqInsert(BlockRq),
     BlockRqIssue(BlockRq),
     BlockRqComplete(BlockRq),
     NetDevQueue(Packet),
     NetifReceiveSkb(Packet),
     /// Any event without a typed variant; `name` is the bare event name.
-    Other { name: Name },
+    Other {
+        name: Name,
+    },
 }
 
 /// Softirq vector numbers (`include/linux/interrupt.h`).
@@ -290,9 +357,18 @@ mod tests {
     #[test]
     fn comm_truncates_at_nul_and_sixteen_bytes() {
         assert_eq!(Comm::from_bytes(b"bash\0garbage").to_string_lossy(), "bash");
-        assert_eq!(Comm::from_bytes(b"0123456789abcdefXYZ").as_bytes(), b"0123456789abcdef");
-        assert_eq!(Comm::from_bytes(b"bash\0garbage\0\x01\x80\xff\0").as_bytes(), b"bash");
-        assert_eq!(Comm::from_bytes(b"0123456789abcdef").as_bytes(), b"0123456789abcdef");
+        assert_eq!(
+            Comm::from_bytes(b"0123456789abcdefXYZ").as_bytes(),
+            b"0123456789abcdef"
+        );
+        assert_eq!(
+            Comm::from_bytes(b"bash\0garbage\0\x01\x80\xff\0").as_bytes(),
+            b"bash"
+        );
+        assert_eq!(
+            Comm::from_bytes(b"0123456789abcdef").as_bytes(),
+            b"0123456789abcdef"
+        );
         assert_eq!(Comm::from_bytes(b"\x00123456789abcdef").as_bytes(), b"");
         assert_eq!(Comm::from_bytes(b"short").as_bytes(), b"short");
         // Every position of the NUL, next to bytes that borrow.

@@ -92,12 +92,17 @@ where
             }
         }
         let Reverse((_, idx)) = self.order.pop()?;
-        let item = self.heads[idx].take().expect("heap entry always has a head");
+        let item = self.heads[idx]
+            .take()
+            .expect("heap entry always has a head");
         if let Err(e) = self.refill(idx) {
             // Hand out the error now; the good item is returned on the next
             // call so that nothing decoded is lost.
             self.heads[idx] = Some(item);
-            self.order.push(Reverse((self.heads[idx].as_ref().unwrap().timestamp(), idx)));
+            self.order.push(Reverse((
+                self.heads[idx].as_ref().unwrap().timestamp(),
+                idx,
+            )));
             return Some(Err(e));
         }
         Some(Ok(item))
@@ -133,18 +138,29 @@ mod tests {
 
     #[test]
     fn equal_timestamps_keep_stream_order() {
-        let out: Vec<Item> =
-            Merge::new(streams(&[vec![5, 5], vec![5], vec![1, 5]])).map(Result::unwrap).collect();
+        let out: Vec<Item> = Merge::new(streams(&[vec![5, 5], vec![5], vec![1, 5]]))
+            .map(Result::unwrap)
+            .collect();
         let order: Vec<(u64, usize, usize)> = out.iter().map(|i| (i.0, i.1, i.2)).collect();
-        assert_eq!(order, vec![(1, 2, 0), (5, 0, 0), (5, 0, 1), (5, 1, 0), (5, 2, 1)]);
+        assert_eq!(
+            order,
+            vec![(1, 2, 0), (5, 0, 0), (5, 0, 1), (5, 1, 0), (5, 2, 1)]
+        );
     }
 
     #[test]
     fn error_is_reported_and_nothing_decoded_is_lost() {
-        let a = vec![Ok(Item(1, 0, 0)), Ok(Item(3, 0, 1)), Err("bad page".to_string())];
+        let a = vec![
+            Ok(Item(1, 0, 0)),
+            Ok(Item(3, 0, 1)),
+            Err("bad page".to_string()),
+        ];
         let b = vec![Ok(Item(2, 1, 0))];
         let out: Vec<_> = Merge::new(vec![a.into_iter(), b.into_iter()]).collect();
-        let oks: Vec<u64> = out.iter().filter_map(|r| r.as_ref().ok().map(|i| i.0)).collect();
+        let oks: Vec<u64> = out
+            .iter()
+            .filter_map(|r| r.as_ref().ok().map(|i| i.0))
+            .collect();
         assert_eq!(oks, vec![1, 2, 3]);
         assert_eq!(out.iter().filter(|r| r.is_err()).count(), 1);
     }

@@ -8,8 +8,8 @@
 //! equal timestamps in stream order, then in order within a stream, so the
 //! result is identical to a sequential merge.
 
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
 
@@ -57,7 +57,11 @@ where
             links.push(Link { full, give_back });
             let stop = &stop;
             scope.spawn(move || {
-                let fresh = || spare.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH));
+                let fresh = || {
+                    spare
+                        .try_recv()
+                        .unwrap_or_else(|_| Vec::with_capacity(BATCH))
+                };
                 let mut batch = fresh();
                 for item in stream {
                     if stop.load(Ordering::Relaxed) {
@@ -101,7 +105,10 @@ struct Link<T, E> {
     give_back: Sender<Vec<T>>,
 }
 
-fn merge_batches<T: Timestamped, E>(links: &[Link<T, E>], sink: &mut dyn FnMut(&T)) -> Result<(), E> {
+fn merge_batches<T: Timestamped, E>(
+    links: &[Link<T, E>],
+    sink: &mut dyn FnMut(&T),
+) -> Result<(), E> {
     /// A stream's current batch and the position of its next item.
     struct Cursor<T> {
         batch: Vec<T>,
@@ -184,7 +191,9 @@ mod tests {
         // A small LCG: several streams with many equal timestamps.
         let mut x = seed;
         let mut next = || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             x >> 33
         };
         (0..4)
@@ -205,13 +214,19 @@ mod tests {
         for seed in 0..5 {
             let input = streams(seed);
             let sequential: Vec<Item> = Merge::new(
-                input.iter().map(|s| s.clone().into_iter().map(Ok::<_, ()>)).collect(),
+                input
+                    .iter()
+                    .map(|s| s.clone().into_iter().map(Ok::<_, ()>))
+                    .collect(),
             )
             .map(|r| r.unwrap())
             .collect();
             let mut parallel = Vec::new();
             merge_parallel(
-                input.iter().map(|s| s.clone().into_iter().map(Ok::<_, ()>)).collect(),
+                input
+                    .iter()
+                    .map(|s| s.clone().into_iter().map(Ok::<_, ()>))
+                    .collect(),
                 &mut |i| parallel.push(i),
             )
             .unwrap();
@@ -222,10 +237,19 @@ mod tests {
     #[test]
     fn the_first_error_stops_the_merge() {
         let good = (0..100_000u64).map(|t| Ok(Item(t, 0, 0)));
-        let bad = (0..10u64).map(|t| if t < 5 { Ok(Item(t, 1, 0)) } else { Err("corrupt packet") });
+        let bad = (0..10u64).map(|t| {
+            if t < 5 {
+                Ok(Item(t, 1, 0))
+            } else {
+                Err("corrupt packet")
+            }
+        });
         let mut seen = 0;
         let r = merge_parallel(
-            vec![Box::new(good) as Box<dyn Iterator<Item = _> + Send>, Box::new(bad)],
+            vec![
+                Box::new(good) as Box<dyn Iterator<Item = _> + Send>,
+                Box::new(bad),
+            ],
             &mut |_| seen += 1,
         );
         assert_eq!(r, Err("corrupt packet"));

@@ -374,7 +374,10 @@ pub fn analyze_run(
                 delta as f64 / 1e3
             ));
             if let Some(b) = clock_offset_bound(&model, arch, &placing, &placements) {
-                notes.push(format!("after the correction: {}", placements::offset_note(&b)));
+                notes.push(format!(
+                    "after the correction: {}",
+                    placements::offset_note(&b)
+                ));
             }
             clock = Some(corrected);
         }

@@ -55,7 +55,9 @@ impl SampleIndex {
 
     /// The samples of `tid` in `[start, end)`.
     pub fn within(&self, tid: i32, start: u64, end: u64) -> &[Sample] {
-        let Some(list) = self.by_tid.get(&tid) else { return &[] };
+        let Some(list) = self.by_tid.get(&tid) else {
+            return &[];
+        };
         let from = list.partition_point(|s| s.time_ns < start);
         let to = list.partition_point(|s| s.time_ns < end);
         &list[from..to.max(from)]
@@ -123,7 +125,9 @@ pub fn add_request(
         let thread = thread_frame(piece);
         if piece.state == "RUNNING" {
             totals.on_cpu_ns += ns;
-            let taken = piece.tid.map_or(&[][..], |tid| samples.within(tid as i32, piece.start_ns, piece.end_ns));
+            let taken = piece.tid.map_or(&[][..], |tid| {
+                samples.within(tid as i32, piece.start_ns, piece.end_ns)
+            });
             match running.iter_mut().find(|r| r.0 == piece.tid) {
                 Some(r) => {
                     r.2 += ns;
@@ -135,16 +139,33 @@ pub fn add_request(
             totals.off_cpu_ns += ns;
             let mut stack = vec![marker(root), thread, marker(&off_cpu_label(piece))];
             if let Some(call) = &piece.syscall {
-                stack.push(Frame { function: format!("syscall: {call}"), module: "[kernel]".into() });
+                stack.push(Frame {
+                    function: format!("syscall: {call}"),
+                    module: "[kernel]".into(),
+                });
             }
-            out.add_stack(&stack, StackValue { samples: 0, wall_ns: ns, off_cpu_state: Some(&piece.state) });
+            out.add_stack(
+                &stack,
+                StackValue {
+                    samples: 0,
+                    wall_ns: ns,
+                    off_cpu_state: Some(&piece.state),
+                },
+            );
         }
     }
     for (_, thread, ns, taken) in running {
         if taken.is_empty() {
             totals.unsampled_ns += ns;
             let stack = [marker(root), thread, marker("[on-CPU: not sampled]")];
-            out.add_stack(&stack, StackValue { samples: 0, wall_ns: ns, off_cpu_state: None });
+            out.add_stack(
+                &stack,
+                StackValue {
+                    samples: 0,
+                    wall_ns: ns,
+                    off_cpu_state: None,
+                },
+            );
             continue;
         }
         totals.samples += taken.len() as u64;
@@ -154,8 +175,20 @@ pub fn add_request(
             let share = ns / n + u64::from((i as u64) < ns % n);
             let mut stack = vec![marker(root), thread.clone(), marker("[on-CPU]")];
             let leaf_first: Vec<(u64, bool)> = s.frames().collect();
-            stack.extend(leaf_first.iter().rev().map(|&(addr, kernel)| symbols.frame(s.pid, addr, kernel)));
-            out.add_stack(&stack, StackValue { samples: 1, wall_ns: share, off_cpu_state: None });
+            stack.extend(
+                leaf_first
+                    .iter()
+                    .rev()
+                    .map(|&(addr, kernel)| symbols.frame(s.pid, addr, kernel)),
+            );
+            out.add_stack(
+                &stack,
+                StackValue {
+                    samples: 1,
+                    wall_ns: share,
+                    off_cpu_state: None,
+                },
+            );
         }
     }
     totals
@@ -173,8 +206,13 @@ fn thread_frame(piece: &PathPiece) -> Frame {
 /// spent waiting on another request, what that request's thread was doing:
 /// `[off-CPU: blocked by request X: TIMER]`.
 pub fn off_cpu_label(piece: &PathPiece) -> String {
-    let throttled = piece.state == "PREEMPTED" && piece.throttled_ns * 2 >= piece.end_ns.saturating_sub(piece.start_ns);
-    let state = if throttled { "PREEMPTED (throttled)".to_string() } else { piece.state.clone() };
+    let throttled = piece.state == "PREEMPTED"
+        && piece.throttled_ns * 2 >= piece.end_ns.saturating_sub(piece.start_ns);
+    let state = if throttled {
+        "PREEMPTED (throttled)".to_string()
+    } else {
+        piece.state.clone()
+    };
     match &piece.blocked_by_request {
         Some(x) => format!("[off-CPU: blocked by request {x}: {state}]"),
         None => format!("[off-CPU: {state}]"),
@@ -182,7 +220,10 @@ pub fn off_cpu_label(piece: &PathPiece) -> String {
 }
 
 fn marker(name: &str) -> Frame {
-    Frame { function: name.to_string(), module: String::new() }
+    Frame {
+        function: name.to_string(),
+        module: String::new(),
+    }
 }
 
 #[cfg(test)]
@@ -200,9 +241,21 @@ mod tests {
             pid: 1,
             tid,
             cpu: 0,
-            callchain: vec![PERF_CONTEXT_KERNEL, 0xffff_ffff_8100_0000, PERF_CONTEXT_USER, 0x1000, 0x2000],
+            callchain: vec![
+                PERF_CONTEXT_KERNEL,
+                0xffff_ffff_8100_0000,
+                PERF_CONTEXT_USER,
+                0x1000,
+                0x2000,
+            ],
         };
-        let samples = vec![sample(100, 5), sample(150, 5), sample(180, 5), sample(400, 6), sample(950, 5)];
+        let samples = vec![
+            sample(100, 5),
+            sample(150, 5),
+            sample(180, 5),
+            sample(400, 6),
+            sample(950, 5),
+        ];
         let index = SampleIndex::new(samples);
         let piece = |start, end, state: &str, tid| PathPiece {
             start_ns: start,
@@ -214,20 +267,37 @@ mod tests {
         };
         let path = vec![
             piece(90, 200, "RUNNING", 5),
-            PathPiece { throttled_ns: 250, ..piece(200, 500, "PREEMPTED", 5) },
-            PathPiece { syscall: Some("futex".into()), ..piece(500, 700, "BLOCKED", 5) },
+            PathPiece {
+                throttled_ns: 250,
+                ..piece(200, 500, "PREEMPTED", 5)
+            },
+            PathPiece {
+                syscall: Some("futex".into()),
+                ..piece(500, 700, "BLOCKED", 5)
+            },
             piece(700, 900, "RUNNING", 6),
             // A piece of tid 5 too short for a sample of its own.
             piece(900, 920, "RUNNING", 5),
         ];
         let mut out = PprofBuilder::new(0, 830);
         let totals = add_request(&mut out, "[svc] GET /x", &path, &index, &mut symbols);
-        assert_eq!(totals, Totals { on_cpu_ns: 110 + 200 + 20, off_cpu_ns: 300 + 200, samples: 3, unsampled_ns: 200 });
+        assert_eq!(
+            totals,
+            Totals {
+                on_cpu_ns: 110 + 200 + 20,
+                off_cpu_ns: 300 + 200,
+                samples: 3,
+                unsampled_ns: 200
+            }
+        );
         let profile = out.finish();
         let wall: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
         assert_eq!(wall, 830);
-        let names: Vec<&str> =
-            profile.function.iter().map(|f| profile.string_table[f.name as usize].as_str()).collect();
+        let names: Vec<&str> = profile
+            .function
+            .iter()
+            .map(|f| profile.string_table[f.name as usize].as_str())
+            .collect();
         for expected in [
             "[off-CPU: PREEMPTED (throttled)]",
             "[off-CPU: BLOCKED]",
@@ -236,11 +306,19 @@ mod tests {
             "[on-CPU]",
             "[on-CPU: not sampled]",
         ] {
-            assert!(names.contains(&expected), "{expected} missing from {names:?}");
+            assert!(
+                names.contains(&expected),
+                "{expected} missing from {names:?}"
+            );
         }
         // Tid 5's three samples share its 130 ns of RUNNING (the sample at
         // 950 is outside the path); tid 6's 200 ns had no sample.
-        let on: Vec<i64> = profile.sample.iter().filter(|s| s.value[0] == 1).map(|s| s.value[1]).collect();
+        let on: Vec<i64> = profile
+            .sample
+            .iter()
+            .filter(|s| s.value[0] == 1)
+            .map(|s| s.value[1])
+            .collect();
         assert_eq!(on, vec![44, 43, 43]);
     }
 }

@@ -53,7 +53,10 @@ impl FlameTree {
     pub fn new() -> FlameTree {
         FlameTree {
             nodes: vec![Building {
-                frame: Frame { function: "all".into(), module: String::new() },
+                frame: Frame {
+                    function: "all".into(),
+                    module: String::new(),
+                },
                 value_ns: 0,
                 on_cpu_ns: 0,
                 samples: 0,
@@ -71,7 +74,11 @@ impl FlameTree {
     fn node(&self, i: usize) -> FlameNode {
         let b = &self.nodes[i];
         let mut children: Vec<FlameNode> = b.children.iter().map(|&c| self.node(c)).collect();
-        children.sort_by(|x, y| y.value_ns.cmp(&x.value_ns).then_with(|| x.name.cmp(&y.name)));
+        children.sort_by(|x, y| {
+            y.value_ns
+                .cmp(&x.value_ns)
+                .then_with(|| x.name.cmp(&y.name))
+        });
         FlameNode {
             name: b.frame.function.clone(),
             module: b.frame.module.clone(),
@@ -137,7 +144,12 @@ mod tests {
     /// Every node's time is the sum of its children's plus what ends there.
     fn check_sums(node: &FlameNode) {
         let children: u64 = node.children.iter().map(|c| c.value_ns).sum();
-        assert!(children <= node.value_ns, "{}: children {children} > {}", node.name, node.value_ns);
+        assert!(
+            children <= node.value_ns,
+            "{}: children {children} > {}",
+            node.name,
+            node.value_ns
+        );
         let on: u64 = node.children.iter().map(|c| c.on_cpu_ns).sum();
         assert!(on <= node.on_cpu_ns, "{}", node.name);
         node.children.iter().for_each(check_sums);
@@ -155,7 +167,11 @@ mod tests {
             cpu: 0,
             callchain: vec![PERF_CONTEXT_USER, leaf, 0x1000],
         };
-        let index = SampleIndex::new(vec![sample(100, 0x2000), sample(150, 0x2000), sample(600, 0x3000)]);
+        let index = SampleIndex::new(vec![
+            sample(100, 0x2000),
+            sample(150, 0x2000),
+            sample(600, 0x3000),
+        ]);
         let piece = |start, end, state: &str| PathPiece {
             start_ns: start,
             end_ns: end,
@@ -166,9 +182,15 @@ mod tests {
         };
         let path = vec![
             piece(0, 200, "RUNNING"),
-            PathPiece { syscall: Some("read".into()), ..piece(200, 500, "BLOCK_DEVICE") },
+            PathPiece {
+                syscall: Some("read".into()),
+                ..piece(200, 500, "BLOCK_DEVICE")
+            },
             piece(500, 700, "RUNNING"),
-            PathPiece { blocked_by_request: Some("[db] SELECT".into()), ..piece(700, 1000, "BLOCKED") },
+            PathPiece {
+                blocked_by_request: Some("[db] SELECT".into()),
+                ..piece(700, 1000, "BLOCKED")
+            },
         ];
         let mut tree = FlameTree::new();
         let totals = add_request(&mut tree, "[svc] GET /x", &path, &index, &mut symbols);
@@ -197,7 +219,11 @@ mod tests {
         let caller = &on.children[0];
         assert!(caller.on_cpu);
         assert_eq!(caller.value_ns, 400);
-        let leaves: Vec<(u64, u64)> = caller.children.iter().map(|c| (c.value_ns, c.samples)).collect();
+        let leaves: Vec<(u64, u64)> = caller
+            .children
+            .iter()
+            .map(|c| (c.value_ns, c.samples))
+            .collect();
         assert_eq!(leaves, vec![(267, 2), (133, 1)]);
 
         let disk = find(&all, "[off-CPU: BLOCK_DEVICE]").unwrap();
@@ -211,23 +237,41 @@ mod tests {
     #[test]
     fn stacks_merge_by_frame_and_module() {
         let mut tree = FlameTree::new();
-        let f = |name: &str, module: &str| Frame { function: name.into(), module: module.into() };
-        let on = |ns| StackValue { samples: 1, wall_ns: ns, off_cpu_state: None };
+        let f = |name: &str, module: &str| Frame {
+            function: name.into(),
+            module: module.into(),
+        };
+        let on = |ns| StackValue {
+            samples: 1,
+            wall_ns: ns,
+            off_cpu_state: None,
+        };
         tree.add_stack(&[f("a", ""), f("b", "x.so")], on(10));
         tree.add_stack(&[f("a", ""), f("b", "y.so")], on(30));
         tree.add_stack(&[f("a", ""), f("b", "x.so")], on(5));
         tree.add_stack(
             &[f("a", ""), f("[off-CPU: TIMER]", "")],
-            StackValue { samples: 0, wall_ns: 7, off_cpu_state: Some("TIMER") },
+            StackValue {
+                samples: 0,
+                wall_ns: 7,
+                off_cpu_state: Some("TIMER"),
+            },
         );
         let all = tree.finish();
         let a = &all.children[0];
         assert_eq!((a.value_ns, a.on_cpu_ns, a.samples), (52, 45, 3));
-        let children: Vec<(&str, &str, u64, bool)> =
-            a.children.iter().map(|c| (c.name.as_str(), c.module.as_str(), c.value_ns, c.on_cpu)).collect();
+        let children: Vec<(&str, &str, u64, bool)> = a
+            .children
+            .iter()
+            .map(|c| (c.name.as_str(), c.module.as_str(), c.value_ns, c.on_cpu))
+            .collect();
         assert_eq!(
             children,
-            vec![("b", "y.so", 30, true), ("b", "x.so", 15, true), ("[off-CPU: TIMER]", "", 7, false)]
+            vec![
+                ("b", "y.so", 30, true),
+                ("b", "x.so", 15, true),
+                ("[off-CPU: TIMER]", "", 7, false)
+            ]
         );
         let json = serde_json::to_value(&all).unwrap();
         assert_eq!(json["children"][0]["children"][2]["on_cpu"], false);

@@ -29,9 +29,17 @@ pub use symbols::{Frame, Symbols};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot {action} {path}: {source}")]
-    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: at byte {offset} of the samples: {reason}")]
-    Format { path: PathBuf, offset: u64, reason: String },
+    Format {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
     #[error("cannot sample CPU {cpu} with perf_event_open: {source} (perf_event_paranoid and the container must allow system-wide CPU-clock sampling; as root it does)")]
     PerfEvent { cpu: usize, source: std::io::Error },
     #[error("{0}")]
@@ -40,6 +48,10 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Error {
-        Error::Io { action, path: path.to_path_buf(), source }
+        Error::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }

@@ -103,13 +103,21 @@ pub struct PprofBuilder {
 impl PprofBuilder {
     pub fn new(time_nanos: i64, duration_nanos: i64) -> PprofBuilder {
         let mut b = PprofBuilder {
-            profile: Profile { time_nanos, duration_nanos, default_sample_type: 1, ..Profile::default() },
+            profile: Profile {
+                time_nanos,
+                duration_nanos,
+                default_sample_type: 1,
+                ..Profile::default()
+            },
             strings: HashMap::new(),
             locations: HashMap::new(),
         };
         b.string("");
         for (ty, unit) in SAMPLE_TYPES {
-            let value_type = ValueType { r#type: b.string(ty), unit: b.string(unit) };
+            let value_type = ValueType {
+                r#type: b.string(ty),
+                unit: b.string(unit),
+            };
             b.profile.sample_type.push(value_type);
         }
         b
@@ -124,8 +132,19 @@ impl PprofBuilder {
     /// string labels.
     pub fn add(&mut self, root_first: &[Frame], values: [i64; 2], labels: &[(&str, &str)]) {
         let location_id = root_first.iter().rev().map(|f| self.location(f)).collect();
-        let label = labels.iter().map(|(k, v)| Label { key: self.string(k), str: self.string(v), num: 0 }).collect();
-        self.profile.sample.push(Sample { location_id, value: values.to_vec(), label });
+        let label = labels
+            .iter()
+            .map(|(k, v)| Label {
+                key: self.string(k),
+                str: self.string(v),
+                num: 0,
+            })
+            .collect();
+        self.profile.sample.push(Sample {
+            location_id,
+            value: values.to_vec(),
+            label,
+        });
     }
 
     pub fn finish(self) -> Profile {
@@ -149,8 +168,16 @@ impl PprofBuilder {
         let id = self.profile.location.len() as u64 + 1;
         let name = self.string(&f.function);
         let filename = self.string(&f.module);
-        self.profile.function.push(Function { id, name, system_name: name, filename });
-        self.profile.location.push(Location { id, line: vec![Line { function_id: id }] });
+        self.profile.function.push(Function {
+            id,
+            name,
+            system_name: name,
+            filename,
+        });
+        self.profile.location.push(Location {
+            id,
+            line: vec![Line { function_id: id }],
+        });
         self.locations.insert(f.clone(), id);
         id
     }
@@ -170,6 +197,7 @@ impl StackSink for PprofBuilder {
 /// The profile as gzip-compressed protobuf.
 pub fn encode_gzip(profile: &Profile) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gz.write_all(&profile.encode_to_vec()).expect("writing to a Vec cannot fail");
+    gz.write_all(&profile.encode_to_vec())
+        .expect("writing to a Vec cannot fail");
     gz.finish().expect("writing to a Vec cannot fail")
 }

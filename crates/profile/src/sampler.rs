@@ -52,7 +52,9 @@ impl Sampler {
     /// draining thread, which writes into `run_dir/profile/`.
     pub fn start(run_dir: &Path, cpus: usize, hz: u64) -> Result<Sampler, Error> {
         if hz == 0 || hz > 10_000 {
-            return Err(Error::Config(format!("a sampling rate of {hz} Hz is not between 1 and 10000")));
+            return Err(Error::Config(format!(
+                "a sampling rate of {hz} Hz is not between 1 and 10000"
+            )));
         }
         let dir = run_dir.join(PROFILE_DIR);
         std::fs::create_dir_all(dir.join(MAPS_DIR)).map_err(|e| Error::io("create", &dir, e))?;
@@ -64,7 +66,9 @@ impl Sampler {
                 .one_cpu(cpu)
                 .any_pid()
                 .sample_frequency(hz)
-                .sample(SampleFlag::TID | SampleFlag::TIME | SampleFlag::CPU | SampleFlag::CALLCHAIN)
+                .sample(
+                    SampleFlag::TID | SampleFlag::TIME | SampleFlag::CPU | SampleFlag::CALLCHAIN,
+                )
                 .clockid(Clock::MONOTONIC)
                 .include_kernel()
                 // Mappings made while sampling (new processes, dlopen, JIT
@@ -78,7 +82,8 @@ impl Sampler {
             rings.push(ring);
         }
         for (cpu, ring) in rings.iter_mut().enumerate() {
-            ring.enable().map_err(|e| Error::PerfEvent { cpu, source: e })?;
+            ring.enable()
+                .map_err(|e| Error::PerfEvent { cpu, source: e })?;
         }
         let stop = Arc::new(AtomicBool::new(false));
         let writer = SampleWriter::create(&dir)?;
@@ -89,7 +94,11 @@ impl Sampler {
                 .spawn(move || drain(rings, writer, &into, &stop))
                 .map_err(|e| Error::io("start the sampling thread for", &dir, e))?
         };
-        Ok(Sampler { stop, drain: Some(drain), dir })
+        Ok(Sampler {
+            stop,
+            drain: Some(drain),
+            dir,
+        })
     }
 
     /// Stops sampling, writes what is left, and says what was taken.
@@ -97,7 +106,10 @@ impl Sampler {
         self.stop.store(true, Ordering::Release);
         match self.drain.take().map(JoinHandle::join) {
             Some(Ok(result)) => result,
-            Some(Err(_)) => Err(Error::Config(format!("the sampling thread for {} panicked", self.dir.display()))),
+            Some(Err(_)) => Err(Error::Config(format!(
+                "the sampling thread for {} panicked",
+                self.dir.display()
+            ))),
             None => Ok(SamplerStats::default()),
         }
     }
@@ -132,7 +144,10 @@ fn drain(
             while let Some(record) = ring.next_record() {
                 match record.parse_record() {
                     Ok(Record::Sample(s)) => {
-                        let (Some(pid), Some(tid), Some(time_ns)) = (s.pid(), s.tid(), s.time()) else { continue };
+                        let (Some(pid), Some(tid), Some(time_ns)) = (s.pid(), s.tid(), s.time())
+                        else {
+                            continue;
+                        };
                         let pid = pid as i32;
                         if pid <= 0 {
                             continue;
@@ -181,10 +196,16 @@ fn drain(
 /// The executable mappings of `pid` now, into `maps/PID` (best effort: the
 /// process may be gone; MMAP2 records then cover what it mapped later).
 fn copy_maps(dir: &Path, pid: i32) {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return };
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return;
+    };
     let exec: String = text
         .lines()
-        .filter(|l| l.split_whitespace().nth(1).is_some_and(|perms| perms.contains('x')))
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|perms| perms.contains('x'))
+        })
         .flat_map(|l| [l, "\n"])
         .collect();
     let _ = append_line(&dir.join(MAPS_DIR).join(pid.to_string()), &exec);

@@ -71,8 +71,13 @@ impl SampleWriter {
     pub fn create(dir: &Path) -> Result<SampleWriter, Error> {
         let path = dir.join(SAMPLES_FILE);
         let file = File::create(&path).map_err(|e| Error::io("create", &path, e))?;
-        let encoder = zstd::Encoder::new(BufWriter::new(file), 3).map_err(|e| Error::io("compress", &path, e))?;
-        Ok(SampleWriter { out: encoder.auto_finish(), path, written: 0 })
+        let encoder = zstd::Encoder::new(BufWriter::new(file), 3)
+            .map_err(|e| Error::io("compress", &path, e))?;
+        Ok(SampleWriter {
+            out: encoder.auto_finish(),
+            path,
+            written: 0,
+        })
     }
 
     pub fn write(&mut self, s: &Sample) -> Result<(), Error> {
@@ -86,7 +91,9 @@ impl SampleWriter {
         for f in frames {
             record.extend_from_slice(&f.to_le_bytes());
         }
-        self.out.write_all(&record).map_err(|e| Error::io("write", &self.path, e))?;
+        self.out
+            .write_all(&record)
+            .map_err(|e| Error::io("write", &self.path, e))?;
         self.written += 1;
         Ok(())
     }
@@ -98,7 +105,9 @@ impl SampleWriter {
     /// Pushes what is buffered to the file (a complete zstd block), so a
     /// recorder killed later loses at most what came after.
     pub fn flush(&mut self) -> Result<(), Error> {
-        self.out.flush().map_err(|e| Error::io("write", &self.path, e))
+        self.out
+            .flush()
+            .map_err(|e| Error::io("write", &self.path, e))
     }
 }
 
@@ -121,23 +130,32 @@ pub fn read_samples(dir: &Path) -> Result<Samples, Error> {
     let mut samples = Samples::default();
     let mut at = 0usize;
     while at < bytes.len() {
-        let Some(header) = bytes.get(at..at + 24) else { break };
+        let Some(header) = bytes.get(at..at + 24) else {
+            break;
+        };
         let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
         let frames = u32_at(20) as usize;
         if frames > MAX_FRAMES {
             return Err(Error::Format {
                 path,
                 offset: at as u64,
-                reason: format!("a sample claims {frames} frames (at most {MAX_FRAMES} are written)"),
+                reason: format!(
+                    "a sample claims {frames} frames (at most {MAX_FRAMES} are written)"
+                ),
             });
         }
-        let Some(chain) = bytes.get(at + 24..at + 24 + 8 * frames) else { break };
+        let Some(chain) = bytes.get(at + 24..at + 24 + 8 * frames) else {
+            break;
+        };
         samples.samples.push(Sample {
             time_ns: u64::from_le_bytes(header[0..8].try_into().unwrap()),
             pid: u32_at(8) as i32,
             tid: u32_at(12) as i32,
             cpu: u32_at(16),
-            callchain: chain.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect(),
+            callchain: chain
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
         });
         at += 24 + 8 * frames;
     }
@@ -146,8 +164,11 @@ pub fn read_samples(dir: &Path) -> Result<Samples, Error> {
             Some(e) => format!("the compressed stream is cut ({e})"),
             None => format!("its last record is cut at byte {at} of {}", bytes.len()),
         };
-        samples.truncated =
-            Some(format!("{}: {why}; the {} whole samples before it are used", path.display(), samples.samples.len()));
+        samples.truncated = Some(format!(
+            "{}: {why}; the {} whole samples before it are used",
+            path.display(),
+            samples.samples.len()
+        ));
     }
     Ok(samples)
 }
@@ -171,7 +192,10 @@ pub fn unpack_kallsyms(dir: &Path, into: &Path) -> Result<(), Error> {
 }
 
 pub(crate) fn append_line(path: &Path, line: &str) -> io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
     f.write_all(line.as_bytes())
 }
 
@@ -185,7 +209,13 @@ mod tests {
             pid: 7,
             tid: 8 + i as i32,
             cpu: 1,
-            callchain: vec![PERF_CONTEXT_KERNEL, 0xffff_ffff_8100_0000 + i, PERF_CONTEXT_USER, 0x401000, 0x402000],
+            callchain: vec![
+                PERF_CONTEXT_KERNEL,
+                0xffff_ffff_8100_0000 + i,
+                PERF_CONTEXT_USER,
+                0x401000,
+                0x402000,
+            ],
         }
     }
 
@@ -201,7 +231,14 @@ mod tests {
         assert_eq!(read.truncated, None);
         assert_eq!(read.samples, (0..100).map(sample).collect::<Vec<_>>());
         let frames: Vec<(u64, bool)> = read.samples[0].frames().collect();
-        assert_eq!(frames, vec![(0xffff_ffff_8100_0000, true), (0x401000, false), (0x402000, false)]);
+        assert_eq!(
+            frames,
+            vec![
+                (0xffff_ffff_8100_0000, true),
+                (0x401000, false),
+                (0x402000, false)
+            ]
+        );
 
         // Cut inside the compressed stream: a prefix of whole samples.
         let path = dir.path().join(SAMPLES_FILE);
@@ -210,6 +247,11 @@ mod tests {
         let cut = read_samples(dir.path()).unwrap();
         assert!(cut.truncated.is_some());
         assert!(cut.samples.len() < 100);
-        assert_eq!(cut.samples, (0..cut.samples.len() as u64).map(sample).collect::<Vec<_>>());
+        assert_eq!(
+            cut.samples,
+            (0..cut.samples.len() as u64)
+                .map(sample)
+                .collect::<Vec<_>>()
+        );
     }
 }

@@ -63,24 +63,38 @@ impl Symbols {
         if let Some(f) = self.cache.get(&key) {
             return f.clone();
         }
-        let f = if kernel { self.kernel_frame(addr) } else { self.user_frame(pid, addr) };
+        let f = if kernel {
+            self.kernel_frame(addr)
+        } else {
+            self.user_frame(pid, addr)
+        };
         self.cache.insert(key, f.clone());
         f
     }
 
     fn kernel_frame(&mut self, addr: u64) -> Frame {
-        let unknown = || Frame { function: format!("0x{addr:x}"), module: "[kernel]".into() };
-        let Some(kallsyms) = &self.kallsyms else { return unknown() };
+        let unknown = || Frame {
+            function: format!("0x{addr:x}"),
+            module: "[kernel]".into(),
+        };
+        let Some(kallsyms) = &self.kallsyms else {
+            return unknown();
+        };
         let kernel = Kernel {
             kallsyms: MaybeDefault::Some(kallsyms.to_path_buf()),
             vmlinux: MaybeDefault::None,
             kaslr_offset: Some(0),
             ..Kernel::default()
         };
-        match self.symbolizer.symbolize_single(&Source::Kernel(kernel), Input::AbsAddr(addr)) {
+        match self
+            .symbolizer
+            .symbolize_single(&Source::Kernel(kernel), Input::AbsAddr(addr))
+        {
             Ok(Symbolized::Sym(sym)) => Frame {
                 function: sym.name.into_owned(),
-                module: sym.module.map_or_else(|| "[kernel]".into(), |m| m.to_string_lossy().into_owned()),
+                module: sym
+                    .module
+                    .map_or_else(|| "[kernel]".into(), |m| m.to_string_lossy().into_owned()),
             },
             _ => unknown(),
         }
@@ -90,37 +104,68 @@ impl Symbols {
         let dir = self.dir.clone();
         let maps = self.maps.entry(pid).or_insert_with(|| read_maps(&dir, pid));
         // The last mapping listed wins: MMAP2 records come after the /proc copy.
-        let Some(m) = maps.iter().rev().find(|m| m.start <= addr && addr < m.end).cloned() else {
-            return self
-                .jit_frame(pid, addr)
-                .unwrap_or_else(|| Frame { function: format!("0x{addr:x}"), module: "[unknown]".into() });
+        let Some(m) = maps
+            .iter()
+            .rev()
+            .find(|m| m.start <= addr && addr < m.end)
+            .cloned()
+        else {
+            return self.jit_frame(pid, addr).unwrap_or_else(|| Frame {
+                function: format!("0x{addr:x}"),
+                module: "[unknown]".into(),
+            });
         };
         if m.path.is_empty() || m.path.starts_with('[') || m.path.starts_with("//anon") {
             return self.jit_frame(pid, addr).unwrap_or_else(|| Frame {
                 function: format!("0x{addr:x}"),
-                module: if m.path.is_empty() { "[anon]".into() } else { m.path.clone() },
+                module: if m.path.is_empty() {
+                    "[anon]".into()
+                } else {
+                    m.path.clone()
+                },
             });
         }
         let offset = addr - m.start + m.file_offset;
         let elf = Elf::new(PathBuf::from(m.path.trim_end_matches(" (deleted)")));
-        let module = Path::new(&m.path).file_name().map_or(m.path.clone(), |n| n.to_string_lossy().into_owned());
-        match self.symbolizer.symbolize_single(&Source::Elf(elf), Input::FileOffset(offset)) {
-            Ok(Symbolized::Sym(sym)) => Frame { function: sym.name.into_owned(), module },
-            _ => Frame { function: format!("{module}+0x{offset:x}"), module },
+        let module = Path::new(&m.path)
+            .file_name()
+            .map_or(m.path.clone(), |n| n.to_string_lossy().into_owned());
+        match self
+            .symbolizer
+            .symbolize_single(&Source::Elf(elf), Input::FileOffset(offset))
+        {
+            Ok(Symbolized::Sym(sym)) => Frame {
+                function: sym.name.into_owned(),
+                module,
+            },
+            _ => Frame {
+                function: format!("{module}+0x{offset:x}"),
+                module,
+            },
         }
     }
 
     fn jit_frame(&mut self, pid: i32, addr: u64) -> Option<Frame> {
         let dir = self.dir.clone();
-        let map = self.perf_maps.entry(pid).or_insert_with(|| read_perf_map(&dir, pid));
-        let i = map.partition_point(|(start, _, _)| *start <= addr).checked_sub(1)?;
+        let map = self
+            .perf_maps
+            .entry(pid)
+            .or_insert_with(|| read_perf_map(&dir, pid));
+        let i = map
+            .partition_point(|(start, _, _)| *start <= addr)
+            .checked_sub(1)?;
         let (start, size, name) = &map[i];
-        (addr < start.saturating_add(*size)).then(|| Frame { function: name.clone(), module: "[jit]".into() })
+        (addr < start.saturating_add(*size)).then(|| Frame {
+            function: name.clone(),
+            module: "[jit]".into(),
+        })
     }
 }
 
 fn read_maps(dir: &Path, pid: i32) -> Vec<Mapping> {
-    let Ok(text) = std::fs::read_to_string(dir.join(MAPS_DIR).join(pid.to_string())) else { return Vec::new() };
+    let Ok(text) = std::fs::read_to_string(dir.join(MAPS_DIR).join(pid.to_string())) else {
+        return Vec::new();
+    };
     text.lines().filter_map(parse_maps_line).collect()
 }
 
@@ -143,7 +188,9 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 
 /// `START SIZE name` lines (hex), sorted by start.
 fn read_perf_map(dir: &Path, pid: i32) -> Vec<(u64, u64, String)> {
-    let Ok(text) = std::fs::read_to_string(dir.join(format!("perf-{pid}.map"))) else { return Vec::new() };
+    let Ok(text) = std::fs::read_to_string(dir.join(format!("perf-{pid}.map"))) else {
+        return Vec::new();
+    };
     let mut entries: Vec<(u64, u64, String)> = text
         .lines()
         .filter_map(|l| {
@@ -163,7 +210,10 @@ mod tests {
 
     #[test]
     fn maps_lines_and_perf_maps_parse() {
-        let m = parse_maps_line("55d0c0a00000-55d0c0a21000 r-xp 00002000 08:01 1234    /usr/bin/python3.11").unwrap();
+        let m = parse_maps_line(
+            "55d0c0a00000-55d0c0a21000 r-xp 00002000 08:01 1234    /usr/bin/python3.11",
+        )
+        .unwrap();
         assert_eq!(
             m,
             Mapping {
@@ -176,7 +226,11 @@ mod tests {
         let anon = parse_maps_line("7f0000000000-7f0000001000 r-xp 00000000 00:00 0").unwrap();
         assert_eq!(anon.path, "");
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("perf-9.map"), "7f10 20 py::hot:/x.py\n7f00 10 py::cold:/x.py\n").unwrap();
+        std::fs::write(
+            dir.path().join("perf-9.map"),
+            "7f10 20 py::hot:/x.py\n7f00 10 py::cold:/x.py\n",
+        )
+        .unwrap();
         let mut s = Symbols::open(dir.path());
         assert_eq!(s.frame(9, 0x7f15, false).function, "py::hot:/x.py");
         assert_eq!(s.frame(9, 0x7f05, false).function, "py::cold:/x.py");

@@ -17,7 +17,10 @@ fn main() {
     if head.get(1).map(String::as_str) == Some("flight") {
         opts.mode = Mode::Flight;
     }
-    opts.duration = head.get(2).and_then(|s| s.parse::<f64>().ok()).map(Duration::from_secs_f64);
+    opts.duration = head
+        .get(2)
+        .and_then(|s| s.parse::<f64>().ok())
+        .map(Duration::from_secs_f64);
     opts.command = command.into_iter().map(Into::into).collect();
     match record(&opts, &mut |p| eprintln!("{p:?}")) {
         Ok(summary) => {

@@ -27,7 +27,11 @@ const POLL_MS: i32 = 100;
 /// Opens `trace_pipe_raw` of one CPU without blocking. `None` when the CPU
 /// has no buffer (offline, or not in the possible mask).
 fn open_raw(path: &Path) -> Result<Option<File>, Error> {
-    match OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path) {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
         Ok(f) => Ok(Some(f)),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV) | Some(libc::ENOENT)) => Ok(None),
         Err(e) => Err(Error::tracefs("open", path, e)),
@@ -65,7 +69,9 @@ pub(crate) fn drain_cpu(
     limit: Option<DrainLimit>,
 ) -> Result<u64, Error> {
     let mut file = create_out(out, kept)?;
-    let Some(mut src) = open_raw(raw)? else { return Ok(0) };
+    let Some(mut src) = open_raw(raw)? else {
+        return Ok(0);
+    };
     drain_open(&mut src, raw, &mut file, out, kept, page_size, limit)
 }
 
@@ -103,7 +109,8 @@ fn drain_open(
         if commit == 0 {
             continue;
         }
-        file.write_all(&page).map_err(|e| Error::output("write", out, kept, e))?;
+        file.write_all(&page)
+            .map_err(|e| Error::output("write", out, kept, e))?;
         written += page_size as u64;
         if let Some(limit) = limit {
             let page_ts = u64::from_ne_bytes(page[..8].try_into().expect("page has a header"));
@@ -126,17 +133,30 @@ pub(crate) struct Streams {
 impl Streams {
     /// Starts one thread per CPU of the instance at `instance_dir`, writing
     /// `out_dir/cpuN.raw`.
-    pub fn start(instance_dir: &Path, cpus: usize, out_dir: &Path, page_size: usize) -> Result<Streams, Error> {
+    pub fn start(
+        instance_dir: &Path,
+        cpus: usize,
+        out_dir: &Path,
+        page_size: usize,
+    ) -> Result<Streams, Error> {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
         let bytes: Arc<Vec<AtomicU64>> = Arc::new((0..cpus).map(|_| AtomicU64::new(0)).collect());
-        let mut streams = Streams { stop, failed, bytes, threads: Vec::new(), files: Vec::new() };
+        let mut streams = Streams {
+            stop,
+            failed,
+            bytes,
+            threads: Vec::new(),
+            files: Vec::new(),
+        };
         for cpu in 0..cpus {
             let out = out_dir.join(format!("cpu{cpu}.raw"));
             let raw_path = instance_dir.join(format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
             let file = create_out(&out, out_dir)?;
             streams.files.push(out.clone());
-            let Some(raw) = open_raw(&raw_path)? else { continue };
+            let Some(raw) = open_raw(&raw_path)? else {
+                continue;
+            };
             let ctx = StreamCtx {
                 cpu,
                 raw,
@@ -160,7 +180,10 @@ impl Streams {
 
     /// Bytes written so far, per CPU.
     pub fn bytes(&self) -> Vec<u64> {
-        self.bytes.iter().map(|b| b.load(Ordering::Relaxed)).collect()
+        self.bytes
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// True once a thread has failed (disk full…): the recording should stop.
@@ -226,7 +249,8 @@ impl StreamCtx {
     }
 
     fn stream(&mut self) -> Result<(), Error> {
-        let (pipe_r, pipe_w) = sys::pipe().map_err(|e| Error::io("create a pipe for", &self.out, e))?;
+        let (pipe_r, pipe_w) =
+            sys::pipe().map_err(|e| Error::io("create a pipe for", &self.out, e))?;
         // A bigger pipe moves more pages per wake-up; the page count must stay whole.
         let capacity = sys::set_pipe_size(&pipe_w, 1 << 20) / self.page_size * self.page_size;
         let capacity = capacity.max(self.page_size);
@@ -250,12 +274,18 @@ impl StreamCtx {
             }
             // Wakes when the buffer passes the instance's buffer_percent, or
             // on timeout to look at the stop flag.
-            sys::poll_readable(self.raw.as_raw_fd(), POLL_MS).map_err(|e| Error::tracefs("poll", &self.raw_path, e))?;
+            sys::poll_readable(self.raw.as_raw_fd(), POLL_MS)
+                .map_err(|e| Error::tracefs("poll", &self.raw_path, e))?;
         }
     }
 
     /// Splices every full page available now into the output file.
-    fn splice_available(&mut self, pipe_r: &impl AsRawFd, pipe_w: &impl AsRawFd, capacity: usize) -> Result<(), Error> {
+    fn splice_available(
+        &mut self,
+        pipe_r: &impl AsRawFd,
+        pipe_w: &impl AsRawFd,
+        capacity: usize,
+    ) -> Result<(), Error> {
         let flags = libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK;
         loop {
             let n = match sys::splice(self.raw.as_raw_fd(), pipe_w.as_raw_fd(), capacity, flags) {
@@ -267,9 +297,18 @@ impl StreamCtx {
             };
             let mut left = n;
             while left > 0 {
-                match sys::splice(pipe_r.as_raw_fd(), self.file.as_raw_fd(), left, libc::SPLICE_F_MOVE) {
+                match sys::splice(
+                    pipe_r.as_raw_fd(),
+                    self.file.as_raw_fd(),
+                    left,
+                    libc::SPLICE_F_MOVE,
+                ) {
                     Ok(0) => {
-                        return Err(Error::io("write", &self.out, io::Error::other("pipe emptied unexpectedly")));
+                        return Err(Error::io(
+                            "write",
+                            &self.out,
+                            io::Error::other("pipe emptied unexpectedly"),
+                        ));
                     }
                     Ok(m) => left -= m,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

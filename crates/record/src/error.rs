@@ -11,7 +11,11 @@ pub enum Error {
         "deepspan record needs root (or CAP_SYS_ADMIN/tracefs write access): cannot {action} {}: {source}",
         path.display()
     )]
-    NeedRoot { action: &'static str, path: PathBuf, source: io::Error },
+    NeedRoot {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
 
     #[error("tracefs is not available: {0}")]
     TracefsUnavailable(String),
@@ -24,7 +28,10 @@ pub enum Error {
     InstanceExists(PathBuf),
 
     #[error("unknown kernel event '{name}'{}", suggestion_text(.suggestions))]
-    UnknownEvent { name: String, suggestions: Vec<String> },
+    UnknownEvent {
+        name: String,
+        suggestions: Vec<String>,
+    },
 
     #[error("invalid event selection: {0}")]
     InvalidEvents(String),
@@ -40,13 +47,21 @@ pub enum Error {
          what was captured so far is kept in {}",
         path.display(), kept.display()
     )]
-    DiskFull { path: PathBuf, kept: PathBuf, source: io::Error },
+    DiskFull {
+        path: PathBuf,
+        kept: PathBuf,
+        source: io::Error,
+    },
 
     #[error("cannot start command {command:?}: {source}")]
     Spawn { command: String, source: io::Error },
 
     #[error("cannot {action} {}: {source}", path.display())]
-    Io { action: &'static str, path: PathBuf, source: io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
 
     #[error(transparent)]
     TraceDat(#[from] deepspan_ftrace::WriteError),
@@ -64,7 +79,10 @@ pub enum Error {
     NotRecoverable { run: PathBuf, reason: String },
 
     #[error("cannot install the {signal} handler: {source}")]
-    Signal { signal: &'static str, source: io::Error },
+    Signal {
+        signal: &'static str,
+        source: io::Error,
+    },
 }
 
 fn suggestion_text(suggestions: &[String]) -> String {
@@ -79,23 +97,46 @@ impl Error {
     /// An I/O error on a tracefs file: permission problems become [`Error::NeedRoot`].
     pub(crate) fn tracefs(action: &'static str, path: &Path, source: io::Error) -> Error {
         match source.raw_os_error() {
-            Some(libc::EACCES) | Some(libc::EPERM) => Error::NeedRoot { action, path: path.to_path_buf(), source },
-            _ => Error::Io { action, path: path.to_path_buf(), source },
+            Some(libc::EACCES) | Some(libc::EPERM) => Error::NeedRoot {
+                action,
+                path: path.to_path_buf(),
+                source,
+            },
+            _ => Error::Io {
+                action,
+                path: path.to_path_buf(),
+                source,
+            },
         }
     }
 
     /// An I/O error while writing captured data: ENOSPC/EDQUOT become [`Error::DiskFull`].
-    pub(crate) fn output(action: &'static str, path: &Path, kept: &Path, source: io::Error) -> Error {
+    pub(crate) fn output(
+        action: &'static str,
+        path: &Path,
+        kept: &Path,
+        source: io::Error,
+    ) -> Error {
         match source.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
-                Error::DiskFull { path: path.to_path_buf(), kept: kept.to_path_buf(), source }
-            }
-            _ => Error::Io { action, path: path.to_path_buf(), source },
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::DiskFull {
+                path: path.to_path_buf(),
+                kept: kept.to_path_buf(),
+                source,
+            },
+            _ => Error::Io {
+                action,
+                path: path.to_path_buf(),
+                source,
+            },
         }
     }
 
     pub(crate) fn io(action: &'static str, path: &Path, source: io::Error) -> Error {
-        Error::Io { action, path: path.to_path_buf(), source }
+        Error::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
     }
 
     /// True for errors caused by a full disk (whatever step hit it).
@@ -103,7 +144,10 @@ impl Error {
         match self {
             Error::DiskFull { .. } => true,
             Error::TraceDat(e) => {
-                matches!(e.io_error().and_then(io::Error::raw_os_error), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+                matches!(
+                    e.io_error().and_then(io::Error::raw_os_error),
+                    Some(libc::ENOSPC) | Some(libc::EDQUOT)
+                )
             }
             _ => false,
         }

@@ -8,7 +8,9 @@ use crate::tracefs::Tracefs;
 use crate::Error;
 
 /// One tracepoint, e.g. `sched:sched_switch`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct EventId {
     pub system: String,
     pub name: String,
@@ -16,7 +18,10 @@ pub struct EventId {
 
 impl EventId {
     pub fn new(system: &str, name: &str) -> EventId {
-        EventId { system: system.to_string(), name: name.to_string() }
+        EventId {
+            system: system.to_string(),
+            name: name.to_string(),
+        }
     }
 }
 
@@ -112,7 +117,11 @@ pub(crate) fn parse_available_events(text: &str) -> Vec<EventId> {
 pub(crate) fn resolve_against(spec: &str, available: &[EventId]) -> Result<Vec<EventId>, Error> {
     let set: BTreeSet<&EventId> = available.iter().collect();
     let mut chosen = BTreeSet::new();
-    let items: Vec<&str> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let items: Vec<&str> = spec
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
     if items.is_empty() {
         return Err(Error::InvalidEvents(format!(
             "no events given; use a preset ({}) or a list like sched:sched_switch,irq:*",
@@ -132,7 +141,11 @@ pub(crate) fn resolve_against(spec: &str, available: &[EventId]) -> Result<Vec<E
         }
         let (system_pat, name_pat) = match item.split_once(':') {
             Some((s, n)) if !s.is_empty() && !n.is_empty() => (s, n),
-            Some(_) => return Err(Error::InvalidEvents(format!("'{item}' is not of the form system:name"))),
+            Some(_) => {
+                return Err(Error::InvalidEvents(format!(
+                    "'{item}' is not of the form system:name"
+                )))
+            }
             None => ("*", item),
         };
         let before = chosen.len();
@@ -144,11 +157,16 @@ pub(crate) fn resolve_against(spec: &str, available: &[EventId]) -> Result<Vec<E
             }
         }
         if !matched && chosen.len() == before {
-            return Err(Error::UnknownEvent { name: item.to_string(), suggestions: close_matches(item, available) });
+            return Err(Error::UnknownEvent {
+                name: item.to_string(),
+                suggestions: close_matches(item, available),
+            });
         }
     }
     if chosen.is_empty() {
-        return Err(Error::InvalidEvents(format!("'{spec}' selects no event this kernel has")));
+        return Err(Error::InvalidEvents(format!(
+            "'{spec}' selects no event this kernel has"
+        )));
     }
     Ok(chosen.into_iter().collect())
 }
@@ -185,7 +203,11 @@ fn close_matches(wanted: &str, available: &[EventId]) -> Vec<String> {
         .iter()
         .filter_map(|id| {
             let full = id.to_string();
-            let candidate = if with_system { full.as_str() } else { id.name.as_str() };
+            let candidate = if with_system {
+                full.as_str()
+            } else {
+                id.name.as_str()
+            };
             let d = edit_distance(wanted, candidate);
             (d <= max).then_some((d, full))
         })
@@ -227,10 +249,16 @@ mod tests {
 
     #[test]
     fn lists_systems_patterns_and_bare_names() {
-        let got = resolve_against("sched:sched_switch, irq:softirq_*,sys_enter", &kernel()).unwrap();
+        let got =
+            resolve_against("sched:sched_switch, irq:softirq_*,sys_enter", &kernel()).unwrap();
         assert_eq!(
             names(&got),
-            ["irq:softirq_entry", "irq:softirq_exit", "raw_syscalls:sys_enter", "sched:sched_switch"]
+            [
+                "irq:softirq_entry",
+                "irq:softirq_exit",
+                "raw_syscalls:sys_enter",
+                "sched:sched_switch"
+            ]
         );
         let got = resolve_against("irq:*", &kernel()).unwrap();
         assert_eq!(got.len(), 3);
@@ -242,14 +270,24 @@ mod tests {
         assert!(names(&got).contains(&"irq_vectors:reschedule_entry".to_string()));
         assert!(!names(&got).iter().any(|n| n.starts_with("ipi:")));
         let minimal = resolve_against("minimal", &kernel()).unwrap();
-        assert_eq!(names(&minimal), ["sched:sched_switch", "sched:sched_wakeup", "sched:sched_waking"]);
+        assert_eq!(
+            names(&minimal),
+            [
+                "sched:sched_switch",
+                "sched:sched_wakeup",
+                "sched:sched_waking"
+            ]
+        );
     }
 
     #[test]
     fn unknown_names_suggest_close_matches() {
         let err = resolve_against("sched:sched_swich", &kernel()).unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("unknown kernel event 'sched:sched_swich'"), "{text}");
+        assert!(
+            text.contains("unknown kernel event 'sched:sched_swich'"),
+            "{text}"
+        );
         assert!(text.contains("did you mean sched:sched_switch"), "{text}");
         let err = resolve_against("sched_wakep", &kernel()).unwrap_err();
         assert!(err.to_string().contains("sched:sched_wakeup"), "{err}");
@@ -259,8 +297,14 @@ mod tests {
 
     #[test]
     fn empty_and_malformed_specs_are_refused() {
-        assert!(matches!(resolve_against(" , ", &kernel()), Err(Error::InvalidEvents(_))));
-        assert!(matches!(resolve_against("sched:", &kernel()), Err(Error::InvalidEvents(_))));
+        assert!(matches!(
+            resolve_against(" , ", &kernel()),
+            Err(Error::InvalidEvents(_))
+        ));
+        assert!(matches!(
+            resolve_against("sched:", &kernel()),
+            Err(Error::InvalidEvents(_))
+        ));
     }
 
     #[test]

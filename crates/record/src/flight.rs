@@ -63,7 +63,11 @@ impl Default for FlightOptions {
             buffer_kb_per_cpu: 8 << 10,
             history_kb_per_cpu: 32 << 10,
             events: EventSelection::default(),
-            otlp: OtlpPorts { grpc_port: 0, http_port: 0, receiver: None },
+            otlp: OtlpPorts {
+                grpc_port: 0,
+                http_port: 0,
+                receiver: None,
+            },
         }
     }
 }
@@ -110,8 +114,16 @@ impl CpuHistory {
 
     /// The indexes of the pages that hold events of `[start, end]`.
     fn window(&self, start: u64, end: u64) -> std::ops::Range<usize> {
-        let first = self.pages.iter().rposition(|p| page_ts(p) <= start).unwrap_or(0);
-        let last = self.pages.iter().rposition(|p| page_ts(p) <= end).map_or(first, |i| i + 1);
+        let first = self
+            .pages
+            .iter()
+            .rposition(|p| page_ts(p) <= start)
+            .unwrap_or(0);
+        let last = self
+            .pages
+            .iter()
+            .rposition(|p| page_ts(p) <= end)
+            .map_or(first, |i| i + 1);
         first..last.max(first)
     }
 }
@@ -169,9 +181,15 @@ impl FlightRecorder {
         let mut raw_files = Vec::with_capacity(cpu_count);
         for cpu in 0..cpu_count {
             let path = instance.path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
-            let raw = match OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&path) {
+            let raw = match OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(&path)
+            {
                 Ok(f) => Some(f),
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV) | Some(libc::ENOENT)) => None,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV) | Some(libc::ENOENT)) => {
+                    None
+                }
                 Err(e) => return Err(Error::tracefs("open", &path, e)),
             };
             raw_files.push(raw);
@@ -180,8 +198,12 @@ impl FlightRecorder {
         tasks.scan_proc();
         let start = clock_point();
         instance.write("tracing_on", "1")?;
-        let cpus =
-            (0..cpu_count).map(|_| CpuHistory { complete_since_ns: start.mono_ns, ..CpuHistory::default() }).collect();
+        let cpus = (0..cpu_count)
+            .map(|_| CpuHistory {
+                complete_since_ns: start.mono_ns,
+                ..CpuHistory::default()
+            })
+            .collect();
         Ok(FlightRecorder {
             instance,
             tracefs,
@@ -216,7 +238,11 @@ impl FlightRecorder {
     /// How far back (mono ns) every CPU's history reaches now: a window
     /// starting earlier would be refused ([`WindowOutcome::LeftBuffer`]).
     pub fn reaches_back_to_ns(&self) -> u64 {
-        self.cpus.iter().map(|c| c.complete_since_ns).max().unwrap_or(0)
+        self.cpus
+            .iter()
+            .map(|c| c.complete_since_ns)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The realtime → mono offset of the latest sample (mono = realtime + offset).
@@ -229,9 +255,16 @@ impl FlightRecorder {
     /// run folder (manifest.json, kernel/trace.dat, kernel/saved_tgids,
     /// processes.json), or says the window has left the buffer. The window
     /// should have ended: later events are not waited for.
-    pub fn snapshot(&mut self, start_ns: u64, end_ns: u64, run_dir: &Path) -> Result<WindowOutcome, Error> {
+    pub fn snapshot(
+        &mut self,
+        start_ns: u64,
+        end_ns: u64,
+        run_dir: &Path,
+    ) -> Result<WindowOutcome, Error> {
         if end_ns < start_ns {
-            return Err(Error::InvalidOptions(format!("window ends ({end_ns}) before it starts ({start_ns})")));
+            return Err(Error::InvalidOptions(format!(
+                "window ends ({end_ns}) before it starts ({start_ns})"
+            )));
         }
         let now = clock_point();
         self.drain(now.mono_ns)?;
@@ -242,7 +275,8 @@ impl FlightRecorder {
         self.sample_clock();
 
         let kernel_dir = run_dir.join("kernel");
-        fs::create_dir_all(&kernel_dir).map_err(|e| Error::output("create", &kernel_dir, run_dir, e))?;
+        fs::create_dir_all(&kernel_dir)
+            .map_err(|e| Error::output("create", &kernel_dir, run_dir, e))?;
         let mut files = Vec::with_capacity(self.cpus.len());
         let mut bytes_per_cpu = Vec::with_capacity(self.cpus.len());
         let mut pages = 0;
@@ -266,11 +300,13 @@ impl FlightRecorder {
             let trace = kernel_dir.join("trace.dat");
             write_trace_dat(&trace, &self.meta, &files)?;
             let tgids = kernel_dir.join("saved_tgids");
-            fs::write(&tgids, self.tasks.tgids()).map_err(|e| Error::output("write", &tgids, run_dir, e))?;
+            fs::write(&tgids, self.tasks.tgids())
+                .map_err(|e| Error::output("write", &tgids, run_dir, e))?;
             let mut processes = ProcessScan::default();
             processes.scan();
             let scan = run_dir.join(PROCESS_SCAN);
-            fs::write(&scan, processes.to_json()).map_err(|e| Error::output("write", &scan, run_dir, e))?;
+            fs::write(&scan, processes.to_json())
+                .map_err(|e| Error::output("write", &scan, run_dir, e))?;
             let manifest = self.manifest(start_ns, end_ns, &stats, &bytes_per_cpu);
             manifest.save(run_dir)?;
             Ok::<u64, Error>(bytes_per_cpu.iter().sum())
@@ -278,7 +314,10 @@ impl FlightRecorder {
         for f in &files {
             let _ = fs::remove_file(f);
         }
-        Ok(WindowOutcome::Written { bytes: written?, pages })
+        Ok(WindowOutcome::Written {
+            bytes: written?,
+            pages,
+        })
     }
 
     /// Reads what the kernel holds now into the history (bounded by
@@ -306,7 +345,9 @@ impl FlightRecorder {
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) => {
-                            let path = self.instance.path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
+                            let path = self
+                                .instance
+                                .path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
                             return Err(Error::tracefs("read", &path, e));
                         }
                     }
@@ -336,7 +377,10 @@ impl FlightRecorder {
         bytes_per_cpu: &[u64],
     ) -> Manifest {
         let offset = self.mono_minus_realtime_ns();
-        let point = |mono: u64| ClockPoint { realtime_ns: (mono as i128 - offset).max(0) as u64, mono_ns: mono };
+        let point = |mono: u64| ClockPoint {
+            realtime_ns: (mono as i128 - offset).max(0) as u64,
+            mono_ns: mono,
+        };
         let u = sys::uname();
         Manifest {
             format_version: FORMAT_VERSION,
@@ -355,11 +399,16 @@ impl FlightRecorder {
             per_cpu: stats
                 .iter()
                 .enumerate()
-                .map(|(cpu, (_, s))| cpu_manifest(cpu, s, bytes_per_cpu.get(cpu).copied().unwrap_or(0)))
+                .map(|(cpu, (_, s))| {
+                    cpu_manifest(cpu, s, bytes_per_cpu.get(cpu).copied().unwrap_or(0))
+                })
                 .collect(),
             // Overwriting is the point of a flight recorder; a window whose
             // events were overwritten is refused instead (LeftBuffer).
-            lost_events: stats.iter().map(|(_, s)| s.commit_overrun + s.dropped_events).sum(),
+            lost_events: stats
+                .iter()
+                .map(|(_, s)| s.commit_overrun + s.dropped_events)
+                .sum(),
             kernel_trace: Some("kernel/trace.dat".into()),
             snapshots: Vec::new(),
             otlp: self.options.otlp.clone(),
@@ -413,20 +462,31 @@ mod tests {
         let h = history(&[10, 20, 30, 40]);
         assert_eq!(h.window(25, 35), 1..3, "pages from 20 (holds 25) and 30");
         assert_eq!(h.window(20, 20), 1..2);
-        assert_eq!(h.window(5, 12), 0..1, "before the first page: from the first");
+        assert_eq!(
+            h.window(5, 12),
+            0..1,
+            "before the first page: from the first"
+        );
         assert_eq!(h.window(45, 50), 3..4, "the last page runs to now");
     }
 
     #[test]
     fn the_history_is_bounded_and_knows_since_when_it_is_complete() {
-        let mut h = CpuHistory { complete_since_ns: 1, ..CpuHistory::default() };
+        let mut h = CpuHistory {
+            complete_since_ns: 1,
+            ..CpuHistory::default()
+        };
         for t in [10, 20, 30] {
             h.push(page(t, false), 128);
         }
         assert_eq!(h.pages.len(), 2);
         assert_eq!(h.complete_since_ns, 20, "the page from 10 was let go");
         h.push(page(50, true), 192);
-        assert_eq!(h.pages.len(), 3, "a hole the kernel made is lost events, not the history's end");
+        assert_eq!(
+            h.pages.len(),
+            3,
+            "a hole the kernel made is lost events, not the history's end"
+        );
         assert_eq!(h.complete_since_ns, 20);
     }
 }

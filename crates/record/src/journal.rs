@@ -48,7 +48,10 @@ pub struct ProcessId {
 impl ProcessId {
     /// The live process `pid` as it is now.
     pub fn of(pid: i32) -> ProcessId {
-        ProcessId { pid, start_ticks: start_ticks(pid) }
+        ProcessId {
+            pid,
+            start_ticks: start_ticks(pid),
+        }
     }
 
     /// True while this very process exists (a zombie counts as gone: it
@@ -65,7 +68,9 @@ impl ProcessId {
 
     /// The process's name (`comm`), if it still exists.
     pub fn comm(&self) -> Option<String> {
-        fs::read_to_string(format!("/proc/{}/comm", self.pid)).ok().map(|c| c.trim_end().to_string())
+        fs::read_to_string(format!("/proc/{}/comm", self.pid))
+            .ok()
+            .map(|c| c.trim_end().to_string())
     }
 }
 
@@ -84,7 +89,9 @@ fn start_ticks(pid: i32) -> Option<u64> {
 
 /// `/proc/sys/kernel/random/boot_id`: the same until the machine restarts.
 pub(crate) fn boot_id() -> Option<String> {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|id| id.trim().to_string())
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|id| id.trim().to_string())
 }
 
 fn is_zombie(pid: i32) -> bool {
@@ -140,7 +147,11 @@ impl StoredMeta {
         let text = |what: &str, bytes: &[u8]| {
             String::from_utf8(bytes.to_vec()).map_err(|e| format!("{what} is not UTF-8 text ({e})"))
         };
-        let texts = |what: &str, list: &[Vec<u8>]| list.iter().map(|b| text(what, b)).collect::<Result<Vec<_>, _>>();
+        let texts = |what: &str, list: &[Vec<u8>]| {
+            list.iter()
+                .map(|b| text(what, b))
+                .collect::<Result<Vec<_>, _>>()
+        };
         Ok(StoredMeta {
             page_size: meta.page_size,
             long_size: meta.long_size,
@@ -165,7 +176,9 @@ impl StoredMeta {
         let kallsyms = if self.boot_id.is_some() && self.boot_id == boot_id() {
             fs::read("/proc/kallsyms").unwrap_or_default()
         } else {
-            notes.push("kernel symbols left out: the machine was restarted since the recording".into());
+            notes.push(
+                "kernel symbols left out: the machine was restarted since the recording".into(),
+            );
             Vec::new()
         };
         TraceDatMeta {
@@ -173,11 +186,20 @@ impl StoredMeta {
             long_size: self.long_size,
             header_page: self.header_page.into_bytes(),
             header_event: self.header_event.into_bytes(),
-            ftrace_formats: self.ftrace_formats.into_iter().map(String::into_bytes).collect(),
+            ftrace_formats: self
+                .ftrace_formats
+                .into_iter()
+                .map(String::into_bytes)
+                .collect(),
             event_formats: self
                 .event_formats
                 .into_iter()
-                .map(|(system, formats)| (system, formats.into_iter().map(String::into_bytes).collect()))
+                .map(|(system, formats)| {
+                    (
+                        system,
+                        formats.into_iter().map(String::into_bytes).collect(),
+                    )
+                })
                 .collect(),
             kallsyms,
             printk_formats: self.printk_formats.into_bytes(),
@@ -212,11 +234,17 @@ impl Journal {
     ) -> Result<Journal, Error> {
         let dir = run_dir.join(JOURNAL_DIR);
         fs::create_dir_all(&dir).map_err(|e| Error::output("create", &dir, run_dir, e))?;
-        let stored = StoredMeta::from_meta(meta)
-            .map_err(|reason| Error::io("keep the trace header in", &dir, std::io::Error::other(reason)))?;
+        let stored = StoredMeta::from_meta(meta).map_err(|reason| {
+            Error::io(
+                "keep the trace header in",
+                &dir,
+                std::io::Error::other(reason),
+            )
+        })?;
         write_json(&dir.join(META_FILE), &stored, run_dir)?;
         let tasks_path = dir.join(TASKS_FILE);
-        fs::write(&tasks_path, tasks).map_err(|e| Error::output("write", &tasks_path, run_dir, e))?;
+        fs::write(&tasks_path, tasks)
+            .map_err(|e| Error::output("write", &tasks_path, run_dir, e))?;
         let clock_path = dir.join(CLOCK_FILE);
         let clock = append_file(&clock_path, run_dir)?;
         let owner_file = match write_owner(&owner) {
@@ -229,7 +257,12 @@ impl Journal {
                 None
             }
         };
-        let journal = Journal { dir, state: RecordingState { owner, manifest }, owner_file, clock };
+        let journal = Journal {
+            dir,
+            state: RecordingState { owner, manifest },
+            owner_file,
+            clock,
+        };
         journal.save_state(run_dir)?;
         Ok(journal)
     }
@@ -250,14 +283,19 @@ impl Journal {
 
     /// Appends a clock sample; a failure only costs precision after a crash.
     pub fn clock_sample(&mut self, point: ClockPoint) {
-        let _ = self.clock.write_all(format!("{} {}\n", point.realtime_ns, point.mono_ns).as_bytes());
+        let _ = self
+            .clock
+            .write_all(format!("{} {}\n", point.realtime_ns, point.mono_ns).as_bytes());
     }
 
     /// Appends a flight-mode snapshot; as for clock samples, best effort.
     pub fn snapshot(&self, snapshot: &Snapshot, run_dir: &Path) {
         let path = self.dir.join(SNAPSHOTS_FILE);
         if let Ok(mut file) = append_file(&path, run_dir) {
-            let line = format!("{} {} {} {}\n", snapshot.file, snapshot.realtime_ns, snapshot.mono_ns, snapshot.bytes);
+            let line = format!(
+                "{} {} {} {}\n",
+                snapshot.file, snapshot.realtime_ns, snapshot.mono_ns, snapshot.bytes
+            );
             let _ = file.write_all(line.as_bytes());
         }
     }
@@ -330,7 +368,17 @@ pub(crate) fn read(run_dir: &Path) -> Result<JournalContents, Error> {
     let mut notes = Vec::new();
     let boot_id = meta.boot_id.clone();
     let meta = meta.into_meta(&mut notes);
-    Ok(JournalContents { dir, state, meta, notes, clock_samples, snapshots, tasks, boot_id, skipped_lines })
+    Ok(JournalContents {
+        dir,
+        state,
+        meta,
+        notes,
+        clock_samples,
+        snapshots,
+        tasks,
+        boot_id,
+        skipped_lines,
+    })
 }
 
 /// Reads whitespace-separated line records, counting the lines `parse`
@@ -378,13 +426,18 @@ pub(crate) fn remove_owner(instance: &str) {
 }
 
 fn append_file(path: &Path, kept: &Path) -> Result<fs::File, Error> {
-    OpenOptions::new().create(true).append(true).open(path).map_err(|e| Error::output("create", path, kept, e))
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::output("create", path, kept, e))
 }
 
 /// Writes JSON through a temporary file and a rename, so a crash never
 /// leaves half of it.
 fn write_json(path: &Path, value: &impl Serialize, kept: &Path) -> Result<(), Error> {
-    let text = serde_json::to_vec_pretty(value).map_err(|e| Error::io("encode", path, std::io::Error::other(e)))?;
+    let text = serde_json::to_vec_pretty(value)
+        .map_err(|e| Error::io("encode", path, std::io::Error::other(e)))?;
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".partial");
     let tmp = path.with_file_name(tmp_name);
@@ -393,8 +446,14 @@ fn write_json(path: &Path, value: &impl Serialize, kept: &Path) -> Result<(), Er
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, Error> {
-    let bytes = fs::read(path).map_err(|e| Error::Journal { path: path.to_path_buf(), reason: e.to_string() })?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::Journal { path: path.to_path_buf(), reason: e.to_string() })
+    let bytes = fs::read(path).map_err(|e| Error::Journal {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Journal {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -420,7 +479,10 @@ mod tests {
         let me = ProcessId::of(std::process::id() as i32);
         assert!(me.alive());
         assert!(me.start_ticks.is_some());
-        let reused = ProcessId { start_ticks: me.start_ticks.map(|t| t + 1), ..me };
+        let reused = ProcessId {
+            start_ticks: me.start_ticks.map(|t| t + 1),
+            ..me
+        };
         assert!(!reused.alive());
     }
 
@@ -445,9 +507,17 @@ mod tests {
         assert!(notes.is_empty(), "{notes:?}");
         // Symbols come from this boot's /proc, not from the journal.
         assert_eq!(back.kallsyms, fs::read("/proc/kallsyms").unwrap());
-        let back = TraceDatMeta { kallsyms: meta.kallsyms.clone(), ..back };
+        let back = TraceDatMeta {
+            kallsyms: meta.kallsyms.clone(),
+            ..back
+        };
         assert_eq!(format!("{back:?}"), format!("{meta:?}"));
-        let binary = TraceDatMeta { printk_formats: vec![0xff, 0xfe], ..meta };
-        assert!(StoredMeta::from_meta(&binary).unwrap_err().contains("printk_formats"));
+        let binary = TraceDatMeta {
+            printk_formats: vec![0xff, 0xfe],
+            ..meta
+        };
+        assert!(StoredMeta::from_meta(&binary)
+            .unwrap_err()
+            .contains("printk_formats"));
     }
 }

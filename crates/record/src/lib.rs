@@ -43,7 +43,9 @@ pub use error::Error;
 pub use events::{resolve_events, EventId, PRESETS};
 pub use flight::{FlightOptions, FlightRecorder, WindowOutcome};
 pub use journal::{owners_dir, InstanceOwner, ProcessId};
-pub use manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, MANIFEST_FILE};
+pub use manifest::{
+    ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, MANIFEST_FILE,
+};
 pub use procscan::{ProcessEntry, ProcessScan, PROCESS_SCAN};
 pub use recover::{needs_recovery, recover, recover_from_files, Recovery};
 pub use session::record;
@@ -198,10 +200,18 @@ pub struct RecordSummary {
 pub enum StaleInstance {
     /// Removed. `unfinished_run` is the dead recorder's run folder when it
     /// still needs [`recover`].
-    Removed { instance: String, recorder_pid: i32, unfinished_run: Option<PathBuf> },
+    Removed {
+        instance: String,
+        recorder_pid: i32,
+        unfinished_run: Option<PathBuf>,
+    },
     /// Kept: a process it traced is still running and its events are still
     /// being captured (`held_by` = pid and name).
-    Kept { instance: String, recorder_pid: i32, held_by: Vec<(i32, String)> },
+    Kept {
+        instance: String,
+        recorder_pid: i32,
+        held_by: Vec<(i32, String)>,
+    },
 }
 
 /// Removes the tracing instances left by deepspan recorders that died
@@ -232,13 +242,21 @@ pub fn cleanup_stale_instances(force: bool) -> Result<Vec<StaleInstance>, Error>
             .map(|p| (p.pid, p.comm().unwrap_or_default()))
             .collect();
         if !held_by.is_empty() && !force {
-            done.push(StaleInstance::Kept { instance: name, recorder_pid: pid, held_by });
+            done.push(StaleInstance::Kept {
+                instance: name,
+                recorder_pid: pid,
+                held_by,
+            });
             continue;
         }
         tracefs::remove_instance_dir(&tracefs.path("instances").join(&name))?;
         journal::remove_owner(&name);
         let unfinished_run = owner.map(|o| o.run_dir).filter(|run| needs_recovery(run));
-        done.push(StaleInstance::Removed { instance: name, recorder_pid: pid, unfinished_run });
+        done.push(StaleInstance::Removed {
+            instance: name,
+            recorder_pid: pid,
+            unfinished_run,
+        });
     }
     Ok(done)
 }

@@ -143,9 +143,14 @@ impl Manifest {
     /// Reads `run_dir/manifest.json`.
     pub fn load(run_dir: &Path) -> Result<Manifest, Error> {
         let path = run_dir.join(MANIFEST_FILE);
-        let text = std::fs::read(&path).map_err(|e| Error::Manifest { path: path.clone(), reason: e.to_string() })?;
-        let manifest: Manifest =
-            serde_json::from_slice(&text).map_err(|e| Error::Manifest { path: path.clone(), reason: e.to_string() })?;
+        let text = std::fs::read(&path).map_err(|e| Error::Manifest {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| Error::Manifest {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
         if manifest.format_version > FORMAT_VERSION {
             return Err(Error::Manifest {
                 path,
@@ -163,7 +168,8 @@ impl Manifest {
     pub fn save(&self, run_dir: &Path) -> Result<PathBuf, Error> {
         let path = run_dir.join(MANIFEST_FILE);
         let tmp = run_dir.join(format!("{MANIFEST_FILE}.partial"));
-        let text = serde_json::to_vec_pretty(self).map_err(|e| Error::io("encode", &path, std::io::Error::other(e)))?;
+        let text = serde_json::to_vec_pretty(self)
+            .map_err(|e| Error::io("encode", &path, std::io::Error::other(e)))?;
         std::fs::write(&tmp, text).map_err(|e| Error::output("write", &tmp, run_dir, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io("write", &path, e))?;
         Ok(path)
@@ -187,14 +193,27 @@ mod tests {
             mode: "standard".into(),
             buffer_kb_per_cpu: 4096,
             pids: vec![],
-            start: ClockPoint { realtime_ns: 1, mono_ns: 2 },
-            end: ClockPoint { realtime_ns: 3, mono_ns: 4 },
+            start: ClockPoint {
+                realtime_ns: 1,
+                mono_ns: 2,
+            },
+            end: ClockPoint {
+                realtime_ns: 3,
+                mono_ns: 4,
+            },
             clock_samples: vec![[1, 2], [3, 4]],
-            per_cpu: vec![CpuManifest { cpu: 0, ..Default::default() }],
+            per_cpu: vec![CpuManifest {
+                cpu: 0,
+                ..Default::default()
+            }],
             lost_events: 0,
             kernel_trace: Some("kernel/trace.dat".into()),
             snapshots: vec![],
-            otlp: OtlpPorts { grpc_port: 4317, http_port: 4318, receiver: None },
+            otlp: OtlpPorts {
+                grpc_port: 4317,
+                http_port: 4318,
+                receiver: None,
+            },
             command: vec!["true".into()],
             exit_code: Some(0),
             tgids: None,
@@ -209,7 +228,8 @@ mod tests {
         m.save(dir.path()).unwrap();
         assert_eq!(Manifest::load(dir.path()).unwrap(), m);
         let v: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST_FILE)).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST_FILE)).unwrap())
+                .unwrap();
         assert_eq!(v["clock_samples"][1][0], 3);
         assert_eq!(v["otlp"]["http_port"], 4318);
         assert_eq!(v["boot_id"], "0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07");
@@ -230,11 +250,15 @@ mod tests {
         assert_eq!(m.boot_id, None);
         m.save(dir.path()).unwrap();
         let back: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST_FILE)).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST_FILE)).unwrap())
+                .unwrap();
         assert!(back.get("boot_id").is_none(), "{back}");
         doc["boot_id"] = "b".into();
         std::fs::write(dir.path().join(MANIFEST_FILE), doc.to_string()).unwrap();
-        assert_eq!(Manifest::load(dir.path()).unwrap().boot_id.as_deref(), Some("b"));
+        assert_eq!(
+            Manifest::load(dir.path()).unwrap().boot_id.as_deref(),
+            Some("b")
+        );
     }
 
     #[test]

@@ -13,7 +13,11 @@ use crate::{sys, Error};
 
 /// The parts of the trace.dat header that do not change during a recording.
 /// Collected before tracing starts, so reading them is not traced.
-pub(crate) fn static_meta(tracefs: &Tracefs, events: &[EventId], page_size: u32) -> Result<TraceDatMeta, Error> {
+pub(crate) fn static_meta(
+    tracefs: &Tracefs,
+    events: &[EventId],
+    page_size: u32,
+) -> Result<TraceDatMeta, Error> {
     let header_page = tracefs.read("events/header_page")?;
     let header_event = tracefs.read("events/header_event")?;
 
@@ -22,7 +26,10 @@ pub(crate) fn static_meta(tracefs: &Tracefs, events: &[EventId], page_size: u32)
     let ftrace_dir = tracefs.path("events/ftrace");
     let mut ftrace_formats = Vec::new();
     if let Ok(entries) = fs::read_dir(&ftrace_dir) {
-        let mut names: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+        let mut names: Vec<_> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .collect();
         names.sort();
         for name in names {
             let path = ftrace_dir.join(&name).join("format");
@@ -37,7 +44,10 @@ pub(crate) fn static_meta(tracefs: &Tracefs, events: &[EventId], page_size: u32)
         let format = tracefs.read(&format!("events/{}/{}/format", id.system, id.name))?;
         by_system.entry(&id.system).or_default().push(format);
     }
-    let event_formats = by_system.into_iter().map(|(s, f)| (s.to_string(), f)).collect();
+    let event_formats = by_system
+        .into_iter()
+        .map(|(s, f)| (s.to_string(), f))
+        .collect();
 
     // Symbols are an aid for printing, not required: a kernel that hides
     // them (kptr_restrict) still gives a valid trace.
@@ -79,18 +89,27 @@ impl Tasks {
             return;
         };
         for proc_entry in procs.flatten() {
-            let Some(tgid) = proc_entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            let Some(tgid) = proc_entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
                 continue;
             };
             let Ok(tasks) = fs::read_dir(proc_entry.path().join("task")) else {
                 continue;
             };
             for task in tasks.flatten() {
-                let Some(tid) = task.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                let Some(tid) = task
+                    .file_name()
+                    .to_str()
+                    .and_then(|s| s.parse::<i32>().ok())
+                else {
                     continue;
                 };
                 if let Ok(comm) = fs::read_to_string(task.path().join("comm")) {
-                    self.comms.insert(tid, comm.trim_end_matches('\n').to_string());
+                    self.comms
+                        .insert(tid, comm.trim_end_matches('\n').to_string());
                     self.tgids.insert(tid, tgid);
                 }
             }
@@ -111,7 +130,9 @@ impl Tasks {
         if let Ok(text) = tracefs.read("saved_tgids") {
             for line in String::from_utf8_lossy(&text).lines() {
                 let mut it = line.split_whitespace();
-                if let (Some(Ok(pid)), Some(Ok(tgid))) = (it.next().map(str::parse), it.next().map(str::parse)) {
+                if let (Some(Ok(pid)), Some(Ok(tgid))) =
+                    (it.next().map(str::parse), it.next().map(str::parse))
+                {
                     self.tgids.insert(pid, tgid);
                 }
             }
@@ -123,9 +144,11 @@ impl Tasks {
     pub fn add_lines(&mut self, text: &str) {
         for line in text.lines() {
             let mut it = line.splitn(3, ' ');
-            let (Some(Ok(tid)), Some(Ok(tgid)), Some(comm)) =
-                (it.next().map(str::parse), it.next().map(str::parse), it.next())
-            else {
+            let (Some(Ok(tid)), Some(Ok(tgid)), Some(comm)) = (
+                it.next().map(str::parse),
+                it.next().map(str::parse),
+                it.next(),
+            ) else {
                 continue;
             };
             self.comms.entry(tid).or_insert_with(|| comm.to_string());
@@ -167,7 +190,8 @@ impl Tasks {
 pub(crate) fn read_stats(instance_dir: &Path, cpus: usize) -> Vec<(String, CpuStats)> {
     (0..cpus)
         .map(|cpu| {
-            let bytes = read_file(&instance_dir.join(format!("per_cpu/cpu{cpu}/stats"))).unwrap_or_default();
+            let bytes = read_file(&instance_dir.join(format!("per_cpu/cpu{cpu}/stats")))
+                .unwrap_or_default();
             let text = String::from_utf8_lossy(&bytes).into_owned();
             let stats = CpuStats::parse(&text);
             (text, stats)
@@ -182,11 +206,18 @@ pub(crate) fn instance_cpus(instance_dir: &Path) -> Result<usize, Error> {
     let max = entries
         .flatten()
         .filter_map(|e| {
-            e.file_name().to_str().and_then(|n| n.strip_prefix("cpu")).and_then(|n| n.parse::<usize>().ok())
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("cpu"))
+                .and_then(|n| n.parse::<usize>().ok())
         })
         .max();
     match max {
         Some(m) => Ok(m + 1),
-        None => Err(Error::io("find CPUs in", &dir, std::io::Error::other("no cpuN directories"))),
+        None => Err(Error::io(
+            "find CPUs in",
+            &dir,
+            std::io::Error::other("no cpuN directories"),
+        )),
     }
 }

@@ -34,21 +34,41 @@ impl ProcessScan {
     /// Scans /proc now and merges what it finds.
     pub fn scan(&mut self) {
         let listening = listening_inodes();
-        let Ok(procs) = fs::read_dir("/proc") else { return };
+        let Ok(procs) = fs::read_dir("/proc") else {
+            return;
+        };
         for entry in procs.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
             let dir = entry.path();
-            let Ok(comm) = fs::read_to_string(dir.join("comm")) else { continue };
+            let Ok(comm) = fs::read_to_string(dir.join("comm")) else {
+                continue;
+            };
             let cmdline = fs::read(dir.join("cmdline")).unwrap_or_default();
-            let cmdline =
-                cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()).map(String::from_utf8_lossy).collect::<Vec<_>>();
+            let cmdline = cmdline
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(String::from_utf8_lossy)
+                .collect::<Vec<_>>();
             let mut ports: Vec<u16> = Vec::new();
             if !listening.is_empty() {
                 for fd in fs::read_dir(dir.join("fd")).into_iter().flatten().flatten() {
-                    let Ok(target) = fs::read_link(fd.path()) else { continue };
+                    let Ok(target) = fs::read_link(fd.path()) else {
+                        continue;
+                    };
                     let target = target.to_string_lossy();
-                    let inode = target.strip_prefix("socket:[").and_then(|t| t.strip_suffix(']'));
-                    if let Some(port) = inode.and_then(|i| i.parse::<u64>().ok()).and_then(|i| listening.get(&i)) {
+                    let inode = target
+                        .strip_prefix("socket:[")
+                        .and_then(|t| t.strip_suffix(']'));
+                    if let Some(port) = inode
+                        .and_then(|i| i.parse::<u64>().ok())
+                        .and_then(|i| listening.get(&i))
+                    {
                         ports.push(*port);
                     }
                 }
@@ -80,7 +100,9 @@ impl ProcessScan {
 fn listening_inodes() -> HashMap<u64, u16> {
     let mut out = HashMap::new();
     for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = fs::read_to_string(file) else { continue };
+        let Ok(text) = fs::read_to_string(file) else {
+            continue;
+        };
         out.extend(text.lines().skip(1).filter_map(parse_listening));
     }
     out

@@ -79,7 +79,10 @@ enum Machine {
 const MAX_CPUS: usize = 8192;
 
 fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
-    let not = |reason: String| Error::NotRecoverable { run: run_dir.to_path_buf(), reason };
+    let not = |reason: String| Error::NotRecoverable {
+        run: run_dir.to_path_buf(),
+        reason,
+    };
     if !journal::exists(run_dir) {
         return Err(not(if run_dir.join(MANIFEST_FILE).is_file() {
             "it was recorded to the end (it has a manifest and no recording journal)".into()
@@ -93,7 +96,10 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
         return Err(not("it already has a manifest and a kernel trace".into()));
     }
     let journal = journal::read(run_dir)?;
-    validate(&journal).map_err(|reason| Error::Journal { path: journal.dir.clone(), reason })?;
+    validate(&journal).map_err(|reason| Error::Journal {
+        path: journal.dir.clone(),
+        reason,
+    })?;
     let recorder = journal.state.owner.recorder;
     if recorder.alive() {
         return Err(not(format!(
@@ -108,13 +114,20 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
     )];
     notes.extend(journal.notes.iter().cloned());
     if journal.skipped_lines > 0 {
-        notes.push(format!("{} torn line(s) of the journal skipped", journal.skipped_lines));
+        notes.push(format!(
+            "{} torn line(s) of the journal skipped",
+            journal.skipped_lines
+        ));
     }
     let manifest = journal.state.manifest.clone();
     let kernel_dir = run_dir.join("kernel");
     let instance = match machine {
         Machine::Live => LeftInstance::find(&journal),
-        Machine::Elsewhere => LeftInstance { dir: None, tracefs: None, stats: None },
+        Machine::Elsewhere => LeftInstance {
+            dir: None,
+            tracefs: None,
+            stats: None,
+        },
     };
     if manifest.mode == crate::Mode::Flight.as_str() {
         flight_pages(&journal, &instance, &kernel_dir, &mut notes)?;
@@ -149,11 +162,21 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
         tasks.scan_proc();
     }
     meta.cmdlines = tasks.cmdlines();
-    meta.cpu_stats = stats.as_ref().map(|s| s.iter().map(|(text, _)| text.clone()).collect()).unwrap_or_default();
+    meta.cpu_stats = stats
+        .as_ref()
+        .map(|s| s.iter().map(|(text, _)| text.clone()).collect())
+        .unwrap_or_default();
     let trace_path = kernel_dir.join("trace.dat");
     write_trace_dat(&trace_path, &meta, &raw_files)?;
 
-    let mut manifest = finish_manifest(manifest, &journal, &kept_bytes, stats.as_deref(), last_page_ts, &mut notes);
+    let mut manifest = finish_manifest(
+        manifest,
+        &journal,
+        &kept_bytes,
+        stats.as_deref(),
+        last_page_ts,
+        &mut notes,
+    );
     let tgids_path = kernel_dir.join("saved_tgids");
     match fs::write(&tgids_path, tasks.tgids()) {
         Ok(()) => manifest.tgids = Some("kernel/saved_tgids".into()),
@@ -166,7 +189,13 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
         let _ = fs::remove_file(file);
     }
     let _ = fs::remove_dir_all(&journal.dir);
-    Ok(Recovery { run_dir: run_dir.to_path_buf(), manifest, kept_bytes, dropped_bytes, notes })
+    Ok(Recovery {
+        run_dir: run_dir.to_path_buf(),
+        manifest,
+        kept_bytes,
+        dropped_bytes,
+        notes,
+    })
 }
 
 /// The dead recorder's tracing instance, if `cleanup` has not removed it.
@@ -185,8 +214,14 @@ impl LeftInstance {
             .as_ref()
             .map(|t| t.path("instances").join(&journal.state.owner.instance))
             .filter(|d| d.join("per_cpu").is_dir());
-        let stats = dir.as_ref().map(|d| read_stats(d, journal.state.manifest.cpus));
-        LeftInstance { dir, tracefs, stats }
+        let stats = dir
+            .as_ref()
+            .map(|d| read_stats(d, journal.state.manifest.cpus));
+        LeftInstance {
+            dir,
+            tracefs,
+            stats,
+        }
     }
 }
 
@@ -195,16 +230,25 @@ impl LeftInstance {
 fn validate(journal: &JournalContents) -> Result<(), String> {
     let manifest = &journal.state.manifest;
     if manifest.cpus == 0 || manifest.cpus > MAX_CPUS {
-        return Err(format!("{} CPUs is not a machine's CPU count (1 to {MAX_CPUS})", manifest.cpus));
+        return Err(format!(
+            "{} CPUs is not a machine's CPU count (1 to {MAX_CPUS})",
+            manifest.cpus
+        ));
     }
     let page_size = journal.meta.page_size;
     if !page_size.is_power_of_two() || !(64..=1 << 24).contains(&page_size) {
-        return Err(format!("ring-buffer page size {page_size} is not a power of two from 64 B to 16 MiB"));
+        return Err(format!(
+            "ring-buffer page size {page_size} is not a power of two from 64 B to 16 MiB"
+        ));
     }
     let instance = &journal.state.owner.instance;
-    if !instance.starts_with(crate::tracefs::INSTANCE_PREFIX) || instance.contains(['/', '\0']) || instance.len() > 255
+    if !instance.starts_with(crate::tracefs::INSTANCE_PREFIX)
+        || instance.contains(['/', '\0'])
+        || instance.len() > 255
     {
-        return Err(format!("{instance:?} is not the name of a deepspan tracing instance"));
+        return Err(format!(
+            "{instance:?} is not the name of a deepspan tracing instance"
+        ));
     }
     Ok(())
 }
@@ -227,11 +271,18 @@ fn flight_pages(
         return Ok(());
     };
     let _ = crate::tracefs::write_control(&dir.join("tracing_on"), "0");
-    fs::create_dir_all(kernel_dir).map_err(|e| Error::output("create", kernel_dir, kernel_dir, e))?;
+    fs::create_dir_all(kernel_dir)
+        .map_err(|e| Error::output("create", kernel_dir, kernel_dir, e))?;
     for cpu in 0..journal.state.manifest.cpus {
         let raw = dir.join(format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
         let out = kernel_dir.join(format!("cpu{cpu}.raw"));
-        drain_cpu(&raw, &out, kernel_dir, journal.meta.page_size as usize, None)?;
+        drain_cpu(
+            &raw,
+            &out,
+            kernel_dir,
+            journal.meta.page_size as usize,
+            None,
+        )?;
     }
     notes.push(format!(
         "flight mode: the ring buffer was read from the dead recorder's instance {}; it holds the last events \
@@ -249,21 +300,33 @@ struct KeptPages {
 /// Cuts a CPU's page file to its whole pages, and drops trailing pages whose
 /// header cannot be right (a page the kernel never finished handing over).
 /// A missing file is a CPU without events. Tracks the latest page start.
-fn keep_whole_pages(path: &Path, page_size: u64, last_page_ts: &mut u64) -> Result<KeptPages, Error> {
+fn keep_whole_pages(
+    path: &Path,
+    page_size: u64,
+    last_page_ts: &mut u64,
+) -> Result<KeptPages, Error> {
     let mut file = match fs::OpenOptions::new().read(true).write(true).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             fs::File::create(path).map_err(|e| Error::io("create", path, e))?;
-            return Ok(KeptPages { bytes: 0, dropped: 0 });
+            return Ok(KeptPages {
+                bytes: 0,
+                dropped: 0,
+            });
         }
         Err(e) => return Err(Error::io("open", path, e)),
     };
-    let size = file.metadata().map_err(|e| Error::io("read the size of", path, e))?.len();
+    let size = file
+        .metadata()
+        .map_err(|e| Error::io("read the size of", path, e))?
+        .len();
     let mut whole = size / page_size * page_size;
     let mut header = [0u8; 16];
     while whole > 0 {
-        file.seek(SeekFrom::Start(whole - page_size)).map_err(|e| Error::io("seek in", path, e))?;
-        file.read_exact(&mut header).map_err(|e| Error::io("read", path, e))?;
+        file.seek(SeekFrom::Start(whole - page_size))
+            .map_err(|e| Error::io("seek in", path, e))?;
+        file.read_exact(&mut header)
+            .map_err(|e| Error::io("read", path, e))?;
         let ts = u64::from_ne_bytes(header[..8].try_into().expect("8 bytes"));
         let commit = u64::from_ne_bytes(header[8..].try_into().expect("8 bytes")) & COMMIT_MASK;
         if commit > 0 && commit <= page_size - 16 {
@@ -273,9 +336,13 @@ fn keep_whole_pages(path: &Path, page_size: u64, last_page_ts: &mut u64) -> Resu
         whole -= page_size;
     }
     if whole < size {
-        file.set_len(whole).map_err(|e| Error::io("cut the torn page off", path, e))?;
+        file.set_len(whole)
+            .map_err(|e| Error::io("cut the torn page off", path, e))?;
     }
-    Ok(KeptPages { bytes: whole, dropped: size - whole })
+    Ok(KeptPages {
+        bytes: whole,
+        dropped: size - whole,
+    })
 }
 
 /// The manifest as the recorder would have ended it, from what is known.
@@ -288,13 +355,21 @@ fn finish_manifest(
     notes: &mut Vec<String>,
 ) -> Manifest {
     let mut samples = vec![[manifest.start.realtime_ns, manifest.start.mono_ns]];
-    samples.extend(journal.clock_samples.iter().filter(|s| s[1] > manifest.start.mono_ns));
+    samples.extend(
+        journal
+            .clock_samples
+            .iter()
+            .filter(|s| s[1] > manifest.start.mono_ns),
+    );
     let last = *samples.last().expect("the start sample");
     // The end is the last moment known to be recorded: the later of the last
     // clock sample and the start of the last page kept, whose wall time is
     // carried from the last sample.
     let end_mono = last[1].max(last_page_ts);
-    manifest.end = ClockPoint { realtime_ns: last[0].saturating_add(end_mono - last[1]), mono_ns: end_mono };
+    manifest.end = ClockPoint {
+        realtime_ns: last[0].saturating_add(end_mono - last[1]),
+        mono_ns: end_mono,
+    };
     manifest.clock_samples = samples;
     if manifest.boot_id.is_none() {
         manifest.boot_id = journal.boot_id.clone();
@@ -303,7 +378,10 @@ fn finish_manifest(
     manifest.exit_code = None;
     manifest.per_cpu = (0..manifest.cpus)
         .map(|cpu| {
-            let s = stats.and_then(|s| s.get(cpu)).map(|(_, s)| s.clone()).unwrap_or_default();
+            let s = stats
+                .and_then(|s| s.get(cpu))
+                .map(|(_, s)| s.clone())
+                .unwrap_or_default();
             cpu_manifest(cpu, &s, kept_bytes.get(cpu).copied().unwrap_or(0))
         })
         .collect();
@@ -339,7 +417,10 @@ mod tests {
     const PAGE: usize = 4096;
 
     fn manifest(cpus: usize, mode: &str) -> Manifest {
-        let start = ClockPoint { realtime_ns: 1_000_000_000_000, mono_ns: 5_000 };
+        let start = ClockPoint {
+            realtime_ns: 1_000_000_000_000,
+            mono_ns: 5_000,
+        };
         Manifest {
             format_version: FORMAT_VERSION,
             host: "h".into(),
@@ -358,7 +439,11 @@ mod tests {
             lost_events: 0,
             kernel_trace: None,
             snapshots: vec![],
-            otlp: OtlpPorts { grpc_port: 4317, http_port: 4318, receiver: None },
+            otlp: OtlpPorts {
+                grpc_port: 4317,
+                http_port: 4318,
+                receiver: None,
+            },
             command: vec!["true".into()],
             exit_code: None,
             tgids: None,
@@ -399,13 +484,26 @@ mod tests {
         let owner = InstanceOwner {
             instance: instance.into(),
             run_dir: dir.to_path_buf(),
-            recorder: ProcessId { pid: i32::MAX, start_ticks: None },
+            recorder: ProcessId {
+                pid: i32::MAX,
+                start_ticks: None,
+            },
             traced: vec![],
         };
         let mut warnings = Vec::new();
-        let mut journal =
-            Journal::create(dir, owner, manifest(cpus, mode), &meta(), b"7 7 init\n", &mut warnings).unwrap();
-        journal.clock_sample(ClockPoint { realtime_ns: 1_000_001_000_000, mono_ns: 1_000_005_000 });
+        let mut journal = Journal::create(
+            dir,
+            owner,
+            manifest(cpus, mode),
+            &meta(),
+            b"7 7 init\n",
+            &mut warnings,
+        )
+        .unwrap();
+        journal.clock_sample(ClockPoint {
+            realtime_ns: 1_000_001_000_000,
+            mono_ns: 1_000_005_000,
+        });
         std::fs::write(dir.join("kernel/journal/clock_samples"), {
             let mut text = std::fs::read(dir.join("kernel/journal/clock_samples")).unwrap();
             text.extend_from_slice(b"1000002000000 20"); // torn by the crash
@@ -430,15 +528,44 @@ mod tests {
         assert_eq!(recovery.dropped_bytes, vec![100, 0]);
         let m = Manifest::load(dir.path()).unwrap();
         assert_eq!(m.kernel_trace.as_deref(), Some("kernel/trace.dat"));
-        assert_eq!(m.clock_samples, vec![[1_000_000_000_000, 5_000], [1_000_001_000_000, 1_000_005_000]]);
+        assert_eq!(
+            m.clock_samples,
+            vec![
+                [1_000_000_000_000, 5_000],
+                [1_000_001_000_000, 1_000_005_000]
+            ]
+        );
         // The end is the start of the last page kept, later than the last sample.
-        assert_eq!(m.end, ClockPoint { realtime_ns: 1_000_001_000_000 + 1_999_995_000, mono_ns: 3_000_000_000 });
-        assert_eq!(m.per_cpu.iter().map(|c| c.bytes).collect::<Vec<_>>(), vec![2 * PAGE as u64, 0]);
+        assert_eq!(
+            m.end,
+            ClockPoint {
+                realtime_ns: 1_000_001_000_000 + 1_999_995_000,
+                mono_ns: 3_000_000_000
+            }
+        );
+        assert_eq!(
+            m.per_cpu.iter().map(|c| c.bytes).collect::<Vec<_>>(),
+            vec![2 * PAGE as u64, 0]
+        );
         // The journal's manifest had none; its trace header kept this boot's.
         assert_eq!(m.boot_id, crate::journal::boot_id());
-        assert!(m.warnings.iter().any(|w| w.contains("1 torn line")), "{:?}", m.warnings);
-        assert!(m.warnings.iter().any(|w| w.contains("CPU 0: 100 bytes")), "{:?}", m.warnings);
-        assert!(m.warnings.iter().any(|w| w.contains("lost-event counts are unknown")), "{:?}", m.warnings);
+        assert!(
+            m.warnings.iter().any(|w| w.contains("1 torn line")),
+            "{:?}",
+            m.warnings
+        );
+        assert!(
+            m.warnings.iter().any(|w| w.contains("CPU 0: 100 bytes")),
+            "{:?}",
+            m.warnings
+        );
+        assert!(
+            m.warnings
+                .iter()
+                .any(|w| w.contains("lost-event counts are unknown")),
+            "{:?}",
+            m.warnings
+        );
         let tgids = std::fs::read_to_string(dir.path().join("kernel/saved_tgids")).unwrap();
         assert_eq!(tgids, "7 7\n");
         let trace = deepspan_ftrace::TraceDat::open(&dir.path().join("kernel/trace.dat")).unwrap();
@@ -469,13 +596,18 @@ mod tests {
             (0, "deepspan-1-1", "0 CPUs"),
             (1_000_000, "deepspan-1-1", "1000000 CPUs"),
             (1, "../../..", "not the name of a deepspan tracing instance"),
-            (1, "deepspan-1/../../x", "not the name of a deepspan tracing instance"),
+            (
+                1,
+                "deepspan-1/../../x",
+                "not the name of a deepspan tracing instance",
+            ),
         ] {
             let dir = tempfile::tempdir().unwrap();
             dead_run(dir.path(), cpus, "standard", "deepspan-2147483647-1");
             // As a damaged journal would name it (the recorder never does).
             let state = dir.path().join("kernel/journal/recording.json");
-            let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+            let mut json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
             json["owner"]["instance"] = instance.into();
             std::fs::write(&state, serde_json::to_vec(&json).unwrap()).unwrap();
             let err = recover_from_files(dir.path()).unwrap_err().to_string();

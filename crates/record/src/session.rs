@@ -13,7 +13,9 @@ use deepspan_ftrace::{write_trace_dat, TraceDatMeta};
 use crate::capture::{drain_cpu, DrainLimit, Streams};
 use crate::events::{resolve_events, EventId};
 use crate::journal::{InstanceOwner, Journal, ProcessId};
-use crate::manifest::{ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, FORMAT_VERSION};
+use crate::manifest::{
+    ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, FORMAT_VERSION,
+};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::{ProcessScan, PROCESS_SCAN};
 use crate::tcpkeys::TcpKeyCapture;
@@ -46,7 +48,10 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// ignored by the process, which suits a CLI that exits next.
 ///
 /// `progress` is called about once per second.
-pub fn record(opts: &RecordOptions, progress: &mut dyn FnMut(&Progress)) -> Result<RecordSummary, Error> {
+pub fn record(
+    opts: &RecordOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<RecordSummary, Error> {
     validate(opts)?;
     let tracefs = Tracefs::open()?;
     let events = match &opts.events {
@@ -64,13 +69,17 @@ pub fn record(opts: &RecordOptions, progress: &mut dyn FnMut(&Progress)) -> Resu
 
 fn validate(opts: &RecordOptions) -> Result<(), Error> {
     if opts.buffer_kb_per_cpu == 0 {
-        return Err(Error::InvalidOptions("the ring buffer size per CPU must be at least 1 KiB".into()));
+        return Err(Error::InvalidOptions(
+            "the ring buffer size per CPU must be at least 1 KiB".into(),
+        ));
     }
     if let Some(pid) = opts.pids.iter().find(|&&p| p <= 0 || !sys::pid_alive(p)) {
         return Err(Error::InvalidOptions(format!("pid {pid} does not exist")));
     }
     if opts.command.first().is_some_and(|p| p.is_empty()) {
-        return Err(Error::InvalidOptions("the command's program name is empty".into()));
+        return Err(Error::InvalidOptions(
+            "the command's program name is empty".into(),
+        ));
     }
     if opts.tcp_keys && opts.mode != Mode::Standard {
         return Err(Error::InvalidOptions(
@@ -96,13 +105,24 @@ impl RunDir {
                 if entries.flatten().any(|e| e.file_name() != "spans") {
                     return Err(Error::OutputNotEmpty(path.to_path_buf()));
                 }
-                Ok(RunDir { path: path.to_path_buf(), created: false, keep: false })
+                Ok(RunDir {
+                    path: path.to_path_buf(),
+                    created: false,
+                    keep: false,
+                })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                fs::create_dir_all(path).map_err(|e| Error::output("create the run folder", path, path, e))?;
-                Ok(RunDir { path: path.to_path_buf(), created: true, keep: false })
+                fs::create_dir_all(path)
+                    .map_err(|e| Error::output("create the run folder", path, path, e))?;
+                Ok(RunDir {
+                    path: path.to_path_buf(),
+                    created: true,
+                    keep: false,
+                })
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Err(Error::OutputNotEmpty(path.to_path_buf())),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                Err(Error::OutputNotEmpty(path.to_path_buf()))
+            }
             Err(e) => Err(Error::io("open the run folder", path, e)),
         }
     }
@@ -119,7 +139,11 @@ impl Drop for RunDir {
             // It was empty before us: everything in it is ours.
             for entry in entries.flatten() {
                 let p = entry.path();
-                let _ = if p.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
+                let _ = if p.is_dir() {
+                    fs::remove_dir_all(&p)
+                } else {
+                    fs::remove_file(&p)
+                };
             }
         }
     }
@@ -135,14 +159,21 @@ struct Signals {
 
 impl Signals {
     fn install() -> Result<Signals, Error> {
-        let mut s =
-            Signals { interrupt: Arc::default(), terminate: Arc::default(), snapshot: Arc::default(), ids: Vec::new() };
+        let mut s = Signals {
+            interrupt: Arc::default(),
+            terminate: Arc::default(),
+            snapshot: Arc::default(),
+            ids: Vec::new(),
+        };
         for (sig, name, flag) in [
             (signal_hook::consts::SIGINT, "SIGINT", s.interrupt.clone()),
             (signal_hook::consts::SIGTERM, "SIGTERM", s.terminate.clone()),
             (signal_hook::consts::SIGUSR2, "SIGUSR2", s.snapshot.clone()),
         ] {
-            let id = signal_hook::flag::register(sig, flag).map_err(|source| Error::Signal { signal: name, source })?;
+            let id = signal_hook::flag::register(sig, flag).map_err(|source| Error::Signal {
+                signal: name,
+                source,
+            })?;
             s.ids.push(id);
         }
         Ok(s)
@@ -176,7 +207,12 @@ struct Session {
 }
 
 impl Session {
-    fn setup(opts: &RecordOptions, tracefs: &Tracefs, events: Vec<EventId>, run: &Path) -> Result<Session, Error> {
+    fn setup(
+        opts: &RecordOptions,
+        tracefs: &Tracefs,
+        events: Vec<EventId>,
+        run: &Path,
+    ) -> Result<Session, Error> {
         let (instance, warnings) = create_instance(tracefs, opts.buffer_kb_per_cpu, &events)?;
         let cpus = instance_cpus(&instance.path(""))?;
         let page_size = instance_page_size(&instance);
@@ -210,8 +246,12 @@ impl Session {
         if opts.mode == Mode::Standard {
             fs::create_dir_all(&self.kernel_dir)
                 .map_err(|e| Error::output("create", &self.kernel_dir, &self.kernel_dir, e))?;
-            let streams =
-                Streams::start(&self.instance.path(""), self.cpus, &self.kernel_dir, self.page_size as usize)?;
+            let streams = Streams::start(
+                &self.instance.path(""),
+                self.cpus,
+                &self.kernel_dir,
+                self.page_size as usize,
+            )?;
             self.streams = Some(streams);
         }
         self.filter_pids(opts)?;
@@ -256,12 +296,17 @@ impl Session {
             if let Some(c) = child.as_mut() {
                 match c.try_wait() {
                     Ok(Some(status)) => {
-                        exit_code = Some(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)));
+                        exit_code = Some(
+                            status
+                                .code()
+                                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+                        );
                         break;
                     }
                     Ok(None) => {}
                     Err(e) => {
-                        self.warnings.push(format!("cannot wait for the command: {e}"));
+                        self.warnings
+                            .push(format!("cannot wait for the command: {e}"));
                         break;
                     }
                 }
@@ -291,8 +336,10 @@ impl Session {
             }
             if opts.duration.is_some_and(|d| now - started >= d) {
                 if let Some(c) = child.as_ref() {
-                    self.warnings
-                        .push(format!("recording duration reached; the command (pid {}) is still running", c.id()));
+                    self.warnings.push(format!(
+                        "recording duration reached; the command (pid {}) is still running",
+                        c.id()
+                    ));
                 }
                 break;
             }
@@ -312,7 +359,8 @@ impl Session {
                         }
                     }
                 } else {
-                    self.warnings.push("SIGUSR2 ignored: snapshots exist only in flight mode".into());
+                    self.warnings
+                        .push("SIGUSR2 ignored: snapshots exist only in flight mode".into());
                 }
             }
             if now >= next_tick {
@@ -349,7 +397,8 @@ impl Session {
         }
 
         if let Err(e) = self.instance.write("tracing_on", "0") {
-            self.warnings.push(format!("cannot stop tracing before the final flush: {e}"));
+            self.warnings
+                .push(format!("cannot stop tracing before the final flush: {e}"));
         }
         let end = clock_point();
         samples.push([end.realtime_ns, end.mono_ns]);
@@ -388,7 +437,8 @@ impl Session {
         self.tasks.scan_proc();
         self.processes.scan();
         if let Err(e) = self.instance.remove() {
-            self.warnings.push(format!("tracing instance not removed: {e}"));
+            self.warnings
+                .push(format!("tracing instance not removed: {e}"));
         }
 
         manifest.end = end;
@@ -427,11 +477,15 @@ impl Session {
         manifest.kernel_trace = Some("kernel/trace.dat".into());
         match fs::write(&tgids_path, self.tasks.tgids()) {
             Ok(()) => manifest.tgids = Some("kernel/saved_tgids".into()),
-            Err(e) => self.warnings.push(format!("cannot write {}: {e}", tgids_path.display())),
+            Err(e) => self
+                .warnings
+                .push(format!("cannot write {}: {e}", tgids_path.display())),
         }
         match fs::write(run.path.join(PROCESS_SCAN), self.processes.to_json()) {
             Ok(()) => manifest.processes = Some(PROCESS_SCAN.into()),
-            Err(e) => self.warnings.push(format!("cannot write {PROCESS_SCAN}: {e}")),
+            Err(e) => self
+                .warnings
+                .push(format!("cannot write {PROCESS_SCAN}: {e}")),
         }
         manifest.warnings = std::mem::take(&mut self.warnings);
         manifest.save(&run.path)?;
@@ -468,8 +522,16 @@ impl Session {
             lost_events: 0,
             kernel_trace: None,
             snapshots: Vec::new(),
-            otlp: OtlpPorts { grpc_port: opts.otlp_grpc_port, http_port: opts.otlp_http_port, receiver: None },
-            command: opts.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+            otlp: OtlpPorts {
+                grpc_port: opts.otlp_grpc_port,
+                http_port: opts.otlp_http_port,
+                receiver: None,
+            },
+            command: opts
+                .command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
             exit_code: None,
             tgids: None,
             processes: None,
@@ -484,15 +546,28 @@ impl Session {
 
     /// Writes the journal that lets a run survive the recorder's death;
     /// see `journal.rs`. Before tracing starts: no page may exist without it.
-    fn journal(&mut self, opts: &RecordOptions, run: &Path, manifest: &Manifest) -> Result<Journal, Error> {
-        fs::create_dir_all(&self.kernel_dir).map_err(|e| Error::output("create", &self.kernel_dir, run, e))?;
+    fn journal(
+        &mut self,
+        opts: &RecordOptions,
+        run: &Path,
+        manifest: &Manifest,
+    ) -> Result<Journal, Error> {
+        fs::create_dir_all(&self.kernel_dir)
+            .map_err(|e| Error::output("create", &self.kernel_dir, run, e))?;
         let owner = InstanceOwner {
             instance: self.instance.name(),
             run_dir: fs::canonicalize(run).unwrap_or_else(|_| run.to_path_buf()),
             recorder: ProcessId::of(std::process::id() as i32),
             traced: opts.pids.iter().map(|&pid| ProcessId::of(pid)).collect(),
         };
-        Journal::create(run, owner, manifest.clone(), &self.meta, &self.tasks.lines(), &mut self.warnings)
+        Journal::create(
+            run,
+            owner,
+            manifest.clone(),
+            &self.meta,
+            &self.tasks.lines(),
+            &mut self.warnings,
+        )
     }
 
     /// Sets the pid filter: with `pids`, only those processes and their
@@ -514,7 +589,9 @@ impl Session {
     }
 
     fn raw_files(&self) -> Vec<PathBuf> {
-        (0..self.cpus).map(|cpu| self.kernel_dir.join(format!("cpu{cpu}.raw"))).collect()
+        (0..self.cpus)
+            .map(|cpu| self.kernel_dir.join(format!("cpu{cpu}.raw")))
+            .collect()
     }
 
     /// Reads every CPU's buffer into `dir/<prefix>N.raw`.
@@ -529,7 +606,9 @@ impl Session {
         let mut bytes = Vec::with_capacity(self.cpus);
         for cpu in 0..self.cpus {
             let out = dir.join(format!("{prefix}{cpu}.raw"));
-            let raw = self.instance.path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
+            let raw = self
+                .instance
+                .path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
             let result = drain_cpu(&raw, &out, dir, self.page_size as usize, limit);
             files.push(out);
             match result {
@@ -557,7 +636,10 @@ impl Session {
     fn snapshot(&mut self, opts: &RecordOptions, number: usize) -> Result<Snapshot, Error> {
         let at = clock_point();
         let dir = self.kernel_dir.join("snapshots");
-        let limit = DrainLimit { until_ts: at.mono_ns, max_bytes: opts.buffer_kb_per_cpu * 1024 * 2 };
+        let limit = DrainLimit {
+            until_ts: at.mono_ns,
+            max_bytes: opts.buffer_kb_per_cpu * 1024 * 2,
+        };
         let prefix = format!("{number:03}.cpu");
         let (files, bytes) = self.drain_all(&dir, &prefix, Some(limit))?;
         let stats = read_stats(&self.instance.path(""), self.cpus);
@@ -588,7 +670,11 @@ pub(crate) fn create_instance(
     buffer_kb_per_cpu: u64,
     events: &[EventId],
 ) -> Result<(Instance, Vec<String>), Error> {
-    let name = format!("{INSTANCE_PREFIX}{}-{}", std::process::id(), sys::realtime_ns());
+    let name = format!(
+        "{INSTANCE_PREFIX}{}-{}",
+        std::process::id(),
+        sys::realtime_ns()
+    );
     let instance = Instance::create(tracefs, &name)?;
     // A new instance traces as soon as an event is enabled: keep it off
     // until everything is set.
@@ -621,12 +707,17 @@ pub(crate) fn create_instance(
         warnings.push(format!("thread group ids not recorded: {e}"));
     }
     for id in events {
-        instance.write(&format!("events/{}/{}/enable", id.system, id.name), "1").map_err(|e| match e {
-            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                Error::UnknownEvent { name: id.to_string(), suggestions: Vec::new() }
-            }
-            other => other,
-        })?;
+        instance
+            .write(&format!("events/{}/{}/enable", id.system, id.name), "1")
+            .map_err(|e| match e {
+                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    Error::UnknownEvent {
+                        name: id.to_string(),
+                        suggestions: Vec::new(),
+                    }
+                }
+                other => other,
+            })?;
     }
     Ok((instance, warnings))
 }
@@ -643,7 +734,10 @@ pub(crate) fn instance_page_size(instance: &Instance) -> u32 {
 
 pub(crate) fn clock_point() -> ClockPoint {
     let (realtime_ns, mono_ns) = sys::clock_pair();
-    ClockPoint { realtime_ns, mono_ns }
+    ClockPoint {
+        realtime_ns,
+        mono_ns,
+    }
 }
 
 /// Events the kernel could not keep. In flight mode overwriting old events
@@ -658,7 +752,11 @@ fn lost_events<'a>(mode: Mode, stats: impl Iterator<Item = &'a CpuStats>) -> u64
 }
 
 fn per_cpu(stats: &[(String, CpuStats)], bytes: &[u64]) -> Vec<CpuManifest> {
-    stats.iter().enumerate().map(|(cpu, (_, s))| cpu_manifest(cpu, s, bytes.get(cpu).copied().unwrap_or(0))).collect()
+    stats
+        .iter()
+        .enumerate()
+        .map(|(cpu, (_, s))| cpu_manifest(cpu, s, bytes.get(cpu).copied().unwrap_or(0)))
+        .collect()
 }
 
 /// One CPU's line of the manifest: its ring's statistics and the bytes of
@@ -676,11 +774,18 @@ pub(crate) fn cpu_manifest(cpu: usize, s: &CpuStats, bytes: u64) -> CpuManifest 
     }
 }
 
-fn spawn(program: &std::ffi::OsStr, args: &[std::ffi::OsString], opts: &RecordOptions) -> Result<Child, Error> {
+fn spawn(
+    program: &std::ffi::OsStr,
+    args: &[std::ffi::OsString],
+    opts: &RecordOptions,
+) -> Result<Child, Error> {
     let mut cmd = Command::new(program);
     cmd.args(args);
     if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_none() {
-        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{}", opts.otlp_http_port));
+        cmd.env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{}", opts.otlp_http_port),
+        );
     }
     if std::env::var_os("OTEL_EXPORTER_OTLP_PROTOCOL").is_none() {
         cmd.env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
@@ -698,7 +803,10 @@ fn spawn(program: &std::ffi::OsStr, args: &[std::ffi::OsString], opts: &RecordOp
 /// The network namespaces of the traced processes (`--pid`), whose TCP
 /// segments a run limited to them keeps; empty (all) for a system-wide run.
 fn traced_netns(pids: &[i32]) -> Vec<u64> {
-    let mut netns: Vec<u64> = pids.iter().filter_map(|&pid| crate::tcpkeys::netns_of(pid)).collect();
+    let mut netns: Vec<u64> = pids
+        .iter()
+        .filter_map(|&pid| crate::tcpkeys::netns_of(pid))
+        .collect();
     netns.sort_unstable();
     netns.dedup();
     netns

@@ -16,7 +16,10 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 
 /// Nanoseconds of the given clock.
 pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid, writable timespec. clock_gettime cannot fail for
     // CLOCK_REALTIME/CLOCK_MONOTONIC with a valid pointer.
     unsafe { libc::clock_gettime(clock, &mut ts) };
@@ -51,7 +54,16 @@ pub fn clock_pair() -> (u64, u64) {
 /// splice(2) without offsets (both ends are pipes or stream-like files).
 pub fn splice(from: RawFd, to: RawFd, len: usize, flags: libc::c_uint) -> io::Result<usize> {
     // SAFETY: null offsets are allowed; the fds are owned by the caller.
-    let n = unsafe { libc::splice(from, std::ptr::null_mut(), to, std::ptr::null_mut(), len, flags) };
+    let n = unsafe {
+        libc::splice(
+            from,
+            std::ptr::null_mut(),
+            to,
+            std::ptr::null_mut(),
+            len,
+            flags,
+        )
+    };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -85,7 +97,11 @@ pub fn set_pipe_size(fd: &impl AsRawFd, size: usize) -> usize {
 
 /// Waits up to `timeout_ms` for `fd` to be readable.
 pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     match check(unsafe { libc::poll(&mut pfd, 1, timeout_ms) }) {
         Ok(n) => Ok(n > 0),
@@ -113,8 +129,16 @@ pub fn mount_tracefs(target: &Path) -> io::Result<()> {
     let target = CString::new(target.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     // SAFETY: all pointers are valid NUL-terminated strings; data is null.
-    check(unsafe { libc::mount(c"nodev".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null()) })
-        .map(|_| ())
+    check(unsafe {
+        libc::mount(
+            c"nodev".as_ptr(),
+            target.as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    })
+    .map(|_| ())
 }
 
 /// The five uname(2) fields: sysname, nodename, release, version, machine.
@@ -124,10 +148,20 @@ pub fn uname() -> [String; 5] {
     // SAFETY: valid pointer; uname cannot fail with one.
     unsafe { libc::uname(&mut u) };
     let field = |f: &[libc::c_char]| {
-        let bytes: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let bytes: Vec<u8> = f
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     };
-    [field(&u.sysname), field(&u.nodename), field(&u.release), field(&u.version), field(&u.machine)]
+    [
+        field(&u.sysname),
+        field(&u.nodename),
+        field(&u.release),
+        field(&u.version),
+        field(&u.machine),
+    ]
 }
 
 pub fn system_page_size() -> usize {

@@ -38,9 +38,11 @@ impl Tracefs {
             )));
         }
         sys::mount_tracefs(target).map_err(|e| match e.raw_os_error() {
-            Some(libc::EPERM) | Some(libc::EACCES) => {
-                Error::NeedRoot { action: "mount tracefs on", path: target.into(), source: e }
-            }
+            Some(libc::EPERM) | Some(libc::EACCES) => Error::NeedRoot {
+                action: "mount tracefs on",
+                path: target.into(),
+                source: e,
+            },
             Some(libc::ENODEV) => Error::TracefsUnavailable(format!(
                 "the kernel does not support tracefs (mounting it on {DEFAULT_MOUNT} failed: {e})"
             )),
@@ -134,9 +136,13 @@ pub(crate) fn read_file(path: &Path) -> io::Result<Vec<u8>> {
 /// Writes a tracefs control file in one write(2), as the kernel parses each
 /// write separately.
 pub(crate) fn write_control(path: &Path, value: &str) -> Result<(), Error> {
-    let mut file =
-        fs::OpenOptions::new().write(true).truncate(true).open(path).map_err(|e| Error::tracefs("open", path, e))?;
-    file.write_all(value.as_bytes()).map_err(|e| Error::tracefs("write", path, e))
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(|e| Error::tracefs("open", path, e))?;
+    file.write_all(value.as_bytes())
+        .map_err(|e| Error::tracefs("write", path, e))
 }
 
 /// A private tracing instance, removed on drop.
@@ -151,7 +157,10 @@ impl Instance {
     pub fn create(tracefs: &Tracefs, name: &str) -> Result<Instance, Error> {
         let dir = tracefs.path("instances").join(name);
         match fs::create_dir(&dir) {
-            Ok(()) => Ok(Instance { dir, removed: false }),
+            Ok(()) => Ok(Instance {
+                dir,
+                removed: false,
+            }),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(Error::InstanceExists(dir)),
             Err(e) => Err(Error::tracefs("create tracing instance", &dir, e)),
         }
@@ -163,7 +172,10 @@ impl Instance {
 
     /// Its name under `instances/`.
     pub fn name(&self) -> String {
-        self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        self.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 
     pub fn write(&self, rel: &str, value: &str) -> Result<(), Error> {
@@ -232,8 +244,12 @@ impl CpuStats {
     pub fn parse(text: &str) -> CpuStats {
         let mut s = CpuStats::default();
         for line in text.lines() {
-            let Some((key, value)) = line.split_once(':') else { continue };
-            let Ok(value) = value.trim().parse::<u64>() else { continue };
+            let Some((key, value)) = line.split_once(':') else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<u64>() else {
+                continue;
+            };
             match key.trim() {
                 "entries" => s.entries = value,
                 "overrun" => s.overrun = value,
@@ -267,7 +283,14 @@ mod tests {
         let s = CpuStats::parse(text);
         assert_eq!(
             s,
-            CpuStats { entries: 62, overrun: 3, commit_overrun: 1, bytes: 4216, dropped_events: 7, read_events: 12 }
+            CpuStats {
+                entries: 62,
+                overrun: 3,
+                commit_overrun: 1,
+                bytes: 4216,
+                dropped_events: 7,
+                read_events: 12
+            }
         );
     }
 }

@@ -163,15 +163,14 @@ pub(crate) fn parse_jaeger_value(doc: Json, source_name: &str) -> Result<Import,
                 .as_deref()
                 .or(trace._trace_id.as_deref())
                 .unwrap_or("");
-            let (trace_id, trace_how) = TraceId::from_text_nonzero(trace_hex)
-                .map_err(|why| {
-                    Error::invalid(
-                        source_name,
-                        FORMAT,
-                        loc("traceID"),
-                        format!("not a usable trace id: {trace_hex:?}: {why}"),
-                    )
-                })?;
+            let (trace_id, trace_how) = TraceId::from_text_nonzero(trace_hex).map_err(|why| {
+                Error::invalid(
+                    source_name,
+                    FORMAT,
+                    loc("traceID"),
+                    format!("not a usable trace id: {trace_hex:?}: {why}"),
+                )
+            })?;
             let (span_id, span_how) = SpanId::from_text(&js.span_id).map_err(|why| {
                 Error::invalid(
                     source_name,

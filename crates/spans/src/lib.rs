@@ -16,8 +16,8 @@
 
 pub mod activity;
 pub mod clock;
-pub mod critical_path;
 pub mod crisp;
+pub mod critical_path;
 pub mod dcpt;
 mod error;
 mod jaeger;

@@ -166,15 +166,14 @@ pub(crate) fn parse_zipkin_value(doc: Json, source_name: &str) -> Result<Import,
         // Traces are independent: merge and de-duplicate per trace id.
         let mut by_trace: Vec<(TraceId, Vec<ZSpan>)> = Vec::new();
         for z in zspans {
-            let (t, trace_how) = TraceId::from_text_nonzero(&z.trace_id)
-                .map_err(|why| {
-                    Error::invalid(
-                        source_name,
-                        FORMAT,
-                        format!("{prefix}[{}].traceId", z.index),
-                        format!("not a usable trace id: {:?}: {why}", z.trace_id),
-                    )
-                })?;
+            let (t, trace_how) = TraceId::from_text_nonzero(&z.trace_id).map_err(|why| {
+                Error::invalid(
+                    source_name,
+                    FORMAT,
+                    format!("{prefix}[{}].traceId", z.index),
+                    format!("not a usable trace id: {:?}: {why}", z.trace_id),
+                )
+            })?;
             mapped.record(&z.trace_id, trace_how);
             let (_, span_how) = SpanId::from_text(&z.id).map_err(|why| {
                 Error::invalid(

@@ -19,7 +19,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     names.sort();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for path in names {
-        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
         let mut rows = 0u64;
         deepspan_store::table::read_rows(&path, |cells| {
             rows += 1;

@@ -188,7 +188,8 @@ pub fn int32_chunk(values: &[i32], defs: Option<&[i16]>, rows: usize, statistics
     let statistics = statistics.then(|| {
         let (min, max) = (values.iter().min().copied(), values.iter().max().copied());
         Statistics::Int32(
-            ValueStatistics::new(min, max, None, nulls, false).with_backwards_compatible_min_max(true),
+            ValueStatistics::new(min, max, None, nulls, false)
+                .with_backwards_compatible_min_max(true),
         )
     });
     Chunk {
@@ -206,7 +207,11 @@ pub fn int32_chunk(values: &[i32], defs: Option<&[i16]>, rows: usize, statistics
 pub fn bool_chunk(values: &[bool], defs: Option<&[i16]>, rows: usize) -> Chunk {
     let mut data = page_body(defs, values.len() / 8);
     for byte in values.chunks(8) {
-        data.push(byte.iter().enumerate().fold(0u8, |b, (i, &v)| b | (u8::from(v) << i)));
+        data.push(
+            byte.iter()
+                .enumerate()
+                .fold(0u8, |b, (i, &v)| b | (u8::from(v) << i)),
+        );
     }
     Chunk {
         dictionary: None,

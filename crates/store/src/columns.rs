@@ -216,9 +216,7 @@ impl TypedColumn for OptionalText {
 /// The columns of a table, as a struct (see [`columns!`]).
 pub(crate) trait Columns: Sized {
     /// Builds the struct from the file's buffers, in schema order.
-    fn from_buffers(
-        buffers: &mut dyn Iterator<Item = Buffer>,
-    ) -> Result<Self, String>;
+    fn from_buffers(buffers: &mut dyn Iterator<Item = Buffer>) -> Result<Self, String>;
     /// The buffers, in schema order.
     fn buffers(&mut self) -> Vec<&mut Buffer>;
 }
@@ -241,7 +239,11 @@ pub(crate) fn take_column<C: TypedColumn>(
         return Err(format!(
             "column {name} is {:?}{} in the schema, another type in the table",
             buffer.column.kind,
-            if buffer.column.nullable { " (nullable)" } else { "" }
+            if buffer.column.nullable {
+                " (nullable)"
+            } else {
+                ""
+            }
         ));
     }
     Ok(C::new(buffer))
@@ -351,7 +353,10 @@ mod tests {
         }
     }
 
-    const PAIR: &[Column] = &[Column::new("id", Kind::I64), Column::nullable("name", Kind::Str)];
+    const PAIR: &[Column] = &[
+        Column::new("id", Kind::I64),
+        Column::nullable("name", Kind::Str),
+    ];
 
     #[test]
     fn rows_round_trip() {
@@ -378,9 +383,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.parquet");
         let cases: &[(&[Column], &str)] = &[
-            (&[Column::nullable("name", Kind::Str), Column::new("id", Kind::I64)], "place"),
-            (&[Column::new("id", Kind::I32), Column::nullable("name", Kind::Str)], "I32"),
-            (&[Column::new("id", Kind::I64), Column::new("name", Kind::Str)], "another type"),
+            (
+                &[
+                    Column::nullable("name", Kind::Str),
+                    Column::new("id", Kind::I64),
+                ],
+                "place",
+            ),
+            (
+                &[
+                    Column::new("id", Kind::I32),
+                    Column::nullable("name", Kind::Str),
+                ],
+                "I32",
+            ),
+            (
+                &[Column::new("id", Kind::I64), Column::new("name", Kind::Str)],
+                "another type",
+            ),
             (&[Column::new("id", Kind::I64)], "no column name"),
             (
                 &[

@@ -141,7 +141,11 @@ mod tests {
                 }
             }
         }
-        assert!(bytes.is_empty(), "{} bytes after the last block", bytes.len());
+        assert!(
+            bytes.is_empty(),
+            "{} bytes after the last block",
+            bytes.len()
+        );
         out
     }
 
@@ -181,7 +185,9 @@ mod tests {
     #[test]
     fn every_length_around_block_edges() {
         for n in [1, 2, 31, 32, 33, 127, 128, 129, 130, 255, 256, 257, 16_384] {
-            let v: Vec<i64> = (0..n as i64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15_u64 as i64)).collect();
+            let v: Vec<i64> = (0..n as i64)
+                .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15_u64 as i64))
+                .collect();
             round_trip(&v);
             let small: Vec<i64> = (0..n as i64).map(|i| (i % 5) - 2).collect();
             round_trip(&small);

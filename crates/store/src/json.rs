@@ -34,7 +34,11 @@ struct Requests<'a> {
 
 impl Serialize for Requests<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.order.iter().filter_map(|&i| request_json(self.results, i)))
+        s.collect_seq(
+            self.order
+                .iter()
+                .filter_map(|&i| request_json(self.results, i)),
+        )
     }
 }
 
@@ -273,7 +277,10 @@ fn request_json(r: &AnalysisResults, i: usize) -> Option<RequestJson> {
                     .filter_map(|(b, _)| r.spans.get(*b as usize))
                     .map(|b| span_hex(b.span_id))
                     .collect(),
-                state: g.parts.first().map_or("UNKNOWN", |p| path_state_name(p.state)),
+                state: g
+                    .parts
+                    .first()
+                    .map_or("UNKNOWN", |p| path_state_name(p.state)),
                 ns: g.ns,
                 share: g.ns as f64 / total,
                 parts: g

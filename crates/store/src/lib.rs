@@ -173,7 +173,11 @@ pub fn cause_groups(summary: &RequestSummary, spans: &[SpanMeta]) -> Vec<CauseGr
 pub fn cause_group_label(g: &CauseGroup<String>, spans: &[SpanMeta]) -> String {
     match (&g.blocked_by, g.requests.len()) {
         (Some(op), n) if n > 1 => format!("blocked by {n} requests of {op}"),
-        _ => g.parts.first().map(|row| cause_label(row, spans)).unwrap_or_default(),
+        _ => g
+            .parts
+            .first()
+            .map(|row| cause_label(row, spans))
+            .unwrap_or_default(),
     }
 }
 

@@ -274,7 +274,9 @@ fn joined_pieces(mut rows: Vec<Vec<(String, Cell)>>) -> Vec<ReportPiece> {
         syscall: string(r, "syscall"),
         blocked_by_request: string(r, "blocked_by_request"),
         detail: string(r, "detail"),
-        preempted_by: get(r, "preempted_by_tid").as_i64().map(|t| (t, string(r, "preempted_by_comm"))),
+        preempted_by: get(r, "preempted_by_tid")
+            .as_i64()
+            .map(|t| (t, string(r, "preempted_by_comm"))),
         throttled_ns: uint(r, "throttled_ns"),
         contended_ns: uint(r, "contended_ns"),
         wakeup_ns: uint(r, "wakeup_ns"),
@@ -316,22 +318,34 @@ pub fn read_critical_paths(
 ) -> Result<Vec<(ReportRequest, Vec<ReportPiece>)>, Error> {
     let dir = run_dir.join(ANALYSIS_DIR);
     let wanted: HashSet<&str> = span_ids.iter().map(String::as_str).collect();
-    let is_wanted = |r: &[(String, Cell)]| get(r, "span_id").as_str().is_some_and(|s| wanted.contains(s));
+    let is_wanted = |r: &[(String, Cell)]| {
+        get(r, "span_id")
+            .as_str()
+            .is_some_and(|s| wanted.contains(s))
+    };
     let requests = read_rows(&dir.join(REQUESTS), |r| is_wanted(r))?;
     type Row = Vec<(String, Cell)>;
     let mut rows_of: HashMap<(String, String), Vec<Row>> = HashMap::new();
     for row in read_rows(&dir.join(CRITICAL_PATH), |r| is_wanted(r))? {
-        let key = (string(&row, "trace_id").unwrap_or_default(), string(&row, "span_id").unwrap_or_default());
+        let key = (
+            string(&row, "trace_id").unwrap_or_default(),
+            string(&row, "span_id").unwrap_or_default(),
+        );
         rows_of.entry(key).or_default().push(row);
     }
     span_ids
         .iter()
         .map(|id| {
-            let row = requests.iter().find(|r| get(r, "span_id").as_str() == Some(id.as_str())).ok_or_else(|| {
-                Error::NotFound { what: format!("no analysed request with span id {id} in {}", dir.display()) }
-            })?;
+            let row = requests
+                .iter()
+                .find(|r| get(r, "span_id").as_str() == Some(id.as_str()))
+                .ok_or_else(|| Error::NotFound {
+                    what: format!("no analysed request with span id {id} in {}", dir.display()),
+                })?;
             let request = report_request(row);
-            let rows = rows_of.remove(&(request.trace_id.clone(), request.span_id.clone())).unwrap_or_default();
+            let rows = rows_of
+                .remove(&(request.trace_id.clone(), request.span_id.clone()))
+                .unwrap_or_default();
             Ok((request, joined_pieces(rows)))
         })
         .collect()

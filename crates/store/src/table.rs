@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding, IntType, LogicalType, Repetition, Type as Physical};
 use parquet::data_type::{ByteArray, ByteArrayType, DataType, DoubleType};
+use parquet::errors::ParquetError;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::FileReader;
 use parquet::file::serialized_reader::SerializedFileReader;
-use parquet::errors::ParquetError;
 use parquet::file::writer::{SerializedFileWriter, SerializedRowGroupWriter};
 use parquet::record::Field;
 use parquet::schema::types::ColumnDescriptor;
@@ -194,7 +194,13 @@ impl Buffer {
         let defs = self.column.nullable.then_some(&self.defs[..]);
         let chunk = match &mut self.values {
             Values::Str(v) if v.fits_dictionary() => Some(string_chunk(v, defs, rows)?),
-            Values::I64(v) => Some(int64_chunk(v, defs, rows, self.compression, self.statistics)),
+            Values::I64(v) => Some(int64_chunk(
+                v,
+                defs,
+                rows,
+                self.compression,
+                self.statistics,
+            )),
             Values::I32(v) => Some(int32_chunk(v, defs, rows, self.statistics.is_some())),
             Values::Bool(v) => Some(bool_chunk(v, defs, rows)),
             Values::F64(v) => {
@@ -675,7 +681,8 @@ impl TableWriter {
 
     #[inline(never)]
     fn flush(&mut self) -> Result<(), Error> {
-        self.file.write_group(&mut self.buffers, self.rows_buffered)?;
+        self.file
+            .write_group(&mut self.buffers, self.rows_buffered)?;
         self.rows_buffered = 0;
         Ok(())
     }
@@ -846,7 +853,11 @@ mod tests {
             w.end_row().unwrap();
             w.finish().unwrap();
             let reader = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
-            let kv = reader.metadata().file_metadata().key_value_metadata().cloned();
+            let kv = reader
+                .metadata()
+                .file_metadata()
+                .key_value_metadata()
+                .cloned();
             kv.unwrap_or_default()
                 .into_iter()
                 .find(|k| k.key == TABLE_VERSION_KEY)
@@ -988,8 +999,15 @@ mod tests {
             Column::new("raw", Kind::U64),
             Column::nullable("other", Kind::I64),
         ];
-        let start = |i: usize| (!i.is_multiple_of(3)).then(|| 1_000_000_000 + (i as i64) * 977 - 5_000);
-        let raw = |i: usize| if i.is_multiple_of(2) { u64::MAX - i as u64 } else { i as u64 };
+        let start =
+            |i: usize| (!i.is_multiple_of(3)).then(|| 1_000_000_000 + (i as i64) * 977 - 5_000);
+        let raw = |i: usize| {
+            if i.is_multiple_of(2) {
+                u64::MAX - i as u64
+            } else {
+                i as u64
+            }
+        };
         let other = |i: usize| match i % 4 {
             0 => None,
             1 => Some(i64::MIN + i as i64),
@@ -1021,11 +1039,17 @@ mod tests {
                 Some(Statistics::Int64(s)) => {
                     assert_eq!(s.min_opt(), present.iter().min(), "row group {g}");
                     assert_eq!(s.max_opt(), present.iter().max(), "row group {g}");
-                    assert_eq!(s.null_count_opt(), Some((range.len() - present.len()) as u64));
+                    assert_eq!(
+                        s.null_count_opt(),
+                        Some((range.len() - present.len()) as u64)
+                    );
                 }
                 other => panic!("start_ns statistics: {other:?}"),
             }
-            assert!(group.column(1).statistics().is_none(), "only pruning columns keep them");
+            assert!(
+                group.column(1).statistics().is_none(),
+                "only pruning columns keep them"
+            );
         }
     }
 }

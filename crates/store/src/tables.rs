@@ -293,14 +293,18 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
             let w = &mut table.columns;
             w.tid.push(th.tid);
             w.pid.push(pid);
-            w.comm.push(names.get(name).map(|n| comm_string(&mut comms, n.1)));
+            w.comm
+                .push(names.get(name).map(|n| comm_string(&mut comms, n.1)));
             w.start_ns.push_u64(s.start);
             w.end_ns.push_u64(s.end);
             w.duration_ns.push_u64(s.duration());
             w.state.push_static(state_name(s.state));
-            w.cpu.push((s.cpu != deepspan_analysis::NO_CPU).then_some(s.cpu as i32));
+            w.cpu
+                .push((s.cpu != deepspan_analysis::NO_CPU).then_some(s.cpu as i32));
             let waker = match s.state {
-                ThreadState::Blocked(BlockReason::Thread(t) | BlockReason::PacketFrom(t)) => Some(t),
+                ThreadState::Blocked(BlockReason::Thread(t) | BlockReason::PacketFrom(t)) => {
+                    Some(t)
+                }
                 _ => None,
             };
             w.waker_tid.push(waker);
@@ -579,7 +583,8 @@ impl CriticalPathWriter {
             w.duration_ns.push_u64(piece.duration());
             w.state.push_static(path_state_name(piece.state));
             w.tid.push(piece.tid);
-            w.comm.push(piece.comm.map(|c| comm_string(&mut self.comms, c)));
+            w.comm
+                .push(piece.comm.map(|c| comm_string(&mut self.comms, c)));
             let syscall = piece
                 .syscall
                 .map(|s| label_string(&mut self.syscalls, ctx, &s));
@@ -603,7 +608,8 @@ impl CriticalPathWriter {
                 .and_then(|b| span_strings(&mut self.span_ids, ctx, b));
             w.blocked_by_request.push(blocker.map(|ids| &ids.0));
             w.blocked_by_trace_id.push(blocker.map(|ids| &ids.1));
-            w.shared.push(i32::try_from(piece.shared).unwrap_or(i32::MAX));
+            w.shared
+                .push(i32::try_from(piece.shared).unwrap_or(i32::MAX));
             w.vertical.push(piece.vertical);
             w.lost.push(piece.lost);
             let wait = piece.cpu_wait;

@@ -41,7 +41,10 @@ fn usage() -> ExitCode {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("mt") => mt(args.get(1).map(PathBuf::from).unwrap_or_else(std::env::temp_dir)),
+        Some("mt") => mt(args
+            .get(1)
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)),
         Some("pingpong") => match args.get(1).and_then(|n| n.parse().ok()) {
             Some(rounds) => pingpong(rounds),
             None => return usage(),
@@ -58,7 +61,11 @@ fn main() -> ExitCode {
             (Some(addr), Some(out)) => rpc_server(addr, PathBuf::from(out)),
             _ => return usage(),
         },
-        Some("rpc-client") => match (args.get(1), args.get(2), args.get(3).and_then(|n| n.parse().ok())) {
+        Some("rpc-client") => match (
+            args.get(1),
+            args.get(2),
+            args.get(3).and_then(|n| n.parse().ok()),
+        ) {
             (Some(addr), Some(out), Some(calls)) => rpc_client(addr, PathBuf::from(out), calls),
             _ => return usage(),
         },
@@ -85,42 +92,48 @@ fn mt(dir: PathBuf) -> std::io::Result<()> {
 
     let sleeper = {
         let start = start.clone();
-        thread::Builder::new().name("ds-sleeper".into()).spawn(move || {
-            start.wait();
-            for _ in 0..5 {
-                thread::sleep(SLEEP);
-            }
-            gettid()
-        })?
+        thread::Builder::new()
+            .name("ds-sleeper".into())
+            .spawn(move || {
+                start.wait();
+                for _ in 0..5 {
+                    thread::sleep(SLEEP);
+                }
+                gettid()
+            })?
     };
     // The holder takes the lock first and keeps it while the waiter asks.
     let (holder, waiter) = {
         let (taken_tx, taken_rx) = std::sync::mpsc::channel::<()>();
         let holder = {
             let (lock, start) = (lock.clone(), start.clone());
-            thread::Builder::new().name("ds-holder".into()).spawn(move || {
-                start.wait();
-                for _ in 0..3 {
-                    let mut guard = lock.lock().unwrap();
-                    let _ = taken_tx.send(());
-                    spin(HOLD);
-                    *guard += 1;
-                    drop(guard);
-                    thread::sleep(Duration::from_millis(5));
-                }
-                gettid()
-            })?
+            thread::Builder::new()
+                .name("ds-holder".into())
+                .spawn(move || {
+                    start.wait();
+                    for _ in 0..3 {
+                        let mut guard = lock.lock().unwrap();
+                        let _ = taken_tx.send(());
+                        spin(HOLD);
+                        *guard += 1;
+                        drop(guard);
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                    gettid()
+                })?
         };
         let waiter = {
             let (lock, start) = (lock.clone(), start.clone());
-            thread::Builder::new().name("ds-waiter".into()).spawn(move || {
-                start.wait();
-                for _ in 0..3 {
-                    let _ = taken_rx.recv();
-                    *lock.lock().unwrap() += 1;
-                }
-                gettid()
-            })?
+            thread::Builder::new()
+                .name("ds-waiter".into())
+                .spawn(move || {
+                    start.wait();
+                    for _ in 0..3 {
+                        let _ = taken_rx.recv();
+                        *lock.lock().unwrap() += 1;
+                    }
+                    gettid()
+                })?
         };
         (holder, waiter)
     };
@@ -162,7 +175,11 @@ fn disk_io(path: &PathBuf) -> std::io::Result<()> {
     f.sync_all()?;
     drop(f);
     let mut buf = AlignedBuf::new(BLOCK);
-    match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
         Ok(mut f) => {
             for i in 0..4u64 {
                 f.seek(SeekFrom::Start(i * BLOCK as u64))?;
@@ -288,24 +305,34 @@ fn spin_hot(rounds: u64) -> u64 {
 }
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid timespec for clock_gettime to fill.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn hot(rounds: u64, out: PathBuf) -> std::io::Result<()> {
-    let (wall_start, mono_start) = (clock_ns(libc::CLOCK_REALTIME), clock_ns(libc::CLOCK_MONOTONIC));
+    let (wall_start, mono_start) = (
+        clock_ns(libc::CLOCK_REALTIME),
+        clock_ns(libc::CLOCK_MONOTONIC),
+    );
     let cpu_start = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
     let a = spin_hot(rounds);
     thread::sleep(Duration::from_millis(50));
     let b = spin_hot(rounds);
-    let (wall_end, mono_end) = (clock_ns(libc::CLOCK_REALTIME), clock_ns(libc::CLOCK_MONOTONIC));
+    let (wall_end, mono_end) = (
+        clock_ns(libc::CLOCK_REALTIME),
+        clock_ns(libc::CLOCK_MONOTONIC),
+    );
     let cpu_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) - cpu_start;
     let tid = gettid();
     let trace_id = format!("{:016x}{:016x}", mono_start, std::process::id());
     let span_id = format!("{:016x}", mono_start ^ 0x5a5a);
-    let int_attr = |k: &str, v: u64| format!("{{\"key\":\"{k}\",\"value\":{{\"intValue\":\"{v}\"}}}}");
+    let int_attr =
+        |k: &str, v: u64| format!("{{\"key\":\"{k}\",\"value\":{{\"intValue\":\"{v}\"}}}}");
     let span = format!(
         "{{\"resourceSpans\":[{{\"resource\":{{\"attributes\":[{{\"key\":\"service.name\",\"value\":{{\"stringValue\":\"workload\"}}}},{pid}]}},\
 \"scopeSpans\":[{{\"spans\":[{{\"traceId\":\"{trace_id}\",\"spanId\":\"{span_id}\",\"name\":\"GET /hot\",\"kind\":2,\
@@ -339,8 +366,13 @@ struct JsonSpan {
 
 impl JsonSpan {
     fn to_json(&self) -> String {
-        let int_attr = |k: &str, v: u64| format!("{{\"key\":\"{k}\",\"value\":{{\"intValue\":\"{v}\"}}}}");
-        let parent = self.parent.as_ref().map(|p| format!("\"parentSpanId\":\"{p}\",")).unwrap_or_default();
+        let int_attr =
+            |k: &str, v: u64| format!("{{\"key\":\"{k}\",\"value\":{{\"intValue\":\"{v}\"}}}}");
+        let parent = self
+            .parent
+            .as_ref()
+            .map(|p| format!("\"parentSpanId\":\"{p}\","))
+            .unwrap_or_default();
         format!(
             "{{\"traceId\":\"{}\",\"spanId\":\"{}\",{parent}\"name\":\"{}\",\"kind\":{},\
 \"startTimeUnixNano\":\"{}\",\"endTimeUnixNano\":\"{}\",\"attributes\":[{},{},{}]}}",
@@ -358,7 +390,10 @@ impl JsonSpan {
 }
 
 fn now() -> (u64, u64) {
-    (clock_ns(libc::CLOCK_REALTIME), clock_ns(libc::CLOCK_MONOTONIC))
+    (
+        clock_ns(libc::CLOCK_REALTIME),
+        clock_ns(libc::CLOCK_MONOTONIC),
+    )
 }
 
 /// Writes `spans` of `service` as one OTLP JSON request.
@@ -399,7 +434,10 @@ fn rpc_server(addr: &str, out: PathBuf) -> std::io::Result<()> {
         let start = now();
         let mut ids = line.split_whitespace();
         let (Some(trace_id), Some(parent)) = (ids.next(), ids.next()) else {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad call: {line:?}")));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("bad call: {line:?}"),
+            ));
         };
         check ^= spin_hot(RPC_WORK_ROUNDS);
         thread::sleep(RPC_SLEEP);
@@ -429,7 +467,11 @@ fn rpc_client(addr: &str, out: PathBuf, calls: u64) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut request = stream.try_clone()?;
     let mut replies = BufReader::new(stream);
-    println!("{{\"workload\":\"rpc-client\",\"pid\":{},\"tid\":{}}}", std::process::id(), gettid());
+    println!(
+        "{{\"workload\":\"rpc-client\",\"pid\":{},\"tid\":{}}}",
+        std::process::id(),
+        gettid()
+    );
     std::io::stdout().flush()?;
     let mut go = String::new();
     std::io::stdin().read_line(&mut go)?;
@@ -437,7 +479,11 @@ fn rpc_client(addr: &str, out: PathBuf, calls: u64) -> std::io::Result<()> {
     let mut check = 0u64;
     for i in 0..calls {
         let job_start = now();
-        let trace_id = format!("{:016x}{:016x}", job_start.1, u64::from(std::process::id()) << 32 | i);
+        let trace_id = format!(
+            "{:016x}{:016x}",
+            job_start.1,
+            u64::from(std::process::id()) << 32 | i
+        );
         let job_id = format!("{:016x}", job_start.1 ^ 0x10b);
         check ^= spin_hot(RPC_WORK_ROUNDS / 4);
         let call_start = now();
@@ -445,7 +491,10 @@ fn rpc_client(addr: &str, out: PathBuf, calls: u64) -> std::io::Result<()> {
         request.write_all(format!("{trace_id} {call_id}\n").as_bytes())?;
         let mut reply = String::new();
         if replies.read_line(&mut reply)? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server hung up"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the server hung up",
+            ));
         }
         let call_end = now();
         check ^= spin_hot(RPC_WORK_ROUNDS / 4);

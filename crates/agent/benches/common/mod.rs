@@ -443,7 +443,8 @@ pub fn export_request(
         let (name, route, median) =
             service.operations[rng.next() as usize % service.operations.len()];
         let serial = n * traffic.traces_per_request as u64 + t;
-        let anomaly = traffic.anomaly_every > 0 && (serial + 1).is_multiple_of(traffic.anomaly_every);
+        let anomaly =
+            traffic.anomaly_every > 0 && (serial + 1).is_multiple_of(traffic.anomaly_every);
         let duration = if anomaly {
             median * 10
         } else {

@@ -125,9 +125,8 @@ fn wrong_cause_fails() {
 /// by CPU contention than requests blocked for long by the lock holder.
 #[test]
 fn the_cause_of_most_excess_time_wins_over_the_most_frequent() {
-    let contention = || {
-        Some(json!({"cause": "cpu_contention", "headline": "", "evidence": {}, "culprits": []}))
-    };
+    let contention =
+        || Some(json!({"cause": "cpu_contention", "headline": "", "evidence": {}, "culprits": []}));
     let mut extra: Vec<Value> = (0..5)
         .map(|i| {
             let mut r = req(10 + i, 1500, 14_000_000, contention(), running());
@@ -194,7 +193,13 @@ fn path_check_weighs_the_slow_requests_by_their_time() {
     // 5 requests a little slow and 4 slow for long (the CI run that failed
     // on count); the path shows the fault on the short or the long ones.
     let check_with = |fault_on_long: bool| {
-        let top = |long: bool| if long == fault_on_long { blocked() } else { running() };
+        let top = |long: bool| {
+            if long == fault_on_long {
+                blocked()
+            } else {
+                running()
+            }
+        };
         let mut extra: Vec<Value> = (0..5)
             .map(|i| req(10 + i, 1500, 14_000_000, None, top(false)))
             .collect();
@@ -252,8 +257,10 @@ fn front(span: u64, dur: u64, cause: &str, root: &str, chain: Option<&str>) -> V
         span,
         1500,
         dur,
-        Some(json!({"cause": cause, "headline": "", "evidence": {}, "culprits": [],
-            "root_cause": {"cause": root, "headline": "", "chain": chain, "evidence": {}, "culprits": []}})),
+        Some(
+            json!({"cause": cause, "headline": "", "evidence": {}, "culprits": [],
+            "root_cause": {"cause": root, "headline": "", "chain": chain, "evidence": {}, "culprits": []}}),
+        ),
         running(),
     );
     r["service"] = json!("front");
@@ -275,10 +282,29 @@ fn media_ok() -> Vec<Value> {
 #[test]
 fn the_root_cause_where_the_fault_is_felt_is_judged_with_the_proximate_one() {
     let mut extra = media_ok();
-    let chain = "[front] GET /product → behind 5 × [pricing] GET /price → PREEMPTED (throttled) 98 %";
-    extra.push(front(11, 900_000_000, "blocked_by_request", "cpu_throttled", Some(chain)));
-    extra.push(front(12, 800_000_000, "cpu_throttled", "cpu_throttled", None));
-    extra.push(front(13, 40_000_000, "cpu_contention", "cpu_contention", None));
+    let chain =
+        "[front] GET /product → behind 5 × [pricing] GET /price → PREEMPTED (throttled) 98 %";
+    extra.push(front(
+        11,
+        900_000_000,
+        "blocked_by_request",
+        "cpu_throttled",
+        Some(chain),
+    ));
+    extra.push(front(
+        12,
+        800_000_000,
+        "cpu_throttled",
+        "cpu_throttled",
+        None,
+    ));
+    extra.push(front(
+        13,
+        40_000_000,
+        "cpu_contention",
+        "cpu_contention",
+        None,
+    ));
     let v = check(&expected_felt(), &run(extra, true));
     let root = v.root.as_ref().expect("a root verdict");
     assert!(v.ok && root.ok, "{v:?}");
@@ -294,13 +320,21 @@ fn the_root_cause_where_the_fault_is_felt_is_judged_with_the_proximate_one() {
 #[test]
 fn a_wrong_root_cause_where_the_fault_is_felt_fails_the_scenario() {
     let mut extra = media_ok();
-    extra.push(front(11, 900_000_000, "blocked_by_request", "blocked_by_request", Some("x")));
+    extra.push(front(
+        11,
+        900_000_000,
+        "blocked_by_request",
+        "blocked_by_request",
+        Some("x"),
+    ));
     let v = check(&expected_felt(), &run(extra, true));
     let root = v.root.as_ref().unwrap();
     assert!(!root.ok && !v.ok, "{v:?}");
     assert_eq!(root.found_root_cause.as_deref(), Some("blocked_by_request"));
     assert!(
-        v.problems.iter().any(|p| p.contains("expected root cause cpu_throttled")),
+        v.problems
+            .iter()
+            .any(|p| p.contains("expected root cause cpu_throttled")),
         "{:?}",
         v.problems
     );
@@ -328,5 +362,8 @@ fn analyses_without_root_causes_count_the_cause_as_root() {
     r["diagnosis"].as_object_mut().unwrap().remove("root_cause");
     extra.push(r);
     let v = check(&expected_felt(), &run(extra, true));
-    assert_eq!(v.root.unwrap().found_root_cause.as_deref(), Some("cpu_throttled"));
+    assert_eq!(
+        v.root.unwrap().found_root_cause.as_deref(),
+        Some("cpu_throttled")
+    );
 }
