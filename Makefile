@@ -37,8 +37,13 @@ build: setup-build ui
 
 # The web UI (ui/, TypeScript + Vite) is built into ui/dist, which the
 # ui-server crate compiles into the binary: it must exist before cargo runs.
-ui:
-	@cd ui && npm run --silent build
+# Built again only when its sources change: a new ui/dist makes cargo
+# rebuild ui-server and the binary.
+UI_SOURCES := $(wildcard ui/src/*) ui/index.html ui/package.json ui/package-lock.json \
+	ui/tsconfig.json ui/vite.config.ts
+ui: ui/dist/index.html
+ui/dist/index.html: $(UI_SOURCES)
+	cd ui && npm run --silent build
 
 # End-to-end test of `deepspan ui` in headless Chromium on a real recording;
 # screenshots in $(TARGET_DIR)/ui-e2e.
