@@ -2,7 +2,7 @@
 //! module proxy by `scripts/build-jaeger.sh` and cached, or
 //! `DEEPSPAN_JAEGER`), run with memory storage on loopback ports, killed on
 //! drop; its query API (`/api/traces/{id}`) read with a plain HTTP GET.
-//! Shared by the export test (`crates/cli/tests/export_jaeger.rs`) and the
+//! Shared by the export test (`crates/cli/tests/it/export_jaeger.rs`) and the
 //! agent's forward test, so there is one way to start it.
 
 use std::io::{Read, Write};

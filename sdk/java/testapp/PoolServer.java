@@ -12,7 +12,7 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 
 /**
- * A small HTTP server for the Java agent test (crates/cli/tests/java_agent.rs): each request of
+ * A small HTTP server for the Java agent test (crates/cli/tests/it/java_agent.rs): each request of
  * GET /work is taken by a handler thread, which hands the work to a pool thread and waits for it.
  * Uses no OpenTelemetry API: the stock agent instruments it.
  *

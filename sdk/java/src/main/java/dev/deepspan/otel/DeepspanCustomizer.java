@@ -14,7 +14,7 @@ public final class DeepspanCustomizer implements AutoConfigurationCustomizerProv
   public void customize(AutoConfigurationCustomizer customizer) {
     // A wrapper counts only when added before the storage is first used (later it is ignored,
     // logged by the agent at FINE). The agent runs this while building its SDK, before any
-    // application code; crates/cli/tests/java_agent.rs checks that activations are recorded.
+    // application code; crates/cli/tests/it/java_agent.rs checks that activations are recorded.
     ContextStorage.addWrapper(DeepspanContextStorage::new);
     customizer.addTracerProviderCustomizer(
         (builder, config) -> builder.addSpanProcessor(new DeepspanSpanProcessor()));
