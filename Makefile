@@ -55,20 +55,26 @@ ui-e2e: setup-test ui
 # row lock, disk flood, slow network), records and analyses each run and
 # prints the diagnosis table. Needs root. `make demo DEMO_ARGS="--scenario
 # lock --keep runs"` runs one scenario and keeps its run for `deepspan report`.
+# The demo's own set-up (PostgreSQL, the shop's Python packages: a minute on
+# a fresh machine) runs while cargo builds, which needs only the build's.
 DEMO_ARGS ?=
-demo: setup-demo
+demo: setup-build
 	@$(TIMED) "web UI" $(MAKE) --no-print-directory -s ui
-	@$(TIMED) "build deepspan" $(CARGO) build --release -p deepspan
+	@scripts/setup.sh demo & setup=$$!; \
+	  $(TIMED) "build deepspan" $(CARGO) build --release -p deepspan; built=$$?; \
+	  wait $$setup && [ $$built -eq 0 ]
 	$(DEEPSPAN_BIN) demo $(DEMO_ARGS)
 
 # The fast loop, after each change: format, clippy, and every test that
 # needs no root, no tracefs and no service (tests that do are marked
 # `#[ignore = "system: …"]`, which `make test` lifts), and the Python SDK's
-# own tests. Shares the release build with `make demo` and `make test`.
+# own tests. Shares the release build with `make demo` and `make test`:
+# `cargo test` without --workspace takes the default members, which leave
+# out the criterion benchmarks (crates/bench says why).
 check: setup-check ui
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
-	$(CARGO) test --release --workspace
+	$(CARGO) test --release
 	python3 -m pytest -q -p no:cacheprovider sdk/python/tests
 
 # The whole suite; system tests need root and tracefs, and fail instead of
@@ -78,7 +84,7 @@ test:
 	@$(TIMED) "set-up" scripts/setup.sh test
 	@$(TIMED) "Java extension (Maven)" $(MAKE) --no-print-directory -s java-sdk
 	@$(TIMED) "build" $(MAKE) --no-print-directory -s build-tests
-	@$(TIMED) "Rust tests" $(CARGO) test --release --workspace --no-fail-fast -- --include-ignored
+	@$(TIMED) "Rust tests" $(CARGO) test --release --no-fail-fast -- --include-ignored
 	@$(TIMED) "Python SDK tests" python3 -m pytest -q -p no:cacheprovider sdk/python/tests
 	@$(TIMED) "fleet tables" python3 -m pytest -q -p no:cacheprovider tests/fleet --deepspan $(DEEPSPAN_BIN)
 	@$(TIMED) "UI end to end" node ui/e2e/e2e.mjs --deepspan $(DEEPSPAN_BIN) --out $(TARGET_DIR)/ui-e2e
@@ -86,7 +92,7 @@ test:
 # The binaries the suite runs and every test binary, built once.
 build-tests: ui
 	$(CARGO) build --release -p deepspan -p deepspan-workloads
-	$(CARGO) test --release --workspace --no-run
+	$(CARGO) test --release --no-run
 
 # Benchmarks are timings: run by hand, never part of `make test`.
 bench: setup-test build java-sdk

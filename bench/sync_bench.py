@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cost of clock sync against the number of matched pairs (issue 19).
 
-Runs the criterion benchmark `crates/sync/benches/sync_cost.rs` and prints,
+Runs the criterion benchmark `crates/bench/benches/sync_cost.rs` and prints,
 per size, the convex-hull sync time, the baseline's (sorting the same
 messages) measured in the same run, and their ratio. Timings only: this is
 never a test.
@@ -27,7 +27,7 @@ def estimate_ns(group: str, function: str, size: int) -> float:
 
 def main() -> int:
     subprocess.run(
-        ["cargo", "bench", "-q", "-p", "deepspan-sync", "--bench", "sync_cost"],
+        ["cargo", "bench", "-q", "-p", "deepspan-bench", "--bench", "sync_cost"],
         cwd=ROOT,
         check=True,
         stdout=sys.stderr,
