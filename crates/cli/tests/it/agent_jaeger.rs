@@ -18,7 +18,7 @@
 //!   memory stays within its bounds).
 //!
 //! Needs root and tracefs (the flight recorder); python3 with the demo's
-//! packages for the shop (scripts/install-deps.sh).
+//! packages for the shop (scripts/setup.sh test).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};

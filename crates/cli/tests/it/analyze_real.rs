@@ -725,7 +725,7 @@ impl Postgres {
     fn start() -> Postgres {
         assert!(
             Path::new(PG_BIN).join("initdb").is_file(),
-            "the PostgreSQL test needs postgresql-15 ({PG_BIN}; scripts/install-deps.sh installs it)"
+            "the PostgreSQL test needs postgresql-15 ({PG_BIN}; scripts/setup.sh test installs it)"
         );
         let dir = tempfile::tempdir().expect("temp dir");
         let data = dir.path().join("data");
@@ -807,7 +807,7 @@ fn row_lock(mode: &str) {
         .expect("run python3");
     assert!(
         out.status.success(),
-        "the PostgreSQL test needs psycopg2 (scripts/install-deps.sh installs it)"
+        "the PostgreSQL test needs psycopg2 (scripts/setup.sh test installs it)"
     );
     let pg = Postgres::start();
     let case = record_case("pgrowlock", &[&pg.port.to_string(), mode]);

@@ -1,6 +1,6 @@
 //! Acceptance tests of `deepspan demo` (kernel tests: root, tracefs,
 //! cgroups, network namespaces, PostgreSQL and the demo's Python packages,
-//! which scripts/install-deps.sh installs).
+//! which scripts/setup.sh test installs).
 //!
 //! - every scenario runs end to end; when `deepspan analyze` writes
 //!   diagnoses, each scenario's found cause and culprits must be the

@@ -9,7 +9,7 @@
 //! and any anomalous one — are diagnosed `cpu_throttled` with the
 //! service's process among the culprits.
 //!
-//! Needs Go and the service's modules (scripts/install-deps.sh runs
+//! Needs Go and the service's modules (scripts/setup.sh test runs
 //! `go mod download` in its folder); the binary is built into this test
 //! target's temporary folder, from Go's build cache after the first time.
 
@@ -41,7 +41,7 @@ fn gosvc_source() -> PathBuf {
 fn build_gosvc() -> PathBuf {
     let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gosvc/gosvc");
     check(
-        "go build of tests/placement/gosvc (modules: scripts/install-deps.sh)",
+        "go build of tests/placement/gosvc (modules: scripts/setup.sh test)",
         Command::new("go")
             .current_dir(gosvc_source())
             .args(["build", "-buildvcs=false", "-o"])

@@ -8,7 +8,7 @@
 //! (today's behaviour without inference) places none.
 //!
 //! Needs python3 with opentelemetry-sdk and the OTLP/HTTP exporter
-//! (scripts/install-deps.sh).
+//! (scripts/setup.sh test).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -63,7 +63,7 @@ fn record_stock_server(mode: &str) -> Recorded {
         .expect("run python3");
     assert!(
         probe.status.success(),
-        "python3 with opentelemetry-sdk and the OTLP/HTTP exporter is needed (scripts/install-deps.sh): {}",
+        "python3 with opentelemetry-sdk and the OTLP/HTTP exporter is needed (scripts/setup.sh test): {}",
         String::from_utf8_lossy(&probe.stderr)
     );
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");

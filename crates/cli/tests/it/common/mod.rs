@@ -321,7 +321,7 @@ pub fn maven_package(dir: &Path) {
             .args(["-B", "-q", "package", "-DskipTests"])
             .current_dir(dir)
             .output()
-            .expect("run mvn (Maven, scripts/install-deps.sh)"),
+            .expect("run mvn (Maven, scripts/setup.sh test)"),
     );
 }
 
