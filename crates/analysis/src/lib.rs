@@ -27,6 +27,7 @@ mod diagnosis;
 mod distributed;
 mod fxhash;
 mod graph;
+mod held;
 mod input;
 mod merge;
 mod placement;
@@ -45,6 +46,7 @@ pub use diagnosis::{
 pub use distributed::distributed_graph;
 pub use fxhash::{FastMap, FastSet, FxHasher};
 pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Worker};
+pub use held::HeldBack;
 pub use input::{build_model, Input, LostEvents};
 pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
 pub use placement::{

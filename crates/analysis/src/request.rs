@@ -1015,7 +1015,8 @@ pub const MIN_TURN_NS: u64 = 1_000_000;
 
 /// Who had the CPU while `tid` was runnable during `[start, end)`.
 ///
-/// Each moment is one of: *throttled* (its CPU stayed idle after it was
+/// Each moment is one of: *throttled* (recorded as held back by its CPU
+/// cgroup's quota, see [`crate::HeldBack`]; else inferred: its CPU stayed idle after it was
 /// preempted, or beyond [`WAKEUP_GRACE_NS`] after a wake-up; or one other
 /// thread kept the CPU beyond [`FAIR_SLICE_NS`]; or, from the moment one
 /// other thread started its turn number [`FAIR_TURNS`] + 1, the wait was
@@ -1027,6 +1028,7 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
         return wait;
     };
     let mut others: Vec<(Tid, u64)> = Vec::new();
+    let mut free: Vec<(u64, u64)> = Vec::new();
     // Part of [x, y) after `limit`.
     let beyond = |x: u64, y: u64, limit: u64| y.saturating_sub(x.max(limit));
     let states = scratch.overlapping((Hint::States, tid.into()), th.states(), start, end, |s| {
@@ -1081,25 +1083,30 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
             if y <= x || run.tid == tid {
                 continue;
             }
+            // Recorded throttling is throttling, whoever ran meanwhile;
+            // the rest of the run is judged by the rules above.
+            wait.throttled_ns += model.held_back().split(tid, x, y, &mut free);
             // Measured from when this thread began waiting for this run.
             let since = run.start.max(s.start);
-            let d = y - x;
-            if run.tid == 0 {
-                if s.state == ThreadState::Preempted {
-                    wait.throttled_ns += d;
+            for &(x, y) in &free {
+                let d = y - x;
+                if run.tid == 0 {
+                    if s.state == ThreadState::Preempted {
+                        wait.throttled_ns += d;
+                    } else {
+                        let late = beyond(x, y, since.saturating_add(WAKEUP_GRACE_NS));
+                        wait.throttled_ns += late;
+                        wait.wakeup_ns += d - late;
+                    }
                 } else {
-                    let late = beyond(x, y, since.saturating_add(WAKEUP_GRACE_NS));
+                    let fair_until = since.saturating_add(FAIR_SLICE_NS).min(held_since);
+                    let late = beyond(x, y, fair_until);
                     wait.throttled_ns += late;
-                    wait.wakeup_ns += d - late;
-                }
-            } else {
-                let fair_until = since.saturating_add(FAIR_SLICE_NS).min(held_since);
-                let late = beyond(x, y, fair_until);
-                wait.throttled_ns += late;
-                wait.contended_ns += d - late;
-                match others.iter_mut().find(|o| o.0 == run.tid) {
-                    Some(o) => o.1 += d,
-                    None => others.push((run.tid, d)),
+                    wait.contended_ns += d - late;
+                    match others.iter_mut().find(|o| o.0 == run.tid) {
+                        Some(o) => o.1 += d,
+                        None => others.push((run.tid, d)),
+                    }
                 }
             }
         }

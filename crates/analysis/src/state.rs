@@ -28,6 +28,7 @@ use deepspan_model::{
 
 use crate::fxhash::FastMap;
 use crate::graph::{Direction, EdgeType, Graph, VertexId};
+use crate::held::HeldBack;
 use crate::syscalls::{syscall_name, Arch};
 
 /// CPU number used where the CPU is not known.
@@ -1399,6 +1400,7 @@ impl StateBuilder {
             end,
             block_io: self.block_io,
             packets: self.packets,
+            held_back: HeldBack::default(),
         }
     }
 
@@ -2177,6 +2179,7 @@ pub struct KernelModel {
     end: u64,
     block_io: Vec<BlockIo>,
     packets: NetworkEnds,
+    held_back: HeldBack,
 }
 
 /// A call between hosts, from its spans: a CLIENT span on one host and
@@ -2272,6 +2275,18 @@ impl KernelModel {
     /// First and last event timestamps.
     pub fn time_range(&self) -> (u64, u64) {
         (self.start, self.end)
+    }
+
+    /// Takes the intervals the recorder saw CPU cgroup quotas hold
+    /// threads back (see [`HeldBack`]).
+    pub fn set_held_back(&mut self, held_back: HeldBack) {
+        self.held_back = held_back;
+    }
+
+    /// When CPU cgroup quotas held threads back, as recorded (empty when
+    /// the recording could not say).
+    pub fn held_back(&self) -> &HeldBack {
+        &self.held_back
     }
 
     /// One thread's history.

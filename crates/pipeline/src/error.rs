@@ -72,6 +72,8 @@ pub enum Error {
     /// An input of [`crate::align::align_inputs`] is not a folder.
     #[error("cannot read the recorded TCP segments {}: {reason}", path.display())]
     TcpSegments { path: PathBuf, reason: String },
+    #[error("cannot read the recorded throttled switch-outs {}: {reason}", path.display())]
+    ThrottledSwitches { path: PathBuf, reason: String },
 
     #[error("{}: not a run folder (manifest.json or spans/) nor a CTF trace folder", path.display())]
     NotAnAlignInput { path: PathBuf },

@@ -501,6 +501,12 @@ impl HostMap {
         input
     }
 
+    /// A throttled switch-out this host's run recorded, as the merged
+    /// model takes it.
+    pub(crate) fn throttled_switch(&self, tid: Tid, ts: u64) -> (Tid, u64) {
+        (self.number(tid), self.clock.map_ns(ts))
+    }
+
     /// A decoded item of this host's trace, as the merged model takes it.
     pub(crate) fn input(&self, item: Input) -> Option<Input> {
         match item {

@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use deepspan_analysis::{
-    build_model, Arch, Input, KernelModel, LostEvents, PacketDirection, StateBuilder,
+    build_model, Arch, HeldBack, Input, KernelModel, LostEvents, PacketDirection, StateBuilder,
 };
 use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{CpuRecords, Schema, TraceDat};
-use deepspan_model::Timestamped;
+use deepspan_model::{Tid, Timestamped};
 
 use crate::hosts::HostMap;
 use crate::{Error, Progress, Step};
@@ -31,6 +31,8 @@ pub enum KernelTrace {
         /// The run's recorded TCP segments (`record --tcp-keys`), in time
         /// order.
         segments: Vec<Input>,
+        /// The run's recorded throttled switch-outs: (tid, time).
+        throttling: Vec<(Tid, u64)>,
     },
     Ctf {
         path: PathBuf,
@@ -48,6 +50,9 @@ pub enum KernelTrace {
         /// Every host's recorded TCP segments on the merged clock and CPUs,
         /// in time order.
         segments: Vec<Input>,
+        /// Every host's recorded throttled switch-outs on the merged clock
+        /// and thread numbers.
+        throttling: Vec<(Tid, u64)>,
     },
 }
 
@@ -72,11 +77,17 @@ impl KernelTrace {
             }
             let maps: Vec<Arc<HostMap>> = HostMap::all(&file).into_iter().map(Arc::new).collect();
             let mut segments = Vec::new();
+            let mut throttling = Vec::new();
             for (host, map) in file.hosts.iter().zip(&maps) {
                 segments.extend(
                     read_segments(&host.run)?
                         .into_iter()
                         .map(|s| map.segment(s)),
+                );
+                throttling.extend(
+                    read_throttling(&host.run)?
+                        .into_iter()
+                        .map(|(tid, ts)| map.throttled_switch(tid, ts)),
                 );
             }
             segments.sort_by_key(|s| s.timestamp());
@@ -86,6 +97,7 @@ impl KernelTrace {
                 maps,
                 cpu_hosts,
                 segments,
+                throttling,
             });
         }
         let dat = run.join("kernel").join("trace.dat");
@@ -95,6 +107,7 @@ impl KernelTrace {
                     path: dat,
                     trace,
                     segments: segment_inputs(run)?,
+                    throttling: read_throttling(run)?,
                 }),
                 Err(source) => Err(Error::OpenTraceDat { path: dat, source }),
             };
@@ -174,6 +187,7 @@ impl KernelTrace {
                 path,
                 trace,
                 segments,
+                throttling,
             } => {
                 let total = trace.cpu_data_bytes();
                 let step = Step::DecodeTraceDat;
@@ -207,13 +221,14 @@ impl KernelTrace {
                     source,
                 });
                 progress.end(step);
-                built
+                built.map(|built| with_throttling(built, throttling))
             }
             KernelTrace::Hosts {
                 traces,
                 maps,
                 cpu_hosts,
                 segments,
+                throttling,
                 ..
             } => {
                 let total = traces.iter().map(|(_, t)| t.cpu_data_bytes()).sum();
@@ -247,7 +262,7 @@ impl KernelTrace {
                     source,
                 });
                 progress.end(step);
-                built
+                built.map(|built| with_throttling(built, throttling))
             }
             KernelTrace::Ctf { path, trace } => {
                 let step = Step::DecodeCtf;
@@ -322,6 +337,33 @@ fn read_segments(run: &Path) -> Result<Vec<deepspan_record::TcpSegment>, Error> 
         path: path.clone(),
         reason: e.to_string(),
     })
+}
+
+/// The throttled switch-outs the recorder saw in `run` (none when it saw
+/// none, or could not look): (tid, time).
+fn read_throttling(run: &Path) -> Result<Vec<(Tid, u64)>, Error> {
+    let path = run.join(deepspan_record::CFS_THROTTLE);
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let switches =
+        deepspan_record::read_throttled_switches(&path).map_err(|e| Error::ThrottledSwitches {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    Ok(switches.into_iter().map(|s| (s.tid, s.mono_ns)).collect())
+}
+
+/// A built model with the recorded throttling in it.
+fn with_throttling(
+    (mut model, lost): (KernelModel, LostEvents),
+    throttling: &[(Tid, u64)],
+) -> (KernelModel, LostEvents) {
+    if !throttling.is_empty() {
+        let held = HeldBack::from_switches(throttling.iter().copied(), &model);
+        model.set_held_back(held);
+    }
+    (model, lost)
 }
 
 /// A run's recorded TCP segments as model input, in time order.

@@ -40,6 +40,7 @@ use crate::manifest::{ClockPoint, Manifest, OtlpPorts, FORMAT_VERSION};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::{ProcessScan, PROCESS_SCAN};
 use crate::session::{clock_point, cpu_manifest, create_instance, instance_page_size};
+use crate::throttle::ThrottleHistory;
 use crate::tracefs::{Instance, Tracefs};
 use crate::{sys, Error, EventSelection};
 
@@ -149,6 +150,8 @@ pub struct FlightRecorder {
     warnings: Vec<String>,
     /// The boot the recorder started in, for every window's manifest.
     boot_id: Option<String>,
+    /// Throttled switch-outs, when this kernel and build can say.
+    throttle: Option<ThrottleHistory>,
 }
 
 /// Clock samples kept: one a second for an hour is more than any window needs.
@@ -174,7 +177,8 @@ impl FlightRecorder {
             EventSelection::Spec(spec) => resolve_events(spec, &tracefs)?,
             EventSelection::Events(events) => events.clone(),
         };
-        let (instance, warnings) = create_instance(&tracefs, options.buffer_kb_per_cpu, &events)?;
+        let (instance, mut warnings) =
+            create_instance(&tracefs, options.buffer_kb_per_cpu, &events)?;
         let cpu_count = instance_cpus(&instance.path(""))?;
         let page_size = instance_page_size(&instance);
         let meta = static_meta(&tracefs, &events, page_size)?;
@@ -196,6 +200,15 @@ impl FlightRecorder {
         }
         let mut tasks = Tasks::default();
         tasks.scan_proc();
+        let throttle = match ThrottleHistory::start() {
+            Ok(history) => Some(history),
+            Err(e) => {
+                warnings.push(format!(
+                    "CPU throttling not recorded ({e}): the analysis infers it from idle CPUs"
+                ));
+                None
+            }
+        };
         let start = clock_point();
         instance.write("tracing_on", "1")?;
         let cpus = (0..cpu_count)
@@ -217,6 +230,7 @@ impl FlightRecorder {
             clock_samples: VecDeque::from([[start.realtime_ns, start.mono_ns]]),
             warnings,
             boot_id: crate::journal::boot_id(),
+            throttle,
         })
     }
 
@@ -307,7 +321,19 @@ impl FlightRecorder {
             let scan = run_dir.join(PROCESS_SCAN);
             fs::write(&scan, processes.to_json())
                 .map_err(|e| Error::output("write", &scan, run_dir, e))?;
-            let manifest = self.manifest(start_ns, end_ns, &stats, &bytes_per_cpu);
+            let mut manifest = self.manifest(start_ns, end_ns, &stats, &bytes_per_cpu);
+            if let Some(throttle) = &self.throttle {
+                // A thread switched out up to a quota period (at most 1 s)
+                // before the trace's history begins may still be held back
+                // in it.
+                let since = complete_since_ns.saturating_sub(1_000_000_000);
+                match throttle.write_window(run_dir, since, end_ns) {
+                    Ok(m) => manifest.cfs_throttle = Some(m),
+                    Err(e) => manifest
+                        .warnings
+                        .push(format!("CPU throttling not written: {e}")),
+                }
+            }
             manifest.save(run_dir)?;
             Ok::<u64, Error>(bytes_per_cpu.iter().sum())
         })();
@@ -422,6 +448,7 @@ impl FlightRecorder {
             profile: None,
             boot_id: self.boot_id.clone(),
             tcp_keys: None,
+            cfs_throttle: None,
         }
     }
 

@@ -9,6 +9,7 @@
 //! RUN/kernel/trace.dat         the kernel trace (trace.dat v6, readable by trace-cmd)
 //! RUN/kernel/snapshots/NNN.dat flight-mode snapshots (one per SIGUSR2)
 //! RUN/kernel/saved_tgids       `tid tgid` lines: which threads belong to which process
+//! RUN/kernel/cfs_throttle.tsv  threads switched out by their CPU cgroup's quota (eBPF; standard mode)
 //! RUN/processes.json           /proc scan at start and end: pid, comm, command line, listening ports
 //! ```
 //!
@@ -21,6 +22,7 @@
 //! its journal; [`cleanup_stale_instances`] removes the instance once no
 //! process it traced is alive.
 
+mod bpf;
 mod capture;
 mod error;
 mod events;
@@ -33,6 +35,7 @@ mod recover;
 mod session;
 mod sys;
 mod tcpkeys;
+mod throttle;
 mod tracefs;
 
 use std::ffi::OsString;
@@ -50,6 +53,7 @@ pub use procscan::{ProcessEntry, ProcessScan, PROCESS_SCAN};
 pub use recover::{needs_recovery, recover, recover_from_files, Recovery};
 pub use session::record;
 pub use tcpkeys::{read_tcp_segments, TcpKeysManifest, TcpSegment, TCP_SEGMENTS};
+pub use throttle::{read_throttled_switches, ThrottleManifest, ThrottledSwitch, CFS_THROTTLE};
 pub use tracefs::Tracefs;
 
 /// How kernel events reach the disk.

@@ -77,6 +77,10 @@ pub struct Manifest {
     /// The TCP segments recorded with `--tcp-keys`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_keys: Option<crate::TcpKeysManifest>,
+    /// When CPU cgroup quotas held threads back; None when this kernel or
+    /// build could not say (a warning says why), or in flight mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cfs_throttle: Option<crate::ThrottleManifest>,
 }
 
 /// What `record --profile` sampled (`deepspan_profile::Sampler`).
@@ -223,6 +227,7 @@ mod tests {
             warnings: vec![],
             boot_id: Some("0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07".into()),
             tcp_keys: None,
+            cfs_throttle: None,
         };
         let dir = tempfile::tempdir().unwrap();
         m.save(dir.path()).unwrap();

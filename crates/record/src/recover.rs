@@ -455,6 +455,7 @@ mod tests {
             // header's copy fills it in.
             boot_id: None,
             tcp_keys: None,
+            cfs_throttle: None,
         }
     }
 

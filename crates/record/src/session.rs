@@ -19,6 +19,7 @@ use crate::manifest::{
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::{ProcessScan, PROCESS_SCAN};
 use crate::tcpkeys::TcpKeyCapture;
+use crate::throttle::ThrottleCapture;
 use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
 use crate::{sys, Error, EventSelection, Mode, Progress, RecordOptions, RecordSummary};
 
@@ -265,6 +266,18 @@ impl Session {
             true => Some(TcpKeyCapture::start(&run.path, traced_netns(&opts.pids))?),
             false => None,
         };
+        let throttle = match opts.mode {
+            Mode::Standard => match ThrottleCapture::start(&run.path) {
+                Ok(capture) => Some(capture),
+                Err(e) => {
+                    self.warnings.push(format!(
+                        "CPU throttling not recorded ({e}): the analysis infers it from idle CPUs"
+                    ));
+                    None
+                }
+            },
+            Mode::Flight => None,
+        };
         self.instance.write("tracing_on", "1")?;
         let mut sampler = match opts.profile_hz {
             Some(hz) => Some(deepspan_profile::Sampler::start(&run.path, self.cpus, hz)?),
@@ -408,6 +421,14 @@ impl Session {
                 Err(e) => self.warnings.push(format!("TCP segments incomplete: {e}")),
             }
         }
+        if let Some(capture) = throttle {
+            match capture.stop() {
+                Ok(m) => manifest.cfs_throttle = Some(m),
+                Err(e) => self
+                    .warnings
+                    .push(format!("CPU throttling changes incomplete: {e}")),
+            }
+        }
         if let (Some(s), Some(hz)) = (sampler.take(), opts.profile_hz) {
             match s.stop() {
                 Ok(st) => {
@@ -541,6 +562,7 @@ impl Session {
             profile: None,
             boot_id: crate::journal::boot_id(),
             tcp_keys: None,
+            cfs_throttle: None,
         }
     }
 

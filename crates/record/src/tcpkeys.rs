@@ -8,10 +8,9 @@
 //! The upstream `net`/`tcp` tracepoints carry no sequence numbers, so an
 //! eBPF program (`bpf/tcp_keys.bpf.c`, compiled by build.rs, loaded with
 //! aya) reads the TCP header through the tracepoints' skb pointer and puts
-//! each segment in a ring buffer that a thread of the recorder drains every
-//! 10 ms. eBPF is not tracefs: no tracing setting is touched, and the
-//! programs are detached when the recorder exits, however it exits. Its
-//! clock, `bpf_ktime_get_ns`, is CLOCK_MONOTONIC, the trace's.
+//! each segment in a ring buffer that a thread of the recorder drains
+//! ([`crate::bpf`]). Its clock, `bpf_ktime_get_ns`, is CLOCK_MONOTONIC, the
+//! trace's.
 //!
 //! Written to `RUN/kernel/tcp_segments.tsv`, one segment a line (see
 //! [`TcpSegment`]); a run limited to processes (`--pid`) keeps the segments
@@ -21,13 +20,10 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::bpf::{Capture, RecordSink};
 use crate::Error;
 
 /// The segments file, relative to the run folder.
@@ -40,11 +36,6 @@ const HEADER: &str =
 /// The namespaces the program's own filter holds (its `NETNS` map); more
 /// are left to the writer's filter.
 const PROGRAM_NETNS: usize = 4;
-
-/// How often the ring buffer is drained: it holds 4 MiB, about 75 000
-/// segments (56 bytes with the ring's header), so 10 ms leaves room for 7
-/// million segments a second.
-const DRAIN_EVERY: Duration = Duration::from_millis(10);
 
 /// A segment record of the program's ring buffer.
 const RECORD_BYTES: usize = 48;
@@ -164,8 +155,7 @@ pub struct TcpKeysManifest {
 /// The running capture: the attached program and the thread writing its
 /// segments.
 pub(crate) struct TcpKeyCapture {
-    stop: Arc<AtomicBool>,
-    writer: JoinHandle<Result<TcpKeysManifest, String>>,
+    capture: Capture<TcpKeysManifest>,
     path: PathBuf,
 }
 
@@ -174,52 +164,28 @@ impl TcpKeyCapture {
     /// the namespaces `netns` (empty: all) is captured.
     pub(crate) fn start(run: &Path, netns: Vec<u64>) -> Result<TcpKeyCapture, Error> {
         let path = run.join(TCP_SEGMENTS);
-        let (ring, lost) = program::attach(&netns)?;
+        let ring = program::attach(&netns).map_err(|e| {
+            Error::InvalidOptions(format!(
+                "--tcp-keys: {e} (root and a kernel with BPF and BTF are needed)"
+            ))
+        })?;
         let file =
             File::create(&path).map_err(|source| Error::output("create", &path, run, source))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let writer = std::thread::Builder::new()
-            .name("deepspan-tcpkeys".into())
-            .spawn(move || {
-                let mut sink = SegmentSink::new(file, netns)?;
-                let mut ring = ring;
-                loop {
-                    // The flag is read before the drain: segments of the
-                    // last moments are drained after it is set. A capture
-                    // dropped without `stop` (the recording failed) ends
-                    // the thread too.
-                    let last =
-                        stopping.load(Ordering::Acquire) || Arc::strong_count(&stopping) == 1;
-                    while let Some(record) = ring.next() {
-                        if let Some(segment) = TcpSegment::from_record(&record) {
-                            sink.push(segment)?;
-                        }
-                    }
-                    if last {
-                        break;
-                    }
-                    std::thread::sleep(DRAIN_EVERY);
-                }
-                sink.manifest.lost = program::lost(&lost);
-                sink.finish()
-            })
-            .map_err(|source| Error::Io {
-                action: "start the TCP segment writer for",
-                path: path.clone(),
-                source,
-            })?;
-        Ok(TcpKeyCapture { stop, writer, path })
+        let sink = SegmentSink::new(file, netns).map_err(|e| Error::Io {
+            action: "write",
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        let capture = Capture::start("deepspan-tcpkeys", ring, sink)?;
+        Ok(TcpKeyCapture { capture, path })
     }
 
     /// Detaches the program (once the ring is drained) and returns what
     /// was written.
     pub(crate) fn stop(self) -> Result<TcpKeysManifest, String> {
-        self.stop.store(true, Ordering::Release);
         let written = self
-            .writer
-            .join()
-            .map_err(|_| "the TCP segment writer panicked".to_string())?
+            .capture
+            .stop()
             .map_err(|e| format!("{}: {e}", self.path.display()))?;
         Ok(TcpKeysManifest {
             file: TCP_SEGMENTS.into(),
@@ -250,7 +216,7 @@ impl SegmentSink {
         })
     }
 
-    fn push(&mut self, segment: TcpSegment) -> Result<(), String> {
+    fn push_segment(&mut self, segment: TcpSegment) -> Result<(), String> {
         if !self.netns.is_empty() && !self.netns.contains(&segment.netns) {
             self.manifest.other_netns += 1;
             return Ok(());
@@ -259,9 +225,21 @@ impl SegmentSink {
         self.manifest.segments += 1;
         Ok(())
     }
+}
 
-    fn finish(mut self) -> Result<TcpKeysManifest, String> {
+impl RecordSink for SegmentSink {
+    type Summary = TcpKeysManifest;
+
+    fn push(&mut self, record: &[u8]) -> Result<(), String> {
+        match TcpSegment::from_record(record) {
+            Some(segment) => self.push_segment(segment),
+            None => Ok(()),
+        }
+    }
+
+    fn finish(mut self, lost: u64) -> Result<TcpKeysManifest, String> {
         self.out.flush().map_err(write_error)?;
+        self.manifest.lost = lost;
         Ok(self.manifest)
     }
 }
@@ -298,103 +276,56 @@ impl TcpSegment {
 
 /// The eBPF program, when this build has it (build.rs compiles it with
 /// clang when clang is there).
-#[cfg(deepspan_tcp_keys)]
+#[cfg(deepspan_bpf)]
 mod program {
-    use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
+    use aya::maps::Array;
     use aya::programs::TracePoint;
-    use aya::Ebpf;
 
     use super::PROGRAM_NETNS;
-    use crate::Error;
+    use crate::bpf::Ring;
 
     /// The ELF reader needs the object aligned, which include_bytes! is not.
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp_keys.bpf.o"));
 
-    /// The program's ring buffer, and its count of what did not fit.
-    /// The ring holds the loaded object's maps and links alive.
-    pub(super) struct Ring {
-        ring: RingBuf<MapData>,
-        _ebpf: Ebpf,
-    }
-
-    impl Ring {
-        pub(super) fn next(&mut self) -> Option<impl std::ops::Deref<Target = [u8]> + '_> {
-            self.ring.next()
-        }
-    }
-
-    pub(super) fn attach(netns: &[u64]) -> Result<(Ring, PerCpuArray<MapData, u64>), Error> {
-        let bad = |what: &str, e: &dyn std::fmt::Display| {
-            Error::InvalidOptions(format!(
-                "--tcp-keys: cannot {what} the eBPF program that reads TCP headers (root and a kernel with BPF \
-                 and BTF are needed): {e}"
-            ))
-        };
-        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| bad("load", &e))?;
-        if netns.len() <= PROGRAM_NETNS {
-            let map = ebpf
-                .map_mut("NETNS")
-                .ok_or_else(|| bad("find the NETNS map of", &"missing"))?;
-            let mut kept: Array<_, u64> =
-                Array::try_from(map).map_err(|e| bad("open the NETNS map of", &e))?;
-            for (i, &ns) in netns.iter().enumerate() {
-                kept.set(i as u32, ns, 0)
-                    .map_err(|e| bad("configure", &e))?;
-            }
-        }
-        for name in ["net_dev_queue", "netif_receive_skb"] {
-            let program: &mut TracePoint = ebpf
-                .program_mut(name)
-                .ok_or_else(|| bad("find", &name))?
-                .try_into()
-                .map_err(|e| bad("type", &e))?;
-            program.load().map_err(|e| bad("verify", &e))?;
-            program.attach("net", name).map_err(|e| bad("attach", &e))?;
-        }
-        let ring = ebpf
-            .take_map("SEGMENTS")
-            .ok_or_else(|| bad("find the ring of", &"missing"))?;
-        let ring = RingBuf::try_from(ring).map_err(|e| bad("open the ring of", &e))?;
-        let lost = ebpf
-            .take_map("LOST")
-            .ok_or_else(|| bad("find the LOST map of", &"missing"))?;
-        let lost = PerCpuArray::try_from(lost).map_err(|e| bad("open the LOST map of", &e))?;
-        Ok((Ring { ring, _ebpf: ebpf }, lost))
-    }
-
-    /// Segments the ring had no room for, over all CPUs.
-    pub(super) fn lost(lost: &PerCpuArray<MapData, u64>) -> u64 {
-        lost.get(&0, 0)
-            .map(|per_cpu| per_cpu.iter().sum())
-            .unwrap_or(0)
+    pub(super) fn attach(netns: &[u64]) -> Result<Ring, String> {
+        crate::bpf::load(
+            OBJECT,
+            "the eBPF program that reads TCP headers",
+            "SEGMENTS",
+            |ebpf| {
+                if netns.len() <= PROGRAM_NETNS {
+                    let map = ebpf.map_mut("NETNS").ok_or("no NETNS map")?;
+                    let mut kept: Array<_, u64> = Array::try_from(map)
+                        .map_err(|e| format!("cannot open the NETNS map: {e}"))?;
+                    for (i, &ns) in netns.iter().enumerate() {
+                        kept.set(i as u32, ns, 0)
+                            .map_err(|e| format!("cannot configure the program: {e}"))?;
+                    }
+                }
+                for name in ["net_dev_queue", "netif_receive_skb"] {
+                    let program: &mut TracePoint = ebpf
+                        .program_mut(name)
+                        .ok_or_else(|| format!("no program {name}"))?
+                        .try_into()
+                        .map_err(|e| format!("{name}: {e}"))?;
+                    program
+                        .load()
+                        .map_err(|e| format!("cannot verify {name}: {e}"))?;
+                    program
+                        .attach("net", name)
+                        .map_err(|e| format!("cannot attach {name}: {e}"))?;
+                }
+                Ok(())
+            },
+        )
     }
 }
 
 /// This build has no eBPF program: `--tcp-keys` says why.
-#[cfg(not(deepspan_tcp_keys))]
+#[cfg(not(deepspan_bpf))]
 mod program {
-    use crate::Error;
-
-    pub(super) struct Ring;
-
-    impl Ring {
-        pub(super) fn next(&mut self) -> Option<&[u8]> {
-            None
-        }
-    }
-
-    pub(super) struct Lost;
-
-    pub(super) fn attach(_netns: &[u64]) -> Result<(Ring, Lost), Error> {
-        Err(Error::InvalidOptions(
-            "--tcp-keys: this deepspan was built without its eBPF program (clang was not found at build \
-             time): install clang and libbpf-dev (scripts/setup.sh build does) and build again"
-                .into(),
-        ))
-    }
-
-    pub(super) fn lost(_lost: &Lost) -> u64 {
-        0
+    pub(super) fn attach(_netns: &[u64]) -> Result<crate::bpf::Ring, String> {
+        Err(crate::bpf::not_built("--tcp-keys"))
     }
 }
 
@@ -466,10 +397,10 @@ mod tests {
         let path = dir.path().join("segments.tsv");
         let mut sink = SegmentSink::new(File::create(&path).unwrap(), vec![8]).unwrap();
         let kept = TcpSegment::parse("R 3 1 0 8 10 11 24 60 80 81").unwrap();
-        sink.push(kept).unwrap();
-        sink.push(TcpSegment { netns: 9, ..kept }).unwrap();
-        let m = sink.finish().unwrap();
-        assert_eq!((m.segments, m.other_netns), (1, 1));
+        sink.push_segment(kept).unwrap();
+        sink.push_segment(TcpSegment { netns: 9, ..kept }).unwrap();
+        let m = sink.finish(3).unwrap();
+        assert_eq!((m.segments, m.other_netns, m.lost), (1, 1, 3));
         assert_eq!(read_tcp_segments(&path).unwrap(), vec![kept]);
     }
 }

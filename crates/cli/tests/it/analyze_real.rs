@@ -5,7 +5,9 @@
 //! paths known in advance:
 //! - two requests contending on one lock: the waiter is blocked by the
 //!   holder's request for about the hold time;
-//! - a request in a CPU cgroup with a 1 % quota: PREEMPTED dominates;
+//! - a request in a CPU cgroup with a 1 % quota: PREEMPTED dominates, and
+//!   it is throttling, also while short-lived processes keep the CPUs busy;
+//!   the recorder's throttled switch-outs are the trace's (trace-cmd);
 //! - a request reading with O_DIRECT: BLOCK_DEVICE on its path; with a
 //!   process flooding the disk meanwhile, that process is named;
 //! - a request sleeping: TIMER;
@@ -365,6 +367,139 @@ fn cpu_cgroup_quota_shows_as_preempted() {
         d["evidence"]["throttled_ns"].as_u64().unwrap() > 300_000_000,
         "{d}"
     );
+    throttled_switches_are_in_the_trace(&case.run, request_tid(&requests));
+}
+
+/// A cgroup throttled while other processes keep its CPU busy is still
+/// `cpu_throttled`: the recorder saw the quota switch the request out. The
+/// competitors are short-lived processes, one after another on each CPU
+/// (as in a parallel build): no one thread keeps the CPU long enough for
+/// the wait to look held back, and the CPU is never idle.
+#[test]
+#[ignore = "system: root, tracefs and a CPU cgroup"]
+fn cpu_cgroup_quota_beside_a_busy_machine_is_still_throttled() {
+    let Some(_one) =
+        exclusive_kernel_test("cpu_cgroup_quota_beside_a_busy_machine_is_still_throttled")
+    else {
+        return;
+    };
+    let competitors: Vec<Competitor> = (0..2).map(Competitor::on_cpu).collect();
+    let group = crate::common::CpuQuota::create("analyze-busy", 1000, 100_000);
+    let case = record_case("cgroup", &[group.path().to_str().unwrap()]);
+    drop(group);
+    drop(competitors);
+    let text = case.report_text("throttled");
+    let requests: Value =
+        serde_json::from_slice(&std::fs::read(case.run.join("analysis/requests.json")).unwrap())
+            .unwrap();
+    let totals = &requests["requests"][0]["totals"];
+    let (throttled, preempted) = (
+        totals["throttled_ns"].as_u64().unwrap(),
+        totals["preempted_ns"].as_u64().unwrap(),
+    );
+    assert!(
+        throttled * 10 > preempted * 8,
+        "throttled {:.1} ms of PREEMPTED {:.1} ms:\n{text}",
+        ms(throttled),
+        ms(preempted)
+    );
+    let report = case.report_json("throttled");
+    let d = diagnosis(&report);
+    assert_eq!(d["cause"], "cpu_throttled", "{d}\n{text}");
+    throttled_switches_are_in_the_trace(&case.run, request_tid(&requests));
+}
+
+/// Short CPU-bound processes started one after another on one CPU until
+/// dropped.
+struct Competitor(std::process::Child);
+
+impl Competitor {
+    fn on_cpu(cpu: usize) -> Competitor {
+        let child = Command::new("taskset")
+            .args(["-c", &cpu.to_string(), "sh", "-c"])
+            .arg("while :; do python3 -c 'sum(range(200000))'; done")
+            .spawn()
+            .expect("start a competitor (taskset, sh, python3)");
+        Competitor(child)
+    }
+}
+
+impl Drop for Competitor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The thread of the (only) request of `requests.json`.
+fn request_tid(requests: &Value) -> i64 {
+    requests["requests"][0]["tid"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("the request has no thread: {requests}"))
+}
+
+/// The recorder's throttled switch-outs (`kernel/cfs_throttle.tsv`, read by
+/// eBPF) of thread `tid` are there, and each is a switch-out of that thread
+/// in the trace, still runnable, within 100 µs: the oracle is trace-cmd.
+fn throttled_switches_are_in_the_trace(run: &Path, tid: i64) {
+    let file = std::fs::read_to_string(run.join("kernel/cfs_throttle.tsv"))
+        .expect("the recorder wrote kernel/cfs_throttle.tsv (Linux 6.18 with BPF and BTF)");
+    let ours: Vec<u64> = file
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f[2].parse::<i64>() == Ok(tid))
+        .map(|f| f[0].parse().expect("a time in ns"))
+        .collect();
+    assert!(
+        !ours.is_empty(),
+        "no throttled switch-out of thread {tid}:\n{file}"
+    );
+    let report = check(
+        "trace-cmd report (the oracle; make test installs it)",
+        Command::new("trace-cmd")
+            .args(["report", "-t", "-R"])
+            .arg(run.join("kernel/trace.dat"))
+            .output()
+            .expect("run trace-cmd"),
+    );
+    // `comm-pid [cpu] secs.nanos: sched_switch: prev_comm=… prev_pid=N … prev_state=S …`
+    let runnable_switches: Vec<u64> = String::from_utf8_lossy(&report.stdout)
+        .lines()
+        .filter(|l| l.contains(" sched_switch: "))
+        .filter(|l| l.contains(&format!(" prev_pid={tid} ")))
+        // Still runnable: no state bit (R), or only TASK_REPORT_MAX, which
+        // the tracepoint reports for a preemption (R+).
+        .filter(|l| {
+            let state = l
+                .split(" prev_state=")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap();
+            state.parse::<u64>().is_ok_and(|n| n & 0xff == 0)
+        })
+        .map(|l| {
+            let stamp = l
+                .split(']')
+                .nth(1)
+                .unwrap()
+                .trim()
+                .split(':')
+                .next()
+                .unwrap();
+            let (secs, nanos) = stamp.split_once('.').unwrap();
+            secs.parse::<u64>().unwrap() * 1_000_000_000 + nanos.parse::<u64>().unwrap()
+        })
+        .collect();
+    for t in &ours {
+        assert!(
+            runnable_switches.iter().any(|s| s.abs_diff(*t) <= 100_000),
+            "throttled switch-out of {tid} at {t} ns is no runnable switch-out in the trace \
+             (those are at {runnable_switches:?})"
+        );
+    }
 }
 
 #[test]

@@ -822,6 +822,75 @@ fn flight_recorder_writes_past_windows_and_refuses_windows_it_no_longer_holds() 
     );
 }
 
+/// A flight recorder window holds the throttled switch-outs of its time
+/// (read by eBPF, kept in memory): a busy loop in a CPU cgroup with a 10 %
+/// quota is switched out by the quota in (about) every period.
+#[test]
+#[ignore = "system: root, tracefs, BPF and a CPU cgroup"]
+fn flight_recorder_windows_hold_the_throttled_switch_outs() {
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
+    let _sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![std::process::id()],
+    };
+    let group = Path::new("/sys/fs/cgroup/cpu")
+        .join(format!("deepspan-test-flight-{}", std::process::id()));
+    std::fs::create_dir(&group).expect("create a CPU cgroup");
+    let _remove = RemoveCgroup(group.clone());
+    std::fs::write(group.join("cpu.cfs_quota_us"), "10000").expect("set the quota");
+    let options = FlightOptions {
+        events: "sched:sched_switch".into(),
+        ..FlightOptions::default()
+    };
+    let mut flight = FlightRecorder::start(options).expect("start the flight recorder");
+    let start = mono_ns();
+    let tasks = group.join("tasks");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}; exec timeout 0.5 sh -c 'while :; do :; done'",
+            tasks.display()
+        ))
+        .status()
+        .expect("run a busy loop in the cgroup");
+    assert!(!status.success(), "timeout ends the loop");
+    let end = mono_ns();
+    let dir = tempfile::tempdir().unwrap();
+    let outcome = flight.snapshot(start, end, dir.path()).expect("snapshot");
+    assert!(
+        matches!(outcome, WindowOutcome::Written { .. }),
+        "{outcome:?}"
+    );
+    let manifest = Manifest::load(dir.path()).expect("manifest");
+    let throttle = manifest
+        .cfs_throttle
+        .unwrap_or_else(|| panic!("no throttling recorded: {:?}", manifest.warnings));
+    let switches =
+        deepspan_record::read_throttled_switches(&dir.path().join(throttle.file)).expect("read");
+    // 0.5 s at 10 ms per 100 ms period. A period's overrun (up to a tick)
+    // is taken from the next one, so not every period throttles.
+    assert!(switches.len() >= 2, "{switches:?}");
+    assert_eq!(switches.len() as u64, throttle.switches);
+    assert!(switches.iter().all(|s| s.mono_ns <= end));
+    flight.stop().expect("stop");
+}
+
+/// Removes a test's CPU cgroup, its threads moved back to the root group.
+struct RemoveCgroup(PathBuf);
+
+impl Drop for RemoveCgroup {
+    fn drop(&mut self) {
+        if let Ok(tasks) = std::fs::read_to_string(self.0.join("tasks")) {
+            for tid in tasks.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/cpu/tasks", tid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 fn mono_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
