@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -83,26 +83,28 @@ impl ThrottledSwitch {
     }
 }
 
-/// Reads a run's throttling file: every switch-out, in file order.
+/// Reads a run's throttling file: every switch-out, in file order. A last
+/// line without its newline is what a killed recorder left mid-write: it
+/// is left out.
 pub fn read_throttled_switches(path: &Path) -> Result<Vec<ThrottledSwitch>, Error> {
     let bad = |reason: String| Error::Io {
         action: "read the throttled switch-outs",
         path: path.to_path_buf(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
     };
-    let file = File::open(path).map_err(|source| Error::Io {
-        action: "open",
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        action: "read",
         path: path.to_path_buf(),
         source,
     })?;
+    let complete = &text[..text.rfind('\n').map_or(0, |n| n + 1)];
     let mut switches = Vec::new();
-    for (n, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| bad(format!("line {}: {e}", n + 1)))?;
+    for (n, line) in complete.lines().enumerate() {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
         switches
-            .push(ThrottledSwitch::parse(&line).map_err(|e| bad(format!("line {}: {e}", n + 1)))?);
+            .push(ThrottledSwitch::parse(line).map_err(|e| bad(format!("line {}: {e}", n + 1)))?);
     }
     Ok(switches)
 }
@@ -360,13 +362,20 @@ mod tests {
         sink.push(&record).unwrap();
         let m = sink.finish(2).unwrap();
         assert_eq!((m.switches, m.lost), (1, 2));
-        assert_eq!(
-            read_throttled_switches(&path).unwrap(),
-            vec![ThrottledSwitch {
-                mono_ns: 5,
-                cpu: 0,
-                tid: 42
-            }]
-        );
+        let expected = vec![ThrottledSwitch {
+            mono_ns: 5,
+            cpu: 0,
+            tid: 42,
+        }];
+        assert_eq!(read_throttled_switches(&path).unwrap(), expected);
+        // A recorder killed mid-line: the torn line is left out.
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("6 0");
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(read_throttled_switches(&path).unwrap(), expected);
+        // A bad complete line is an error that says where.
+        std::fs::write(&path, "# header\n5 0 42\n6 x 42\n").unwrap();
+        let e = read_throttled_switches(&path).unwrap_err().to_string();
+        assert!(e.contains("line 3") && e.contains("cpu"), "{e}");
     }
 }
