@@ -16,6 +16,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CLANG");
     println!("cargo:rustc-check-cfg=cfg(deepspan_bpf)");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    println!("cargo:rerun-if-changed=src/bpf/ring.h");
     for program in PROGRAMS {
         println!("cargo:rerun-if-changed=src/bpf/{program}.bpf.c");
     }

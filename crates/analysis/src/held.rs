@@ -63,13 +63,8 @@ impl HeldBack {
         HeldBack { by_thread }
     }
 
-    /// No interval of any thread.
-    pub fn is_empty(&self) -> bool {
-        self.by_thread.is_empty()
-    }
-
     /// `tid`'s intervals, sorted.
-    pub fn of(&self, tid: Tid) -> &[(u64, u64)] {
+    fn of(&self, tid: Tid) -> &[(u64, u64)] {
         self.by_thread.get(&tid).map_or(&[], Vec::as_slice)
     }
 

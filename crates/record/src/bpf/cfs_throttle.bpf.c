@@ -25,6 +25,8 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 
+#include "ring.h"
+
 struct task_struct {
 	int pid;
 	_Bool throttled;
@@ -42,13 +44,6 @@ struct {
 	__uint(max_entries, 1 << 20);
 } HELD SEC(".maps");
 
-// Switch-outs the ring buffer had no room for.
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} LOST SEC(".maps");
 
 // TASK_RUNNING: the task leaves its CPU without sleeping.
 #define TASK_RUNNING 0
@@ -63,12 +58,7 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 	h.ts = bpf_ktime_get_ns();
 	h.cpu = bpf_get_smp_processor_id();
 	h.tid = BPF_CORE_READ(prev, pid);
-	if (bpf_ringbuf_output(&HELD, &h, sizeof(h), BPF_RB_NO_WAKEUP)) {
-		__u32 zero = 0;
-		__u64 *lost = bpf_map_lookup_elem(&LOST, &zero);
-		if (lost)
-			(*lost)++;
-	}
+	output_or_count(&HELD, &h, sizeof(h));
 	return 0;
 }
 

@@ -28,6 +28,8 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 
+#include "ring.h"
+
 struct ns_common {
 	unsigned int inum;
 } __attribute__((preserve_access_index));
@@ -81,13 +83,6 @@ struct {
 	__type(value, __u64);
 } NETNS SEC(".maps");
 
-// Segments the ring buffer had no room for.
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} LOST SEC(".maps");
 
 // The tracepoints' record: the common header, then the skb's address.
 struct skb_event {
@@ -152,12 +147,7 @@ static __always_inline int record(struct skb_event *ctx, int sent)
 	s.flags = tcp[13];
 	s.len = BPF_CORE_READ(skb, len);
 	s.sent = sent;
-	if (bpf_ringbuf_output(&SEGMENTS, &s, sizeof(s), BPF_RB_NO_WAKEUP)) {
-		__u32 zero = 0;
-		__u64 *lost = bpf_map_lookup_elem(&LOST, &zero);
-		if (lost)
-			(*lost)++;
-	}
+	output_or_count(&SEGMENTS, &s, sizeof(s));
 	return 0;
 }
 

@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: Apache-2.0 OR GPL-2.0-only
+//
+// What the recorder's programs share: each record goes to a ring buffer
+// without waking the reader (it polls; a wake-up per record costs
+// microseconds in a VM), and a record the ring has no room for is counted
+// in LOST, which bpf.rs reads at the end.
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} LOST SEC(".maps");
+
+static __always_inline void output_or_count(void *ring, void *record, __u64 size)
+{
+	if (bpf_ringbuf_output(ring, record, size, BPF_RB_NO_WAKEUP)) {
+		__u32 zero = 0;
+		__u64 *lost = bpf_map_lookup_elem(&LOST, &zero);
+		if (lost)
+			(*lost)++;
+	}
+}
