@@ -29,15 +29,18 @@ pub struct HeldBack {
 
 impl HeldBack {
     /// From the recorded throttled switch-outs `(tid, ts)`, in any order:
-    /// each holds its thread back from `ts` until the thread next runs in
-    /// `model`, or until the model's end.
+    /// each within the model holds its thread back from `ts` until the
+    /// thread next runs in `model`, or until the model's end.
     pub fn from_switches(
         switches: impl IntoIterator<Item = (Tid, u64)>,
         model: &KernelModel,
     ) -> HeldBack {
-        let (_, model_end) = model.time_range();
+        let (model_start, model_end) = model.time_range();
         let mut by_thread: FastMap<Tid, Vec<(u64, u64)>> = FastMap::default();
-        for (tid, ts) in switches {
+        // A switch-out before the trace begins is left out: the thread may
+        // have run since, unseen (a flight window's history holds switches
+        // from minutes before, of threads that ran many times since).
+        for (tid, ts) in switches.into_iter().filter(|&(_, ts)| ts >= model_start) {
             let states = model.thread(tid).map_or(&[][..], |th| th.states());
             let after = states.partition_point(|s| s.start <= ts);
             let end = states[after..]
