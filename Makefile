@@ -84,7 +84,7 @@ test:
 	@$(TIMED) "set-up" scripts/setup.sh test
 	@$(TIMED) "Java extension (Maven)" $(MAKE) --no-print-directory -s java-sdk
 	@$(TIMED) "build" $(MAKE) --no-print-directory -s build-tests
-	@$(TIMED) "Rust tests" $(CARGO) test --release --no-fail-fast -- --include-ignored
+	@$(TIMED) "Rust tests" env CARGO=$(CARGO) scripts/rust-tests.sh
 	@$(TIMED) "Python SDK tests" python3 -m pytest -q -p no:cacheprovider sdk/python/tests
 	@$(TIMED) "fleet tables" python3 -m pytest -q -p no:cacheprovider tests/fleet --deepspan $(DEEPSPAN_BIN)
 	@$(TIMED) "UI end to end" node ui/e2e/e2e.mjs --deepspan $(DEEPSPAN_BIN) --out $(TARGET_DIR)/ui-e2e

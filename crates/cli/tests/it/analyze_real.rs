@@ -26,15 +26,14 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::MutexGuard;
 
-use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time, repo};
+use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time, repo, HeavyTest};
 use serde_json::Value;
 
 /// `None` when the kernel test is skipped; otherwise the guard of the
 /// shared lock that keeps the heavy recordings one at a time (they measure
 /// each other).
-fn exclusive_kernel_test(name: &str) -> Option<MutexGuard<'static, ()>> {
+fn exclusive_kernel_test(name: &str) -> Option<HeavyTest> {
     kernel_or_skip(name).then(one_at_a_time)
 }
 

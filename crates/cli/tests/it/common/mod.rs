@@ -68,8 +68,42 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// --cleanup` would see another's recorder. The test binary runs tests on
 /// several threads; this keeps these one at a time. A test that panicked
 /// while holding it poisons nothing here.
-pub fn one_at_a_time() -> MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+///
+/// When it is released, the guard prints (past the test harness's capture)
+/// how long the test waited for it and held it: the heavy tests run one
+/// after another, so their held times add up to the binary's wall time,
+/// and the suite's time is read from these lines.
+pub fn one_at_a_time() -> HeavyTest {
+    let asked = Instant::now();
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    HeavyTest {
+        waited: asked.elapsed(),
+        held_since: Instant::now(),
+        _guard: guard,
+    }
+}
+
+/// Holds the heavy-test lock; see [`one_at_a_time`].
+pub struct HeavyTest {
+    waited: Duration,
+    held_since: Instant,
+    _guard: MutexGuard<'static, ()>,
+}
+
+impl Drop for HeavyTest {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let thread = std::thread::current();
+        // Written to the process's stderr, not through eprintln!, which
+        // the harness captures and shows only for failed tests.
+        let _ = writeln!(
+            std::io::stderr(),
+            "heavy test {}: held the lock {:.1} s (waited {:.1} s)",
+            thread.name().unwrap_or("?"),
+            self.held_since.elapsed().as_secs_f64(),
+            self.waited.as_secs_f64()
+        );
+    }
 }
 
 /// Calls `attempt` every `every` until it gives a value; `None` once
