@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What deepspan costs the demo shop, in the style of seed 000's Table 2
-(issue 17): the shop's throughput and client-side p50/p99 latency under a
+"""What deepspan costs the demo shop, in the style of Gelle et al. 2021,
+Table 2: the shop's throughput and client-side p50/p99 latency under a
 closed-loop load (`shop.loadgen --interval 0`: each client sends its next
 request as soon as the last one is answered), in four cases:
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Java agent extension's added cost per span (sdk/java), against the
 stock OpenTelemetry Java agent alone, as ratios measured in one run,
-interleaved (issue 16).
+interleaved.
 
 The load is bench/java/SpanLoop.java: spans made through the OpenTelemetry
 API (bridged by the agent to its SDK), each request span made current once

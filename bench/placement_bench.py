@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The cost of placing spans by inference (issue 16) against SDK placement,
-on the same SDK-synced run, as ratios measured in one run (interleaved).
+"""The cost of placing spans by inference (from the kernel trace alone,
+without the SDK's fields) against SDK placement, on the same SDK-synced run,
+as ratios measured in one run (interleaved).
 
 `deepspan analyze RUN --placement sdk|inferred`, N times each, with
 DEEPSPAN_TIMINGS: the whole analysis's CPU seconds and the placement phase

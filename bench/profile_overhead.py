@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The cost of CPU sampling (`deepspan record --profile`) against recording
-without it, as ratios measured in one run, interleaved (issue 20).
+without it, as ratios measured in one run, interleaved.
 
 - workload: the CPU time of `deepspan-workload hot`'s request (a fixed
   amount of work; the sampling interrupts are charged to the thread they

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cost of clock sync against the number of matched pairs (issue 19).
+"""The cost of clock sync against the number of matched pairs.
 
 Runs the criterion benchmark `crates/bench/benches/sync_cost.rs` and prints,
 per size, the convex-hull sync time, the baseline's (sorting the same

@@ -5,11 +5,11 @@ concurrent clients at a steady pace, for a given time.
 latencies at the end. It is not instrumented: requests start at the front.
 
 With `--dcpt FILE` every request asks for its in-band critical path
-(`deepspan-dcpt: 1`, seed 002) and FILE gets one JSON line per request:
-method, path, status, CLOCK_MONOTONIC start and end (ns) and the decoded
-hops in preorder ({service, operation, depth, self_us, total_us, wire_us},
-front first, wire_us the time between the hop's caller and it or null;
-null when the reply had no valid path)."""
+(`deepspan-dcpt: 1`, DCPT of Lopez et al.) and FILE gets one JSON line per
+request: method, path, status, CLOCK_MONOTONIC start and end (ns) and the
+decoded hops in preorder ({service, operation, depth, self_us, total_us,
+wire_us}, front first, wire_us the time between the hop's caller and it or
+null; null when the reply had no valid path)."""
 
 import argparse
 import http.client

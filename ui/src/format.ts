@@ -2,7 +2,7 @@
 
 import type { HostInfo } from "./api";
 
-/** Kernel state colours (seed 000's figures: RUNNING green, PREEMPTED orange, BLOCKED grey …). */
+/** Kernel state colours (Gelle et al. 2021's figures: RUNNING green, PREEMPTED orange, BLOCKED grey …). */
 export const STATE_COLORS: Record<string, string> = {
   RUNNING: "#2ca02c",
   PREEMPTED: "#ff7f0e",

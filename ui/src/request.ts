@@ -332,10 +332,10 @@ function gantt(parent: HTMLElement, trace: TraceView, r: RequestRow): void {
 }
 
 function summaryChart(parent: HTMLElement, d: RequestDetail, blockerName: Map<string, string>): void {
-  // Seed 000 Fig. 16: the request's time by state, the blocking requests
-  // apart with their own parts, grouped by their [service] operation
-  // ("blocked by 5 requests of [pricing] GET /price: PREEMPTED"); the
-  // requests of a group are listed under its row.
+  // Gelle et al. 2021, Fig. 16: the request's time by state, the blocking
+  // requests apart with their own parts, grouped by their [service]
+  // operation ("blocked by 5 requests of [pricing] GET /price: PREEMPTED");
+  // the requests of a group are listed under its row.
   const byState = new Map<string, number>();
   const byGroup = new Map<string, { parts: Map<string, number>; requests: Map<string, number> }>();
   let total = 0;

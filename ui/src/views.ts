@@ -1,5 +1,5 @@
-// The concurrent-requests view (seed 000 Fig. 2) and the resources view
-// (CPUs and threads over time, Figs. 13, 14, 17).
+// The concurrent-requests view (Gelle et al. 2021, Fig. 2) and the resources
+// view (CPUs and threads over time, Figs. 13, 14, 17).
 
 import { Drawn, get, run } from "./api";
 import { BLOCKED_BY_REQUEST, el, esc, fmtNs, fmtTid, hostsLegend, legend, stateColor, STATE_COLORS, threadColor } from "./format";

@@ -1,14 +1,14 @@
-//! Anomaly detection per (service, operation), Protractor's rule (seed 004,
-//! §5 "anomaly detection"): a span is anomalous when its duration exceeds
-//! the median of a sliding window of that key's last durations times a
-//! threshold (defaults: window 500, threshold 3, as the seed found to work).
+//! Anomaly detection per (service, operation), Protractor's rule (Carosi
+//! 2018, §5.2.3): a span is anomalous when its duration exceeds the median
+//! of a sliding window of that key's last durations times a threshold
+//! (defaults: window 500, threshold 3, as the thesis found to work).
 //!
-//! Choices the seed leaves open, and why:
+//! Choices the thesis leaves open, and why:
 //! - The span is judged against the window *before* it enters it (the
-//!   seed's Figure 5.3 does this too: the span is classified "as it enters
+//!   thesis's Fig. 5.3 does this too: the span is classified "as it enters
 //!   the window"), so one outlier cannot raise the median it is compared
 //!   with. It enters the window afterwards whatever the verdict, as in the
-//!   seed: a lasting slow-down becomes the new norm after about half a
+//!   thesis: a lasting slow-down becomes the new norm after about half a
 //!   window instead of flagging every span for ever.
 //! - The median of an even count is the mean of the two middle values
 //!   (rounded down).
@@ -60,7 +60,7 @@ pub struct DetectorConfig {
 }
 
 impl Default for DetectorConfig {
-    /// Seed 004's window and threshold; see the module doc for the rest.
+    /// Carosi 2018's window and threshold; see the module doc for the rest.
     fn default() -> DetectorConfig {
         DetectorConfig {
             window: 500,
@@ -382,7 +382,7 @@ mod tests {
 
     #[test]
     fn the_seeds_figure() {
-        // Figure 5.3 of seed 004: window 5, threshold 3; the window holds
+        // Carosi 2018, Fig. 5.3: window 5, threshold 3; the window holds
         // 62 (oldest) and four others with median 12; 43 > 36 is anomalous,
         // enters and pushes 62 out.
         let mut d = detector(5, 3.0, 1);

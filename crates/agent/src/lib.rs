@@ -5,7 +5,7 @@
 //!
 //! The parts, each usable alone:
 //! - [`detect`]: per (service, operation), a sliding median and the
-//!   anomaly rule (seed 004's: window 500, threshold 3);
+//!   anomaly rule (Carosi 2018, §5.2.3: window 500, threshold 3);
 //! - [`forward`]: the byte-bounded queue to the back-end that drops the
 //!   oldest, and its sender;
 //! - [`spans`]: the request spans of an OTLP request, detaching and

@@ -1,8 +1,8 @@
-//! Diagnosis of requests (DESIGN.md "Diagnosis"; seed 001's top-down
-//! method): which kind of waiting dominates a request's critical path,
-//! then which system calls and kernel activity explain it, with the
-//! evidence (numbers) and the culprits (threads, processes, requests,
-//! spans) behind it.
+//! Diagnosis of requests (docs/analysis.md, "Diagnosis"; the top-down
+//! method of Ezzati-Jivan et al. 2021, §3.2, Alg. 1): which kind of waiting
+//! dominates a request's critical path, then which system calls and kernel
+//! activity explain it, with the evidence (numbers) and the culprits
+//! (threads, processes, requests, spans) behind it.
 //!
 //! The path's time is put in *buckets*, first by who the request waited
 //! for, then by state:

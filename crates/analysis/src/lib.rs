@@ -5,20 +5,20 @@
 //!   pass, memory proportional to the state intervals) and produces a
 //!   [`KernelModel`]: per-thread state intervals with block reasons and
 //!   system calls, thread names over time, CPU timelines, lost-event ranges,
-//!   and the execution [`Graph`] (DESIGN.md "Kernel state model").
+//!   and the execution [`Graph`] (docs/analysis.md, "Kernel state model").
 //! - [`critical_path`] computes a thread's critical path over a time range
-//!   on that graph: the Giraldeau & Dagenais bounded algorithm, with Trace
-//!   Compass' behaviour (DESIGN.md "Critical paths").
+//!   on that graph: the bounded algorithm of Giraldeau and Dagenais 2016,
+//!   with Trace Compass' behaviour (docs/analysis.md, "Critical paths").
 //! - [`merge_paths`] merges critical paths so states shared by several
-//!   paths are shared nodes (seed 000, Algorithm 2).
+//!   paths are shared nodes (Gelle et al. 2021, Alg. 2).
 //! - [`analyze_requests`] gives every request (span) its kernel critical
 //!   path, each piece attributed to the request or to the request it was
-//!   blocked by (seed 000, section 3.4); [`summarize`] and [`aggregate`]
-//!   tell where the time went, per request and per operation (section 3.5).
+//!   blocked by (Gelle et al. 2021, §3.4); [`summarize`] and [`aggregate`]
+//!   tell where the time went, per request and per operation (§3.5).
 //! - [`infer_placements`] places spans without deepspan fields on the
 //!   process and thread that served them, from the kernel trace alone.
 //! - [`diagnose`] names the cause of a request's waiting, with evidence and
-//!   culprits (seed 001's top-down method); [`baselines`] and
+//!   culprits (Ezzati-Jivan et al. 2021, top-down); [`baselines`] and
 //!   [`is_anomalous`] flag the outliers of each operation, and
 //!   [`usual_durations`] the requests held up that others waited for.
 

@@ -1,12 +1,12 @@
-//! Merge of critical paths into one graph (seed 000, section 3.3,
-//! Algorithm 2 and Fig. 6/7).
+//! Merge of critical paths into one graph (Gelle et al. 2021, §3.3,
+//! Alg. 2 and Figs. 6 and 7).
 //!
 //! Several threads of interest often wait on the same thing at the same
 //! time (two threads blocked on a mutex held by a third have the holder's
 //! RUNNING state in both paths). In the merged graph such a shared state is
 //! one node, with one incoming and one outgoing edge per path that goes
-//! through it, so a later traversal (per-request critical paths, seed 000
-//! section 3.4) sees the contention.
+//! through it, so a later traversal (per-request critical paths, Gelle et
+//! al. 2021, §3.4) sees the contention.
 //!
 //! Where paths overlap only partly, states are split at every boundary any
 //! path has for that (thread, state): each node is then either wholly shared

@@ -1,4 +1,4 @@
-//! Per-request kernel critical paths (seed 000, section 3.4).
+//! Per-request kernel critical paths (Gelle et al. 2021, §3.4).
 //!
 //! A *request* is a span that starts a unit of work: a root span (no parent
 //! among the spans given) or an entry span of a service (server, consumer).
@@ -133,7 +133,8 @@ pub enum InferredPlace {
 }
 
 /// Which span a thread works for over time: the span active on it
-/// (Algorithm 1 of seed 000; `deepspan_spans::ThreadActivity` answers it).
+/// (Gelle et al. 2021, Alg. 1; `deepspan_spans::ThreadActivity` answers
+/// it).
 pub trait ThreadWork {
     /// Appends to `out`, in time order and clipped to `[start, end)`, the
     /// intervals in which thread `tid` works for a span.

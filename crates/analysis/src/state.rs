@@ -2,8 +2,8 @@
 //! reconstructed from scheduling, interrupt and system-call events in one
 //! streaming pass, plus the execution graph built along the way.
 //!
-//! Rules (DESIGN.md "Kernel state model"; Trace Compass' with its gaps
-//! fixed):
+//! Rules (docs/analysis.md, "Kernel state model"; Trace Compass' with its
+//! gaps fixed):
 //! - switch-in → RUNNING; switch-out of a still-runnable thread → PREEMPTED,
 //!   otherwise BLOCKED (see [`switch_out`] for the `prev_state` encodings);
 //! - a wake-up ends BLOCKED (→ WAIT_CPU until switch-in) and gives the

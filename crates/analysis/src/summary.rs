@@ -1,4 +1,4 @@
-//! Summaries of request critical paths (seed 000, section 3.5): where a
+//! Summaries of request critical paths (Gelle et al. 2021, §3.5): where a
 //! request's time went, by state and thread, by blocking request and by
 //! system call; and the same aggregated over all requests of an operation
 //! (CRISP-style), so a slow request can be compared with its peers.

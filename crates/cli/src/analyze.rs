@@ -557,8 +557,8 @@ fn culprit_lines(culprits: &[serde_json::Value], detail: bool) -> Vec<(String, S
     lines
 }
 
-/// The text report: the diagnosis, a breakdown like seed 000's Fig. 16,
-/// then the path.
+/// The text report: the diagnosis, a breakdown like Gelle et al. 2021's
+/// Fig. 16, then the path.
 fn print_report(
     out: &mut impl Write,
     r: &Report,
@@ -613,8 +613,8 @@ fn print_report(
         "\n{:<56}{:>13}{:>8}",
         "Where the time went", "duration", "%"
     )?;
-    // One line per blocking request (its parts under it, as seed 000's
-    // Fig. 16 groups them), one per own (thread, state).
+    // One line per blocking request (its parts under it, as Gelle et al.
+    // 2021, Fig. 16, groups them), one per own (thread, state).
     // (label, ns, parts as (label, ns))
     type Line = (String, u64, Vec<(String, u64)>);
     let mut lines: Vec<Line> = Vec::new();

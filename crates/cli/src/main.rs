@@ -73,7 +73,8 @@ enum Command {
     Ui(ui::UiArgs),
     /// Each host's clock as a linear transform of a reference host's, from
     /// client/server span pairs (run folders) and TCP segments (LTTng CTF
-    /// folders) matched across hosts, with its quality.
+    /// folders, runs recorded with --tcp-keys) matched across hosts, with
+    /// its quality.
     Sync(sync::SyncArgs),
     /// In-band critical paths (`deepspan-dcpt-path` reply headers written
     /// by the deepspan_otel.dcpt middleware).

@@ -44,9 +44,9 @@ pub struct RecordArgs {
     #[arg(long, value_name = "NAME")]
     host: Option<String>,
     /// Also record each TCP segment's (seq, ack_seq, flags) as it leaves and
-    /// enters a device (an eBPF program run by bpftrace), so `deepspan sync`
-    /// can align this host's clock with others' to the µs; with --pid, the
-    /// segments of those processes' network namespaces only.
+    /// enters a device (an eBPF program built into deepspan), so `deepspan
+    /// sync` can align this host's clock with others' to the µs; with --pid,
+    /// the segments of those processes' network namespaces only.
     #[arg(long)]
     tcp_keys: bool,
     /// Stop after this many seconds (fractions allowed).

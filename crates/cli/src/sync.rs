@@ -1,7 +1,7 @@
 //! `deepspan sync RUN_OR_TRACE…`: every host's clock as a linear transform
 //! of a reference host's, printed. The messages are gathered and matched by
-//! `deepspan_pipeline::align` (span pairs, TCP segments of CTF folders,
-//! shared kernel events of runs recorded on one kernel).
+//! `deepspan_pipeline::align` (span pairs, TCP segments of CTF folders and
+//! of runs recorded with `--tcp-keys` or imported with `--ctf`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,9 +15,9 @@ use serde::Serialize;
 
 #[derive(Args)]
 pub struct SyncArgs {
-    /// Run folders (spans; the host is the manifest's `host`) and LTTng CTF
-    /// folders (TCP packet events; the host is the trace's `hostname`), one
-    /// per host.
+    /// Run folders (spans, and TCP segments if recorded with --tcp-keys; the
+    /// host is the manifest's `host`) and LTTng CTF folders (TCP packet
+    /// events; the host is the trace's `hostname`), one per host.
     #[arg(required = true, value_name = "RUN_OR_TRACE")]
     inputs: Vec<PathBuf>,
     /// The host whose clock the others are mapped onto (default: the first

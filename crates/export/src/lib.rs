@@ -1,7 +1,7 @@
 //! `deepspan export`: a run's spans, with each request's kernel critical
 //! path, as OTLP for the tracing back-ends people already use (Jaeger,
-//! Grafana Tempo, an OpenTelemetry Collector) — seed 003 (Skua) without a
-//! patched kernel or tracer.
+//! Grafana Tempo, an OpenTelemetry Collector) — what Skua (Sheth and Sun
+//! 2018) shows, without a patched kernel or tracer.
 //!
 //! Every span of the run goes out unchanged, except that each request span
 //! (a span the analysis gave a kernel critical path) gains:

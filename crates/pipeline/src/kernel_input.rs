@@ -1,5 +1,8 @@
 //! The run's kernel trace as model input: a trace.dat (one stream per CPU,
-//! decoded in parallel) or an LTTng CTF folder (one merged stream).
+//! decoded in parallel) or an LTTng CTF folder (each stream decoded on its
+//! own thread and merged by time; all streams read as one merged stream
+//! when the trace cannot be read per stream, see
+//! `deepspan_ctf::CtfTrace::stream_events`).
 //!
 //! Both give `deepspan_analysis::Input` items in the model's time domain:
 //! CLOCK_MONOTONIC ns for trace.dat (`trace_clock=mono`), the CTF clock's

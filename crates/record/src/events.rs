@@ -31,9 +31,9 @@ impl fmt::Display for EventId {
     }
 }
 
-/// What the critical-path analysis consumes (see DESIGN.md, kernel state
-/// model). Events a kernel lacks (IPIs of other architectures, syscalls
-/// without CONFIG_FTRACE_SYSCALLS) are skipped.
+/// What the critical-path analysis consumes (see docs/analysis.md, "Kernel
+/// state model"). Events a kernel lacks (IPIs of other architectures,
+/// syscalls without CONFIG_FTRACE_SYSCALLS) are skipped.
 const ANALYSIS: &[&str] = &[
     "sched:sched_switch",
     "sched:sched_waking",

@@ -10,7 +10,8 @@
 //! RUN/kernel/snapshots/NNN.dat flight-mode snapshots (one per SIGUSR2)
 //! RUN/kernel/saved_tgids       `tid tgid` lines: which threads belong to which process
 //! RUN/kernel/cfs_throttle.tsv  threads switched out by their CPU cgroup's quota (eBPF; standard mode)
-//! RUN/processes.json           /proc scan at start and end: pid, comm, command line, listening ports
+//! RUN/processes.json           pid, comm, command line, listening ports (/proc scanned at start,
+//!                              each second for 10 s, at 16, 32, 64 … s, and at the end)
 //! ```
 //!
 //! Top-level tracing settings are never changed, and the instance is removed
@@ -137,8 +138,8 @@ pub struct RecordOptions {
     pub host: Option<String>,
     /// Also record every TCP segment's (seq, ack_seq, flags) as it leaves
     /// and enters a device, into `RUN/kernel/tcp_segments.tsv` (an eBPF
-    /// program run by bpftrace), for `deepspan sync` across hosts.
-    /// Standard mode only.
+    /// program compiled from C by build.rs with clang, loaded with aya),
+    /// for `deepspan sync` across hosts. Standard mode only.
     pub tcp_keys: bool,
 }
 

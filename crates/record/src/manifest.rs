@@ -71,7 +71,8 @@ pub struct Manifest {
     /// `/proc/sys/kernel/random/boot_id` when recording started: runs with
     /// the same boot id were recorded on one kernel, so they share its
     /// CLOCK_MONOTONIC and, when recorded with a pid filter, the scheduler
-    /// events between their threads (`deepspan sync` matches those).
+    /// events between their threads (a merged analysis then gives each
+    /// thread to the run that traced it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
     /// The TCP segments recorded with `--tcp-keys`.

@@ -1,7 +1,12 @@
-//! A small /proc scan (at the start and the end of a recording): each
-//! process's pid, comm, command line and listening TCP ports, so that spans
-//! without deepspan fields can be matched to a process by service name or
-//! port (`RUN/processes.json`).
+//! A small /proc scan: each process's pid, comm, command line and listening
+//! TCP ports, so that spans without deepspan fields can be matched to a
+//! process by service name or port (`RUN/processes.json`).
+//!
+//! [`crate::record`] scans when it starts, then every second for 10 s, then
+//! at 16, 32, 64 … s, and once more when it ends, each scan adding to what
+//! the earlier ones found (so services the traced command starts, late
+//! ones too, are seen); [`crate::FlightRecorder::snapshot`] scans once, as
+//! it writes its window.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;

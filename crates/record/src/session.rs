@@ -261,7 +261,8 @@ impl Session {
         let mut manifest = self.initial_manifest(opts, start);
         let mut journal = self.journal(opts, &run.path, &manifest)?;
         // Attached before tracing starts, so that no segment of the
-        // recording is missed (bpftrace takes seconds to compile).
+        // recording is missed: `start` returns once the program (compiled
+        // into the binary) is loaded, verified and attached.
         let tcp_keys = match opts.tcp_keys {
             true => Some(TcpKeyCapture::start(&run.path, traced_netns(&opts.pids))?),
             false => None,

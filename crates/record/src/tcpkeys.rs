@@ -2,7 +2,8 @@
 //! with the header fields that are the same at both ends (seq, ack_seq,
 //! flags), so that `deepspan sync` can match a segment one host sent with
 //! the one another host received and put their kernel clocks on one line
-//! (seed 001's convex hull needs such one-way messages; span pairs alone
+//! (the convex-hull sync of Ezzati-Jivan et al. 2021, §3.1, after
+//! Jabbarifar et al. 2015, needs such one-way messages; span pairs alone
 //! bound a clock only to tens of µs).
 //!
 //! The upstream `net`/`tcp` tracepoints carry no sequence numbers, so an

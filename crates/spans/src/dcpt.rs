@@ -1,5 +1,6 @@
-//! In-band critical paths (DCPT, seed 002): the `deepspan-dcpt-path` reply
-//! header that `deepspan_otel.dcpt` (sdk/python) writes, decoded and encoded.
+//! In-band critical paths (DCPT, Lopez et al.): the `deepspan-dcpt-path`
+//! reply header that `deepspan_otel.dcpt` (sdk/python) writes, decoded and
+//! encoded.
 //!
 //! A caller that sends `deepspan-dcpt: 1` gets back, from every server with
 //! the middleware, the tree of calls on its request's critical path, so the

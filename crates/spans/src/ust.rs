@@ -1,7 +1,8 @@
-//! Spans from the paper's LTTng-UST provider (`jaeger_ust:start_span` and
-//! `jaeger_ust:end_span`, seed 000): each start/end pair becomes a span
-//! whose deepspan sync fields are the events' own trace times and thread,
-//! so it joins the kernel trace of the same LTTng session exactly.
+//! Spans from the LTTng-UST provider of Gelle et al. 2021
+//! (`jaeger_ust:start_span` and `jaeger_ust:end_span`): each start/end pair
+//! becomes a span whose deepspan sync fields are the events' own trace
+//! times and thread, so it joins the kernel trace of the same LTTng session
+//! exactly.
 //!
 //! Spans imported from Jaeger/OTLP files for the same session keep their
 //! names, services and attributes; the events only add the sync fields

@@ -1,6 +1,8 @@
-//! Diagnoses as stored: the JSON object of DIAGNOSIS_CONTRACT.md (in
-//! `requests.json`, the `diagnoses` table's `evidence_json`/`culprits_json`
-//! and `deepspan report`'s `"diagnosis"` key).
+//! Diagnoses as stored: the JSON object of a diagnosis (in `requests.json`,
+//! the `diagnoses` table's `evidence_json`/`culprits_json` and `deepspan
+//! report`'s `"diagnosis"` key). The causes, evidence and culprits are
+//! described in docs/analysis.md ("Diagnosis", "Root causes"), the columns
+//! in docs/tables.md.
 
 use deepspan_analysis::{Culprit, CulpritKind, Diagnosis};
 use serde_json::{Map, Value};

@@ -1,8 +1,8 @@
 //! deepspan's analysis results on disk: the `RUN/analysis/` folder.
 //!
-//! - Parquet tables (one file each, documented in ARCHITECTURE.md, "Analysis
-//!   tables"), readable by DuckDB, pandas, Spark or ClickHouse without
-//!   deepspan: [`tables`] writes them from the analysis results;
+//! - Parquet tables (one file each, documented in docs/tables.md), readable
+//!   by DuckDB, pandas, Spark or ClickHouse without deepspan: [`tables`]
+//!   writes them from the analysis results;
 //! - `requests.json`: the requests, slowest first, with their top causes
 //!   and diagnoses, and the operations, for the UI and scripts ([`json`]);
 //! - [`diagnosis`]: a request's diagnosis as the JSON object of the

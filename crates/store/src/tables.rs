@@ -1,7 +1,7 @@
 //! The analysis tables: their columns and how each is written from the
-//! analysis results. Column meanings are documented in ARCHITECTURE.md
-//! ("Analysis tables"); times are CLOCK_MONOTONIC ns of the recording host,
-//! ids are lower-case hex as in OTLP.
+//! analysis results. Column meanings are documented in docs/tables.md;
+//! times are CLOCK_MONOTONIC ns of the recording host, ids are lower-case
+//! hex as in OTLP.
 
 use std::collections::HashMap;
 use std::hash::Hash;

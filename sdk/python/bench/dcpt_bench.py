@@ -1,5 +1,6 @@
 """Latency of in-band critical path tracing (deepspan_otel.dcpt) over none,
-on seed 002's Table 1 topologies: chain and fan of 3, 10, 100 and 1000 nodes.
+on the Table 1 topologies of DCPT (Lopez et al.): chain and fan of 3, 10, 100
+and 1000 nodes.
 
 Every node is a WSGI app behind DcptWsgiMiddleware, served on its own thread:
 
@@ -17,7 +18,7 @@ Traced and untraced requests go to the same nodes, alternating, in the same
 run (so machine load and CPU frequency hit both alike): traced ones carry
 ``deepspan-dcpt: 1``, untraced ones nothing (the middleware then only looks
 the header up). Reported per topology: median latency of each, their ratio
-(seed 002: 1.18x for a 1000-node chain, 1.21x for a 1000-node fan; goal
+(Lopez et al.: 1.18x for a 1000-node chain, 1.21x for a 1000-node fan; goal
 <= 1.05x), and the reply header's size, hops kept and hops dropped.
 
 Measured on the 2-core VM (header version 2), median ratios traced/plain:

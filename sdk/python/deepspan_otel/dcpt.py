@@ -1,11 +1,11 @@
-"""In-band critical path tracing (DCPT, seed 002: Eaton et al., ACM Queue 2022).
+"""In-band critical path tracing (DCPT: Lopez et al., a Stanford report).
 
 A caller that wants to know where a request's time went sends the opt-in
 header ``deepspan-dcpt: 1``. Every server with the middleware then answers
 with ``deepspan-dcpt-path``: its own hop followed by the paths of the calls
-on its critical path, recursively. For calls made in parallel that is seed
-002's ``self ⊕ argmax(children)``; calls made one after the other are all on
-the path, as siblings. The outermost service (which got no header but
+on its critical path, recursively. For calls made in parallel that is DCPT's
+``self ⊕ argmax(children)``; calls made one after the other are all on the
+path, as siblings. The outermost service (which got no header but
 samples the request) puts the result on its OpenTelemetry span as
 ``deepspan.dcpt.path`` and can log it. No collector is involved.
 
@@ -75,7 +75,7 @@ Semantics
   reply, the call that returned last, then the call that returned last
   before that one was sent, and so on (the last-returning-child walk of
   Jaeger's critical path). Of calls made in parallel that is the one the
-  request waited for; when they were sent together, the slowest (seed 002's
+  request waited for; when they were sent together, the slowest (DCPT's
   argmax). Calls made one after another are all critical.
 - ``self_us = total_us - the sum of the critical calls' call_us`` (not less
   than 0): the time the hop spent on its own, or waiting for calls that were

@@ -6,7 +6,7 @@
 //!   target operation in its window must reach Jaeger diagnosed with the
 //!   fault's cause, with a snapshot that `deepspan report` opens; the
 //!   others arrive without the agent's attributes.
-//! - The same runs ask for in-band critical paths (seed 002, the
+//! - The same runs ask for in-band critical paths (DCPT, Lopez et al.; the
 //!   `deepspan_otel.dcpt` middleware in every service): the paths the load
 //!   generator got back for the slowest requests of the fault window name
 //!   the faulty service as the hop where the time went.
@@ -252,7 +252,7 @@ fn run_shop(scenario: &str, out: &Path, otlp_http: u16) {
         .arg(scenario)
         .arg("--out")
         .arg(out)
-        // The load generator asks for in-band critical paths too (seed 002).
+        // The load generator asks for in-band critical paths too (DCPT).
         .arg("--dcpt")
         .env(
             "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -389,7 +389,7 @@ fn look_in_jaeger(jaeger: &Jaeger, expected: &Value) -> Seen {
     seen
 }
 
-/// A hop's time on a request's in-band critical path (seed 002, calls
+/// A hop's time on a request's in-band critical path (DCPT, calls
 /// made in turn kept apart): its self time plus the wire time before it
 /// (what its caller waited for it beyond its total: a slow link, a slow
 /// reply body), in µs.

@@ -16,7 +16,7 @@
 //! - two requests updating one PostgreSQL row: the waiter is blocked by the
 //!   holder's request through the holder's backend process.
 //!
-//! Each also checks the request's diagnosis (DIAGNOSIS_CONTRACT.md).
+//! Each also checks the request's diagnosis (docs/analysis.md, "Diagnosis").
 //!
 //! Thresholds are loose: these machines are small and shared. The tests run
 //! one at a time (a lock) so that they do not disturb each other. They need

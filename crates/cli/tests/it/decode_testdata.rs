@@ -102,7 +102,7 @@ fn bad_input_is_a_clear_error() {
 
     // Cut in its ring-buffer data (the last 200 KB): what is left
     // decodes, with a warning saying what is lost, on stderr and in the
-    // summary (deepspan issue 15).
+    // summary; a trace cut short is not an error.
     let truncated = tmp.path().join("truncated.dat");
     let full = std::fs::read(ftrace("sched_load.dat")).unwrap();
     std::fs::write(&truncated, &full[..full.len() - 100_000]).unwrap();

@@ -329,8 +329,8 @@ fn api_on_a_recorded_run() {
     assert!(json(&s, "/api/run")["intervals"].as_u64().unwrap() > 10);
     drop(s);
 
-    // The diagnosis fields (DIAGNOSIS_CONTRACT.md), when the analysis has
-    // them, are served and filter the list.
+    // The diagnosis fields (docs/analysis.md, "Diagnosis"), when the
+    // analysis has them, are served and filter the list.
     let path = run.join("analysis/requests.json");
     let mut doc: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     for r in doc["requests"].as_array_mut().unwrap() {

@@ -1,9 +1,9 @@
-//! CTF stream files cut short at many offsets (deepspan issue 15, item 3):
-//! the trace still opens and decodes every whole packet before the cut,
-//! with no error; [`CtfTrace::truncations`] names the file and what is
-//! lost; the events of the cut file are exactly a prefix of the whole
-//! file's, and the other files' events are untouched. Metadata cut short is
-//! an error naming the metadata file.
+//! CTF stream files cut short at many offsets (as a tracer killed while
+//! writing leaves them): the trace still opens and decodes every whole
+//! packet before the cut, with no error; [`CtfTrace::truncations`] names
+//! the file and what is lost; the events of the cut file are exactly a
+//! prefix of the whole file's, and the other files' events are untouched.
+//! Metadata cut short is an error naming the metadata file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

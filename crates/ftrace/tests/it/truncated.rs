@@ -1,9 +1,9 @@
-//! trace.dat files cut short at many offsets (deepspan issue 15, item 3):
-//! past the event formats a cut v6 file decodes every whole page before the
-//! cut, with a truncation report; the records are exactly a prefix of the
-//! whole file's, per CPU. Cuts in the parts needed to decode anything, and
-//! every cut of a v7 file (whose CPU table is written last), are errors
-//! that say the file is cut short.
+//! trace.dat files cut short at many offsets (as a recorder killed while
+//! writing, or a full disk, leaves them): past the event formats a cut v6
+//! file decodes every whole page before the cut, with a truncation report;
+//! the records are exactly a prefix of the whole file's, per CPU. Cuts in
+//! the parts needed to decode anything, and every cut of a v7 file (whose
+//! CPU table is written last), are errors that say the file is cut short.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
