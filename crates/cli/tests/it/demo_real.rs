@@ -12,6 +12,9 @@
 //!   the demo is stopped by SIGTERM or by a Ctrl-C (SIGINT to its process
 //!   group) in the middle of a fault.
 //!
+//! The six scenarios run once per test binary ([`kept_demo`]): the runs are
+//! kept for the other tests that need a demo run with its fault staged.
+//!
 //! The tests run one at a time (a lock): they share the machine's CPUs,
 //! disk and names. Other demos may run on the machine meanwhile (another
 //! checkout's tests, a user's): the processes of this test binary's demos
@@ -20,11 +23,12 @@
 
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::common::{deepspan, kernel_or_skip, one_at_a_time, repo, TRACEFS};
+use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time, repo, TRACEFS};
 use serde_json::Value;
 
 /// Set in the environment of this test binary's demos (inherited by every
@@ -140,9 +144,9 @@ fn leftovers() -> Leftovers {
     }
 }
 
-/// Fails with the difference when the demo left something that was not
-/// there before it started.
-fn assert_nothing_left(before: &Leftovers) {
+/// What the demo left behind that was not there before it started
+/// (`Err`: the list).
+fn nothing_left(before: &Leftovers) -> Result<(), String> {
     let after = leftovers();
     let new = |a: &BTreeSet<String>, b: &BTreeSet<String>| -> Vec<String> {
         a.difference(b).cloned().collect()
@@ -162,7 +166,89 @@ fn assert_nothing_left(before: &Leftovers) {
         ),
     ];
     let left: Vec<_> = found.iter().filter(|(_, v)| !v.is_empty()).collect();
-    assert!(left.is_empty(), "the demo left these behind: {left:#?}");
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("the demo left these behind: {left:#?}"))
+    }
+}
+
+/// Fails with the difference when the demo left something that was not
+/// there before it started.
+fn assert_nothing_left(before: &Leftovers) {
+    if let Err(left) = nothing_left(before) {
+        panic!("{left}");
+    }
+}
+
+/// The demo's six scenarios, run once per test binary with `--keep`, for
+/// every test that needs a demo run with its fault staged: the acceptance
+/// test below judges the demo's own verdicts, and export_jaeger and
+/// placement_compare work on copies of the kept runs
+/// ([`copy_of_kept_run`]) instead of staging scenarios of their own. A
+/// scenario takes a quarter of a minute; staging each once saves the
+/// suite about a minute. The caller holds the heavy-test lock.
+pub struct KeptDemo {
+    /// `SCENARIO/` for each scenario the demo kept (under the target
+    /// folder's tmp, removed when the next test binary runs the demo).
+    pub dir: PathBuf,
+    /// `deepspan demo --format json`'s exit status and report (its
+    /// progress went to the test's stderr).
+    pub output: Output,
+    pub took: Duration,
+    /// What the demo left behind that was not there before it ran.
+    pub left_behind: Result<(), String>,
+}
+
+static KEPT_DEMO: OnceLock<KeptDemo> = OnceLock::new();
+
+/// The kept demo, run by the first caller; see [`KeptDemo`].
+pub fn kept_demo() -> &'static KeptDemo {
+    KEPT_DEMO.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kept-demo");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).expect("remove the last test run's kept demo");
+        }
+        std::fs::create_dir_all(&dir).expect("create the kept demo's folder");
+        let before = leftovers();
+        let started = Instant::now();
+        let output = demo()
+            .args(["--format", "json", "--keep"])
+            .arg(&dir)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run deepspan demo");
+        KeptDemo {
+            dir,
+            output,
+            took: started.elapsed(),
+            left_behind: nothing_left(&before),
+        }
+    })
+}
+
+/// A copy, in `into`, of the kept demo's analysed run of `scenario`: a test
+/// that analyses or exports it again changes no other test's input.
+pub fn copy_of_kept_run(scenario: &str, into: &Path) -> PathBuf {
+    let demo = kept_demo();
+    let kept = demo.dir.join(scenario);
+    assert!(
+        kept.join("analysis/requests.json").is_file(),
+        "the demo kept no analysed run of {scenario} ({}):\n{}",
+        demo.output.status,
+        String::from_utf8_lossy(&demo.output.stdout)
+    );
+    let copy = into.join(scenario);
+    check(
+        "copy the kept run",
+        Command::new("cp")
+            .arg("-a")
+            .arg(&kept)
+            .arg(&copy)
+            .output()
+            .expect("run cp"),
+    );
+    copy
 }
 
 #[test]
@@ -172,20 +258,12 @@ fn every_scenario_is_diagnosed_and_nothing_is_left_behind() {
         return;
     }
     let _one = one_at_a_time();
-    let before = leftovers();
-    let keep = tempfile::tempdir_in("/var/tmp").expect("temp dir");
-    let started = Instant::now();
-    let out = demo()
-        .args(["--format", "json", "--keep"])
-        .arg(keep.path())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run deepspan demo");
-    eprintln!(
-        "deepspan demo took {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
-    assert_nothing_left(&before);
+    let demo = kept_demo();
+    let out = &demo.output;
+    eprintln!("deepspan demo took {:.0} s", demo.took.as_secs_f64());
+    if let Err(left) = &demo.left_behind {
+        panic!("{left}");
+    }
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "demo output is not JSON ({e}):\n{}",

@@ -1,7 +1,7 @@
 //! `deepspan export` into a real Jaeger v2 (all-in-one, memory storage,
 //! built from the Go module proxy by scripts/build-jaeger.sh and cached):
-//! two demo runs (a CPU cgroup quota, a PostgreSQL row lock) are recorded,
-//! exported (HTTP and gRPC) and read back through Jaeger's query API
+//! two demo runs (a CPU cgroup quota, a PostgreSQL row lock; copies of
+//! demo_real's kept demo) are exported (HTTP and gRPC) and read back through Jaeger's query API
 //! (`/api/traces/{id}`): the diagnosed request's diagnosis attributes, its
 //! kernel child spans (states, threads) tiling it without clock-skew
 //! warnings, the link to the blocking request, and the same path as
@@ -14,34 +14,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time, poll, read_json, repo};
+use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time, poll, read_json};
+use crate::demo_real::copy_of_kept_run;
 use deepspan_jaeger_test::{tag, Jaeger};
 use deepspan_spans::{import_file, read_run_spans, Span, SpanId, TraceId};
 use serde_json::Value;
-
-/// Records and analyses one demo scenario; returns its run folder.
-fn demo_run(keep: &Path, scenario: &str) -> PathBuf {
-    let mut c = deepspan();
-    crate::common::ahead_of_other_load(&mut c);
-    let out = c
-        .args(["demo", "--scenario", scenario, "--format", "json", "--keep"])
-        .arg(keep)
-        .env("DEEPSPAN_DEMO_DIR", repo().join("demo"))
-        .env("PYTHONPATH", repo().join("sdk/python"))
-        .output()
-        .expect("run deepspan demo");
-    let run = keep.join(scenario);
-    // The demo's own verdict is the demo_real module's business: here the run only
-    // has to hold a request with the scenario's diagnosis (checked below).
-    assert!(
-        run.join("analysis/requests.json").is_file(),
-        "deepspan demo --scenario {scenario} left no analysed run ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    run
-}
 
 /// The request of the scenario's target operation diagnosed with its
 /// expected cause: the slowest, or with `blocker`, the one that waited
@@ -301,13 +278,14 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
     if !kernel_or_skip("jaeger_shows_the_kernel_path_the_link_and_the_diagnosis") {
         return;
     }
-    // Demo runs with their faults staged: one at a time with the others.
+    // Runs of the demo with their faults staged (demo_real's kept demo,
+    // staged by whichever test needs it first, under the heavy-test lock).
     let _one = one_at_a_time();
     let jaeger = Jaeger::start();
     let keep = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
 
     // A CPU cgroup quota, exported over OTLP/HTTP.
-    let run = demo_run(keep.path(), "cpu-cgroup");
+    let run = copy_of_kept_run("cpu-cgroup", keep.path());
     check(
         "deepspan export --otlp (HTTP)",
         deepspan()
@@ -347,7 +325,7 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
     round_trip(&run, keep.path());
 
     // A PostgreSQL row lock, exported over OTLP/gRPC.
-    let run = demo_run(keep.path(), "db-row-lock");
+    let run = copy_of_kept_run("db-row-lock", keep.path());
     check(
         "deepspan export --otlp (gRPC)",
         deepspan()

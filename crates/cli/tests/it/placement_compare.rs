@@ -1,14 +1,14 @@
 //! Placement by inference against the SDK's own placement, on the same
-//! recording: a demo scenario recorded with deepspan_otel (`deepspan demo
-//! --scenario lock --keep DIR`) is analysed as it is (the SDK's
-//! `deepspan.tid` and activations place every request) and again with
-//! `--placement inferred` (SDK fields ignored). The acceptance of issue 16:
-//! ≥ 95 % of the requests on the same home thread, ≥ 95 % of the anomalous
-//! requests with the same cause.
+//! recording: the lock scenario of demo_real's kept demo (recorded with
+//! deepspan_otel) is analysed as it is (the SDK's `deepspan.tid` and
+//! activations place every request) and again with `--placement inferred`
+//! (SDK fields ignored). Inference must put ≥ 95 % of the requests on the
+//! SDK's home thread, and give ≥ 95 % of the anomalous requests the SDK's
+//! cause.
 //!
 //! The second test runs `deepspan demo --no-sdk` (6 scenarios, about 2
-//! minutes): the acceptance of issue 16 says all 6 are diagnosed as with
-//! the SDK.
+//! minutes): without the SDK, every scenario must still be diagnosed as
+//! with it.
 //!
 //! Needs root, PostgreSQL and the demo's Python packages (`make demo`).
 
@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time};
+use crate::demo_real::copy_of_kept_run;
 use serde_json::Value;
 
 /// `(trace_id, span_id)` → request, from an analysis's requests.json.
@@ -56,24 +57,8 @@ fn inferred_placement_agrees_with_the_sdk_on_a_demo_recording() {
         return;
     }
     let _one = one_at_a_time();
-    // On a real disk, under the target folder.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
-    let mut demo = deepspan();
-    crate::common::ahead_of_other_load(&mut demo);
-    // The demo's own verdict is not this test's business: only the run.
-    let out = demo
-        .args(["demo", "--scenario", "lock", "--keep"])
-        .arg(dir.path())
-        .output()
-        .expect("run deepspan demo");
-    let run = dir.path().join("lock");
-    assert!(
-        run.join("analysis/requests.json").is_file(),
-        "the demo kept no analysed run ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let run = copy_of_kept_run("lock", dir.path());
 
     let sdk = analyze(&run, "sdk");
     let inferred = analyze(&run, "inferred");
