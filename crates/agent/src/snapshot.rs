@@ -353,13 +353,14 @@ impl Worker {
         let mut next_clock_sample = Instant::now() + Duration::from_secs(1);
         let mut last_drain = Instant::now();
         let mut sequence = 0u64;
+        // When the first pending group settles (from the last grouping).
+        let mut next_ready_ns: Option<u64> = None;
         loop {
             let now_mono = mono_now();
-            let wait = pending
-                .iter()
-                .map(|t| capture.ready_at(t).saturating_sub(now_mono))
-                .min()
-                .map_or(DRAIN_EVERY, Duration::from_nanos)
+            let wait = next_ready_ns
+                .map_or(DRAIN_EVERY, |at| {
+                    Duration::from_nanos(at.saturating_sub(now_mono))
+                })
                 .min(next_clock_sample.saturating_duration_since(Instant::now()))
                 .min((last_drain + DRAIN_EVERY).saturating_duration_since(Instant::now()));
             let stop = match messages.recv_timeout(wait) {
@@ -383,7 +384,9 @@ impl Worker {
                 }
                 last_drain = Instant::now();
             }
-            for group in capture.take_ready(&mut pending, mono_now()) {
+            let settled = capture.take_ready(&mut pending, mono_now());
+            next_ready_ns = settled.next_ready_ns;
+            for group in settled.ready {
                 sequence += 1;
                 // A window already gone costs no snapshot of the budget.
                 let start = group.iter().map(|t| capture.window(t).0).min().unwrap_or(0);
@@ -418,6 +421,63 @@ impl Worker {
     }
 }
 
+/// The groups of [`settled_groups`] ready for a snapshot, and when the
+/// next of the groups left pending will be.
+struct Settled {
+    ready: Vec<Vec<Trigger>>,
+    /// When the earliest group left in `pending` settles (monotonic ns).
+    next_ready_ns: Option<u64>,
+}
+
+/// Takes out of `pending` the groups of triggers ready for a snapshot.
+/// Overlapping windows merge into one group that never spans more than
+/// `max_ns`; a group is ready once its *last* window has settled
+/// (`settle_ns` after its end). The others stay pending, and the capture
+/// thread sleeps until the first of them settles: a group whose first
+/// window has settled but whose last has not is not ready, so waking for
+/// its first window would spin until its last one settles.
+fn settled_groups(
+    pending: &mut Vec<Trigger>,
+    window: impl Fn(&Trigger) -> (u64, u64),
+    max_ns: u64,
+    settle_ns: u64,
+    now_mono: u64,
+) -> Settled {
+    pending.sort_by_key(|t| window(t).0);
+    let mut groups: Vec<(Vec<Trigger>, u64)> = Vec::new();
+    let mut group_start = 0;
+    for t in pending.drain(..) {
+        let (start, end) = window(&t);
+        match groups.last_mut() {
+            Some((group, group_end))
+                if start <= *group_end && end.max(*group_end) - group_start <= max_ns =>
+            {
+                *group_end = (*group_end).max(end);
+                group.push(t);
+            }
+            _ => {
+                group_start = start;
+                groups.push((vec![t], end));
+            }
+        }
+    }
+    let mut settled = Settled {
+        ready: Vec::new(),
+        next_ready_ns: None,
+    };
+    for (group, end) in groups {
+        let ready_at = end.saturating_add(settle_ns);
+        if ready_at <= now_mono {
+            settled.ready.push(group);
+        } else {
+            pending.extend(group);
+            settled.next_ready_ns =
+                Some(settled.next_ready_ns.map_or(ready_at, |n| n.min(ready_at)));
+        }
+    }
+    settled
+}
+
 /// The capturing half: windows, groups, and writing a window's run folder.
 struct Capture {
     config: SnapshotConfig,
@@ -434,45 +494,16 @@ impl Capture {
         )
     }
 
-    fn ready_at(&self, t: &Trigger) -> u64 {
-        self.window(t)
-            .1
-            .saturating_add(self.config.settle.as_nanos() as u64)
-    }
-
     /// Takes out the groups of overlapping windows whose last window has
-    /// settled; a group never spans more than `max_window`.
-    fn take_ready(&self, pending: &mut Vec<Trigger>, now_mono: u64) -> Vec<Vec<Trigger>> {
-        pending.sort_by_key(|t| self.window(t).0);
-        let max = self.config.max_window.as_nanos() as u64;
-        let mut groups: Vec<Vec<Trigger>> = Vec::new();
-        let mut group_window: Option<(u64, u64)> = None;
-        for t in pending.drain(..) {
-            let w = self.window(&t);
-            match (&mut group_window, groups.last_mut()) {
-                (Some((start, end)), Some(group))
-                    if w.0 <= *end && w.1.max(*end) - *start <= max =>
-                {
-                    *end = (*end).max(w.1);
-                    group.push(t);
-                }
-                _ => {
-                    group_window = Some(w);
-                    groups.push(vec![t]);
-                }
-            }
-        }
-        let settle = self.config.settle.as_nanos() as u64;
-        let mut ready = Vec::new();
-        for group in groups {
-            let end = group.iter().map(|t| self.window(t).1).max().unwrap_or(0);
-            if end.saturating_add(settle) <= now_mono {
-                ready.push(group);
-            } else {
-                pending.extend(group);
-            }
-        }
-        ready
+    /// settled; see [`settled_groups`].
+    fn take_ready(&self, pending: &mut Vec<Trigger>, now_mono: u64) -> Settled {
+        settled_groups(
+            pending,
+            |t| self.window(t),
+            self.config.max_window.as_nanos() as u64,
+            self.config.settle.as_nanos() as u64,
+            now_mono,
+        )
     }
 
     /// Writes the group's window (kernel trace and the spans around it) as
@@ -943,6 +974,56 @@ mod tests {
             "a snapshot being written is left alone"
         );
         assert_eq!(retain(dir.path(), 10, 1500), 0);
+    }
+
+    fn trigger(start: u64, end: u64) -> Trigger {
+        Trigger {
+            span: DetachedSpan {
+                resource: Default::default(),
+                scope: Default::default(),
+                span: Default::default(),
+            },
+            service: "s".into(),
+            operation: "o".into(),
+            duration_ns: end - start,
+            baseline_ns: None,
+            mono: (start, end),
+        }
+    }
+
+    #[test]
+    fn a_group_is_ready_when_its_last_window_has_settled() {
+        let window = |t: &Trigger| t.mono;
+        let (max, settle) = (1_000, 100);
+        // 0..50 and 40..300 overlap: one group, settled at 400; 500..600
+        // is a group of its own, settled at 700.
+        let mut pending = vec![trigger(500, 600), trigger(40, 300), trigger(0, 50)];
+        let s = settled_groups(&mut pending, window, max, settle, 200);
+        assert!(
+            s.ready.is_empty(),
+            "the first window settled, the group not"
+        );
+        assert_eq!(s.next_ready_ns, Some(400), "wake when the group settles");
+        assert_eq!(pending.len(), 3);
+
+        let s = settled_groups(&mut pending, window, max, settle, 400);
+        assert_eq!(s.ready.len(), 1);
+        let spans: Vec<(u64, u64)> = s.ready[0].iter().map(|t| t.mono).collect();
+        assert_eq!(spans, [(0, 50), (40, 300)]);
+        assert_eq!(s.next_ready_ns, Some(700));
+
+        let s = settled_groups(&mut pending, window, max, settle, 700);
+        assert_eq!(s.ready.len(), 1);
+        assert!(pending.is_empty());
+        assert_eq!(s.next_ready_ns, None);
+    }
+
+    #[test]
+    fn a_group_never_spans_more_than_the_longest_window() {
+        let window = |t: &Trigger| t.mono;
+        let mut pending = vec![trigger(0, 600), trigger(500, 1_200)];
+        let s = settled_groups(&mut pending, window, 1_000, 0, 2_000);
+        assert_eq!(s.ready.len(), 2, "merged they would span 1 200 ns");
     }
 
     #[test]
