@@ -139,6 +139,9 @@ fn run_case(
         "32768",
         "--max-snapshots-per-minute",
         "120",
+        // The latency of each anomaly's diagnosis, not the budget's wait.
+        "--cpu-budget",
+        "100",
     ];
     let settle_text = settle_ms.map(|s| s.to_string());
     if let Some(s) = &settle_text {

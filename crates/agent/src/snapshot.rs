@@ -5,8 +5,10 @@
 //! over for `settle` (spans of the other requests in that window are still
 //! on their way), together with the triggers whose windows overlap it: they
 //! share one snapshot. Then:
-//! 1. rate limit: at most `max_per_minute` snapshots (a token bucket), else
-//!    skipped as `rate_limited`;
+//! 1. budget: while the agent has spent more CPU than its share of a core
+//!    allows (`cpu_share`, [`CpuBudget`]), skipped as `cpu_budget`; then
+//!    at most `max_per_minute` snapshots (a token bucket), else skipped as
+//!    `rate_limited`;
 //! 2. the flight recorder writes the window as a run folder, or says it
 //!    has left the ring buffer (`left_ring_buffer`);
 //! 3. the spans of the requests received around the window go in
@@ -50,6 +52,9 @@ pub struct SnapshotConfig {
     /// the other requests in it.
     pub settle: Duration,
     pub max_per_minute: u32,
+    /// The agent's CPU, everything included, as a share of one core (0.02
+    /// = 2 %): no snapshot starts while it has spent more; see [`CpuBudget`].
+    pub cpu_share: f64,
     /// Overlapping windows merge into one snapshot up to this length.
     pub max_window: Duration,
     /// The folder keeps at most this many snapshots and bytes; the oldest go first.
@@ -71,6 +76,7 @@ impl SnapshotConfig {
             margin: Duration::from_millis(100),
             settle: Duration::from_secs(1),
             max_per_minute: 12,
+            cpu_share: 0.02,
             max_window: Duration::from_secs(30),
             retain_count: 200,
             retain_bytes: 2 << 30,
@@ -119,6 +125,8 @@ impl Trigger {
 pub enum SkipReason {
     /// More snapshots than `max_per_minute`.
     RateLimited,
+    /// The agent had spent its CPU budget (`cpu_share`).
+    CpuBudget,
     /// The window's events were no longer in the flight recorder.
     LeftRingBuffer,
     /// Writing or analysing the snapshot failed (the error is logged in
@@ -129,8 +137,9 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 4] = [
+    pub const ALL: [SkipReason; 5] = [
         SkipReason::RateLimited,
+        SkipReason::CpuBudget,
         SkipReason::LeftRingBuffer,
         SkipReason::Failed,
         SkipReason::Stopping,
@@ -139,6 +148,7 @@ impl SkipReason {
     pub fn as_str(self) -> &'static str {
         match self {
             SkipReason::RateLimited => "rate_limited",
+            SkipReason::CpuBudget => "cpu_budget",
             SkipReason::LeftRingBuffer => "left_ring_buffer",
             SkipReason::Failed => "failed",
             SkipReason::Stopping => "stopping",
@@ -237,6 +247,62 @@ impl RateLimit {
             false
         }
     }
+}
+
+/// The agent's CPU budget: a share of one core, spent by the whole process
+/// (the pass-through, the flight recorder's reading, captures and
+/// analyses), checked before each snapshot. A bucket of CPU time: it fills
+/// at `share` of the wall time, up to a minute's worth, and the process's
+/// CPU time is taken out as it is spent; a snapshot starts only while the
+/// bucket is not empty. One analysis can cost more than a minute's budget
+/// (about a CPU second for the demo shop's window, against 1.2 s a minute
+/// at 2 %): the bucket goes into debt by it, and the next snapshot waits
+/// until the debt is paid. Over any long stretch the agent stays within its
+/// share, give or take one analysis, and it takes fewer snapshots when
+/// they cost more.
+struct CpuBudget {
+    share: f64,
+    /// CPU nanoseconds the agent may still spend; negative: its debt.
+    credit_ns: f64,
+    at: Instant,
+    cpu_at_ns: u64,
+}
+
+impl CpuBudget {
+    /// Credit for a minute is the most the bucket holds.
+    const HORIZON: Duration = Duration::from_secs(60);
+
+    /// A full bucket: an agent that just started may take a snapshot.
+    fn new(share: f64, now: Instant, cpu_ns: u64) -> CpuBudget {
+        CpuBudget {
+            share,
+            credit_ns: share * Self::HORIZON.as_nanos() as f64,
+            at: now,
+            cpu_at_ns: cpu_ns,
+        }
+    }
+
+    /// Whether a snapshot may start, given the process's CPU time now.
+    fn allows(&mut self, now: Instant, cpu_ns: u64) -> bool {
+        let cap = self.share * Self::HORIZON.as_nanos() as f64;
+        let earned = self.share * now.duration_since(self.at).as_nanos() as f64;
+        let spent = cpu_ns.saturating_sub(self.cpu_at_ns) as f64;
+        self.credit_ns = (self.credit_ns + earned - spent).min(cap);
+        self.at = now;
+        self.cpu_at_ns = cpu_ns;
+        self.credit_ns > 0.0
+    }
+}
+
+/// The CPU time of this process so far, all threads (ns).
+fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The kernel's buffer is read into the recorder's history this often, so
@@ -350,6 +416,7 @@ impl Worker {
             tokens: capture.config.max_per_minute as f64,
             at: Instant::now(),
         };
+        let mut budget = CpuBudget::new(capture.config.cpu_share, Instant::now(), process_cpu_ns());
         let mut next_clock_sample = Instant::now() + Duration::from_secs(1);
         let mut last_drain = Instant::now();
         let mut sequence = 0u64;
@@ -392,6 +459,10 @@ impl Worker {
                 let start = group.iter().map(|t| capture.window(t).0).min().unwrap_or(0);
                 if start < flight.reaches_back_to_ns() {
                     reporter.skip(group, SkipReason::LeftRingBuffer, None, None);
+                    continue;
+                }
+                if !budget.allows(Instant::now(), process_cpu_ns()) {
+                    reporter.skip(group, SkipReason::CpuBudget, None, None);
                     continue;
                 }
                 if !limit.take(Instant::now()) {
@@ -1024,6 +1095,23 @@ mod tests {
         let mut pending = vec![trigger(0, 600), trigger(500, 1_200)];
         let s = settled_groups(&mut pending, window, 1_000, 0, 2_000);
         assert_eq!(s.ready.len(), 2, "merged they would span 1 200 ns");
+    }
+
+    #[test]
+    fn the_cpu_budget_goes_into_debt_by_an_analysis_and_waits_it_out() {
+        let start = Instant::now();
+        let s = Duration::from_secs;
+        let mut budget = CpuBudget::new(0.02, start, 0);
+        assert!(budget.allows(start, 0), "a full bucket at start");
+        // An analysis of 3 CPU s: 1.8 s of debt after a minute's credit.
+        assert!(!budget.allows(start + s(1), 3_000_000_000));
+        // 2 % of a core pays 1.8 s back in 90 s.
+        assert!(!budget.allows(start + s(80), 3_000_000_000));
+        assert!(budget.allows(start + s(92), 3_000_000_000));
+        // Idle for an hour: at most a minute's credit (1.2 s), so a 1.5 s
+        // analysis puts it in debt again.
+        assert!(budget.allows(start + s(3_692), 3_000_000_000));
+        assert!(!budget.allows(start + s(3_692), 4_500_000_000));
     }
 
     #[test]

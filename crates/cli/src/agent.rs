@@ -60,6 +60,12 @@ pub struct AgentArgs {
     /// Snapshots per minute at most.
     #[arg(long, default_value_t = 12)]
     max_snapshots_per_minute: u32,
+    /// The agent's CPU, analyses included, as a percentage of one core: no
+    /// snapshot starts while it has spent more (averaged over a minute; one
+    /// analysis may overrun it, then the next waits). Skipped snapshots are
+    /// counted as `cpu_budget`.
+    #[arg(long, value_name = "PERCENT", default_value_t = 2.0)]
+    cpu_budget: f64,
     /// Overlapping windows share one snapshot up to this length, seconds.
     #[arg(long, value_name = "S", default_value_t = 5)]
     max_window_s: u64,
@@ -123,6 +129,12 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
         Some(ms) if ms.is_finite() && ms >= 0.0 => Some((ms * 1e6) as u64),
         Some(ms) => bail!("--floor-ms must be a number of milliseconds ≥ 0, not {ms}"),
     };
+    if !(args.cpu_budget.is_finite() && args.cpu_budget > 0.0) {
+        bail!(
+            "--cpu-budget must be a positive percentage of one core, not {}",
+            args.cpu_budget
+        );
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())
@@ -143,6 +155,7 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
     snapshots.margin = Duration::from_millis(args.margin_ms);
     snapshots.settle = Duration::from_millis(args.settle_ms);
     snapshots.max_per_minute = args.max_snapshots_per_minute;
+    snapshots.cpu_share = args.cpu_budget / 100.0;
     snapshots.max_window = Duration::from_secs(args.max_window_s);
     snapshots.retain_count = args.retain;
     snapshots.retain_bytes = args.retain_mb << 20;

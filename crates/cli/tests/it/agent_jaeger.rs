@@ -616,6 +616,10 @@ fn the_demo_faults_reach_jaeger_diagnosed_by_the_agent() {
                 "30000",
                 "--max-snapshots-per-minute",
                 "120",
+                // Every fault's window analysed, whatever the analyses
+                // before it cost (the default is 2 % of a core).
+                "--cpu-budget",
+                "100",
                 "--snapshot-url",
                 SNAPSHOT_URL,
             ],
