@@ -11,7 +11,12 @@
 // task work throttle_cfs_rq_work), marked `throttled`, and rescheduled; it
 // stays marked until the quota is refilled and it is enqueued again. So a
 // task that switches out still runnable and marked `throttled` leaves its
-// CPU because of the quota. The hook is the BTF-typed sched_switch
+// CPU because of the quota, provided its run queue is in a throttled
+// hierarchy at that moment (`throttle_count`): the mark alone was once
+// seen on a PostgreSQL backend in no quota-limited cgroup at all (in the
+// agent's runs of the demo's row-lock scenario, twice in some ten), and a
+// throttled task's own queue is always throttled when it is taken off the
+// CPU for it. The hook is the BTF-typed sched_switch
 // tracepoint, which reads the task itself (the tracefs event carries no
 // such field). Kernels before 6.18 have no such field: the program then
 // fails to load, and the recorder says so.
@@ -27,9 +32,18 @@
 
 #include "ring.h"
 
+struct cfs_rq {
+	int throttle_count;
+} __attribute__((preserve_access_index));
+
+struct sched_entity {
+	struct cfs_rq *cfs_rq;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	_Bool throttled;
+	struct sched_entity se;
 } __attribute__((preserve_access_index));
 
 // One switch-out, as throttle.rs reads it (16 bytes, native byte order).
@@ -53,6 +67,8 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 	     unsigned int prev_state)
 {
 	if (prev_state != TASK_RUNNING || !BPF_CORE_READ(prev, throttled))
+		return 0;
+	if (BPF_CORE_READ(prev, se.cfs_rq, throttle_count) <= 0)
 		return 0;
 	struct held h = {};
 	h.ts = bpf_ktime_get_ns();
