@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Where deepspan's cost on a busy service goes: each part measured as its
+own ratio against B (the demo shop sending its spans to Jaeger directly),
+in one run, the cases interleaved round by round.
+
+Cases (each beside B's services and Jaeger, nothing else of deepspan):
+
+  B            OpenTelemetry -> Jaeger, no deepspan (the baseline)
+  rec:base     `deepspan record --no-otlp`, system-wide, recording one
+               rare event (sched_process_exec): the recorder's own cost
+  rec:CLASS    `deepspan record --no-otlp --events CLASS`, system-wide,
+               standard mode, for each event class of the `analysis`
+               preset alone: sched, irq (hard and soft interrupts), timer,
+               ipi, syscalls, net, block
+  rec:all      the whole `analysis` preset (what `record` costs today)
+  rec:no-syscalls  the `analysis` preset without raw_syscalls
+  agent:pass   `deepspan agent`, snapshots off, recording one rare event
+               (sched_process_exec): the OTLP pass-through alone
+  agent:flight the agent with snapshots off and the `analysis` preset: the
+               pass-through and the flight recorder's reading
+  agent        the agent as it ships (snapshots on)
+
+The load is the shop's load generator at a fixed pace (`--rate`, requests
+per second over all clients, about half what the shop serves flat out on
+two cores) or, with `--rate 0`, a closed loop (each client sends as soon as
+its last answer came). Per run: throughput, client p50 and p99, and the
+whole machine's CPU time per request from /proc/stat (the kernel's tracing
+work and deepspan's threads included; this is the figure that matters at a
+fixed rate, where throughput does not move). The table gives each case's
+median over rounds of its ratio to B of the same round, with the spread
+(min .. max) of those ratios: where the spread is wider than a figure, the
+figure is noise.
+
+Timings only: this is never a test. Needs root (tracefs), the release
+`deepspan` (CARGO_TARGET_DIR or target/), PostgreSQL and the demo's Python
+packages (`make demo`), and Jaeger (scripts/build-jaeger.sh).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import agent_overhead as common  # noqa: E402  (the shop, Jaeger and agent plumbing)
+from agent_overhead import ROOT, TARGET, driver, procs, Cleanup, cleanup_stale  # noqa: E402
+
+TRACEFS = Path("/sys/kernel/tracing")
+
+# The `analysis` preset (crates/record/src/events.rs) by class.
+CLASSES = {
+    "sched": ["sched:sched_switch", "sched:sched_waking", "sched:sched_wakeup",
+              "sched:sched_wakeup_new", "sched:sched_process_fork", "sched:sched_process_exec",
+              "sched:sched_process_exit", "sched:sched_process_free", "sched:sched_migrate_task"],
+    "irq": ["irq:irq_handler_entry", "irq:irq_handler_exit", "irq:softirq_raise",
+            "irq:softirq_entry", "irq:softirq_exit"],
+    "timer": ["timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit"],
+    "ipi": ["irq_vectors:reschedule_entry", "irq_vectors:reschedule_exit",
+            "irq_vectors:call_function_entry", "irq_vectors:call_function_exit",
+            "irq_vectors:call_function_single_entry", "irq_vectors:call_function_single_exit",
+            "ipi:ipi_entry", "ipi:ipi_exit"],
+    "syscalls": ["raw_syscalls:sys_enter", "raw_syscalls:sys_exit"],
+    "net": ["net:net_dev_queue", "net:netif_receive_skb"],
+    "block": ["block:block_rq_insert", "block:block_rq_issue", "block:block_rq_complete"],
+}
+
+# One event that hardly ever fires: the recorder (or the agent's flight
+# recorder) runs, with nearly nothing to record.
+RARE_EVENT = "sched:sched_process_exec"
+
+
+def log(msg):
+    print(f"cost_attribution: {msg}", file=sys.stderr, flush=True)
+
+
+def available(events):
+    """The events of `events` this kernel has (the preset skips the others too)."""
+    return [e for e in events if (TRACEFS / "events" / e.replace(":", "/")).is_dir()]
+
+
+def cases():
+    """Case name -> what runs beside B: (kind, flags)."""
+    out = {"B": (None, []), "rec:base": ("record", ["--events", RARE_EVENT])}
+    for name, events in CLASSES.items():
+        have = available(events)
+        if have:
+            out[f"rec:{name}"] = ("record", ["--events", ",".join(have)])
+    out["rec:all"] = ("record", ["--events", "analysis"])
+    lean = [e for name, events in CLASSES.items() if name != "syscalls" for e in available(events)]
+    out["rec:no-syscalls"] = ("record", ["--events", ",".join(lean)])
+    out["agent:pass"] = ("agent", ["--max-snapshots-per-minute", "0", "--events", RARE_EVENT])
+    out["agent:flight"] = ("agent", ["--max-snapshots-per-minute", "0"])
+    out["agent"] = ("agent", [])
+    return out
+
+
+def busy_jiffies():
+    """The whole machine's non-idle CPU time so far, in clock ticks."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest is in user).
+    return sum(fields[:8]) - fields[3] - fields[4]
+
+
+def start_record(cleanup, work, i, flags):
+    run = Path(work) / f"record-{i}"
+    proc, _ = procs.start(f"record-{i}", [
+        str(TARGET / "deepspan"), "record", "-o", str(run), "--no-otlp", *flags], cleanup, work,
+        stop_signal=signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while not (run / "kernel" / "cpu0.raw").exists():
+        if proc.popen.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"deepspan record did not start:\n{proc.log_tail()}")
+        time.sleep(0.1)
+    return proc, run
+
+
+def measure(shop, seconds, clients, interval):
+    hz = os.sysconf("SC_CLK_TCK")
+    before = busy_jiffies()
+    load, _ = procs.start("loadgen", [sys.executable, "-m", "shop.loadgen", shop.urls["front"],
+                                      "--seconds", str(seconds), "--clients", str(clients),
+                                      "--interval", str(interval)], shop.cleanup, shop.logs, env=shop.env)
+    load.popen.wait()
+    busy = (busy_jiffies() - before) / hz
+    with open(load.log_path) as f:
+        lines = [line for line in f if line.startswith("{")]
+    stats = json.loads(lines[-1]) if lines else {}
+    if load.popen.returncode != 0 or not stats.get("requests"):
+        raise RuntimeError(f"the load generator failed:\n{load.log_tail()}")
+    os.remove(load.log_path)
+    stats["throughput"] = stats["requests"] / seconds
+    stats["cpu_ms"] = busy * 1000 / stats["requests"]
+    return stats
+
+
+def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
+    env = dict(base_env)
+    env["DEEPSPAN_DEMO_NO_SDK"] = "1"
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{jaeger['http']}"
+    extra = run = None
+    if kind == "agent":
+        extra, addr = common.start_agent(shop.cleanup, work, jaeger["http"], i, flags)
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{addr}"
+    elif kind == "record":
+        extra, run = start_record(shop.cleanup, work, i, flags)
+    shop.env = env
+    shop.start_services()
+    interval = args.clients / args.rate if args.rate > 0 else 0
+    stats = measure(shop, args.seconds, args.clients, interval)
+    shop.stop_services()
+    if extra is not None:
+        status = extra.stop(signal.SIGINT if kind == "record" else signal.SIGTERM, timeout=120)
+        if status != 0:
+            raise RuntimeError(f"{extra.name} exited {status}:\n{extra.log_tail()}")
+        if run is not None:
+            manifest = json.loads((run / "manifest.json").read_text())
+            # Events read from each CPU's buffer, and any left in it.
+            stats["events"] = sum(c.get("read_events", 0) + c.get("entries", 0)
+                                  for c in manifest.get("per_cpu", [])) or None
+            shutil.rmtree(run, ignore_errors=True)
+        else:
+            stats["agent"] = extra.log_tail(1).strip()
+            shutil.rmtree(Path(work) / f"snapshots-{i}", ignore_errors=True)
+    return stats
+
+
+def pct(x):
+    return f"{(x - 1) * 100:+.1f} %"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=15.0, help="load per run")
+    p.add_argument("--clients", type=int, default=6)
+    p.add_argument("--rate", type=float, default=60.0,
+                   help="requests per second over all clients; 0 = closed loop")
+    p.add_argument("--cases", help="comma list of cases to run (B always runs); default: all")
+    p.add_argument("--work-root", default="/var/tmp")
+    args = p.parse_args()
+    if not (TARGET / "deepspan").exists():
+        sys.exit(f"{TARGET / 'deepspan'} is missing: cargo build --release -p deepspan")
+    all_cases = cases()
+    chosen = list(all_cases)
+    if args.cases:
+        wanted = set(args.cases.split(","))
+        unknown = wanted - set(all_cases)
+        if unknown:
+            sys.exit(f"unknown cases {sorted(unknown)}; known: {', '.join(all_cases)}")
+        chosen = [c for c in all_cases if c == "B" or c in wanted]
+    cleanup_stale(log)
+    cleanup = Cleanup()
+    cleanup.install_signal_handlers()
+    work = tempfile.mkdtemp(prefix="deepspan-cost-", dir=args.work_root)
+    cleanup.push(f"remove {work}", lambda: shutil.rmtree(work, ignore_errors=True))
+    os.chmod(work, 0o755)
+    results = {c: [] for c in chosen}
+    try:
+        _, jaeger = common.start_jaeger(cleanup, work)
+        shop = driver.Shop(cleanup, work, work)
+        base_env = dict(shop.env)
+        shop.start_database()
+        for r in range(args.rounds):
+            for case in chosen:
+                kind, flags = all_cases[case]
+                i = f"{r}-{case.replace(':', '-')}"
+                stats = run_case(case, kind, flags, i, shop, base_env, jaeger, work, args)
+                log(f"round {r} {case:16}: {stats['throughput']:.1f} req/s, p50 {stats['p50_ms']} ms, "
+                    f"p99 {stats['p99_ms']} ms, {stats['cpu_ms']:.2f} CPU ms/request, "
+                    f"{stats['errors']} errors" + (f", {stats['events']} events" if stats.get("events") else ""))
+                results[case].append(stats)
+    finally:
+        cleanup.undo()
+
+    load = f"a fixed {args.rate:.0f} requests/s" if args.rate > 0 else "a closed loop"
+    print(f"\nDemo shop, {load}, {args.clients} clients, {args.seconds:.0f} s per run, "
+          f"{args.rounds} rounds; each case against B of the same round: median (min .. max)\n")
+    keys = ["throughput", "p50_ms", "p99_ms", "cpu_ms"]
+    print("| case | events/s | requests/s | p50 | p99 | CPU per request |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for case in chosen:
+        runs = results[case]
+        events = [s["events"] / args.seconds for s in runs if s.get("events")]
+        ev = f"{statistics.median(events):,.0f}" if events else "-"
+        if case == "B":
+            med = {k: statistics.median(s[k] for s in runs) for k in keys}
+            cells = [f"{med['throughput']:.1f}", f"{med['p50_ms']:.1f} ms", f"{med['p99_ms']:.1f} ms",
+                     f"{med['cpu_ms']:.2f} ms"]
+        else:
+            cells = []
+            for key in keys:
+                ratios = [c[key] / b[key] for c, b in zip(runs, results["B"])]
+                cells.append(f"{pct(statistics.median(ratios))} ({pct(min(ratios))} .. {pct(max(ratios))})")
+        print(f"| {case} | {ev} | {' | '.join(cells)} |")
+    b = [s["cpu_ms"] for s in results["B"]]
+    if len(b) > 1:
+        print(f"\nnoise: B's CPU per request over the rounds {min(b):.2f} .. {max(b):.2f} ms "
+              f"(spread {(max(b) - min(b)) / statistics.median(b) * 100:.1f} % of its median)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
