@@ -155,10 +155,10 @@ def start_agent(cleanup, work, jaeger_http, i, extra_flags=()):
     return proc, m.group(1)
 
 
-def start_record(cleanup, work, i):
+def start_record(cleanup, work, i, flags=()):
     run = Path(work) / f"record-{i}"
     proc, _ = procs.start(f"record-{i}", [
-        str(TARGET / "deepspan"), "record", "-o", str(run), "--no-otlp"], cleanup, work,
+        str(TARGET / "deepspan"), "record", "-o", str(run), "--no-otlp", *flags], cleanup, work,
         stop_signal=signal.SIGINT)
     # It prints nothing at start: recording once the per-CPU files exist.
     deadline = time.monotonic() + 60
@@ -169,18 +169,31 @@ def start_record(cleanup, work, i):
     return proc, run
 
 
-def measure(shop, seconds, clients):
+def busy_jiffies():
+    """The whole machine's non-idle CPU time so far, in clock ticks."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest is in user).
+    return sum(fields[:8]) - fields[3] - fields[4]
+
+
+def measure(shop, seconds, clients, interval=0):
+    """The load generator's stats for one run (`interval` 0: a closed
+    loop), with throughput and the whole machine's CPU ms per request."""
+    before = busy_jiffies()
     load, _ = procs.start("loadgen", [sys.executable, "-m", "shop.loadgen", shop.urls["front"],
                                       "--seconds", str(seconds), "--clients", str(clients),
-                                      "--interval", "0"], shop.cleanup, shop.logs, env=shop.env)
+                                      "--interval", str(interval)], shop.cleanup, shop.logs, env=shop.env)
     load.popen.wait()
+    busy_s = (busy_jiffies() - before) / os.sysconf("SC_CLK_TCK")
     with open(load.log_path) as f:
         lines = [line for line in f if line.startswith("{")]
-    stats = json.loads(lines[-1])
+    stats = json.loads(lines[-1]) if lines else {}
     if load.popen.returncode != 0 or not stats.get("requests"):
         raise RuntimeError(f"the load generator failed:\n{load.log_tail()}")
     os.remove(load.log_path)  # the next run appends to a fresh log
     stats["throughput"] = stats["requests"] / seconds
+    stats["cpu_ms"] = busy_s * 1000 / stats["requests"]
     return stats
 
 

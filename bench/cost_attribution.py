@@ -44,12 +44,11 @@ import signal
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_overhead as common  # noqa: E402  (the shop, Jaeger and agent plumbing)
-from agent_overhead import ROOT, TARGET, driver, procs, Cleanup, cleanup_stale  # noqa: E402
+from agent_overhead import TARGET, driver, Cleanup, cleanup_stale  # noqa: E402
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -100,46 +99,6 @@ def cases():
     return out
 
 
-def busy_jiffies():
-    """The whole machine's non-idle CPU time so far, in clock ticks."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    # user nice system idle iowait irq softirq steal (guest is in user).
-    return sum(fields[:8]) - fields[3] - fields[4]
-
-
-def start_record(cleanup, work, i, flags):
-    run = Path(work) / f"record-{i}"
-    proc, _ = procs.start(f"record-{i}", [
-        str(TARGET / "deepspan"), "record", "-o", str(run), "--no-otlp", *flags], cleanup, work,
-        stop_signal=signal.SIGINT)
-    deadline = time.monotonic() + 60
-    while not (run / "kernel" / "cpu0.raw").exists():
-        if proc.popen.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"deepspan record did not start:\n{proc.log_tail()}")
-        time.sleep(0.1)
-    return proc, run
-
-
-def measure(shop, seconds, clients, interval):
-    hz = os.sysconf("SC_CLK_TCK")
-    before = busy_jiffies()
-    load, _ = procs.start("loadgen", [sys.executable, "-m", "shop.loadgen", shop.urls["front"],
-                                      "--seconds", str(seconds), "--clients", str(clients),
-                                      "--interval", str(interval)], shop.cleanup, shop.logs, env=shop.env)
-    load.popen.wait()
-    busy = (busy_jiffies() - before) / hz
-    with open(load.log_path) as f:
-        lines = [line for line in f if line.startswith("{")]
-    stats = json.loads(lines[-1]) if lines else {}
-    if load.popen.returncode != 0 or not stats.get("requests"):
-        raise RuntimeError(f"the load generator failed:\n{load.log_tail()}")
-    os.remove(load.log_path)
-    stats["throughput"] = stats["requests"] / seconds
-    stats["cpu_ms"] = busy * 1000 / stats["requests"]
-    return stats
-
-
 def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
     env = dict(base_env)
     env["DEEPSPAN_DEMO_NO_SDK"] = "1"
@@ -149,11 +108,11 @@ def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
         extra, addr = common.start_agent(shop.cleanup, work, jaeger["http"], i, flags)
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{addr}"
     elif kind == "record":
-        extra, run = start_record(shop.cleanup, work, i, flags)
+        extra, run = common.start_record(shop.cleanup, work, i, flags)
     shop.env = env
     shop.start_services()
     interval = args.clients / args.rate if args.rate > 0 else 0
-    stats = measure(shop, args.seconds, args.clients, interval)
+    stats = common.measure(shop, args.seconds, args.clients, interval)
     shop.stop_services()
     if extra is not None:
         status = extra.stop(signal.SIGINT if kind == "record" else signal.SIGTERM, timeout=120)
@@ -169,10 +128,6 @@ def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
             stats["agent"] = extra.log_tail(1).strip()
             shutil.rmtree(Path(work) / f"snapshots-{i}", ignore_errors=True)
     return stats
-
-
-def pct(x):
-    return f"{(x - 1) * 100:+.1f} %"
 
 
 def main():
@@ -237,7 +192,7 @@ def main():
             cells = []
             for key in keys:
                 ratios = [c[key] / b[key] for c, b in zip(runs, results["B"])]
-                cells.append(f"{pct(statistics.median(ratios))} ({pct(min(ratios))} .. {pct(max(ratios))})")
+                cells.append(f"{common.pct(statistics.median(ratios))} ({common.pct(min(ratios))} .. {common.pct(max(ratios))})")
         print(f"| {case} | {ev} | {' | '.join(cells)} |")
     b = [s["cpu_ms"] for s in results["B"]]
     if len(b) > 1:
