@@ -11,12 +11,10 @@
 // task work throttle_cfs_rq_work), marked `throttled`, and rescheduled; it
 // stays marked until the quota is refilled and it is enqueued again. So a
 // task that switches out still runnable and marked `throttled` leaves its
-// CPU because of the quota, provided its run queue is in a throttled
-// hierarchy at that moment (`throttle_count`): the mark alone was once
-// seen on a PostgreSQL backend in no quota-limited cgroup at all (in the
-// agent's runs of the demo's row-lock scenario, twice in some ten), and a
-// throttled task's own queue is always throttled when it is taken off the
-// CPU for it. The hook is the BTF-typed sched_switch
+// CPU because of the quota. Its run queue must be in a throttled hierarchy
+// at that moment too (`throttle_count`): a task taken off its CPU for the
+// quota always has one, and the mark alone has been seen on a task in no
+// quota-limited cgroup. The hook is the BTF-typed sched_switch
 // tracepoint, which reads the task itself (the tracefs event carries no
 // such field). Kernels before 6.18 have no such field: the program then
 // fails to load, and the recorder says so.
@@ -57,7 +55,6 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20);
 } HELD SEC(".maps");
-
 
 // TASK_RUNNING: the task leaves its CPU without sleeping.
 #define TASK_RUNNING 0
