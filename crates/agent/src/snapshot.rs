@@ -33,12 +33,10 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use serde::Serialize;
 
 use deepspan_record::{FlightRecorder, WindowOutcome};
+use deepspan_run::Run;
 use deepspan_spans::{request_from_spans, ExportTraceServiceRequest, Span, SpanWriter};
 
 use crate::spans::{mono_times, DetachedSpan, RecentRequests};
-
-/// The name of a snapshot's description in its folder.
-pub const SNAPSHOT_FILE: &str = "snapshot.json";
 
 /// How snapshots are taken and kept.
 #[derive(Clone, Debug)]
@@ -766,7 +764,7 @@ fn retain(dir: &Path, count: usize, bytes: u64) -> u64 {
     let mut snapshots: Vec<(String, u64)> = fs::read_dir(dir)
         .map(|d| {
             d.flatten()
-                .filter(|e| e.path().join(SNAPSHOT_FILE).is_file())
+                .filter(|e| Run::new(e.path()).snapshot().is_file())
                 .map(|e| {
                     (
                         e.file_name().to_string_lossy().into_owned(),
@@ -958,7 +956,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 }
 
 fn write_info(dir: &Path, info: &SnapshotInfo) -> Result<(), String> {
-    let path = dir.join(SNAPSHOT_FILE);
+    let path = Run::new(dir).snapshot();
     let text = serde_json::to_vec_pretty(info).map_err(|e| e.to_string())?;
     fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
@@ -1017,7 +1015,7 @@ mod tests {
         let make = |name: &str, size: usize| {
             let d = dir.path().join(name);
             fs::create_dir_all(&d).unwrap();
-            fs::write(d.join(SNAPSHOT_FILE), "{}").unwrap();
+            fs::write(Run::new(&d).snapshot(), "{}").unwrap();
             fs::write(d.join("data"), vec![0u8; size]).unwrap();
         };
         make("20261125T070000.000Z-0001", 1000);

@@ -177,7 +177,7 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
             buffer_kb_per_cpu: args.buffer_kb,
             history_kb_per_cpu: args.history_kb,
             events: args.events.clone().into(),
-            otlp: deepspan_record::OtlpPorts {
+            otlp: deepspan_run::OtlpPorts {
                 grpc_port: args.otlp_grpc_port,
                 http_port: args.otlp_http_port,
                 receiver: None,

@@ -117,7 +117,7 @@ fn resolve_trace(path: &Path) -> Result<Input> {
     if !path.is_dir() {
         return Ok(Input::TraceDat(path.to_path_buf()));
     }
-    let in_run = path.join("kernel").join("trace.dat");
+    let in_run = deepspan_run::Run::new(path).trace_dat();
     if in_run.is_file() {
         return Ok(Input::TraceDat(in_run));
     }

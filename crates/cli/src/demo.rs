@@ -223,7 +223,10 @@ fn check_kept(dir: &std::path::Path, names: &[&str], format: Format) -> Result<E
     let mut verdicts: Vec<(Verdict, PathBuf)> = Vec::new();
     for name in names {
         let run = dir.join(name);
-        if run.join("demo/expected.json").is_file() {
+        if deepspan_run::Run::new(&run)
+            .demo_file(deepspan_run::demo::EXPECTED)
+            .is_file()
+        {
             verdicts.push((deepspan_demo::check_run(&run)?, run));
         }
     }

@@ -9,7 +9,7 @@ use deepspan_spans::ust::{spans_from_events, UstSpanEvent};
 use deepspan_spans::Span;
 
 use crate::progress;
-use deepspan_pipeline::RUN_CTF_DIR;
+use deepspan_run::{layout, Run};
 
 /// Copies the trace into `run/kernel/ctf/` and returns the spans its
 /// `jaeger_ust` events describe (times in the trace's clock, as the kernel
@@ -17,16 +17,19 @@ use deepspan_pipeline::RUN_CTF_DIR;
 pub fn import(dir: &Path, run: &Path) -> Result<Vec<Span>> {
     let trace = CtfTrace::open(dir)
         .with_context(|| format!("cannot read the CTF trace {}", dir.display()))?;
-    if run.join("kernel").join("trace.dat").exists() || run.join(RUN_CTF_DIR).exists() {
+    let files = Run::new(run);
+    if files.trace_dat().exists() || files.ctf_dir().exists() {
         bail!(
-            "{} already has a kernel trace (kernel/trace.dat or {RUN_CTF_DIR}/); import the CTF trace into a new run folder",
-            run.display()
+            "{} already has a kernel trace ({} or {}/); import the CTF trace into a new run folder",
+            run.display(),
+            layout::TRACE_DAT,
+            layout::CTF_DIR,
         );
     }
     let spans = span_events(&trace, dir)?;
-    let target = run.join(RUN_CTF_DIR);
-    let staging = run
-        .join("kernel")
+    let target = files.ctf_dir();
+    let staging = files
+        .kernel_dir()
         .join(format!(".ctf-import-{}", std::process::id()));
     std::fs::create_dir_all(&staging)
         .with_context(|| format!("cannot create {}", staging.display()))?;

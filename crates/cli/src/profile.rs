@@ -40,7 +40,7 @@ pub struct ProfileArgs {
 }
 
 pub fn run(args: ProfileArgs) -> Result<()> {
-    let manifest = deepspan_record::Manifest::load(&args.run)?;
+    let manifest = deepspan_run::Manifest::load(&args.run)?;
     let Some(recorded) = manifest.profile else {
         bail!(
             "{} has no CPU samples: record it with `deepspan record --profile -o {} -- CMD`",
@@ -122,7 +122,7 @@ fn piece(p: &ReportPiece) -> PathPiece {
 /// The span ids of the requests of `op` (`GET /x` or `[svc] GET /x`) in
 /// requests.json.
 fn requests_of(run: &std::path::Path, op: &str) -> Result<Vec<String>> {
-    let path = run.join("analysis").join("requests.json");
+    let path = deepspan_run::Run::new(run).requests_json();
     let text = std::fs::read(&path).with_context(|| {
         format!(
             "cannot read {}: run `deepspan analyze {}` first",

@@ -12,13 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deepspan_otlp::{Protocol, Receiver, ReceiverConfig, ReceiverHandle, ReceiverStats};
-use serde::de::{MapAccess, Visitor};
-use serde::ser::SerializeMap;
-use serde_json::{json, Value as Json};
-
-const MANIFEST_FILE: &str = "manifest.json";
-/// The manifest format `deepspan record` writes; `receive` writes the same version.
-const MANIFEST_FORMAT_VERSION: u32 = 1;
+use deepspan_record::{clock_sample, host_name};
+use deepspan_run::{Manifest, OtlpPorts, Run};
 
 #[derive(Args)]
 #[command(after_help = "Examples:
@@ -56,7 +51,7 @@ pub fn run(args: ReceiveArgs) -> Result<ExitCode> {
             .context("cannot install the SIGINT/SIGTERM handlers")?;
     }
 
-    let mut samples = vec![clock_pair()];
+    let mut samples = vec![clock_sample()];
     let receiver = start_receiver(
         run,
         Some(args.otlp_grpc_port),
@@ -82,19 +77,20 @@ pub fn run(args: ReceiveArgs) -> Result<ExitCode> {
     while !stop.load(Ordering::Relaxed) && duration.is_none_or(|d| started.elapsed() < d) {
         std::thread::sleep(Duration::from_millis(50));
         if Instant::now() >= next_sample {
-            samples.push(clock_pair());
+            samples.push(clock_sample());
             next_sample += Duration::from_secs(1);
         }
     }
     let stats = receiver.shutdown().context("the OTLP receiver failed")?;
-    samples.push(clock_pair());
+    samples.push(clock_sample());
 
-    let otlp = otlp_section(grpc, http, &stats);
-    let manifest = run.join(MANIFEST_FILE);
-    if manifest.exists() {
-        patch_manifest_key(run, "otlp", otlp)?;
+    let otlp = otlp_section(Some(grpc), Some(http), &stats);
+    if Run::new(run).manifest().exists() {
+        // The manifest belongs to the recording; the receiver owns its
+        // `otlp` section only.
+        Manifest::patch_section(run, "otlp", &otlp)?;
     } else {
-        write_minimal_manifest(run, &samples, otlp)?;
+        Manifest::spans_only(host_name(), samples, otlp).save(run)?;
     }
     eprintln!("deepspan: {}", describe(&stats));
     if let Some(e) = &stats.last_write_error {
@@ -129,8 +125,8 @@ pub fn start_run_receiver(
 pub fn finish_run_receiver(handle: ReceiverHandle, run: &Path) -> Result<ReceiverStats> {
     let (grpc, http) = (handle.grpc_addr(), handle.http_addr());
     let stats = handle.shutdown().context("the OTLP receiver failed")?;
-    if run.join(MANIFEST_FILE).exists() {
-        patch_manifest_key(run, "otlp", otlp_section_opt(grpc, http, &stats))?;
+    if Run::new(run).manifest().exists() {
+        Manifest::patch_section(run, "otlp", &otlp_section(grpc, http, &stats))?;
     }
     if stats.spans_received > 0 || stats.requests > 0 {
         eprintln!("deepspan: {}", describe(&stats));
@@ -182,22 +178,18 @@ fn bound(r: &ReceiverHandle) -> (SocketAddr, SocketAddr) {
     )
 }
 
-fn otlp_section(grpc: SocketAddr, http: SocketAddr, stats: &ReceiverStats) -> Json {
-    otlp_section_opt(Some(grpc), Some(http), stats)
-}
-
-/// The manifest's `otlp` value: the ports `deepspan record` writes (0 for a
-/// disabled transport) and the receiver's counters under `receiver`.
-fn otlp_section_opt(
+/// The manifest's `otlp` section: the bound ports (0 for a disabled
+/// transport) and the receiver's counters.
+fn otlp_section(
     grpc: Option<SocketAddr>,
     http: Option<SocketAddr>,
     stats: &ReceiverStats,
-) -> Json {
-    json!({
-        "grpc_port": grpc.map_or(0, |a| a.port()),
-        "http_port": http.map_or(0, |a| a.port()),
-        "receiver": stats,
-    })
+) -> OtlpPorts {
+    OtlpPorts {
+        grpc_port: grpc.map_or(0, |a| a.port()),
+        http_port: http.map_or(0, |a| a.port()),
+        receiver: Some(serde_json::to_value(stats).expect("plain counters")),
+    }
 }
 
 fn describe(s: &ReceiverStats) -> String {
@@ -212,121 +204,4 @@ fn describe(s: &ReceiverStats) -> String {
         ));
     }
     text
-}
-
-/// A (CLOCK_REALTIME, CLOCK_MONOTONIC) pair, as `deepspan record` samples
-/// them: the realtime read bracketed by monotonic reads, the tightest of
-/// three brackets kept, its midpoint as the monotonic value.
-fn clock_pair() -> [u64; 2] {
-    fn read(clock: libc::clockid_t) -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: ts is a valid, writable timespec; these clocks always exist.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
-    let mut best = (u64::MAX, [0, 0]);
-    for _ in 0..3 {
-        let m1 = read(libc::CLOCK_MONOTONIC);
-        let r = read(libc::CLOCK_REALTIME);
-        let m2 = read(libc::CLOCK_MONOTONIC);
-        let width = m2.saturating_sub(m1);
-        if width < best.0 {
-            best = (width, [r, m1 + width / 2]);
-        }
-    }
-    best.1
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is writable for its length; gethostname NUL-terminates or truncates.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    if ok {
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        String::new()
-    }
-}
-
-/// The manifest of a spans-only run: enough for the clock mapping
-/// (`clock_samples`) and to tell where the spans came from.
-fn write_minimal_manifest(run: &Path, samples: &[[u64; 2]], otlp: Json) -> Result<()> {
-    let point = |s: &[u64; 2]| json!({ "realtime_ns": s[0], "mono_ns": s[1] });
-    let manifest = OrderedObject(vec![
-        ("format_version".into(), json!(MANIFEST_FORMAT_VERSION)),
-        ("host".into(), json!(hostname())),
-        ("mode".into(), json!("receive")),
-        ("start".into(), point(&samples[0])),
-        (
-            "end".into(),
-            point(samples.last().expect("start and end samples")),
-        ),
-        ("clock_samples".into(), json!(samples)),
-        ("otlp".into(), otlp),
-    ]);
-    save_manifest(run, &manifest)
-}
-
-/// Replaces (or adds) one top-level key of `run/manifest.json`, keeping the
-/// other keys and their order as they are: the manifest belongs to
-/// `deepspan record`, and this only owns its `otlp` section.
-fn patch_manifest_key(run: &Path, key: &str, value: Json) -> Result<()> {
-    let path = run.join(MANIFEST_FILE);
-    let text = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut object: OrderedObject = serde_json::from_slice(&text)
-        .with_context(|| format!("{} is not a JSON object", path.display()))?;
-    match object.0.iter_mut().find(|(k, _)| k == key) {
-        Some((_, v)) => *v = value,
-        None => object.0.push((key.to_string(), value)),
-    }
-    save_manifest(run, &object)
-}
-
-/// Through a temporary file, so a reader never sees half a manifest.
-fn save_manifest(run: &Path, manifest: &OrderedObject) -> Result<()> {
-    let path = run.join(MANIFEST_FILE);
-    let tmp = run.join(format!("{MANIFEST_FILE}.partial"));
-    let mut text = serde_json::to_vec_pretty(manifest)?;
-    text.push(b'\n');
-    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
-
-/// A JSON object whose top-level keys keep their order (serde_json's map
-/// sorts them unless a crate-wide feature is turned on).
-struct OrderedObject(Vec<(String, Json)>);
-
-impl serde::Serialize for OrderedObject {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in &self.0 {
-            map.serialize_entry(k, v)?;
-        }
-        map.end()
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for OrderedObject {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = OrderedObject;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<OrderedObject, A::Error> {
-                let mut entries = Vec::new();
-                while let Some(entry) = map.next_entry::<String, Json>()? {
-                    entries.push(entry);
-                }
-                Ok(OrderedObject(entries))
-            }
-        }
-        d.deserialize_map(V)
-    }
 }

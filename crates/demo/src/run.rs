@@ -15,6 +15,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use deepspan_run::{demo, Run};
 
 use crate::check::{check, Expected, Verdict};
 
@@ -161,7 +162,7 @@ pub fn run_scenario(
         .arg(opts.demo_dir.join("driver.py"))
         .arg(name)
         .arg("--out")
-        .arg(run_dir.join("demo"))
+        .arg(Run::new(run_dir).demo_dir())
         // The run's own receiver, whatever the caller's environment says.
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -214,7 +215,9 @@ pub fn run_scenario(
         .arg("analyze")
         .arg(run_dir)
         .stdin(Stdio::null())
-        .stdout(std::fs::File::create(run_dir.join("demo/analyze.txt"))?)
+        .stdout(std::fs::File::create(
+            Run::new(run_dir).demo_file(demo::ANALYZE_LOG),
+        )?)
         .stderr(log.try_clone()?);
     let mut child = analyze.spawn().context("run deepspan analyze")?;
     let status = wait_forwarding(&mut child, signals, ANALYZE_TIMEOUT, &mut |_| {})?;
@@ -244,13 +247,13 @@ pub fn run_scenario(
 /// Checks an analysed run folder (RUN/demo/expected.json against
 /// RUN/analysis/requests.json).
 pub fn check_run(run_dir: &Path) -> Result<Verdict> {
-    let expected_path = run_dir.join("demo/expected.json");
+    let expected_path = Run::new(run_dir).demo_file(demo::EXPECTED);
     let expected: Expected = serde_json::from_slice(
         &std::fs::read(&expected_path)
             .with_context(|| format!("read {}", expected_path.display()))?,
     )
     .with_context(|| format!("{} is not a scenario expectation", expected_path.display()))?;
-    let requests_path = run_dir.join("analysis/requests.json");
+    let requests_path = Run::new(run_dir).requests_json();
     let requests: serde_json::Value = serde_json::from_slice(
         &std::fs::read(&requests_path)
             .with_context(|| format!("read {}", requests_path.display()))?,

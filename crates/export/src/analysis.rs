@@ -7,9 +7,10 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use deepspan_run::analysis::{CRITICAL_PATH, SYSCALLS};
+use deepspan_run::Run;
 use deepspan_spans::{SpanId, TraceId};
 use deepspan_store::table::{read_rows, Cell};
-use deepspan_store::tables::{CRITICAL_PATH, SYSCALLS};
 use parquet::record::Field;
 
 use crate::Error;
@@ -172,8 +173,9 @@ fn bad(path: &Path, what: String) -> Error {
 /// Reads `RUN/analysis/`. System calls shorter than `min_syscall_ns` are
 /// not kept (nor those of threads no request started on).
 pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
-    let dir = run_dir.join(deepspan_store::ANALYSIS_DIR);
-    let json_path = dir.join(deepspan_store::json::REQUESTS_JSON);
+    let run = Run::new(run_dir);
+    let dir = run.analysis_dir();
+    let json_path = run.requests_json();
     if !json_path.is_file() {
         return Err(Error::NoAnalysis {
             run: run_dir.to_path_buf(),

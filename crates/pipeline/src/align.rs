@@ -28,7 +28,9 @@ use deepspan_spans::clock::span_mono_exact;
 use deepspan_spans::{read_run_spans, ClockMap, SpanId, SpanKind, TraceId};
 use deepspan_sync::{HostGraph, HostSync};
 
-use crate::{Error, RUN_CTF_DIR};
+use deepspan_run::Run;
+
+use crate::Error;
 
 /// Every input's clock on the reference host's.
 #[derive(Clone, Debug)]
@@ -101,7 +103,7 @@ pub fn align_inputs(inputs: &[PathBuf], reference: Option<&str>) -> Result<Align
 
 /// A run folder, as opposed to a CTF trace folder.
 fn is_run(path: &Path) -> bool {
-    path.join("manifest.json").is_file() || path.join("spans").is_dir()
+    Run::new(path).looks_recorded()
 }
 
 /// A time on one input's clock.
@@ -139,7 +141,7 @@ fn read_run(
     collected: &mut Collected,
     notes: &mut Vec<String>,
 ) -> Result<String, Error> {
-    let ctf_dir = path.join(RUN_CTF_DIR);
+    let ctf_dir = Run::new(path).ctf_dir();
     let imported_ctf = ctf_dir.is_dir();
     let ctf = if imported_ctf {
         Some(CtfTrace::open(&ctf_dir).map_err(|source| Error::OpenCtf {
@@ -165,7 +167,7 @@ fn read_run(
     }
     // `record --tcp-keys`: on the kernel trace's clock, as the spans'
     // deepspan times.
-    let recorded_keys = path.join(deepspan_record::TCP_SEGMENTS);
+    let recorded_keys = Run::new(path).tcp_segments();
     let has_keys = recorded_keys.is_file();
     if has_keys {
         let segments =
@@ -250,7 +252,7 @@ fn read_run(
         ));
     }
     if spans == 0 && !imported_ctf && !has_keys {
-        let ftrace = path.join("kernel").join("trace.dat").is_file();
+        let ftrace = Run::new(path).trace_dat().is_file();
         notes.push(format!(
             "{}: no spans, so nothing to match{}",
             path.display(),
@@ -270,7 +272,7 @@ fn read_run(
 /// The manifest's `host`, read on its own so that the minimal manifest of
 /// a spans-only run will do.
 fn run_host(path: &Path) -> Result<Option<String>, Error> {
-    let manifest = path.join("manifest.json");
+    let manifest = Run::new(path).manifest();
     if !manifest.is_file() {
         return Ok(None);
     }

@@ -34,10 +34,9 @@ use deepspan_spans::model::{
 use deepspan_spans::{ClockMap, Span, SpanWriter};
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
+use deepspan_run::{layout, Manifest, Run};
 
-/// A merged run's list of hosts (`MERGED/hosts.json`).
-pub const HOSTS_JSON: &str = "hosts.json";
+use crate::Error;
 
 /// `hosts.json`: the hosts of a merged run and their clocks.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -133,24 +132,29 @@ pub fn merge_runs(
     for (run, clock) in runs.iter().zip(clocks) {
         let run = std::fs::canonicalize(run)
             .map_err(|e| bad(run, format!("cannot open the run folder: {e}")))?;
-        if !run.join("kernel").join("trace.dat").is_file() {
+        let files = Run::new(&run);
+        if !files.trace_dat().is_file() {
             return Err(bad(
                 &run,
                 "no kernel/trace.dat: a merged analysis reads runs recorded with `deepspan record` (CTF runs are not supported yet)".into(),
             ));
         }
-        let manifest = read_manifest(&run)?;
-        let field = |k: &str| manifest.get(k).cloned().unwrap_or(serde_json::Value::Null);
-        let cpus = field("cpus").as_u64().unwrap_or(0) as u32;
-        let trace_cpus = deepspan_ftrace::TraceDat::open(&run.join("kernel").join("trace.dat"))
+        let manifest = Manifest::load(&run).map_err(|e| Error::Hosts {
+            path: files.manifest(),
+            reason: e.to_string(),
+        })?;
+        let trace_cpus = deepspan_ftrace::TraceDat::open(&files.trace_dat())
             .map_err(|source| Error::OpenTraceDat {
-                path: run.join("kernel").join("trace.dat"),
+                path: files.trace_dat(),
                 source,
             })?
             .cpus() as u32;
-        let cpus = cpus.max(trace_cpus);
+        let cpus = (manifest.cpus as u32).max(trace_cpus);
         hosts.push(HostEntry {
-            host: field("host").as_str().unwrap_or("unknown").to_string(),
+            host: match manifest.host.as_str() {
+                "" => "unknown".to_string(),
+                host => host.to_string(),
+            },
             run: run.clone(),
             slope: clock.slope,
             offset_ns: clock.offset_ns,
@@ -158,14 +162,15 @@ pub fn merge_runs(
             matched: clock.matched,
             cpu_base,
             cpus,
-            boot_id: field("boot_id").as_str().map(str::to_string),
-            pids: serde_json::from_value(field("pids")).unwrap_or_default(),
+            boot_id: manifest.boot_id.clone(),
+            pids: manifest.pids.clone(),
         });
         cpu_base += cpus;
         manifests.push(manifest);
     }
     let file = HostsFile { reference, hosts };
-    std::fs::create_dir_all(out.join("kernel")).map_err(|source| Error::Write {
+    let merged = Run::new(out);
+    std::fs::create_dir_all(merged.kernel_dir()).map_err(|source| Error::Write {
         path: out.to_path_buf(),
         source,
     })?;
@@ -173,7 +178,7 @@ pub fn merge_runs(
         std::fs::write(&path, bytes).map_err(|source| Error::Write { path, source })
     };
     write(
-        out.join(HOSTS_JSON),
+        merged.hosts(),
         serde_json::to_vec_pretty(&file).expect("plain data"),
     )?;
 
@@ -191,17 +196,11 @@ pub fn merge_runs(
             p.pid = host_tid(h, p.pid);
             scans.push(p);
         }
-        if let Some(list) = manifest.get("recorder_tids").and_then(|v| v.as_array()) {
-            recorder_tids.extend(
-                list.iter()
-                    .filter_map(|t| t.as_i64())
-                    .map(|t| host_tid(h, t as Tid)),
-            );
-        }
+        recorder_tids.extend(manifest.recorder_tids.iter().map(|&t| host_tid(h, t)));
     }
-    write(out.join("kernel").join("saved_tgids"), tgids.into_bytes())?;
+    write(merged.saved_tgids(), tgids.into_bytes())?;
     write(
-        out.join(deepspan_record::PROCESS_SCAN),
+        merged.processes(),
         serde_json::to_vec(&scans).expect("plain data"),
     )?;
 
@@ -209,18 +208,21 @@ pub fn merge_runs(
     // wall times are on its wall clock.
     let mut manifest = manifests[reference].clone();
     let names: Vec<&str> = file.hosts.iter().map(|h| h.host.as_str()).collect();
-    manifest["host"] = names.join("+").into();
-    manifest["cpus"] = cpu_base.into();
-    manifest["pids"] = serde_json::Value::Array(Vec::new());
-    manifest["recorder_tids"] = recorder_tids.into();
-    manifest["tgids"] = "kernel/saved_tgids".into();
-    manifest["processes"] = deepspan_record::PROCESS_SCAN.into();
-    manifest["kernel_trace"] = serde_json::Value::Null;
-    manifest["hosts"] = HOSTS_JSON.into();
-    write(
-        out.join("manifest.json"),
-        serde_json::to_vec_pretty(&manifest).expect("plain data"),
-    )?;
+    manifest.host = names.join("+");
+    manifest.cpus = cpu_base as usize;
+    manifest.pids = Vec::new();
+    manifest.recorder_tids = recorder_tids;
+    manifest.tgids = Some(layout::SAVED_TGIDS.into());
+    manifest.processes = Some(layout::PROCESSES.into());
+    manifest.kernel_trace = None;
+    manifest.hosts = Some(layout::HOSTS.into());
+    manifest.save(out).map_err(|e| match e {
+        deepspan_run::ManifestError::Write { path, source } => Error::Write { path, source },
+        read => Error::Hosts {
+            path: merged.manifest(),
+            reason: read.to_string(),
+        },
+    })?;
 
     let reference_clock = ClockMap::from_manifest(&file.hosts[reference].run).ok();
     let mut writer = SpanWriter::create(out).map_err(|source| Error::Spans {
@@ -264,24 +266,8 @@ pub fn merge_runs(
 /// above `HOST_TID_SHIFT` of a positive i32.
 pub const MAX_HOSTS: usize = 1 << (31 - deepspan_analysis::HOST_TID_SHIFT);
 
-fn read_manifest(run: &Path) -> Result<serde_json::Value, Error> {
-    let path = run.join("manifest.json");
-    let bad = |reason: String| Error::Hosts {
-        path: path.clone(),
-        reason,
-    };
-    let text =
-        std::fs::read(&path).map_err(|e| bad(format!("cannot read the run manifest: {e}")))?;
-    let doc: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| bad(format!("not a run manifest: {e}")))?;
-    if !doc.is_object() {
-        return Err(bad("not a run manifest (a JSON object)".into()));
-    }
-    Ok(doc)
-}
-
 fn read_scan(run: &Path, notes: &mut Vec<String>) -> Vec<deepspan_record::ProcessEntry> {
-    let path = run.join(deepspan_record::PROCESS_SCAN);
+    let path = Run::new(run).processes();
     let Ok(text) = std::fs::read(&path) else {
         return Vec::new();
     };
@@ -552,7 +538,7 @@ pub(crate) fn remote_calls(spans: &[Span]) -> Vec<deepspan_analysis::RemoteCall>
 
 /// Reads a merged run's `hosts.json`, if `run` is one.
 pub fn read_hosts(run: &Path) -> Result<Option<HostsFile>, Error> {
-    let path = run.join(HOSTS_JSON);
+    let path = Run::new(run).hosts();
     let text = match std::fs::read(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

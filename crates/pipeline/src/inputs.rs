@@ -138,7 +138,7 @@ fn port_of(text: &str) -> Option<u16> {
 
 /// The recorder's /proc scan (`RUN/processes.json`), when the run has one.
 pub(crate) fn read_process_scan(run: &Path, notes: &mut Vec<String>) -> Vec<ScannedProcess> {
-    let path = run.join(deepspan_record::PROCESS_SCAN);
+    let path = deepspan_run::Run::new(run).processes();
     let Ok(text) = std::fs::read(&path) else {
         return Vec::new();
     };
@@ -219,7 +219,7 @@ impl ThreadWork for Work {
 
 /// `RUN/kernel/saved_tgids` (`tid tgid` lines), when the recorder saved it.
 pub(crate) fn read_tgids(run: &Path) -> HashMap<Tid, Tid> {
-    let Ok(text) = std::fs::read_to_string(run.join("kernel").join("saved_tgids")) else {
+    let Ok(text) = std::fs::read_to_string(deepspan_run::Run::new(run).saved_tgids()) else {
         return HashMap::new();
     };
     text.lines()

@@ -20,11 +20,10 @@ use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{CpuRecords, Schema, TraceDat};
 use deepspan_model::{Tid, Timestamped};
 
+use deepspan_run::Run;
+
 use crate::hosts::HostMap;
 use crate::{Error, Progress, Step};
-
-/// Where `deepspan import --ctf` puts a CTF trace inside a run.
-pub const RUN_CTF_DIR: &str = "kernel/ctf";
 
 /// A run's kernel trace, opened.
 pub enum KernelTrace {
@@ -67,7 +66,7 @@ impl KernelTrace {
             let mut traces = Vec::new();
             let mut cpu_hosts = Vec::new();
             for (h, host) in file.hosts.iter().enumerate() {
-                let dat = host.run.join("kernel").join("trace.dat");
+                let dat = Run::new(&host.run).trace_dat();
                 let trace = TraceDat::open(&dat).map_err(|source| Error::OpenTraceDat {
                     path: dat.clone(),
                     source,
@@ -95,7 +94,7 @@ impl KernelTrace {
             }
             segments.sort_by_key(|s| s.timestamp());
             return Ok(KernelTrace::Hosts {
-                path: run.join(crate::hosts::HOSTS_JSON),
+                path: Run::new(run).hosts(),
                 traces,
                 maps,
                 cpu_hosts,
@@ -103,7 +102,7 @@ impl KernelTrace {
                 throttling,
             });
         }
-        let dat = run.join("kernel").join("trace.dat");
+        let dat = Run::new(run).trace_dat();
         if dat.is_file() {
             return match TraceDat::open(&dat) {
                 Ok(trace) => Ok(KernelTrace::TraceDat {
@@ -115,7 +114,7 @@ impl KernelTrace {
                 Err(source) => Err(Error::OpenTraceDat { path: dat, source }),
             };
         }
-        let ctf = run.join(RUN_CTF_DIR);
+        let ctf = Run::new(run).ctf_dir();
         if ctf.is_dir() {
             let trace = match CtfTrace::open(&ctf) {
                 Ok(trace) => trace,
@@ -332,7 +331,7 @@ where
 /// The TCP segments `record --tcp-keys` saved in `run` (none when it saved
 /// none).
 fn read_segments(run: &Path) -> Result<Vec<deepspan_record::TcpSegment>, Error> {
-    let path = run.join(deepspan_record::TCP_SEGMENTS);
+    let path = Run::new(run).tcp_segments();
     if !path.is_file() {
         return Ok(Vec::new());
     }
@@ -345,7 +344,7 @@ fn read_segments(run: &Path) -> Result<Vec<deepspan_record::TcpSegment>, Error> 
 /// The throttled switch-outs the recorder saw in `run` (none when it saw
 /// none, or could not look): (tid, time).
 fn read_throttling(run: &Path) -> Result<Vec<(Tid, u64)>, Error> {
-    let path = run.join(deepspan_record::CFS_THROTTLE);
+    let path = Run::new(run).cfs_throttle();
     if !path.is_file() {
         return Ok(Vec::new());
     }

@@ -33,14 +33,15 @@ use deepspan_analysis::{
     PlacementMethod, PlacementSpan, Processes, RequestPath, SpanIdx, StateBuilder, SyncSource,
 };
 use deepspan_model::Tid;
+use deepspan_run::analysis;
 use deepspan_spans::activity::ActivityOptions;
 use deepspan_spans::{ClockMap, Span, SpanRef, ThreadActivity};
 use deepspan_store::tables::{self, CriticalPathWriter, KernelContext, PathContext};
 use deepspan_store::{json, AnalysisResults, RequestRecord, SpanMeta, Staging};
 
 pub use error::Error;
-pub use kernel_input::{KernelTrace, RUN_CTF_DIR};
-pub use placements::{read_placement, PlacementRecord, PLACEMENTS_JSON};
+pub use kernel_input::KernelTrace;
+pub use placements::{read_placement, PlacementRecord};
 
 /// How spans are placed on threads (`deepspan analyze --placement`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -274,7 +275,7 @@ pub fn analyze_run(
     };
     // The execution graph is for critical paths: without spans, none. No
     // analysis reads the interrupt handler runs.
-    let recorder_tids = deepspan_record::Manifest::load(run)
+    let recorder_tids = deepspan_run::Manifest::load(run)
         .map(|m| m.recorder_tids)
         .unwrap_or_default();
     let builder = if spans.is_empty() {
@@ -450,16 +451,16 @@ pub fn analyze_run(
     type Written = Result<(Vec<RequestRecord>, ChainIndex, Duration), Error>;
     let (states, syscalls, requests) = std::thread::scope(|scope| {
         let states = scope
-            .spawn(|| tables::write_thread_states(&staging.file(tables::THREAD_STATES), &kernel));
+            .spawn(|| tables::write_thread_states(&staging.file(analysis::THREAD_STATES), &kernel));
         let syscalls =
-            scope.spawn(|| tables::write_syscalls(&staging.file(tables::SYSCALLS), &kernel));
+            scope.spawn(|| tables::write_syscalls(&staging.file(analysis::SYSCALLS), &kernel));
         // A few paths in flight at most: a path of a long request is
         // megabytes.
         let (path_tx, path_rx) = std::sync::mpsc::sync_channel::<RequestPath>(4);
         let writer = scope.spawn(|| -> Written {
             let diagnosis =
                 DiagnosisContext::new(&model, arch, &span_inputs, &pids, &span_label, &work);
-            let mut paths = CriticalPathWriter::create(&staging.file(tables::CRITICAL_PATH))?;
+            let mut paths = CriticalPathWriter::create(&staging.file(analysis::CRITICAL_PATH))?;
             let mut records = Vec::new();
             // Every path, for the root causes through chains of requests
             // (a request's blockers may come later).
@@ -586,18 +587,18 @@ pub fn analyze_run(
     // own: each file ends with an fsync, which then overlaps with work.
     std::thread::scope(|scope| -> Result<(), Error> {
         let side = scope.spawn(|| -> Result<(), deepspan_store::Error> {
-            json::write_requests_json(&staging.file(json::REQUESTS_JSON), &results)?;
-            tables::write_diagnoses(&staging.file(tables::DIAGNOSES), &results)?;
+            json::write_requests_json(&staging.file(analysis::REQUESTS_JSON), &results)?;
+            tables::write_diagnoses(&staging.file(analysis::DIAGNOSES), &results)?;
             Ok(())
         });
         let here = (|| -> Result<(), deepspan_store::Error> {
-            tables::write_requests(&staging.file(tables::REQUESTS), &results)?;
+            tables::write_requests(&staging.file(analysis::REQUESTS), &results)?;
             tables::write_request_summaries(
-                &staging.file(tables::REQUEST_SUMMARY),
-                &staging.file(tables::REQUEST_SYSCALLS),
+                &staging.file(analysis::REQUEST_SUMMARY),
+                &staging.file(analysis::REQUEST_SYSCALLS),
                 &results,
             )?;
-            tables::write_operation_summary(&staging.file(tables::OPERATION_SUMMARY), &results)?;
+            tables::write_operation_summary(&staging.file(analysis::OPERATION_SUMMARY), &results)?;
             Ok(())
         })();
         // Joined before any error is returned: a scope left with a
@@ -611,7 +612,11 @@ pub fn analyze_run(
             }),
         }
     })?;
-    placements::write_placements(&staging.file(PLACEMENTS_JSON), &spans, &placements)?;
+    placements::write_placements(
+        &staging.file(analysis::PLACEMENTS_JSON),
+        &spans,
+        &placements,
+    )?;
     let analysis_dir = staging.commit()?;
     phases.done(phase::TABLES);
 

@@ -53,9 +53,7 @@ pub(crate) fn offset_note(b: &OffsetBound) -> String {
 
 /// `RUN/analysis/placements.json`: how each span without deepspan fields
 /// was placed, with its evidence.
-pub const PLACEMENTS_JSON: &str = "placements.json";
-
-/// One line of [`PLACEMENTS_JSON`].
+/// One line of `analysis/placements.json`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PlacementRecord {
     /// 32 hex digits.
@@ -105,7 +103,7 @@ pub(crate) fn write_placements(
 
 /// The placement of request `span_id` from a run's `placements.json`.
 pub fn read_placement(run: &Path, span_id: &str) -> Option<PlacementRecord> {
-    let text = std::fs::read(run.join("analysis").join(PLACEMENTS_JSON)).ok()?;
+    let text = std::fs::read(deepspan_run::Run::new(run).placements_json()).ok()?;
     let mut doc: serde_json::Value = serde_json::from_slice(&text).ok()?;
     let list: Vec<PlacementRecord> = serde_json::from_value(doc["placements"].take()).ok()?;
     list.into_iter().find(|p| p.span_id == span_id)
@@ -132,9 +130,11 @@ pub(crate) fn sync_notes(
     let process = count(SyncSource::Process);
     if inferred + process > 0 {
         notes.push(format!(
-            "placement: {} exact (SDK), {mapped} clock_mapped, {inferred} inferred on a thread from the kernel trace, {process} on their process as a whole (sync: process), {} none; evidence in analysis/{PLACEMENTS_JSON}",
+            "placement: {} exact (SDK), {mapped} clock_mapped, {inferred} inferred on a thread from the kernel trace, {process} on their process as a whole (sync: process), {} none; evidence in {}/{}",
             count(SyncSource::Exact),
-            count(SyncSource::None)
+            count(SyncSource::None),
+            deepspan_run::layout::ANALYSIS_DIR,
+            deepspan_run::analysis::PLACEMENTS_JSON,
         ));
     }
     let none = count(SyncSource::None);

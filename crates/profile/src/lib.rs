@@ -23,7 +23,7 @@ pub use attribute::{add_request, PathPiece, SampleIndex, StackSink, StackValue, 
 pub use flame::{FlameNode, FlameTree};
 pub use pprof::{encode_gzip, PprofBuilder};
 pub use sampler::{Sampler, SamplerStats, DEFAULT_HZ};
-pub use samples::{read_samples, Sample, Samples, PROFILE_DIR};
+pub use samples::{read_samples, Sample, Samples};
 pub use symbols::{Frame, Symbols};
 
 #[derive(Debug, thiserror::Error)]

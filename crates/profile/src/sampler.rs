@@ -22,7 +22,7 @@ use perf_event::data::Record;
 use perf_event::events::Software;
 use perf_event::{Builder, Clock, SampleFlag, Sampler as PerfSampler};
 
-use crate::samples::{append_line, save_kallsyms, Sample, SampleWriter, MAPS_DIR, PROFILE_DIR};
+use crate::samples::{append_line, save_kallsyms, Sample, SampleWriter, MAPS_DIR};
 use crate::Error;
 
 /// Default sampling rate: 99 Hz, off the 100 Hz of periodic kernel work.
@@ -56,7 +56,7 @@ impl Sampler {
                 "a sampling rate of {hz} Hz is not between 1 and 10000"
             )));
         }
-        let dir = run_dir.join(PROFILE_DIR);
+        let dir = deepspan_run::Run::new(run_dir).profile_dir();
         std::fs::create_dir_all(dir.join(MAPS_DIR)).map_err(|e| Error::io("create", &dir, e))?;
         save_kallsyms(&dir)?;
         let mut rings = Vec::with_capacity(cpus);

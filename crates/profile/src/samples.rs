@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 
 use crate::Error;
 
-pub const PROFILE_DIR: &str = "profile";
 pub const SAMPLES_FILE: &str = "samples.zst";
 pub const MAPS_DIR: &str = "maps";
 pub const KALLSYMS_FILE: &str = "kallsyms.zst";

@@ -9,6 +9,7 @@
 //! - [`drain_cpu`]: read() pages until the buffer is empty (flight-mode
 //!   snapshots and the final flush).
 
+use deepspan_run::Run;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -132,13 +133,14 @@ pub(crate) struct Streams {
 
 impl Streams {
     /// Starts one thread per CPU of the instance at `instance_dir`, writing
-    /// `out_dir/cpuN.raw`.
+    /// the run's raw pages ([`Run::raw_pages`]).
     pub fn start(
         instance_dir: &Path,
         cpus: usize,
-        out_dir: &Path,
+        run: &Run,
         page_size: usize,
     ) -> Result<Streams, Error> {
+        let out_dir = run.kernel_dir();
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
         let bytes: Arc<Vec<AtomicU64>> = Arc::new((0..cpus).map(|_| AtomicU64::new(0)).collect());
@@ -150,9 +152,9 @@ impl Streams {
             files: Vec::new(),
         };
         for cpu in 0..cpus {
-            let out = out_dir.join(format!("cpu{cpu}.raw"));
+            let out = run.raw_pages(cpu);
             let raw_path = instance_dir.join(format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
-            let file = create_out(&out, out_dir)?;
+            let file = create_out(&out, &out_dir)?;
             streams.files.push(out.clone());
             let Some(raw) = open_raw(&raw_path)? else {
                 continue;
@@ -172,7 +174,7 @@ impl Streams {
             let handle = std::thread::Builder::new()
                 .name(format!("deepspan-cpu{cpu}"))
                 .spawn(move || ctx.run())
-                .map_err(|e| Error::io("start a capture thread for", out_dir, e))?;
+                .map_err(|e| Error::io("start a capture thread for", &out_dir, e))?;
             streams.threads.push((cpu, handle));
         }
         Ok(streams)

@@ -153,3 +153,15 @@ impl Error {
         }
     }
 }
+
+impl From<deepspan_run::ManifestError> for Error {
+    fn from(e: deepspan_run::ManifestError) -> Error {
+        match e {
+            deepspan_run::ManifestError::Read { path, reason } => Error::Manifest { path, reason },
+            deepspan_run::ManifestError::Write { path, source } => {
+                let run = path.parent().unwrap_or(&path).to_path_buf();
+                Error::output("write", &path, &run, source)
+            }
+        }
+    }
+}

@@ -36,13 +36,13 @@ use deepspan_ftrace::write::write_trace_dat;
 use deepspan_ftrace::TraceDatMeta;
 
 use crate::events::{resolve_events, EventId};
-use crate::manifest::{ClockPoint, Manifest, OtlpPorts, FORMAT_VERSION};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
-use crate::procscan::{ProcessScan, PROCESS_SCAN};
+use crate::procscan::ProcessScan;
 use crate::session::{clock_point, cpu_manifest, create_instance, instance_page_size};
 use crate::throttle::ThrottleHistory;
 use crate::tracefs::{Instance, Tracefs};
 use crate::{sys, Error, EventSelection};
+use deepspan_run::{layout, ClockPoint, Manifest, OtlpPorts, Run, FORMAT_VERSION};
 
 /// How the flight recorder is set up.
 #[derive(Clone, Debug)]
@@ -288,7 +288,8 @@ impl FlightRecorder {
         }
         self.sample_clock();
 
-        let kernel_dir = run_dir.join("kernel");
+        let run = Run::new(run_dir);
+        let kernel_dir = run.kernel_dir();
         fs::create_dir_all(&kernel_dir)
             .map_err(|e| Error::output("create", &kernel_dir, run_dir, e))?;
         let mut files = Vec::with_capacity(self.cpus.len());
@@ -296,7 +297,7 @@ impl FlightRecorder {
         let mut pages = 0;
         let written = (|| {
             for (cpu, history) in self.cpus.iter().enumerate() {
-                let path = kernel_dir.join(format!("cpu{cpu}.raw"));
+                let path = run.raw_pages(cpu);
                 let mut data = Vec::new();
                 for page in history.pages.range(history.window(start_ns, end_ns)) {
                     data.extend_from_slice(page);
@@ -311,14 +312,14 @@ impl FlightRecorder {
             self.tasks.scan_proc();
             self.meta.cmdlines = self.tasks.cmdlines();
             self.meta.cpu_stats = stats.iter().map(|(text, _)| text.clone()).collect();
-            let trace = kernel_dir.join("trace.dat");
+            let trace = run.trace_dat();
             write_trace_dat(&trace, &self.meta, &files)?;
-            let tgids = kernel_dir.join("saved_tgids");
+            let tgids = run.saved_tgids();
             fs::write(&tgids, self.tasks.tgids())
                 .map_err(|e| Error::output("write", &tgids, run_dir, e))?;
             let mut processes = ProcessScan::default();
             processes.scan();
-            let scan = run_dir.join(PROCESS_SCAN);
+            let scan = run.processes();
             fs::write(&scan, processes.to_json())
                 .map_err(|e| Error::output("write", &scan, run_dir, e))?;
             let mut manifest = self.manifest(start_ns, end_ns, &stats, &bytes_per_cpu);
@@ -435,13 +436,13 @@ impl FlightRecorder {
                 .iter()
                 .map(|(_, s)| s.commit_overrun + s.dropped_events)
                 .sum(),
-            kernel_trace: Some("kernel/trace.dat".into()),
+            kernel_trace: Some(layout::TRACE_DAT.into()),
             snapshots: Vec::new(),
             otlp: self.options.otlp.clone(),
             command: Vec::new(),
             exit_code: None,
-            tgids: Some("kernel/saved_tgids".into()),
-            processes: Some(PROCESS_SCAN.into()),
+            tgids: Some(layout::SAVED_TGIDS.into()),
+            processes: Some(layout::PROCESSES.into()),
             warnings: self.warnings.clone(),
             // Every thread is traced (see `start`).
             recorder_tids: Vec::new(),
@@ -449,6 +450,7 @@ impl FlightRecorder {
             boot_id: self.boot_id.clone(),
             tcp_keys: None,
             cfs_throttle: None,
+            hosts: None,
         }
     }
 

@@ -27,10 +27,9 @@ use std::path::{Path, PathBuf};
 use deepspan_ftrace::TraceDatMeta;
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::{ClockPoint, Manifest, Snapshot};
 use crate::Error;
+use deepspan_run::{layout::JOURNAL_DIR, ClockPoint, Manifest, Snapshot};
 
-pub(crate) const JOURNAL_DIR: &str = "kernel/journal";
 const STATE_FILE: &str = "recording.json";
 const META_FILE: &str = "trace_meta.json";
 const CLOCK_FILE: &str = "clock_samples";

@@ -29,7 +29,6 @@ mod error;
 mod events;
 mod flight;
 mod journal;
-mod manifest;
 mod meta;
 mod procscan;
 mod recover;
@@ -43,19 +42,34 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use deepspan_run::Manifest;
+
 pub use error::Error;
 pub use events::{resolve_events, EventId, PRESETS};
 pub use flight::{FlightOptions, FlightRecorder, WindowOutcome};
 pub use journal::{owners_dir, InstanceOwner, ProcessId};
-pub use manifest::{
-    ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, MANIFEST_FILE,
-};
-pub use procscan::{ProcessEntry, ProcessScan, PROCESS_SCAN};
+pub use procscan::{ProcessEntry, ProcessScan};
 pub use recover::{needs_recovery, recover, recover_from_files, Recovery};
 pub use session::record;
-pub use tcpkeys::{read_tcp_segments, TcpKeysManifest, TcpSegment, TCP_SEGMENTS};
-pub use throttle::{read_throttled_switches, ThrottleManifest, ThrottledSwitch, CFS_THROTTLE};
+pub use tcpkeys::{read_tcp_segments, TcpSegment};
+pub use throttle::{read_throttled_switches, ThrottledSwitch};
 pub use tracefs::Tracefs;
+
+/// A (CLOCK_REALTIME, CLOCK_MONOTONIC) pair as the manifest's
+/// `clock_samples` hold them: the realtime read bracketed by monotonic
+/// reads, the tightest of three brackets kept, its midpoint as the
+/// monotonic value.
+pub fn clock_sample() -> [u64; 2] {
+    let (realtime_ns, mono_ns) = sys::clock_pair();
+    [realtime_ns, mono_ns]
+}
+
+/// This machine's name, as the manifest's `host` holds it (uname's
+/// nodename).
+pub fn host_name() -> String {
+    let [_, nodename, ..] = sys::uname();
+    nodename
+}
 
 /// How kernel events reach the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

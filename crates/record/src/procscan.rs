@@ -13,9 +13,6 @@ use std::fs;
 
 use serde::{Deserialize, Serialize};
 
-/// The scan's file in the run folder.
-pub const PROCESS_SCAN: &str = "processes.json";
-
 /// One process as the scan saw it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessEntry {

@@ -10,11 +10,11 @@ use deepspan_ftrace::write_trace_dat;
 
 use crate::capture::drain_cpu;
 use crate::journal::{self, JournalContents};
-use crate::manifest::{ClockPoint, Manifest, MANIFEST_FILE};
 use crate::meta::{read_stats, Tasks};
 use crate::session::cpu_manifest;
 use crate::tracefs::{CpuStats, Tracefs};
 use crate::Error;
+use deepspan_run::{layout, ClockPoint, Manifest, Run};
 
 /// Commit word of a ring-buffer page: the low bits are the bytes of event
 /// data, the high ones flags (as in the kernel's ring_buffer.c).
@@ -84,7 +84,7 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
         reason,
     };
     if !journal::exists(run_dir) {
-        return Err(not(if run_dir.join(MANIFEST_FILE).is_file() {
+        return Err(not(if Run::new(run_dir).manifest().is_file() {
             "it was recorded to the end (it has a manifest and no recording journal)".into()
         } else {
             "it holds no recording journal (kernel/journal/recording.json): it is not a deepspan recording, \
@@ -120,7 +120,7 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
         ));
     }
     let manifest = journal.state.manifest.clone();
-    let kernel_dir = run_dir.join("kernel");
+    let run = Run::new(run_dir);
     let instance = match machine {
         Machine::Live => LeftInstance::find(&journal),
         Machine::Elsewhere => LeftInstance {
@@ -130,7 +130,7 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
         },
     };
     if manifest.mode == crate::Mode::Flight.as_str() {
-        flight_pages(&journal, &instance, &kernel_dir, &mut notes)?;
+        flight_pages(&journal, &instance, &run, &mut notes)?;
     }
 
     let page_size = u64::from(journal.meta.page_size);
@@ -138,7 +138,7 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
     let (mut kept_bytes, mut dropped_bytes) = (Vec::new(), Vec::new());
     let mut last_page_ts = 0u64;
     for cpu in 0..manifest.cpus {
-        let path = kernel_dir.join(format!("cpu{cpu}.raw"));
+        let path = run.raw_pages(cpu);
         let kept = keep_whole_pages(&path, page_size, &mut last_page_ts)?;
         if kept.dropped > 0 {
             notes.push(format!(
@@ -166,7 +166,7 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
         .as_ref()
         .map(|s| s.iter().map(|(text, _)| text.clone()).collect())
         .unwrap_or_default();
-    let trace_path = kernel_dir.join("trace.dat");
+    let trace_path = run.trace_dat();
     write_trace_dat(&trace_path, &meta, &raw_files)?;
 
     let mut manifest = finish_manifest(
@@ -177,12 +177,12 @@ fn recover_with(run_dir: &Path, machine: Machine) -> Result<Recovery, Error> {
         last_page_ts,
         &mut notes,
     );
-    let tgids_path = kernel_dir.join("saved_tgids");
+    let tgids_path = run.saved_tgids();
     match fs::write(&tgids_path, tasks.tgids()) {
-        Ok(()) => manifest.tgids = Some("kernel/saved_tgids".into()),
+        Ok(()) => manifest.tgids = Some(layout::SAVED_TGIDS.into()),
         Err(e) => notes.push(format!("cannot write {}: {e}", tgids_path.display())),
     }
-    manifest.kernel_trace = Some("kernel/trace.dat".into());
+    manifest.kernel_trace = Some(layout::TRACE_DAT.into());
     manifest.warnings.extend(notes.iter().cloned());
     manifest.save(run_dir)?;
     for file in &raw_files {
@@ -259,9 +259,10 @@ fn validate(journal: &JournalContents) -> Result<(), String> {
 fn flight_pages(
     journal: &JournalContents,
     instance: &LeftInstance,
-    kernel_dir: &Path,
+    run: &Run,
     notes: &mut Vec<String>,
 ) -> Result<(), Error> {
+    let kernel_dir = run.kernel_dir();
     let Some(dir) = &instance.dir else {
         notes.push(
             "flight mode: the ring buffer died with its tracing instance (removed by cleanup or a reboot), \
@@ -271,15 +272,15 @@ fn flight_pages(
         return Ok(());
     };
     let _ = crate::tracefs::write_control(&dir.join("tracing_on"), "0");
-    fs::create_dir_all(kernel_dir)
-        .map_err(|e| Error::output("create", kernel_dir, kernel_dir, e))?;
+    fs::create_dir_all(&kernel_dir)
+        .map_err(|e| Error::output("create", &kernel_dir, &kernel_dir, e))?;
     for cpu in 0..journal.state.manifest.cpus {
         let raw = dir.join(format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
-        let out = kernel_dir.join(format!("cpu{cpu}.raw"));
+        let out = run.raw_pages(cpu);
         drain_cpu(
             &raw,
             &out,
-            kernel_dir,
+            &kernel_dir,
             journal.meta.page_size as usize,
             None,
         )?;
@@ -411,8 +412,8 @@ fn finish_manifest(
 mod tests {
     use super::*;
     use crate::journal::{InstanceOwner, Journal, ProcessId};
-    use crate::manifest::{OtlpPorts, FORMAT_VERSION};
     use deepspan_ftrace::TraceDatMeta;
+    use deepspan_run::{OtlpPorts, FORMAT_VERSION};
 
     const PAGE: usize = 4096;
 
@@ -456,6 +457,7 @@ mod tests {
             boot_id: None,
             tcp_keys: None,
             cfs_throttle: None,
+            hosts: None,
         }
     }
 

@@ -13,15 +13,16 @@ use deepspan_ftrace::{write_trace_dat, TraceDatMeta};
 use crate::capture::{drain_cpu, DrainLimit, Streams};
 use crate::events::{resolve_events, EventId};
 use crate::journal::{InstanceOwner, Journal, ProcessId};
-use crate::manifest::{
-    ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Snapshot, FORMAT_VERSION,
-};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
-use crate::procscan::{ProcessScan, PROCESS_SCAN};
+use crate::procscan::ProcessScan;
 use crate::tcpkeys::TcpKeyCapture;
 use crate::throttle::ThrottleCapture;
 use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
 use crate::{sys, Error, EventSelection, Mode, Progress, RecordOptions, RecordSummary};
+use deepspan_run::{
+    layout, ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Run, Snapshot,
+    FORMAT_VERSION,
+};
 
 /// Main-loop period: how fast signals, the command's exit and the deadline
 /// are noticed.
@@ -103,7 +104,10 @@ impl RunDir {
         match fs::read_dir(path) {
             Ok(entries) => {
                 // The run's OTLP receiver starts first and may have created spans/ already.
-                if entries.flatten().any(|e| e.file_name() != "spans") {
+                if entries
+                    .flatten()
+                    .any(|e| e.file_name() != layout::SPANS_DIR)
+                {
                     return Err(Error::OutputNotEmpty(path.to_path_buf()));
                 }
                 Ok(RunDir {
@@ -203,7 +207,8 @@ struct Session {
     tasks: Tasks,
     /// Processes, command lines and listening ports (`processes.json`).
     processes: ProcessScan,
-    kernel_dir: PathBuf,
+    /// The run folder being written.
+    files: Run,
     warnings: Vec<String>,
 }
 
@@ -232,7 +237,7 @@ impl Session {
             meta,
             tasks,
             processes,
-            kernel_dir: run.join("kernel"),
+            files: Run::new(run),
             warnings,
         })
     }
@@ -245,12 +250,13 @@ impl Session {
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<RecordSummary, Error> {
         if opts.mode == Mode::Standard {
-            fs::create_dir_all(&self.kernel_dir)
-                .map_err(|e| Error::output("create", &self.kernel_dir, &self.kernel_dir, e))?;
+            let kernel_dir = self.files.kernel_dir();
+            fs::create_dir_all(&kernel_dir)
+                .map_err(|e| Error::output("create", &kernel_dir, &kernel_dir, e))?;
             let streams = Streams::start(
                 &self.instance.path(""),
                 self.cpus,
-                &self.kernel_dir,
+                &self.files,
                 self.page_size as usize,
             )?;
             self.streams = Some(streams);
@@ -434,7 +440,7 @@ impl Session {
             match s.stop() {
                 Ok(st) => {
                     manifest.profile = Some(ProfileManifest {
-                        dir: deepspan_profile::PROFILE_DIR.into(),
+                        dir: layout::PROFILE_DIR.into(),
                         hz,
                         samples: st.samples,
                         lost: st.lost,
@@ -446,12 +452,16 @@ impl Session {
         }
 
         // Final flush into kernel/cpuN.raw.
-        let trace_path = self.kernel_dir.join("trace.dat");
+        let trace_path = self.files.trace_dat();
         let flushed = match capture_error {
             Some(e) => Err(e),
             None => match self.streams.take() {
                 Some(streams) => streams.finish().map(|bytes| (self.raw_files(), bytes)),
-                None => self.drain_all(&self.kernel_dir, "cpu", None),
+                None => self.drain_all(
+                    &self.files.kernel_dir(),
+                    |cpu| self.files.raw_pages(cpu),
+                    None,
+                ),
             },
         };
         let stats = read_stats(&self.instance.path(""), self.cpus);
@@ -468,7 +478,7 @@ impl Session {
         manifest.lost_events = lost_events(opts.mode, stats.iter().map(|(_, s)| s));
         manifest.snapshots = snapshots;
         manifest.exit_code = exit_code;
-        let tgids_path = self.kernel_dir.join("saved_tgids");
+        let tgids_path = self.files.saved_tgids();
 
         let (raw_files, bytes) = match flushed {
             Ok(x) => x,
@@ -488,7 +498,7 @@ impl Session {
             manifest.warnings = std::mem::take(&mut self.warnings);
             manifest.warnings.push(format!(
                 "kernel trace not written ({e}); the captured pages are kept in {}/cpuN.raw",
-                self.kernel_dir.display()
+                self.files.kernel_dir().display()
             ));
             let _ = manifest.save(&run.path);
             return Err(e.into());
@@ -496,18 +506,18 @@ impl Session {
         for file in &raw_files {
             let _ = fs::remove_file(file);
         }
-        manifest.kernel_trace = Some("kernel/trace.dat".into());
+        manifest.kernel_trace = Some(layout::TRACE_DAT.into());
         match fs::write(&tgids_path, self.tasks.tgids()) {
-            Ok(()) => manifest.tgids = Some("kernel/saved_tgids".into()),
+            Ok(()) => manifest.tgids = Some(layout::SAVED_TGIDS.into()),
             Err(e) => self
                 .warnings
                 .push(format!("cannot write {}: {e}", tgids_path.display())),
         }
-        match fs::write(run.path.join(PROCESS_SCAN), self.processes.to_json()) {
-            Ok(()) => manifest.processes = Some(PROCESS_SCAN.into()),
+        match fs::write(self.files.processes(), self.processes.to_json()) {
+            Ok(()) => manifest.processes = Some(layout::PROCESSES.into()),
             Err(e) => self
                 .warnings
-                .push(format!("cannot write {PROCESS_SCAN}: {e}")),
+                .push(format!("cannot write {}: {e}", layout::PROCESSES)),
         }
         manifest.warnings = std::mem::take(&mut self.warnings);
         manifest.save(&run.path)?;
@@ -564,6 +574,7 @@ impl Session {
             boot_id: crate::journal::boot_id(),
             tcp_keys: None,
             cfs_throttle: None,
+            hosts: None,
         }
     }
 
@@ -575,8 +586,9 @@ impl Session {
         run: &Path,
         manifest: &Manifest,
     ) -> Result<Journal, Error> {
-        fs::create_dir_all(&self.kernel_dir)
-            .map_err(|e| Error::output("create", &self.kernel_dir, run, e))?;
+        let kernel_dir = self.files.kernel_dir();
+        fs::create_dir_all(&kernel_dir)
+            .map_err(|e| Error::output("create", &kernel_dir, run, e))?;
         let owner = InstanceOwner {
             instance: self.instance.name(),
             run_dir: fs::canonicalize(run).unwrap_or_else(|_| run.to_path_buf()),
@@ -613,22 +625,22 @@ impl Session {
 
     fn raw_files(&self) -> Vec<PathBuf> {
         (0..self.cpus)
-            .map(|cpu| self.kernel_dir.join(format!("cpu{cpu}.raw")))
+            .map(|cpu| self.files.raw_pages(cpu))
             .collect()
     }
 
-    /// Reads every CPU's buffer into `dir/<prefix>N.raw`.
+    /// Reads every CPU's buffer into `file_of(cpu)`, in `dir`.
     fn drain_all(
         &self,
         dir: &Path,
-        prefix: &str,
+        file_of: impl Fn(usize) -> PathBuf,
         limit: Option<DrainLimit>,
     ) -> Result<(Vec<PathBuf>, Vec<u64>), Error> {
         fs::create_dir_all(dir).map_err(|e| Error::output("create", dir, dir, e))?;
         let mut files = Vec::with_capacity(self.cpus);
         let mut bytes = Vec::with_capacity(self.cpus);
         for cpu in 0..self.cpus {
-            let out = dir.join(format!("{prefix}{cpu}.raw"));
+            let out = file_of(cpu);
             let raw = self
                 .instance
                 .path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
@@ -658,25 +670,28 @@ impl Session {
     /// second buffer of the same size.)
     fn snapshot(&mut self, opts: &RecordOptions, number: usize) -> Result<Snapshot, Error> {
         let at = clock_point();
-        let dir = self.kernel_dir.join("snapshots");
+        let dir = self.files.kernel_snapshots_dir();
         let limit = DrainLimit {
             until_ts: at.mono_ns,
             max_bytes: opts.buffer_kb_per_cpu * 1024 * 2,
         };
-        let prefix = format!("{number:03}.cpu");
-        let (files, bytes) = self.drain_all(&dir, &prefix, Some(limit))?;
+        let (files, bytes) = self.drain_all(
+            &dir,
+            |cpu| self.files.snapshot_raw_pages(number, cpu),
+            Some(limit),
+        )?;
         let stats = read_stats(&self.instance.path(""), self.cpus);
         self.tasks.add_kernel(&self.tracefs);
         self.meta.cmdlines = self.tasks.cmdlines();
         self.meta.cpu_stats = stats.into_iter().map(|(text, _)| text).collect();
-        let name = format!("{number:03}.dat");
-        let result = write_trace_dat(&dir.join(&name), &self.meta, &files);
+        let name = Run::kernel_snapshot(number);
+        let result = write_trace_dat(&self.files.file(&name), &self.meta, &files);
         for f in &files {
             let _ = fs::remove_file(f);
         }
         result?;
         Ok(Snapshot {
-            file: format!("kernel/snapshots/{name}"),
+            file: name,
             realtime_ns: at.realtime_ns,
             mono_ns: at.mono_ns,
             bytes: bytes.iter().sum(),

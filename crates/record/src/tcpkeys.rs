@@ -22,13 +22,9 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use crate::bpf::{Capture, RecordSink};
 use crate::Error;
-
-/// The segments file, relative to the run folder.
-pub const TCP_SEGMENTS: &str = "kernel/tcp_segments.tsv";
+use deepspan_run::{layout::TCP_SEGMENTS, TcpKeysManifest};
 
 /// The file's first line; the columns of every other line.
 const HEADER: &str =
@@ -135,22 +131,6 @@ pub fn read_tcp_segments(path: &Path) -> Result<Vec<TcpSegment>, Error> {
         segments.push(TcpSegment::parse(&line).map_err(|e| bad(format!("line {}: {e}", n + 1)))?);
     }
     Ok(segments)
-}
-
-/// What the manifest says of a run's segments (`tcp_keys`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TcpKeysManifest {
-    /// The segments file, relative to the run folder.
-    pub file: String,
-    /// Segments written.
-    pub segments: u64,
-    /// Segments of other network namespaces, left out (`--pid` runs).
-    pub other_netns: u64,
-    /// Segments the eBPF ring buffer had no room for.
-    pub lost: u64,
-    /// The network namespaces kept (inodes); empty: all.
-    #[serde(default)]
-    pub netns: Vec<u64>,
 }
 
 /// The running capture: the attached program and the thread writing its

@@ -22,13 +22,9 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-
 use crate::bpf::{Capture, RecordSink};
 use crate::Error;
-
-/// The throttling file, relative to the run folder.
-pub const CFS_THROTTLE: &str = "kernel/cfs_throttle.tsv";
+use deepspan_run::{layout::CFS_THROTTLE, ThrottleManifest};
 
 /// The file's first line; the columns of every other line.
 const HEADER: &str = "# deepspan cfs throttle v1: mono_ns cpu tid";
@@ -107,17 +103,6 @@ pub fn read_throttled_switches(path: &Path) -> Result<Vec<ThrottledSwitch>, Erro
             .push(ThrottledSwitch::parse(line).map_err(|e| bad(format!("line {}: {e}", n + 1)))?);
     }
     Ok(switches)
-}
-
-/// What the manifest says of a run's throttling file (`cfs_throttle`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ThrottleManifest {
-    /// The throttling file, relative to the run folder.
-    pub file: String,
-    /// Switch-outs written.
-    pub switches: u64,
-    /// Switch-outs the eBPF ring buffer had no room for.
-    pub lost: u64,
 }
 
 /// The running capture.

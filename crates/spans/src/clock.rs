@@ -85,7 +85,7 @@ impl ClockMap {
 
     /// Reads `clock_samples` from a run's `manifest.json`.
     pub fn from_manifest(run_dir: &Path) -> Result<ClockMap, Error> {
-        let path = run_dir.join("manifest.json");
+        let path = deepspan_run::Run::new(run_dir).manifest();
         let text = std::fs::read(&path)
             .map_err(|e| Error::io(&path, "cannot read the run manifest", e))?;
         let name = path.display().to_string();

@@ -29,6 +29,8 @@ mod zipkin;
 
 use std::path::{Path, PathBuf};
 
+use deepspan_run::layout::SPANS_DIR;
+
 pub use activity::{ActivityOptions, SpanRef, SyncEvent, SyncKind, ThreadActivity};
 pub use clock::{ClockMap, MonoTimes};
 pub use critical_path::{
@@ -96,13 +98,12 @@ impl Import {
 /// when the whole file parses that way, else as one OTLP protobuf request.
 pub fn import_file(path: &Path) -> Result<Import, Error> {
     if path.is_dir() {
-        let run = if path.file_name().is_some_and(|n| n == store::SPANS_DIR)
-            && !path.join(store::SPANS_DIR).is_dir()
-        {
-            path.parent().unwrap_or(path).to_path_buf()
-        } else {
-            path.to_path_buf()
-        };
+        let run =
+            if path.file_name().is_some_and(|n| n == SPANS_DIR) && !path.join(SPANS_DIR).is_dir() {
+                path.parent().unwrap_or(path).to_path_buf()
+            } else {
+                path.to_path_buf()
+            };
         let mut import = Import::new(Format::OtlpProtobufStream);
         let mut reader = read_run_spans(&run)?;
         for s in reader.by_ref() {

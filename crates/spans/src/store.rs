@@ -24,9 +24,7 @@ use crate::error::Error;
 use crate::model::Span;
 use crate::otlp::{request_from_spans, spans_from_request};
 use crate::{Format, Import};
-
-/// The folder of a run that holds spans.
-pub const SPANS_DIR: &str = "spans";
+use deepspan_run::Run;
 
 /// Appends spans to a new file in `RUN/spans/`.
 pub struct SpanWriter {
@@ -39,7 +37,7 @@ impl SpanWriter {
     /// Creates `RUN/spans/otlp-NNN.pb` with the first unused `NNN` (creating
     /// `spans/` if needed).
     pub fn create(run_dir: &Path) -> Result<SpanWriter, Error> {
-        let dir = run_dir.join(SPANS_DIR);
+        let dir = Run::new(run_dir).spans_dir();
         fs::create_dir_all(&dir)
             .map_err(|e| Error::io(&dir, "cannot create the spans folder", e))?;
         for n in 0..100_000u32 {
@@ -122,7 +120,7 @@ impl Drop for SpanWriter {
 
 /// The span files of a run, in name order. A run without spans has none.
 pub fn span_files(run_dir: &Path) -> Result<Vec<PathBuf>, Error> {
-    let dir = run_dir.join(SPANS_DIR);
+    let dir = Run::new(run_dir).spans_dir();
     if !dir.is_dir() {
         return Ok(Vec::new());
     }

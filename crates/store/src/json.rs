@@ -10,8 +10,6 @@ use serde::Serialize;
 use crate::tables::{path_state_name, RequestTotals};
 use crate::{cause_label, span_hex, trace_hex, AnalysisResults, Error};
 
-pub const REQUESTS_JSON: &str = "requests.json";
-
 /// Causes and system calls kept per request and per operation.
 pub const TOP: usize = 5;
 

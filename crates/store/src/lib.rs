@@ -33,11 +33,10 @@ use deepspan_analysis::{
     RequestPath, RequestSummary, SpanIdx, SummaryRow,
 };
 
+use deepspan_run::{layout::ANALYSIS_DIR, Run};
+
 pub use error::Error;
 pub use report::{read_critical_paths, read_report, Report};
-
-/// The folder of a run that holds the analysis.
-pub const ANALYSIS_DIR: &str = "analysis";
 
 /// What a span is, for tables and reports (the analysis only knows indices).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -214,7 +213,7 @@ impl Staging {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "cannot create", e))?;
         Ok(Staging {
             dir,
-            target: run_dir.join(ANALYSIS_DIR),
+            target: Run::new(run_dir).analysis_dir(),
             committed: false,
         })
     }

@@ -8,8 +8,11 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::table::{read_rows, Cell};
-use crate::tables::{CRITICAL_PATH, DIAGNOSES, REQUESTS, REQUEST_SUMMARY, REQUEST_SYSCALLS};
-use crate::{Error, ANALYSIS_DIR};
+use crate::Error;
+use deepspan_run::analysis::{
+    CRITICAL_PATH, DIAGNOSES, REQUESTS, REQUEST_SUMMARY, REQUEST_SYSCALLS,
+};
+use deepspan_run::Run;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -114,7 +117,7 @@ fn hex(s: &str) -> Option<u128> {
 /// fewer) or a trace id (32 or fewer; for a trace, its root request, or
 /// its longest one when no request is a root).
 pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
-    let dir = run_dir.join(ANALYSIS_DIR);
+    let dir = Run::new(run_dir).analysis_dir();
     let requests_path = dir.join(REQUESTS);
     if !requests_path.is_file() {
         return Err(Error::NotFound {
@@ -316,7 +319,7 @@ pub fn read_critical_paths(
     run_dir: &Path,
     span_ids: &[String],
 ) -> Result<Vec<(ReportRequest, Vec<ReportPiece>)>, Error> {
-    let dir = run_dir.join(ANALYSIS_DIR);
+    let dir = Run::new(run_dir).analysis_dir();
     let wanted: HashSet<&str> = span_ids.iter().map(String::as_str).collect();
     let is_wanted = |r: &[(String, Cell)]| {
         get(r, "span_id")

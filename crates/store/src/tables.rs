@@ -19,15 +19,6 @@ use crate::columns::{columns, ColumnarTable, Optional, OptionalText, Required, T
 use crate::table::{interned, Column, Kind, TableWriter};
 use crate::{span_hex, trace_hex, AnalysisResults, Error};
 
-pub const THREAD_STATES: &str = "thread_states.parquet";
-pub const SYSCALLS: &str = "syscalls.parquet";
-pub const REQUESTS: &str = "requests.parquet";
-pub const CRITICAL_PATH: &str = "critical_path.parquet";
-pub const REQUEST_SUMMARY: &str = "request_summary.parquet";
-pub const REQUEST_SYSCALLS: &str = "request_syscalls.parquet";
-pub const OPERATION_SUMMARY: &str = "operation_summary.parquet";
-pub const DIAGNOSES: &str = "diagnoses.parquet";
-
 use Kind::{Bool, Str, F64, I32, I64, U64};
 
 pub const THREAD_STATES_COLUMNS: &[Column] = &[

@@ -8,10 +8,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use deepspan_run::analysis::{
+    CRITICAL_PATH, PLACEMENTS_JSON, REQUESTS_JSON, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES,
+};
+use deepspan_run::{layout, Run};
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
 use deepspan_store::table::{read_rows, Cell};
-use deepspan_store::tables::{CRITICAL_PATH, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES};
-use deepspan_store::ANALYSIS_DIR;
 use serde_json::Value;
 
 use crate::lod::Interval;
@@ -50,7 +52,7 @@ impl RunDir {
             )));
         }
         let run = RunDir { root };
-        let requests = run.root.join(ANALYSIS_DIR).join("requests.json");
+        let requests = Run::new(&run.root).requests_json();
         if !requests.is_file() {
             return Err(DataError::Missing(format!(
                 "{} has no analysis ({} is missing): run `deepspan analyze {}` first",
@@ -84,7 +86,7 @@ impl RunDir {
     }
 
     fn analysis(&self, table: &str) -> Result<PathBuf, DataError> {
-        self.file(&format!("{ANALYSIS_DIR}/{table}"))
+        self.file(&format!("{}/{table}", layout::ANALYSIS_DIR))
     }
 }
 
@@ -231,10 +233,6 @@ pub struct RunData {
     pub hosts: Option<Result<Vec<HostInfo>, String>>,
 }
 
-/// A merged run's list of hosts (written by `deepspan analyze A B --out M`,
-/// `deepspan_pipeline::hosts::HostsFile`).
-pub const HOSTS_JSON: &str = "hosts.json";
-
 /// Thread ids of a merged run carry their host's index above this bit
 /// (`deepspan_analysis::HOST_TID_SHIFT`); ids are i32, so at most 2^9 hosts.
 pub const HOST_TID_SHIFT: u32 = 22;
@@ -281,14 +279,14 @@ struct HostEntry {
 /// [`RunDir::file`], so a symlink out of the run is refused.
 pub fn load_hosts(dir: &RunDir) -> Option<Result<Vec<HostInfo>, String>> {
     // Nothing at all under that name (not even a dangling symlink).
-    if std::fs::symlink_metadata(dir.root().join(HOSTS_JSON)).is_err() {
+    if std::fs::symlink_metadata(Run::new(dir.root()).hosts()).is_err() {
         return None;
     }
     Some(read_hosts(dir))
 }
 
 fn read_hosts(dir: &RunDir) -> Result<Vec<HostInfo>, String> {
-    let path = dir.file(HOSTS_JSON).map_err(|e| e.to_string())?;
+    let path = dir.file(layout::HOSTS).map_err(|e| e.to_string())?;
     let bad = |e: String| format!("{}: {e}", path.display());
     let bytes = std::fs::read(&path).map_err(|e| bad(format!("cannot read it: {e}")))?;
     let file: HostsFile = serde_json::from_slice(&bytes)
@@ -373,9 +371,9 @@ fn store_err(e: deepspan_store::Error) -> DataError {
 impl RunData {
     /// Loads the analysis of `dir`.
     pub fn load(dir: RunDir) -> Result<RunData, DataError> {
-        let json_path = dir.analysis("requests.json")?;
+        let json_path = dir.analysis(REQUESTS_JSON)?;
         // Written by analyses that placed spans from the kernel trace only.
-        let placements_path = dir.analysis("placements.json").ok();
+        let placements_path = dir.analysis(PLACEMENTS_JSON).ok();
         let requests_json: Value =
             serde_json::from_slice(&std::fs::read(&json_path).map_err(|e| {
                 DataError::Missing(format!("cannot read {}: {e}", json_path.display()))
@@ -682,7 +680,7 @@ pub struct RunSpans {
 impl RunSpans {
     pub fn load(dir: &RunDir) -> Result<RunSpans, DataError> {
         let mut warnings = Vec::new();
-        let spans: Vec<Span> = match dir.file("spans") {
+        let spans: Vec<Span> = match dir.file(layout::SPANS_DIR) {
             Ok(spans_dir) => {
                 let run = spans_dir.parent().unwrap_or(dir.root()).to_path_buf();
                 let mut out = Vec::new();
@@ -698,7 +696,7 @@ impl RunSpans {
             }
             Err(_) => Vec::new(),
         };
-        let clock = match dir.file("manifest.json") {
+        let clock = match dir.file(layout::MANIFEST) {
             Ok(_) => ClockMap::from_manifest(dir.root()).ok(),
             Err(_) => None,
         };

@@ -61,7 +61,7 @@ impl Profiles {
     /// [`Profiles::request`]. A manifest that cannot be read does not stop
     /// the server: the flame graph endpoint says what is wrong instead.
     pub fn open(dir: &RunDir) -> Profiles {
-        let recorded = match dir.file("manifest.json") {
+        let recorded = match dir.file(deepspan_run::layout::MANIFEST) {
             Err(_) => Ok(None),
             Ok(path) => std::fs::read(&path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))

@@ -27,11 +27,11 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
+use deepspan_run::layout::SNAPSHOT;
+use deepspan_run::Run;
+
 use crate::api::ApiError;
 use crate::data::DataError;
-
-/// The file the agent writes next to each snapshot's run folder contents.
-pub const SNAPSHOT_JSON: &str = "snapshot.json";
 
 /// Snapshots whose data stay loaded (least recently used dropped first).
 pub const LOADED: usize = 8;
@@ -43,7 +43,7 @@ const MAX_ID: usize = 128;
 /// `manifest.json` or `analysis/` of its own, and at least one sub-folder
 /// holding a `snapshot.json` or a `manifest.json`.
 pub fn is_snapshot_folder(dir: &Path) -> bool {
-    if dir.join("manifest.json").exists() || dir.join(deepspan_store::ANALYSIS_DIR).exists() {
+    if Run::new(dir).manifest().exists() || Run::new(dir).analysis_dir().exists() {
         return false;
     }
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -51,7 +51,7 @@ pub fn is_snapshot_folder(dir: &Path) -> bool {
     };
     entries.filter_map(Result::ok).any(|e| {
         let p = e.path();
-        p.is_dir() && (p.join(SNAPSHOT_JSON).is_file() || p.join("manifest.json").is_file())
+        p.is_dir() && (Run::new(&p).snapshot().is_file() || Run::new(&p).manifest().is_file())
     })
 }
 
@@ -202,9 +202,9 @@ fn load_snapshot(id: &str, folder: &Path) -> Result<Router, ApiErrorText> {
 }
 
 fn read_snapshot_json(folder: &Path) -> Result<Value, String> {
-    let path = folder.join(SNAPSHOT_JSON);
-    let text = std::fs::read(&path).map_err(|e| format!("cannot read {SNAPSHOT_JSON}: {e}"))?;
-    serde_json::from_slice(&text).map_err(|e| format!("{SNAPSHOT_JSON} is not valid JSON: {e}"))
+    let path = Run::new(folder).snapshot();
+    let text = std::fs::read(&path).map_err(|e| format!("cannot read {SNAPSHOT}: {e}"))?;
+    serde_json::from_slice(&text).map_err(|e| format!("{SNAPSHOT} is not valid JSON: {e}"))
 }
 
 /// One line of the list: `snapshot.json` as the agent wrote it, with the
@@ -212,18 +212,15 @@ fn read_snapshot_json(folder: &Path) -> Result<Value, String> {
 /// Folders with neither `snapshot.json` nor `manifest.json` are not
 /// snapshots.
 fn summary(id: &str, folder: &Path) -> Option<Value> {
-    let has_snapshot = folder.join(SNAPSHOT_JSON).is_file();
-    if !has_snapshot && !folder.join("manifest.json").is_file() {
+    let has_snapshot = Run::new(folder).snapshot().is_file();
+    if !has_snapshot && !Run::new(folder).manifest().is_file() {
         return None;
     }
-    let analysed = folder
-        .join(deepspan_store::ANALYSIS_DIR)
-        .join("requests.json")
-        .is_file();
+    let analysed = Run::new(folder).requests_json().is_file();
     let mut entry = match read_snapshot_json(folder) {
         Ok(Value::Object(m)) => Value::Object(m),
         Ok(_) if has_snapshot => {
-            json!({"status": "unreadable", "error": format!("{SNAPSHOT_JSON} is not an object")})
+            json!({"status": "unreadable", "error": format!("{SNAPSHOT} is not an object")})
         }
         Err(e) if has_snapshot => json!({"status": "unreadable", "error": e}),
         // A plain run folder among the snapshots.
@@ -373,7 +370,7 @@ mod tests {
         assert!(!is_snapshot_folder(dir.path()));
         let snap = dir.path().join("s1");
         std::fs::create_dir(&snap).unwrap();
-        std::fs::write(snap.join(SNAPSHOT_JSON), "{}").unwrap();
+        std::fs::write(snap.join(SNAPSHOT), "{}").unwrap();
         assert!(is_snapshot_folder(dir.path()));
         std::fs::write(dir.path().join("manifest.json"), "{}").unwrap();
         assert!(!is_snapshot_folder(dir.path()));
@@ -385,7 +382,7 @@ mod tests {
         let write = |id: &str, text: &str| {
             let d = dir.path().join(id);
             std::fs::create_dir(&d).unwrap();
-            std::fs::write(d.join(SNAPSHOT_JSON), text).unwrap();
+            std::fs::write(d.join(SNAPSHOT), text).unwrap();
         };
         write(
             "old",
@@ -423,7 +420,7 @@ mod tests {
     #[test]
     fn a_symlink_out_of_the_folder_is_no_snapshot() {
         let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join(SNAPSHOT_JSON), "{}").unwrap();
+        std::fs::write(outside.path().join(SNAPSHOT), "{}").unwrap();
         let dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), dir.path().join("escape")).unwrap();
         let index = SnapshotIndex::open(dir.path()).unwrap();

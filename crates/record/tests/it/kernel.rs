@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use crate::common::one_at_a_time;
 use deepspan_record::{
     cleanup_stale_instances, owners_dir, record, resolve_events, Error, EventSelection,
-    FlightOptions, FlightRecorder, InstanceOwner, Manifest, Mode, ProcessId, RecordOptions,
-    StaleInstance, Tracefs, WindowOutcome,
+    FlightOptions, FlightRecorder, InstanceOwner, Mode, ProcessId, RecordOptions, StaleInstance,
+    Tracefs, WindowOutcome,
 };
+use deepspan_run::{ClockPoint, Manifest};
 
 const CHILD_ENV: &str = "DEEPSPAN_RECORD_TEST_CHILD";
 /// Ring size per CPU of the flight-mode child, KiB.
@@ -747,7 +748,7 @@ fn flight_recorder_writes_past_windows_and_refuses_windows_it_no_longer_holds() 
         tracefs: tracefs.clone(),
         pids: vec![std::process::id()],
     };
-    let before_start = deepspan_record::ClockPoint::default();
+    let before_start = ClockPoint::default();
     // Process events only: a busy machine (a build beside the test) cannot
     // produce enough of them to push the window out of the history, which
     // the scheduler's events could.

@@ -7,19 +7,19 @@ use std::path::Path;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use deepspan_run::analysis::{CRITICAL_PATH, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES};
+use deepspan_run::Run;
 use deepspan_store::table::TableWriter;
 use deepspan_store::tables::{
-    CRITICAL_PATH, CRITICAL_PATH_COLUMNS, REQUEST_SUMMARY, REQUEST_SUMMARY_COLUMNS,
-    REQUEST_SYSCALLS, REQUEST_SYSCALLS_COLUMNS, THREAD_STATES, THREAD_STATES_COLUMNS,
+    CRITICAL_PATH_COLUMNS, REQUEST_SUMMARY_COLUMNS, REQUEST_SYSCALLS_COLUMNS, THREAD_STATES_COLUMNS,
 };
-use deepspan_store::ANALYSIS_DIR;
 use serde_json::Value;
 use tower::ServiceExt;
 
 /// An analysed run with no requests and empty tables, at `dir/run`.
 fn empty_run(dir: &Path) -> std::path::PathBuf {
     let run = dir.join("run");
-    let analysis = run.join(ANALYSIS_DIR);
+    let analysis = Run::new(&run).analysis_dir();
     std::fs::create_dir_all(&analysis).unwrap();
     std::fs::write(analysis.join("requests.json"), r#"{"requests": []}"#).unwrap();
     for (name, columns) in [

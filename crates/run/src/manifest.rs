@@ -1,0 +1,460 @@
+//! `RUN/manifest.json`: what was recorded, how, and the clock samples that
+//! map span wall-clock times onto the kernel's monotonic time base.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::MANIFEST;
+
+/// The manifest format this deepspan writes, and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// A manifest that could not be read or written: which file, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("cannot read the run manifest {}: {reason}", path.display())]
+    Read { path: PathBuf, reason: String },
+    /// The I/O error is kept: a recorder tells a full disk from the rest.
+    #[error("cannot write the run manifest {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The description of a run folder, written by the recorder and read by
+/// every later stage. A run of spans only ([`Manifest::spans_only`]) has
+/// none of the kernel trace's fields: they read as empty.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub host: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kernel_release: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpus: usize,
+    /// Ring-buffer page size of the kernel trace, bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub page_size: u32,
+    /// Kernel trace clock; always `mono` for deepspan recordings.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trace_clock: String,
+    /// Enabled events as `system:name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<String>,
+    /// `standard`, `flight`, or `receive` (spans only).
+    pub mode: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub buffer_kb_per_cpu: u64,
+    /// Only these pids (and their descendants) were traced; empty = all.
+    #[serde(default)]
+    pub pids: Vec<i32>,
+    pub start: ClockPoint,
+    pub end: ClockPoint,
+    /// `[realtime_ns, mono_ns]` pairs taken at start, every second, and at
+    /// the end, for mapping wall-clock span times onto kernel time.
+    pub clock_samples: Vec<[u64; 2]>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_cpu: Vec<CpuManifest>,
+    /// Events the kernel could not keep (see [`CpuManifest`]); analyses
+    /// carry this number into their results.
+    #[serde(default)]
+    pub lost_events: u64,
+    /// The kernel trace (trace.dat v6), relative to the run folder; None if
+    /// none could be written.
+    #[serde(default)]
+    pub kernel_trace: Option<String>,
+    #[serde(default)]
+    pub snapshots: Vec<Snapshot>,
+    pub otlp: OtlpPorts,
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Exit status of the command (128+signal if it was killed); None
+    /// without a command or if it outlived the recording.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// Thread id → thread-group id lines (`pid tgid`) relative to the run folder.
+    #[serde(default)]
+    pub tgids: Option<String>,
+    /// The /proc scan (`processes.json`) relative to the run folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<String>,
+    /// Non-fatal problems met while recording.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// The recorder's own threads, left out of the trace. The kernel also
+    /// drops the interrupt events that run while one of them is current,
+    /// but keeps the wake-ups those interrupts cause: the analysis must not
+    /// take such a wake-up for the recorder's doing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recorder_tids: Vec<i32>,
+    /// CPU samples taken with the trace (`record --profile`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileManifest>,
+    /// `/proc/sys/kernel/random/boot_id` when recording started: runs with
+    /// the same boot id were recorded on one kernel, so they share its
+    /// CLOCK_MONOTONIC and, when recorded with a pid filter, the scheduler
+    /// events between their threads (a merged analysis then gives each
+    /// thread to the run that traced it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// The TCP segments recorded with `--tcp-keys`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_keys: Option<TcpKeysManifest>,
+    /// When CPU cgroup quotas held threads back; None when this kernel or
+    /// build could not say (a warning says why), or in flight mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cfs_throttle: Option<ThrottleManifest>,
+    /// A merged run's hosts and clocks (`hosts.json`), relative to the run
+    /// folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<String>,
+}
+
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
+}
+
+/// What `record --profile` sampled (`deepspan_profile::Sampler`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileManifest {
+    /// The folder of samples and symbol sources, relative to the run folder.
+    pub dir: String,
+    pub hz: u64,
+    pub samples: u64,
+    /// Samples the kernel could not store.
+    pub lost: u64,
+    pub processes: u64,
+}
+
+/// Both clocks at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockPoint {
+    pub realtime_ns: u64,
+    pub mono_ns: u64,
+}
+
+/// Ring-buffer statistics of one CPU at the end (`per_cpu/cpuN/stats`),
+/// plus what the recorder wrote.
+///
+/// `overrun`: events overwritten before being read (in flight mode that is
+/// the ring doing its job); `commit_overrun` and `dropped_events`: events
+/// the kernel could not store at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuManifest {
+    pub cpu: usize,
+    pub entries: u64,
+    pub overrun: u64,
+    pub commit_overrun: u64,
+    pub dropped_events: u64,
+    pub read_events: u64,
+    /// Bytes still in the kernel buffer at the end.
+    pub buffer_bytes: u64,
+    /// Bytes of ring-buffer pages written to the kernel trace.
+    pub bytes: u64,
+}
+
+/// A flight-recorder snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// trace.dat file relative to the run folder.
+    pub file: String,
+    /// When it was requested.
+    pub realtime_ns: u64,
+    pub mono_ns: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OtlpPorts {
+    pub grpc_port: u16,
+    pub http_port: u16,
+    /// The receiver's counters (requests, spans written/dropped, …), kept
+    /// verbatim so that re-saving a manifest never loses them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<serde_json::Value>,
+}
+
+/// What the manifest says of a run's segments (`tcp_keys`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TcpKeysManifest {
+    /// The segments file, relative to the run folder.
+    pub file: String,
+    /// Segments written.
+    pub segments: u64,
+    /// Segments of other network namespaces, left out (`--pid` runs).
+    pub other_netns: u64,
+    /// Segments the eBPF ring buffer had no room for.
+    pub lost: u64,
+    /// The network namespaces kept (inodes); empty: all.
+    #[serde(default)]
+    pub netns: Vec<u64>,
+}
+
+/// What the manifest says of a run's throttling file (`cfs_throttle`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThrottleManifest {
+    /// The throttling file, relative to the run folder.
+    pub file: String,
+    /// Switch-outs written.
+    pub switches: u64,
+    /// Switch-outs the eBPF ring buffer had no room for.
+    pub lost: u64,
+}
+
+impl Manifest {
+    /// The manifest of a run that holds spans only (`deepspan receive`):
+    /// the clock samples that map their wall times onto CLOCK_MONOTONIC,
+    /// the receiver's ports and counters, and no kernel trace.
+    pub fn spans_only(host: String, clock_samples: Vec<[u64; 2]>, otlp: OtlpPorts) -> Manifest {
+        let point = |s: Option<&[u64; 2]>| {
+            s.map_or(ClockPoint::default(), |&[realtime_ns, mono_ns]| {
+                ClockPoint {
+                    realtime_ns,
+                    mono_ns,
+                }
+            })
+        };
+        Manifest {
+            format_version: FORMAT_VERSION,
+            host,
+            mode: "receive".into(),
+            start: point(clock_samples.first()),
+            end: point(clock_samples.last()),
+            clock_samples,
+            otlp,
+            ..Manifest::default()
+        }
+    }
+
+    /// Reads `run_dir/manifest.json`.
+    pub fn load(run_dir: &Path) -> Result<Manifest, ManifestError> {
+        let path = run_dir.join(MANIFEST);
+        let bad = |reason: String| ManifestError::Read {
+            path: path.clone(),
+            reason,
+        };
+        let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+        let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        if manifest.format_version > FORMAT_VERSION {
+            return Err(bad(format!(
+                "format version {} is newer than this deepspan understands ({FORMAT_VERSION})",
+                manifest.format_version
+            )));
+        }
+        Ok(manifest)
+    }
+
+    /// Writes `run_dir/manifest.json`.
+    pub fn save(&self, run_dir: &Path) -> Result<PathBuf, ManifestError> {
+        write_atomically(run_dir, self)
+    }
+
+    /// Replaces (or adds) one top-level section of `run_dir/manifest.json`,
+    /// keeping every other key, its value and its place as they are: a stage
+    /// that owns one section (the OTLP receiver its `otlp`) never rewrites
+    /// the recorder's, even those this deepspan does not know.
+    pub fn patch_section(
+        run_dir: &Path,
+        key: &str,
+        value: &impl Serialize,
+    ) -> Result<PathBuf, ManifestError> {
+        let path = run_dir.join(MANIFEST);
+        let bad = |reason: String| ManifestError::Read {
+            path: path.clone(),
+            reason,
+        };
+        let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+        let mut object: OrderedObject =
+            serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        let value = serde_json::to_value(value).expect("plain data");
+        match object.0.iter_mut().find(|(k, _)| k == key) {
+            Some((_, v)) => *v = value,
+            None => object.0.push((key.to_string(), value)),
+        }
+        write_atomically(run_dir, &object)
+    }
+}
+
+/// Through a temporary file, so a reader never sees half a manifest.
+fn write_atomically(run_dir: &Path, manifest: &impl Serialize) -> Result<PathBuf, ManifestError> {
+    let path = run_dir.join(MANIFEST);
+    let tmp = run_dir.join(format!("{MANIFEST}.partial"));
+    let mut text = serde_json::to_vec_pretty(manifest).expect("plain data");
+    text.push(b'\n');
+    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
+    written.map_err(|source| ManifestError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+/// A JSON object whose top-level keys keep their order (serde_json's map
+/// sorts them, and its order-keeping feature would change every map of the
+/// workspace).
+struct OrderedObject(Vec<(String, serde_json::Value)>);
+
+impl Serialize for OrderedObject {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for OrderedObject {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = OrderedObject;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<OrderedObject, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry::<String, serde_json::Value>()? {
+                    entries.push(entry);
+                }
+                Ok(OrderedObject(entries))
+            }
+        }
+        d.deserialize_map(Entries)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_json() {
+        let m = Manifest {
+            format_version: FORMAT_VERSION,
+            host: "h".into(),
+            kernel_release: "6.18".into(),
+            cpus: 2,
+            page_size: 4096,
+            trace_clock: "mono".into(),
+            events: vec!["sched:sched_switch".into()],
+            mode: "standard".into(),
+            buffer_kb_per_cpu: 4096,
+            pids: vec![],
+            start: ClockPoint {
+                realtime_ns: 1,
+                mono_ns: 2,
+            },
+            end: ClockPoint {
+                realtime_ns: 3,
+                mono_ns: 4,
+            },
+            clock_samples: vec![[1, 2], [3, 4]],
+            per_cpu: vec![CpuManifest {
+                cpu: 0,
+                ..Default::default()
+            }],
+            lost_events: 0,
+            kernel_trace: Some("kernel/trace.dat".into()),
+            snapshots: vec![],
+            otlp: OtlpPorts {
+                grpc_port: 4317,
+                http_port: 4318,
+                receiver: None,
+            },
+            command: vec!["true".into()],
+            exit_code: Some(0),
+            tgids: None,
+            processes: None,
+            recorder_tids: Vec::new(),
+            profile: None,
+            warnings: vec![],
+            boot_id: Some("0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07".into()),
+            tcp_keys: None,
+            cfs_throttle: None,
+            hosts: None,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        m.save(dir.path()).unwrap();
+        assert_eq!(Manifest::load(dir.path()).unwrap(), m);
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST)).unwrap()).unwrap();
+        assert_eq!(v["clock_samples"][1][0], 3);
+        assert_eq!(v["otlp"]["http_port"], 4318);
+        assert_eq!(v["boot_id"], "0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07");
+    }
+
+    #[test]
+    fn a_manifest_without_boot_id_reads_and_writes_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut doc = serde_json::json!({
+            "format_version": 1, "host": "h", "kernel_release": "6.1", "cpus": 1, "page_size": 4096,
+            "trace_clock": "mono", "events": [], "mode": "standard", "buffer_kb_per_cpu": 1024,
+            "start": {"realtime_ns": 1, "mono_ns": 2}, "end": {"realtime_ns": 3, "mono_ns": 4},
+            "clock_samples": [], "per_cpu": [], "lost_events": 0, "kernel_trace": null,
+            "otlp": {"grpc_port": 1, "http_port": 2}, "exit_code": null
+        });
+        std::fs::write(dir.path().join(MANIFEST), doc.to_string()).unwrap();
+        let m = Manifest::load(dir.path()).unwrap();
+        assert_eq!(m.boot_id, None);
+        m.save(dir.path()).unwrap();
+        let back: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST)).unwrap()).unwrap();
+        assert!(back.get("boot_id").is_none(), "{back}");
+        doc["boot_id"] = "b".into();
+        std::fs::write(dir.path().join(MANIFEST), doc.to_string()).unwrap();
+        assert_eq!(
+            Manifest::load(dir.path()).unwrap().boot_id.as_deref(),
+            Some("b")
+        );
+    }
+
+    #[test]
+    fn missing_manifest_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Manifest::load(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("manifest.json"), "{err}");
+    }
+
+    #[test]
+    fn patching_a_section_keeps_every_other_key_in_its_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let original = r#"{"format_version": 1, "zeta": {"b": 1, "a": [1, 2]}, "otlp": {"grpc_port": 1}, "alpha": true}"#;
+        std::fs::write(dir.path().join(MANIFEST), original).unwrap();
+        let otlp = OtlpPorts {
+            grpc_port: 7,
+            http_port: 8,
+            receiver: None,
+        };
+        Manifest::patch_section(dir.path(), "otlp", &otlp).unwrap();
+        Manifest::patch_section(dir.path(), "added", &3).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(MANIFEST)).unwrap();
+        let keys = ["format_version", "zeta", "\"b\"", "otlp", "alpha", "added"];
+        let at: Vec<usize> = keys.iter().map(|k| text.find(k).unwrap()).collect();
+        assert!(at.is_sorted(), "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["otlp"]["http_port"], 8);
+        assert_eq!(v["zeta"]["a"][1], 2);
+    }
+
+    #[test]
+    fn a_spans_only_manifest_reads_back_without_kernel_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Manifest::spans_only("h".into(), vec![[10, 1], [20, 2]], OtlpPorts::default());
+        m.save(dir.path()).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST)).unwrap()).unwrap();
+        for absent in ["kernel_release", "cpus", "events", "per_cpu"] {
+            assert!(v.get(absent).is_none(), "{absent} in {v}");
+        }
+        assert_eq!(v["mode"], "receive");
+        assert_eq!(v["end"]["mono_ns"], 2);
+        assert_eq!(Manifest::load(dir.path()).unwrap(), m);
+    }
+}
