@@ -122,34 +122,18 @@ fn piece(p: &ReportPiece) -> PathPiece {
 /// The span ids of the requests of `op` (`GET /x` or `[svc] GET /x`) in
 /// requests.json.
 fn requests_of(run: &std::path::Path, op: &str) -> Result<Vec<String>> {
-    let path = deepspan_run::Run::new(run).requests_json();
-    let text = std::fs::read(&path).with_context(|| {
-        format!(
-            "cannot read {}: run `deepspan analyze {}` first",
-            path.display(),
-            run.display()
-        )
-    })?;
-    let doc: serde_json::Value =
-        serde_json::from_slice(&text).with_context(|| format!("{} is not JSON", path.display()))?;
-    let requests = doc["requests"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let text_of = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or_default().to_string();
-    let ids: Vec<String> = requests
-        .iter()
-        .filter(|r| {
-            let operation = text_of(r, "operation");
-            operation == op || format!("[{}] {}", text_of(r, "service"), operation) == op
-        })
-        .map(|r| text_of(r, "span_id"))
+    let doc = deepspan_store::json::read_requests_json(run)?;
+    let requests = doc.requests.len();
+    let ids: Vec<String> = doc
+        .requests
+        .into_iter()
+        .filter(|r| r.operation == op || format!("[{}] {}", r.service, r.operation) == op)
+        .map(|r| r.span_id)
         .collect();
     if ids.is_empty() {
         bail!(
-            "no request of operation {op:?} in {} ({} requests)",
-            path.display(),
-            requests.len()
+            "no request of operation {op:?} in {} ({requests} requests)",
+            run.display(),
         );
     }
     Ok(ids)

@@ -26,6 +26,7 @@
 
 use std::collections::HashMap;
 
+use deepspan_store::json::{Cause, RequestEntry, RequestsDoc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -158,7 +159,7 @@ pub struct PathCheck {
 }
 
 struct Req<'a> {
-    v: &'a Value,
+    entry: &'a RequestEntry,
     service: &'a str,
     operation: &'a str,
     start: u64,
@@ -167,27 +168,19 @@ struct Req<'a> {
 }
 
 impl<'a> Req<'a> {
-    fn parse(v: &'a Value) -> Option<Req<'a>> {
-        Some(Req {
-            v,
-            service: v.get("service")?.as_str()?,
-            operation: v.get("operation")?.as_str()?,
-            start: v.get("start_ns")?.as_u64()?,
-            end: v.get("end_ns")?.as_u64()?,
-            duration: v.get("duration_ns")?.as_u64()?,
-        })
-    }
-
-    fn str(&self, key: &str) -> String {
-        self.v
-            .get(key)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
+    fn new(entry: &'a RequestEntry) -> Req<'a> {
+        Req {
+            entry,
+            service: &entry.service,
+            operation: &entry.operation,
+            start: entry.start_ns,
+            end: entry.end_ns,
+            duration: entry.duration_ns,
+        }
     }
 
     fn diagnosis(&self) -> Option<&'a Value> {
-        self.v.get("diagnosis").filter(|d| !d.is_null())
+        self.entry.diagnosis.as_ref().filter(|d| !d.is_null())
     }
 
     fn cause(&self) -> Option<&'a str> {
@@ -209,28 +202,19 @@ impl<'a> Req<'a> {
     }
 
     fn excess(&self) -> u64 {
-        let baseline = self
-            .v
-            .get("baseline_ns")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
+        let baseline = self.entry.baseline_ns.unwrap_or(0);
         self.duration.saturating_sub(baseline)
     }
 
-    fn top_path_cause(&self) -> Option<&'a Value> {
-        self.v.get("causes")?.as_array()?.first()
+    fn top_path_cause(&self) -> Option<&'a Cause> {
+        self.entry.causes.first()
     }
 }
 
-/// Compares `requests_json` (a run's `analysis/requests.json`) with
-/// `expected`.
-pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
-    let all: Vec<Req> = requests_json
-        .get("requests")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Req::parse).collect())
-        .unwrap_or_default();
-    let diagnosis_available = all.iter().any(|r| r.v.get("diagnosis").is_some());
+/// Compares a run's `analysis/requests.json` with `expected`.
+pub fn check(expected: &Expected, requests: &RequestsDoc) -> Verdict {
+    let all: Vec<Req> = requests.requests.iter().map(Req::new).collect();
+    let diagnosis_available = all.iter().any(|r| r.diagnosis().is_some());
     let [w0, w1] = expected.window_ns;
     let t = &expected.target;
     let targets: Vec<&Req> = all
@@ -249,13 +233,12 @@ pub fn check(expected: &Expected, requests_json: &Value) -> Verdict {
     let anomalous: Vec<&Req> = targets
         .iter()
         .copied()
-        .filter(|r| r.v.get("anomalous").and_then(Value::as_bool) == Some(true))
+        .filter(|r| r.entry.anomalous)
         .collect();
     let mut found_cause = None;
     let mut culprits_found = false;
     if !diagnosis_available {
-        problems
-            .push("no diagnosis in requests.json (this deepspan analyze does not diagnose)".into());
+        problems.push("no request has a diagnosis in requests.json".into());
     } else if anomalous.is_empty() && !targets.is_empty() {
         problems.push(format!(
             "none of the {} {} requests in the fault window is anomalous",
@@ -359,7 +342,7 @@ fn root_verdict(expected: &Expected, felt: &Felt, all: &[Req]) -> RootVerdict {
     let mut anomalous: Vec<&Req> = requests
         .iter()
         .copied()
-        .filter(|r| r.v.get("anomalous").and_then(Value::as_bool) == Some(true))
+        .filter(|r| r.entry.anomalous)
         .collect();
     anomalous.sort_by_key(|r| std::cmp::Reverse(r.duration));
     let want = felt.root_cause.as_str();
@@ -481,20 +464,19 @@ fn path_check(expected: &Expected, all: &[Req], targets: &[&Req]) -> PathCheck {
         let Some(c) = r.top_path_cause() else {
             return false;
         };
-        let num = |k: &str| c.get(k).and_then(Value::as_u64).unwrap_or(0);
         if let Some(id) = &p.blocked_by_request {
-            if c.get("blocked_by_request").and_then(Value::as_str) != Some(id.as_str()) {
+            if c.blocked_by_request.as_ref() != Some(id) {
                 return false;
             }
         }
         if let Some(state) = &p.state {
-            if c.get("state").and_then(Value::as_str) != Some(state.as_str()) {
+            if c.state != state.as_str() {
                 return false;
             }
         }
         match p.throttled {
-            Some(true) => num("throttled_ns") > num("contended_ns"),
-            Some(false) => num("contended_ns") >= num("throttled_ns"),
+            Some(true) => c.throttled_ns > c.contended_ns,
+            Some(false) => c.contended_ns >= c.throttled_ns,
             None => true,
         }
     };
@@ -528,12 +510,12 @@ fn top_request(r: &Req) -> TopRequest {
     let d = r.diagnosis();
     let c = r.top_path_cause();
     TopRequest {
-        trace_id: r.str("trace_id"),
-        span_id: r.str("span_id"),
+        trace_id: r.entry.trace_id.clone(),
+        span_id: r.entry.span_id.clone(),
         service: r.service.to_string(),
         operation: r.operation.to_string(),
         duration_ns: r.duration,
-        anomalous: r.v.get("anomalous").and_then(Value::as_bool),
+        anomalous: Some(r.entry.anomalous),
         cause: r.cause().map(str::to_string),
         headline: d
             .and_then(|d| d.get("headline"))
@@ -546,11 +528,8 @@ fn top_request(r: &Req) -> TopRequest {
             .unwrap_or_default(),
         root_cause: r.root_cause().map(str::to_string),
         root_chain: r.root_chain().map(str::to_string),
-        path_top: c
-            .and_then(|c| c.get("label"))
-            .and_then(Value::as_str)
-            .map(str::to_string),
-        path_top_share: c.and_then(|c| c.get("share")).and_then(Value::as_f64),
+        path_top: c.map(|c| c.label.clone()),
+        path_top_share: c.map(|c| c.share),
     }
 }
 

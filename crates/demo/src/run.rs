@@ -253,12 +253,7 @@ pub fn check_run(run_dir: &Path) -> Result<Verdict> {
             .with_context(|| format!("read {}", expected_path.display()))?,
     )
     .with_context(|| format!("{} is not a scenario expectation", expected_path.display()))?;
-    let requests_path = Run::new(run_dir).requests_json();
-    let requests: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(&requests_path)
-            .with_context(|| format!("read {}", requests_path.display()))?,
-    )
-    .with_context(|| format!("{} is not JSON", requests_path.display()))?;
+    let requests = deepspan_store::json::read_requests_json(run_dir)?;
     Ok(check(&expected, &requests))
 }
 

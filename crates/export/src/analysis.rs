@@ -181,47 +181,29 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
             run: run_dir.to_path_buf(),
         });
     }
-    let bytes = std::fs::read(&json_path).map_err(|e| Error::io(&json_path, e))?;
-    let doc: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| bad(&json_path, e.to_string()))?;
-    let list = doc
-        .get("requests")
-        .and_then(|r| r.as_array())
-        .ok_or_else(|| bad(&json_path, "no \"requests\" array".into()))?;
-    let mut requests = Vec::with_capacity(list.len());
-    for (i, r) in list.iter().enumerate() {
-        let field = |name: &str| r.get(name).filter(|v| !v.is_null());
-        let id = |name: &str| field(name).and_then(|v| v.as_str()).map(str::to_string);
-        let trace_id = id("trace_id")
-            .and_then(|t| TraceId::from_hex(&t))
+    let doc = deepspan_store::json::read_requests_json(run_dir)
+        .map_err(|e| bad(&json_path, e.to_string()))?;
+    let mut requests = Vec::with_capacity(doc.requests.len());
+    for (i, r) in doc.requests.into_iter().enumerate() {
+        let trace_id = TraceId::from_hex(&r.trace_id)
             .ok_or_else(|| bad(&json_path, format!("requests[{i}].trace_id is not hex")))?;
-        let span_id = id("span_id")
-            .and_then(|t| SpanId::from_hex(&t))
+        let span_id = SpanId::from_hex(&r.span_id)
             .ok_or_else(|| bad(&json_path, format!("requests[{i}].span_id is not hex")))?;
-        let number = |name: &str| field(name).and_then(|v| v.as_u64());
         requests.push(Request {
             trace_id,
             span_id,
-            service: id("service").unwrap_or_default(),
-            operation: id("operation").unwrap_or_default(),
-            start_ns: number("start_ns").unwrap_or(0),
-            end_ns: number("end_ns").unwrap_or(0),
-            tid: field("tid").and_then(|v| v.as_i64()),
-            sync: id("sync").unwrap_or_default(),
-            lost_events: number("lost_events").unwrap_or(0),
-            truncated: field("truncated")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false),
-            anomalous: field("anomalous")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false),
-            baseline_ns: number("baseline_ns"),
-            top_cause: field("causes")
-                .and_then(|c| c.get(0))
-                .and_then(|c| c.get("label"))
-                .and_then(|l| l.as_str())
-                .map(str::to_string),
-            diagnosis: field("diagnosis").cloned(),
+            top_cause: r.causes.first().map(|c| c.label.clone()),
+            service: r.service,
+            operation: r.operation,
+            start_ns: r.start_ns,
+            end_ns: r.end_ns,
+            tid: r.tid.map(i64::from),
+            sync: r.sync.into_owned(),
+            lost_events: r.lost_events,
+            truncated: r.truncated,
+            anomalous: r.anomalous,
+            baseline_ns: r.baseline_ns,
+            diagnosis: r.diagnosis,
             pieces: Vec::new(),
         });
     }

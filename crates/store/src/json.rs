@@ -2,10 +2,12 @@
 //! the operations, in one small document for the UI and for scripts. The
 //! Parquet tables hold everything; this holds what a first look needs.
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::path::Path;
 
-use serde::Serialize;
+use deepspan_run::Run;
+use serde::{Deserialize, Serialize};
 
 use crate::tables::{path_state_name, RequestTotals};
 use crate::{cause_label, span_hex, trace_hex, AnalysisResults, Error};
@@ -13,13 +15,15 @@ use crate::{cause_label, span_hex, trace_hex, AnalysisResults, Error};
 /// Causes and system calls kept per request and per operation.
 pub const TOP: usize = 5;
 
+/// What the writer streams: [`RequestsDoc`]'s fields, in its order, with
+/// the requests made one at a time.
 #[derive(Serialize)]
 struct Doc<'a> {
     format_version: u32,
-    trace: TraceInfo<'a>,
+    trace: TraceInfo,
     notes: &'a [String],
     requests: Requests<'a>,
-    operations: Vec<OperationJson>,
+    operations: Vec<OperationEntry>,
 }
 
 /// The requests in their order, each made as it is written: the whole list
@@ -35,58 +39,76 @@ impl Serialize for Requests<'_> {
         s.collect_seq(
             self.order
                 .iter()
-                .filter_map(|&i| request_json(self.results, i)),
+                .filter_map(|&i| request_entry(self.results, i)),
         )
     }
 }
 
-#[derive(Serialize)]
-struct TraceInfo<'a> {
-    file: &'a str,
-    events: u64,
-    lost_events: u64,
-    start_ns: u64,
-    end_ns: u64,
-    threads: usize,
+/// `requests.json` as a whole, read back ([`read_requests_json`]): the
+/// types the writer writes, so a field cannot be written and read apart.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct RequestsDoc {
+    pub format_version: u32,
+    pub trace: TraceInfo,
+    pub notes: Vec<String>,
+    /// Slowest first.
+    pub requests: Vec<RequestEntry>,
+    pub operations: Vec<OperationEntry>,
 }
 
-#[derive(Serialize)]
-struct RequestJson {
-    trace_id: String,
-    span_id: String,
-    parent_span_id: Option<String>,
-    service: String,
-    operation: String,
-    kind: &'static str,
-    start_ns: u64,
-    end_ns: u64,
-    duration_ns: u64,
-    sync: &'static str,
-    tid: Option<i32>,
-    lost_events: u64,
-    truncated: bool,
-    totals: TotalsJson,
-    causes: Vec<CauseJson>,
+/// The kernel trace the analysis read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceInfo {
+    pub file: String,
+    pub events: u64,
+    pub lost_events: u64,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub threads: usize,
+}
+
+/// One request (a span with a critical path).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RequestEntry {
+    pub trace_id: String,
+    pub span_id: String,
+    pub parent_span_id: Option<String>,
+    pub service: String,
+    pub operation: String,
+    /// OTLP span kind, lower case.
+    pub kind: Cow<'static, str>,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub duration_ns: u64,
+    /// How the span was placed (`SyncSource` names).
+    pub sync: Cow<'static, str>,
+    pub tid: Option<i32>,
+    pub lost_events: u64,
+    pub truncated: bool,
+    pub totals: Totals,
+    /// The largest parts of its path by (state, thread, blocking request).
+    pub causes: Vec<Cause>,
     /// As `causes`, the blocking requests grouped by `[service] operation`.
-    cause_groups: Vec<CauseGroupJson>,
-    syscalls: Vec<SyscallJson>,
-    baseline_ns: Option<u64>,
-    anomalous: bool,
-    diagnosis: Option<serde_json::Value>,
+    pub cause_groups: Vec<CauseGroup>,
+    pub syscalls: Vec<SyscallTime>,
+    pub baseline_ns: Option<u64>,
+    pub anomalous: bool,
+    pub diagnosis: Option<serde_json::Value>,
 }
 
-#[derive(Serialize)]
-struct TotalsJson {
-    running_ns: u64,
-    preempted_ns: u64,
-    throttled_ns: u64,
-    blocked_by_requests_ns: u64,
-    unknown_ns: u64,
+/// A request's time by kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Totals {
+    pub running_ns: u64,
+    pub preempted_ns: u64,
+    pub throttled_ns: u64,
+    pub blocked_by_requests_ns: u64,
+    pub unknown_ns: u64,
 }
 
-impl From<RequestTotals> for TotalsJson {
-    fn from(t: RequestTotals) -> TotalsJson {
-        TotalsJson {
+impl From<RequestTotals> for Totals {
+    fn from(t: RequestTotals) -> Totals {
+        Totals {
             running_ns: t.running_ns,
             preempted_ns: t.preempted_ns,
             throttled_ns: t.throttled_ns,
@@ -96,70 +118,88 @@ impl From<RequestTotals> for TotalsJson {
     }
 }
 
-#[derive(Serialize)]
-struct CauseJson {
-    label: String,
-    state: &'static str,
-    tid: Option<i32>,
-    comm: Option<String>,
-    blocked_by_request: Option<String>,
-    ns: u64,
-    share: f64,
-    throttled_ns: u64,
-    contended_ns: u64,
-    wakeup_ns: u64,
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cause {
+    pub label: String,
+    pub state: Cow<'static, str>,
+    pub tid: Option<i32>,
+    pub comm: Option<String>,
+    pub blocked_by_request: Option<String>,
+    pub ns: u64,
+    pub share: f64,
+    pub throttled_ns: u64,
+    pub contended_ns: u64,
+    pub wakeup_ns: u64,
 }
 
-#[derive(Serialize)]
-struct CauseGroupJson {
-    label: String,
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CauseGroup {
+    pub label: String,
     /// The blocking requests' `[service] operation`; null for the
     /// request's own time.
-    blocked_by_operation: Option<String>,
+    pub blocked_by_operation: Option<String>,
     /// The blocking requests (span ids), most time first.
-    blocked_by_requests: Vec<String>,
+    pub blocked_by_requests: Vec<String>,
     /// State of the largest part.
-    state: &'static str,
-    ns: u64,
-    share: f64,
-    /// Per (state, thread): `label`, `state`, `ns`.
-    parts: Vec<CausePartJson>,
+    pub state: Cow<'static, str>,
+    pub ns: u64,
+    pub share: f64,
+    /// Per (state, thread).
+    pub parts: Vec<CausePart>,
 }
 
-#[derive(Serialize)]
-struct CausePartJson {
-    label: String,
-    state: &'static str,
-    ns: u64,
-    throttled_ns: u64,
-    contended_ns: u64,
-    wakeup_ns: u64,
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CausePart {
+    pub label: String,
+    pub state: Cow<'static, str>,
+    pub ns: u64,
+    pub throttled_ns: u64,
+    pub contended_ns: u64,
+    pub wakeup_ns: u64,
 }
 
-#[derive(Serialize)]
-struct SyscallJson {
-    syscall: String,
-    ns: u64,
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SyscallTime {
+    pub syscall: String,
+    pub ns: u64,
 }
 
-#[derive(Serialize)]
-struct OperationJson {
-    service: String,
-    operation: String,
-    requests: usize,
-    total_ns: u64,
-    mean_ns: u64,
-    max_ns: u64,
-    causes: Vec<OperationCauseJson>,
+/// One (service, operation) over all its requests.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OperationEntry {
+    pub service: String,
+    pub operation: String,
+    pub requests: usize,
+    pub total_ns: u64,
+    pub mean_ns: u64,
+    pub max_ns: u64,
+    pub causes: Vec<OperationCause>,
 }
 
-#[derive(Serialize)]
-struct OperationCauseJson {
-    state: &'static str,
-    comm: Option<String>,
-    blocked_by_requests: bool,
-    ns: u64,
-    share: f64,
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OperationCause {
+    pub state: Cow<'static, str>,
+    pub comm: Option<String>,
+    pub blocked_by_requests: bool,
+    pub ns: u64,
+    pub share: f64,
+}
+
+/// Reads `RUN/analysis/requests.json`.
+pub fn read_requests_json(run_dir: &Path) -> Result<RequestsDoc, Error> {
+    let path = Run::new(run_dir).requests_json();
+    if !path.is_file() {
+        return Err(Error::NotFound {
+            what: format!(
+                "{} has no analysis ({} is missing): run `deepspan analyze {}` first",
+                run_dir.display(),
+                path.display(),
+                run_dir.display()
+            ),
+        });
+    }
+    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
+    serde_json::from_slice(&bytes).map_err(|source| Error::Json { path, source })
 }
 
 /// Writes `requests.json` at `path`.
@@ -174,7 +214,7 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
         .iter()
         .map(|op| {
             let total = op.total_ns.max(1) as f64;
-            OperationJson {
+            OperationEntry {
                 service: op.key.0.clone(),
                 operation: op.key.1.clone(),
                 requests: op.requests,
@@ -185,8 +225,8 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
                     .rows
                     .iter()
                     .take(TOP)
-                    .map(|row| OperationCauseJson {
-                        state: path_state_name(row.state),
+                    .map(|row| OperationCause {
+                        state: path_state_name(row.state).into(),
                         comm: row.comm.map(|c| c.to_string_lossy()),
                         blocked_by_requests: row.blocked,
                         ns: row.ns,
@@ -200,7 +240,7 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
     let doc = Doc {
         format_version: 1,
         trace: TraceInfo {
-            file: r.trace_file,
+            file: r.trace_file.to_string(),
             events: r.events,
             lost_events: r.lost_events,
             start_ns,
@@ -224,22 +264,22 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
 }
 
 /// One request's entry; `None` for a path of no known span.
-fn request_json(r: &AnalysisResults, i: usize) -> Option<RequestJson> {
+fn request_entry(r: &AnalysisResults, i: usize) -> Option<RequestEntry> {
     let rec = &r.requests[i];
     let (p, s) = (&rec.path, &rec.summary);
     let span = r.spans.get(p.request as usize)?;
     let total = s.total_ns.max(1) as f64;
-    Some(RequestJson {
+    Some(RequestEntry {
         trace_id: trace_hex(span.trace_id),
         span_id: span_hex(span.span_id),
         parent_span_id: span.parent_span_id.map(span_hex),
         service: span.service.clone(),
         operation: span.operation.clone(),
-        kind: span.kind,
+        kind: span.kind.into(),
         start_ns: p.start,
         end_ns: p.end,
         duration_ns: p.duration(),
-        sync: p.sync.name(),
+        sync: p.sync.name().into(),
         tid: p.home.first().map(|h| h.2),
         lost_events: rec.lost_events,
         truncated: p.truncated,
@@ -248,9 +288,9 @@ fn request_json(r: &AnalysisResults, i: usize) -> Option<RequestJson> {
             .by_state
             .iter()
             .take(TOP)
-            .map(|row| CauseJson {
+            .map(|row| Cause {
                 label: cause_label(row, r.spans),
-                state: path_state_name(row.state),
+                state: path_state_name(row.state).into(),
                 tid: row.tid,
                 comm: row.comm.map(|c| c.to_string_lossy()),
                 blocked_by_request: row
@@ -267,7 +307,7 @@ fn request_json(r: &AnalysisResults, i: usize) -> Option<RequestJson> {
         cause_groups: crate::cause_groups(s, r.spans)
             .into_iter()
             .take(TOP)
-            .map(|g| CauseGroupJson {
+            .map(|g| CauseGroup {
                 label: crate::cause_group_label(&g, r.spans),
                 blocked_by_requests: g
                     .requests
@@ -278,15 +318,16 @@ fn request_json(r: &AnalysisResults, i: usize) -> Option<RequestJson> {
                 state: g
                     .parts
                     .first()
-                    .map_or("UNKNOWN", |p| path_state_name(p.state)),
+                    .map_or("UNKNOWN", |p| path_state_name(p.state))
+                    .into(),
                 ns: g.ns,
                 share: g.ns as f64 / total,
                 parts: g
                     .parts
                     .iter()
-                    .map(|row| CausePartJson {
+                    .map(|row| CausePart {
                         label: part_label(row, r.spans),
-                        state: path_state_name(row.state),
+                        state: path_state_name(row.state).into(),
                         ns: row.ns,
                         throttled_ns: row.throttled_ns,
                         contended_ns: row.contended_ns,
@@ -300,7 +341,7 @@ fn request_json(r: &AnalysisResults, i: usize) -> Option<RequestJson> {
             .by_syscall
             .iter()
             .take(TOP)
-            .map(|(label, ns)| SyscallJson {
+            .map(|(label, ns)| SyscallTime {
                 syscall: label.clone(),
                 ns: *ns,
             })

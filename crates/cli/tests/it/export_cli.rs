@@ -27,12 +27,20 @@ fn run_without_requests(dir: &Path) -> PathBuf {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     std::fs::create_dir_all(run.join("analysis")).unwrap();
-    std::fs::write(
-        run.join("analysis/requests.json"),
-        r#"{"format_version": 1, "requests": []}"#,
-    )
-    .unwrap();
+    std::fs::write(run.join("analysis/requests.json"), requests_json(&[])).unwrap();
     run
+}
+
+/// A requests.json of these requests, as `analyze` writes one.
+fn requests_json(requests: &[serde_json::Value]) -> String {
+    serde_json::json!({
+        "format_version": 1,
+        "trace": {"file": "", "events": 0, "lost_events": 0, "start_ns": 0, "end_ns": 0, "threads": 0},
+        "notes": [],
+        "requests": requests,
+        "operations": [],
+    })
+    .to_string()
 }
 
 #[test]
@@ -78,9 +86,18 @@ fn bad_analysis_files_and_urls_are_clear_errors() {
         stderr(&out)
     );
 
+    let request = serde_json::json!({
+        "trace_id": "zz", "span_id": "00000000000000aa", "parent_span_id": null,
+        "service": "s", "operation": "o", "kind": "server", "start_ns": 1, "end_ns": 2,
+        "duration_ns": 1, "sync": "exact", "tid": null, "lost_events": 0, "truncated": false,
+        "totals": {"running_ns": 0, "preempted_ns": 0, "throttled_ns": 0,
+                   "blocked_by_requests_ns": 0, "unknown_ns": 0},
+        "causes": [], "cause_groups": [], "syscalls": [], "baseline_ns": null,
+        "anomalous": false, "diagnosis": null,
+    });
     std::fs::write(
         run.join("analysis/requests.json"),
-        r#"{"requests": [{"trace_id": "zz"}]}"#,
+        requests_json(&[request]),
     )
     .unwrap();
     let out = deepspan()
@@ -97,6 +114,27 @@ fn bad_analysis_files_and_urls_are_clear_errors() {
         stderr(&out)
     );
     assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+
+    // A file that is not the analysis's: which file, and what is missing.
+    std::fs::write(
+        run.join("analysis/requests.json"),
+        r#"{"requests": [{"trace_id": "zz"}]}"#,
+    )
+    .unwrap();
+    let out = deepspan()
+        .arg("export")
+        .arg(&run)
+        .arg("--out")
+        .arg(dir.path().join("x.json"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("requests.json") && err.contains("missing field"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]

@@ -2,6 +2,50 @@ use serde_json::json;
 
 use super::*;
 
+/// The check of a requests.json written as JSON, each request and cause
+/// given by the fields that matter to the test; the rest as an analysis
+/// of nothing in particular writes them.
+fn check(expected: &Expected, requests_json: &Value) -> Verdict {
+    let over = |defaults: Value, given: &Value| {
+        let mut merged = defaults;
+        for (k, v) in given.as_object().expect("an object") {
+            merged[k] = v.clone();
+        }
+        merged
+    };
+    let cause_defaults = json!({"label": "", "state": "RUNNING", "tid": null, "comm": null,
+        "blocked_by_request": null, "ns": 0, "share": 0.0, "throttled_ns": 0,
+        "contended_ns": 0, "wakeup_ns": 0});
+    let request_defaults = json!({"trace_id": "0".repeat(32), "span_id": "0".repeat(16),
+        "parent_span_id": null, "service": "", "operation": "", "kind": "server",
+        "start_ns": 0, "end_ns": 0, "duration_ns": 0, "sync": "exact", "tid": null,
+        "lost_events": 0, "truncated": false,
+        "totals": {"running_ns": 0, "preempted_ns": 0, "throttled_ns": 0,
+                   "blocked_by_requests_ns": 0, "unknown_ns": 0},
+        "causes": [], "cause_groups": [], "syscalls": [], "baseline_ns": null,
+        "anomalous": false, "diagnosis": null});
+    let requests: Vec<Value> = requests_json["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let mut r = over(request_defaults.clone(), r);
+            let causes: Vec<Value> = r["causes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| over(cause_defaults.clone(), c))
+                .collect();
+            r["causes"] = causes.into();
+            r
+        })
+        .collect();
+    let doc = json!({"format_version": 1,
+        "trace": {"file": "", "events": 0, "lost_events": 0, "start_ns": 0, "end_ns": 0, "threads": 0},
+        "notes": [], "requests": requests, "operations": []});
+    super::check(expected, &serde_json::from_value(doc).unwrap())
+}
+
 fn expected() -> Expected {
     serde_json::from_value(json!({
         "scenario": "lock",
@@ -180,7 +224,7 @@ fn without_diagnoses_says_so_and_still_checks_the_path() {
     assert!(!v.ok && !v.diagnosis_available);
     assert_eq!(v.found_cause, None);
     assert!(
-        v.problems[0].starts_with("no diagnosis"),
+        v.problems[0].starts_with("no request has a diagnosis"),
         "{:?}",
         v.problems
     );
