@@ -46,7 +46,8 @@ impl Serialize for Requests<'_> {
 
 /// `requests.json` as a whole, read back ([`read_requests_json`]): the
 /// types the writer writes, so a field cannot be written and read apart.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+/// (The writer streams the requests instead of holding this.)
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestsDoc {
     pub format_version: u32,
     pub trace: TraceInfo,
@@ -57,7 +58,7 @@ pub struct RequestsDoc {
 }
 
 /// The kernel trace the analysis read.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceInfo {
     pub file: String,
     pub events: u64,

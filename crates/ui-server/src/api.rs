@@ -2,6 +2,7 @@
 //! handler turns a request parameter into a file path, so nothing outside
 //! the run folder can be reached through it.
 
+use deepspan_store::json::RequestEntry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -194,26 +195,14 @@ pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
             }
         }
     }
-    let services: BTreeSet<&str> = d
-        .requests()
-        .iter()
-        .filter_map(|r| r["service"].as_str())
-        .collect();
-    let causes: BTreeSet<&str> = d
-        .requests()
-        .iter()
-        .filter_map(|r| r["diagnosis"]["cause"].as_str())
-        .collect();
-    let root_causes: BTreeSet<&str> = d
-        .requests()
-        .iter()
-        .filter_map(|r| r["diagnosis"]["root_cause"]["cause"].as_str())
-        .collect();
+    let services: BTreeSet<&str> = d.requests().iter().map(|r| r.service.as_str()).collect();
+    let causes: BTreeSet<&str> = d.requests().iter().filter_map(cause).collect();
+    let root_causes: BTreeSet<&str> = d.requests().iter().filter_map(root_cause).collect();
     Ok(Json(json!({
         "run": d.dir.root().display().to_string(),
-        "trace": d.requests_json["trace"],
-        "notes": d.requests_json["notes"],
-        "operations": d.requests_json["operations"],
+        "trace": d.requests_doc.trace,
+        "notes": d.requests_doc.notes,
+        "operations": d.requests_doc.operations,
         "requests": d.requests().len(),
         "threads": d.threads.len(),
         "cpus": d.cpus.keys().collect::<Vec<_>>(),
@@ -224,7 +213,7 @@ pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
         "services": services,
         "causes": causes,
         "root_causes": root_causes,
-        "has_diagnosis": d.requests().iter().any(|r| r.get("diagnosis").is_some()),
+        "has_diagnosis": d.requests().iter().any(|r| r.diagnosis.is_some()),
         "span_warnings": st.spans.warnings,
         // A merged run's hosts (null for a run of one host); a broken
         // hosts.json is reported, not fatal.
@@ -275,36 +264,26 @@ pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiRes
             )));
         }
     }
-    let key = if sort == "duration" {
-        "duration_ns"
-    } else {
-        "start_ns"
-    };
-    let mut list: Vec<&Value> = st
+    let by_duration = sort == "duration";
+    let mut list: Vec<&RequestEntry> = st
         .data
         .requests()
         .iter()
-        .filter(|r| {
-            p.str("service")
-                .is_none_or(|v| r["service"].as_str() == Some(v))
-        })
-        .filter(|r| {
-            p.str("operation")
-                .is_none_or(|v| r["operation"].as_str() == Some(v))
-        })
-        .filter(|r| {
-            p.str("cause")
-                .is_none_or(|v| r["diagnosis"]["cause"].as_str() == Some(v))
-        })
-        .filter(|r| {
-            p.str("root_cause")
-                .is_none_or(|v| r["diagnosis"]["root_cause"]["cause"].as_str() == Some(v))
-        })
-        .filter(|r| anomalous.is_none_or(|a| r["anomalous"].as_bool().unwrap_or(false) == a))
-        .filter(|r| from.is_none_or(|f| r["end_ns"].as_i64().unwrap_or(0) > f))
-        .filter(|r| to.is_none_or(|t| r["start_ns"].as_i64().unwrap_or(0) < t))
+        .filter(|r| p.str("service").is_none_or(|v| r.service == v))
+        .filter(|r| p.str("operation").is_none_or(|v| r.operation == v))
+        .filter(|r| p.str("cause").is_none_or(|v| cause(r) == Some(v)))
+        .filter(|r| p.str("root_cause").is_none_or(|v| root_cause(r) == Some(v)))
+        .filter(|r| anomalous.is_none_or(|a| r.anomalous == a))
+        .filter(|r| from.is_none_or(|f| r.end_ns as i64 > f))
+        .filter(|r| to.is_none_or(|t| (r.start_ns as i64) < t))
         .collect();
-    list.sort_by_key(|r| r[key].as_u64().unwrap_or(0));
+    list.sort_by_key(|r| {
+        if by_duration {
+            r.duration_ns
+        } else {
+            r.start_ns
+        }
+    });
     if order == "desc" {
         list.reverse();
     }
@@ -313,7 +292,17 @@ pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiRes
     Ok(Json(json!({ "total": total, "requests": list })))
 }
 
-fn find_request<'a>(st: &'a AppState, id: &str) -> Result<(&'a Value, String), ApiError> {
+/// A request's diagnosed cause.
+fn cause(r: &RequestEntry) -> Option<&str> {
+    r.diagnosis.as_ref()?["cause"].as_str()
+}
+
+/// A request's root cause, through the chains of requests it waited for.
+fn root_cause(r: &RequestEntry) -> Option<&str> {
+    r.diagnosis.as_ref()?["root_cause"]["cause"].as_str()
+}
+
+fn find_request<'a>(st: &'a AppState, id: &str) -> Result<(&'a RequestEntry, String), ApiError> {
     if id.is_empty() || id.len() > 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ApiError::bad(format!(
             "{id:?} is not a request id (a span id: 16 hex digits; or a trace id: 32)"
@@ -324,23 +313,17 @@ fn find_request<'a>(st: &'a AppState, id: &str) -> Result<(&'a Value, String), A
         return Ok((r, id));
     }
     // A trace id: its root request, else its longest.
-    let mut in_trace: Vec<&Value> = st
+    let mut in_trace: Vec<&RequestEntry> = st
         .data
         .requests()
         .iter()
-        .filter(|r| r["trace_id"].as_str() == Some(id.as_str()))
+        .filter(|r| r.trace_id == id)
         .collect();
-    in_trace.sort_by_key(|r| {
-        (
-            !r["parent_span_id"].is_null(),
-            std::cmp::Reverse(r["duration_ns"].as_u64()),
-        )
-    });
+    in_trace.sort_by_key(|r| (r.parent_span_id.is_some(), std::cmp::Reverse(r.duration_ns)));
     let r = in_trace
         .first()
         .ok_or_else(|| ApiError::not_found(format!("no request with span id or trace id {id}")))?;
-    let span = r["span_id"].as_str().unwrap_or_default().to_string();
-    Ok((r, span))
+    Ok((r, r.span_id.clone()))
 }
 
 /// `GET /api/requests/{id}`: one request, its summary, system calls and
@@ -365,7 +348,7 @@ pub async fn request(
             blockers.insert(b);
         }
     }
-    let home = r["tid"].as_i64();
+    let home = r.tid.map(i64::from);
     let mut thread_list: Vec<Value> = threads
         .iter()
         .map(|(tid, (comm, ns))| json!({"tid": tid, "comm": comm, "ns": ns, "home": Some(*tid as i64) == home}))
@@ -380,8 +363,8 @@ pub async fn request(
     let blockers: Vec<Value> = blockers
         .iter()
         .map(|b| match d.request(b) {
-            Some(x) => json!({"span_id": b, "trace_id": x["trace_id"], "service": x["service"], "operation": x["operation"],
-                               "start_ns": x["start_ns"], "end_ns": x["end_ns"]}),
+            Some(x) => json!({"span_id": b, "trace_id": x.trace_id, "service": x.service, "operation": x.operation,
+                               "start_ns": x.start_ns, "end_ns": x.end_ns}),
             None => json!({"span_id": b}),
         })
         .collect();
@@ -392,7 +375,7 @@ pub async fn request(
         // How a span without deepspan fields was placed, and why (null when
         // the SDK placed it, or nothing did).
         "placement": d.placements.get(&span).cloned().unwrap_or(Value::Null),
-        "diagnosis": r.get("diagnosis").cloned().unwrap_or(Value::Null),
+        "diagnosis": r.diagnosis,
         "summary": summary,
         "syscalls": d.syscalls.get(&span).map(|v| v.iter().map(|(s, ns)| json!({"syscall": s, "ns": ns})).collect::<Vec<_>>()),
         "pieces": pieces.len(),
@@ -411,8 +394,7 @@ pub async fn request_spans(
 ) -> ApiResult {
     Params::parse(q, &[])?;
     let (r, span) = find_request(&st, &id)?;
-    let trace_id = r["trace_id"].as_str().unwrap_or_default();
-    let view = st.spans.trace(trace_id);
+    let view = st.spans.trace(&r.trace_id);
     Ok(Json(json!({
         "request_span_id": span,
         "trace": view,
@@ -450,8 +432,8 @@ pub async fn request_profile(
             })?;
     let t = profile.totals;
     Ok(Json(json!({
-        "span_id": r["span_id"],
-        "duration_ns": r["duration_ns"],
+        "span_id": r.span_id,
+        "duration_ns": r.duration_ns,
         "hz": profile.hz,
         "on_cpu_ns": t.on_cpu_ns,
         "off_cpu_ns": t.off_cpu_ns,
@@ -500,10 +482,7 @@ pub async fn request_timeline(
     let p = Params::parse(q, &["start_ns", "end_ns", "resolution_ns"])?;
     let (r, span) = find_request(&st, &id)?;
     let d = &st.data;
-    let req_range = (
-        r["start_ns"].as_i64().unwrap_or(0),
-        r["end_ns"].as_i64().unwrap_or(0),
-    );
+    let req_range = (r.start_ns as i64, r.end_ns as i64);
     let (from, to, res) = p.window(req_range)?;
     let pieces = d.paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
     // One lane per thread; the LOD runs per lane on that thread's pieces.
@@ -572,21 +551,19 @@ pub async fn concurrent(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiR
     let d = &st.data;
     let (from, to, res) = p.window(d.range)?;
     let limit = p.positive("limit")?.map_or(200, |v| v as usize);
-    let mut reqs: Vec<&Value> = d
+    let mut reqs: Vec<&RequestEntry> = d
         .requests()
         .iter()
-        .filter(|r| {
-            r["end_ns"].as_i64().unwrap_or(0) > from && r["start_ns"].as_i64().unwrap_or(0) < to
-        })
+        .filter(|r| r.end_ns as i64 > from && (r.start_ns as i64) < to)
         .collect();
-    reqs.sort_by_key(|r| r["start_ns"].as_i64());
+    reqs.sort_by_key(|r| r.start_ns);
     let total = reqs.len();
     reqs.truncate(limit);
-    let shown: HashSet<&str> = reqs.iter().filter_map(|r| r["span_id"].as_str()).collect();
+    let shown: HashSet<&str> = reqs.iter().map(|r| r.span_id.as_str()).collect();
     let mut out = Vec::new();
     let mut arrows = Vec::new();
     for r in &reqs {
-        let span = r["span_id"].as_str().unwrap_or_default();
+        let span = r.span_id.as_str();
         let pieces = d.paths.get(span).map(Vec::as_slice).unwrap_or(&[]);
         let (drawn, _) = reduce(pieces, from, to, res, LANE_LIMIT);
         let mut last_blocker: Option<(&str, i64)> = None;
@@ -608,14 +585,14 @@ pub async fn concurrent(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiR
         }
         out.push(json!({
             "span_id": span,
-            "trace_id": r["trace_id"],
-            "service": r["service"],
-            "operation": r["operation"],
-            "start_ns": r["start_ns"],
-            "end_ns": r["end_ns"],
-            "duration_ns": r["duration_ns"],
-            "anomalous": r.get("anomalous"),
-            "cause": r["diagnosis"]["cause"],
+            "trace_id": r.trace_id,
+            "service": r.service,
+            "operation": r.operation,
+            "start_ns": r.start_ns,
+            "end_ns": r.end_ns,
+            "duration_ns": r.duration_ns,
+            "anomalous": r.anomalous,
+            "cause": cause(r),
             "intervals": drawn.iter().map(|dr| piece_json(d, &pieces[dr.index], dr)).collect::<Vec<_>>(),
         }));
     }

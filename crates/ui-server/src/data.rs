@@ -13,6 +13,7 @@ use deepspan_run::analysis::{
 };
 use deepspan_run::{layout, Run};
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
+use deepspan_store::json::{RequestEntry, RequestsDoc};
 use deepspan_store::table::{read_rows, Cell};
 use serde_json::Value;
 
@@ -206,10 +207,9 @@ impl Interval for Piece {
 /// Everything loaded from `RUN/analysis/`.
 pub struct RunData {
     pub dir: RunDir,
-    /// `requests.json` as written (with the diagnosis fields when the
-    /// analysis wrote them).
-    pub requests_json: Value,
-    /// span id → index in `requests_json["requests"]`.
+    /// `requests.json`.
+    pub requests_doc: RequestsDoc,
+    /// span id → index in `requests_doc.requests`.
     pub request_index: HashMap<String, usize>,
     pub strings: Strings,
     pub threads: BTreeMap<i32, ThreadLane>,
@@ -374,21 +374,21 @@ impl RunData {
         let json_path = dir.analysis(REQUESTS_JSON)?;
         // Written by analyses that placed spans from the kernel trace only.
         let placements_path = dir.analysis(PLACEMENTS_JSON).ok();
-        let requests_json: Value =
+        let requests_doc: RequestsDoc =
             serde_json::from_slice(&std::fs::read(&json_path).map_err(|e| {
                 DataError::Missing(format!("cannot read {}: {e}", json_path.display()))
             })?)
             .map_err(|e| {
-                DataError::Bad(format!("{} is not valid JSON: {e}", json_path.display()))
+                DataError::Bad(format!(
+                    "{} is not an analysis's requests.json: {e}",
+                    json_path.display()
+                ))
             })?;
-        let request_index: HashMap<String, usize> = requests_json["requests"]
-            .as_array()
-            .ok_or_else(|| {
-                DataError::Bad(format!("{} has no \"requests\" list", json_path.display()))
-            })?
+        let request_index: HashMap<String, usize> = requests_doc
+            .requests
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| r["span_id"].as_str().map(|s| (s.to_string(), i)))
+            .map(|(i, r)| (r.span_id.clone(), i))
             .collect();
 
         let mut strings = Strings::default();
@@ -549,16 +549,13 @@ impl RunData {
             v.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
         }
         if range.0 > range.1 {
-            let t = &requests_json["trace"];
-            range = (
-                t["start_ns"].as_i64().unwrap_or(0),
-                t["end_ns"].as_i64().unwrap_or(0),
-            );
+            let t = &requests_doc.trace;
+            range = (t.start_ns as i64, t.end_ns as i64);
         }
         let hosts = load_hosts(&dir);
         Ok(RunData {
             dir,
-            requests_json,
+            requests_doc,
             request_index,
             strings,
             threads,
@@ -574,16 +571,13 @@ impl RunData {
     }
 
     /// The `requests.json` entry of a request, by span id.
-    pub fn request(&self, span_id: &str) -> Option<&Value> {
+    pub fn request(&self, span_id: &str) -> Option<&RequestEntry> {
         let i = *self.request_index.get(span_id)?;
-        self.requests_json["requests"].get(i)
+        self.requests_doc.requests.get(i)
     }
 
-    pub fn requests(&self) -> &[Value] {
-        self.requests_json["requests"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
+    pub fn requests(&self) -> &[RequestEntry] {
+        &self.requests_doc.requests
     }
 }
 

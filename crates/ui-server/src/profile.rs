@@ -9,6 +9,7 @@
 //! (blazesym's symbolizer cannot move between threads), which answers one
 //! request's path at a time and keeps its symbol caches between them.
 
+use deepspan_store::json::RequestEntry;
 use std::path::PathBuf;
 use std::sync::{mpsc, OnceLock};
 
@@ -134,7 +135,7 @@ impl Profiles {
         &self,
         data: &RunData,
         span_id: &str,
-        request: &Value,
+        request: &RequestEntry,
     ) -> Result<RequestProfile, String> {
         let recorded = self
             .recorded
@@ -142,11 +143,7 @@ impl Profiles {
             .ok_or_else(|| "this run has no CPU samples".to_string())?;
         let pieces = data.paths.get(span_id).map(Vec::as_slice).unwrap_or(&[]);
         let path: Vec<PathPiece> = pieces.iter().map(|p| path_piece(data, p)).collect();
-        let root = format!(
-            "[{}] {}",
-            request["service"].as_str().unwrap_or("?"),
-            request["operation"].as_str().unwrap_or("?")
-        );
+        let root = format!("[{}] {}", request.service, request.operation);
         let (reply, answer) = mpsc::channel();
         let job = Job {
             root: root.clone(),
@@ -182,11 +179,7 @@ fn path_piece(data: &RunData, p: &Piece) -> PathPiece {
     let name = |i: u32| if i == NONE { None } else { data.strings.get(i) };
     let text = |i| name(i).map(str::to_string);
     let blocked_by_request = name(p.blocked_by_request).map(|id| match data.request(id) {
-        Some(r) => format!(
-            "[{}] {}",
-            r["service"].as_str().unwrap_or("?"),
-            r["operation"].as_str().unwrap_or("?")
-        ),
+        Some(r) => format!("[{}] {}", r.service, r.operation),
         None => id.to_string(),
     });
     PathPiece {

@@ -21,7 +21,12 @@ fn empty_run(dir: &Path) -> std::path::PathBuf {
     let run = dir.join("run");
     let analysis = Run::new(&run).analysis_dir();
     std::fs::create_dir_all(&analysis).unwrap();
-    std::fs::write(analysis.join("requests.json"), r#"{"requests": []}"#).unwrap();
+    let no_requests = deepspan_store::json::RequestsDoc::default();
+    std::fs::write(
+        analysis.join("requests.json"),
+        serde_json::to_vec(&no_requests).unwrap(),
+    )
+    .unwrap();
     for (name, columns) in [
         (THREAD_STATES, THREAD_STATES_COLUMNS),
         (CRITICAL_PATH, CRITICAL_PATH_COLUMNS),
