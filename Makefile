@@ -67,15 +67,17 @@ demo: setup-build
 
 # The fast loop, after each change: format, clippy, and every test that
 # needs no root, no tracefs and no service (tests that do are marked
-# `#[ignore = "system: …"]`, which `make test` lifts), and the Python SDK's
-# own tests. Shares the release build with `make demo` and `make test`:
-# `cargo test` without --workspace takes the default members, which leave
-# out the criterion benchmarks (crates/bench says why).
+# `#[ignore = "system: …"]`, which `make test` lifts), the Python SDK's
+# own tests, and the web UI's number formats against
+# docs/format-vectors.json. Shares the release build with `make demo` and
+# `make test`: `cargo test` without --workspace takes the default members,
+# which leave out the criterion benchmarks (crates/bench says why).
 check: setup-check ui
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 	$(CARGO) test --release
 	python3 -m pytest -q -p no:cacheprovider sdk/python/tests
+	node ui/test/units.test.mjs
 
 # The whole suite; system tests need root and tracefs, and fail instead of
 # skipping when DEEPSPAN_REQUIRE_KERNEL is set (.ci/run sets it). Each stage
@@ -87,6 +89,7 @@ test:
 	@$(TIMED) "Rust tests" env CARGO=$(CARGO) scripts/rust-tests.sh
 	@$(TIMED) "Python SDK tests" python3 -m pytest -q -p no:cacheprovider sdk/python/tests
 	@$(TIMED) "fleet tables" python3 -m pytest -q -p no:cacheprovider tests/fleet --deepspan $(DEEPSPAN_BIN)
+	@$(TIMED) "UI units" node ui/test/units.test.mjs
 	@$(TIMED) "UI end to end" node ui/e2e/e2e.mjs --deepspan $(DEEPSPAN_BIN) --out $(TARGET_DIR)/ui-e2e
 
 # The binaries the suite runs and every test binary, built once.

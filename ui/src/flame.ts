@@ -4,7 +4,7 @@
 // width is the request's duration. Click a frame to zoom into it, click
 // a frame above the zoomed one (or double-click) to zoom back out.
 
-import { esc, fmtNs } from "./format";
+import { esc, fmtNs, fmtShare } from "./format";
 
 /** A node of the server's flame tree (deepspan_profile::FlameNode). */
 export interface FlameNode {
@@ -230,9 +230,9 @@ export class FlameGraph {
     const kind = frameKind(n);
     const rows = [`<b>${esc(n.name)}</b>`];
     if (n.module) rows.push(`<span class="muted">${esc(n.module)}</span>`);
-    rows.push(`${fmtNs(n.value_ns)} · ${((100 * n.value_ns) / total).toFixed(1)}% of the request`);
+    rows.push(`${fmtNs(n.value_ns)} · ${fmtShare(n.value_ns / total)} of the request`);
     if (focus !== this.profile.tree && !q.ancestor)
-      rows.push(`${((100 * n.value_ns) / Math.max(1, focus.value_ns)).toFixed(1)}% of ${esc(focus.name)}`);
+      rows.push(`${fmtShare(n.value_ns / Math.max(1, focus.value_ns))} of ${esc(focus.name)}`);
     if (kind === "on") rows.push(n.samples ? `on the CPU · ${n.samples} sample${n.samples === 1 ? "" : "s"}` : "on the CPU · no sample fell in it");
     else if (kind === "off") rows.push("off the CPU (waiting)");
     else rows.push(`on the CPU ${fmtNs(n.on_cpu_ns)} (${n.samples} samples) · off the CPU ${fmtNs(n.value_ns - n.on_cpu_ns)}`);

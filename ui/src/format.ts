@@ -1,6 +1,7 @@
 // Colours and number formats shared by every view.
 
 import type { HostInfo } from "./api";
+import { fmtNs } from "./units";
 
 /** Kernel state colours (Gelle et al. 2021's figures: RUNNING green, PREEMPTED orange, BLOCKED grey …). */
 export const STATE_COLORS: Record<string, string> = {
@@ -32,13 +33,7 @@ export function threadColor(tid: number): string {
   return `hsl(${h} 55% 55%)`;
 }
 
-export function fmtNs(ns: number): string {
-  const a = Math.abs(ns);
-  if (a >= 1e9) return `${(ns / 1e9).toFixed(a >= 1e10 ? 1 : 2)} s`;
-  if (a >= 1e6) return `${(ns / 1e6).toFixed(a >= 1e7 ? 1 : 2)} ms`;
-  if (a >= 1e3) return `${(ns / 1e3).toFixed(a >= 1e4 ? 1 : 2)} µs`;
-  return `${Math.round(ns)} ns`;
-}
+export { fmtEvidence, fmtNs, fmtShare } from "./units";
 
 /**
  * Thread ids of a merged run carry their host's number above bit 22 (`host << 22 | tid`,

@@ -6,7 +6,7 @@
 
 import { ApiError, CauseObject, Drawn, get, RequestRow, Diagnosis } from "./api";
 import { FLAME_LEGEND, FlameGraph, ProfileResponse } from "./flame";
-import { BLOCKED_BY_REQUEST, el, esc, fmtNs, fmtTid, legend, stateColor, STATE_COLORS } from "./format";
+import { BLOCKED_BY_REQUEST, el, esc, fmtEvidence, fmtNs, fmtShare, fmtTid, legend, stateColor, STATE_COLORS } from "./format";
 import { Lane, Timeline } from "./timeline";
 
 interface SummaryRow {
@@ -180,7 +180,7 @@ async function flameGraph(panel: HTMLElement, id: string): Promise<void> {
     return;
   }
   const total = p.tree.value_ns;
-  const pct = (ns: number) => `${((100 * ns) / total).toFixed(1)}%`;
+  const pct = (ns: number) => fmtShare(ns / total);
   panel.innerHTML = `<h2>Which code: flame graph <small>(widths: wall time on the kernel critical path; on-CPU time shared among the samples taken in it)</small></h2>
     <p class="muted">on the CPU <b>${fmtNs(p.on_cpu_ns)}</b> (${pct(p.on_cpu_ns)}; ${p.samples} samples at ${p.hz} Hz${p.unsampled_ns ? `, ${fmtNs(p.unsampled_ns)} on threads no sample fell on` : ""})
     · off the CPU <b>${fmtNs(p.off_cpu_ns)}</b> (${pct(p.off_cpu_ns)})
@@ -252,7 +252,7 @@ function causeHtml(d: CauseObject, blockerName: Map<string, string>): string {
   items.sort((a, b) => b.ns - a.ns);
   const culprits = items.map((i) => `<li>${i.html}</li>`).join("");
   const evidence = Object.entries(d.evidence ?? {})
-    .map(([k, v]) => `<code>${esc(k)}=${esc(typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : v)}</code>`)
+    .map(([k, v]) => `<code>${esc(fmtEvidence(k, v))}</code>`)
     .join(" ");
   return `<div><span class="cause">${esc(d.cause)}</span> ${esc(d.headline)}</div>
     ${evidence ? `<div class="evidence">${evidence}</div>` : ""}
@@ -382,7 +382,7 @@ function summaryChart(parent: HTMLElement, d: RequestDetail, blockerName: Map<st
     .map(
       (s) => `<tr data-state="${esc(s.state)}"><td><i class="sw" style="background:${s.color};${s.blockers ? `outline:2px solid ${BLOCKED_BY_REQUEST}` : ""}"></i>
         ${blockerCell(s.label, s.blockers)}</td>
-        <td class="num">${fmtNs(s.ns)}</td><td class="num">${total ? ((100 * s.ns) / total).toFixed(1) : "0"}%</td></tr>`,
+        <td class="num">${fmtNs(s.ns)}</td><td class="num">${fmtShare(total ? s.ns / total : 0)}</td></tr>`,
     )
     .join("");
   wrap.append(table);

@@ -42,7 +42,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use deepspan_model::Tid;
+use deepspan_model::{human, Tid};
 
 use crate::request::SpanIdx;
 use crate::state::{BlockReason, KernelModel, SyscallInterval, ThreadHistory, ThreadState};
@@ -517,24 +517,24 @@ impl Candidates {
         evidence.push(format!(
             "thread {} ran {} from the start and {} from the end",
             best.tid,
-            human(best.run_start),
-            human(best.run_end)
+            human::duration(best.run_start),
+            human::duration(best.run_end)
         ));
         if let Some((gap, waker, call)) = best.receive {
             match waker {
                 Some(w) if best.queued => evidence.push(format!(
                     "{call} returned {} before the start on acceptor thread {w}; no wake-up: it took the request from the queue",
-                    human(gap)
+                    human::duration(gap)
                 )),
                 Some(w) => evidence.push(format!(
                     "{call} returned {} before the start on thread {w}, which then woke it (hand-off)",
-                    human(gap)
+                    human::duration(gap)
                 )),
-                None => evidence.push(format!("{call} returned {} before the start", human(gap))),
+                None => evidence.push(format!("{call} returned {} before the start", human::duration(gap))),
             }
         }
         if let Some((gap, call)) = best.send {
-            evidence.push(format!("{call} {} from the end", human(gap)));
+            evidence.push(format!("{call} {} from the end", human::duration(gap)));
         }
         if best.name_matched {
             evidence.push("thread.name is its comm".into());
@@ -1091,16 +1091,6 @@ fn names_service(cmdline: &str, service: &str) -> bool {
     let want = words(service);
     let have = words(cmdline);
     !want.is_empty() && have.windows(want.len()).any(|w| w == want.as_slice())
-}
-
-fn human(ns: u64) -> String {
-    if ns < 1_000 {
-        format!("{ns} ns")
-    } else if ns < 1_000_000 {
-        format!("{:.1} µs", ns as f64 / 1e3)
-    } else {
-        format!("{:.2} ms", ns as f64 / 1e6)
-    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use deepspan_analysis::SyncSource;
-use deepspan_model::Tid;
+use deepspan_model::{human, Tid};
 use deepspan_pipeline::hosts::{merge_runs, HostClock};
 use deepspan_pipeline::{
     read_placement, AnalysisOutcome, AnalyzeOptions, PlacementRecord, Progress, Step,
@@ -295,7 +295,7 @@ fn print_slowest(out: &mut impl Write, r: &AnalysisOutcome, top: usize) -> Resul
                     .iter()
                     .find(|e| e.0 == "share")
                     .map_or(0.0, |e| e.1);
-                format!("{} {:.0}%", d.cause.name(), share * 100.0)
+                format!("{} {}", d.cause.name(), human::share(share))
             }
             (None, SyncSource::None) => "no kernel path (sync: none)".to_string(),
             (None, _) => "-".to_string(),
@@ -303,11 +303,11 @@ fn print_slowest(out: &mut impl Write, r: &AnalysisOutcome, top: usize) -> Resul
         writeln!(
             out,
             "{:>10} {} {:016x}  {:<20}  {}",
-            human_ns(p.duration()),
+            human::duration(p.duration()),
             if rec.anomalous { '!' } else { ' ' },
             meta.span_id,
             fit(&meta.operation_label(), 20),
-            fit(&cause, 25)
+            fit(&cause, 27)
         )?;
         if let Some(d) = &rec.diagnosis {
             writeln!(out, "  {}", fit(&d.headline, 78))?;
@@ -318,9 +318,9 @@ fn print_slowest(out: &mut impl Write, r: &AnalysisOutcome, top: usize) -> Resul
                     .find(|e| e.0 == "share")
                     .map_or(0.0, |e| e.1);
                 let line = format!(
-                    "root: {} {:.0}%: {}",
+                    "root: {} {}: {}",
                     root.cause.name(),
-                    share * 100.0,
+                    human::share(share),
                     root.chain
                 );
                 writeln!(out, "  {}", fit(&line, 78))?;
@@ -338,20 +338,6 @@ fn fit(s: &str, width: usize) -> String {
     let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
     out.push('…');
     out
-}
-
-/// A duration for people: `850 ns`, `237.3 µs`, `2.909 ms`, `1.234 s`.
-fn human_ns(ns: u64) -> String {
-    let f = ns as f64;
-    if ns < 1_000 {
-        format!("{ns} ns")
-    } else if ns < 1_000_000 {
-        format!("{:.1} µs", f / 1e3)
-    } else if ns < 1_000_000_000 {
-        format!("{:.3} ms", f / 1e6)
-    } else {
-        format!("{:.3} s", f / 1e9)
-    }
 }
 
 pub fn report(args: ReportArgs) -> Result<()> {
@@ -415,9 +401,9 @@ fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64, detail: bool
         Some(b) if r.details.anomalous => format!(
             "ANOMALOUS, {:.1}x the median {}",
             duration as f64 / b.max(1) as f64,
-            human_ns(b)
+            human::duration(b)
         ),
-        Some(b) => format!("normal: its operation's median is {}", human_ns(b)),
+        Some(b) => format!("normal: its operation's median is {}", human::duration(b)),
         None => "no baseline: < 3 requests of its operation".to_string(),
     };
     writeln!(
@@ -467,13 +453,8 @@ fn print_cause(out: &mut impl Write, d: &serde_json::Value, detail: bool) -> Res
         let items: Vec<String> = ev
             .iter()
             .map(|(k, v)| match v.as_f64() {
-                Some(f) if k.ends_with("_ns") || k == "ns" => format!("{k}={}", human_ns(f as u64)),
-                Some(f) if k.ends_with("share") || k.ends_with("_ratio") => {
-                    format!("{k}={:.0}%", f * 100.0)
-                }
-                Some(f) if k == "futex_uaddr" => format!("{k}={:#x}", f as u64),
-                Some(f) if f.fract() != 0.0 => format!("{k}={f:.2}"),
-                _ => format!("{k}={v}"),
+                Some(f) => human::evidence(k, f),
+                None => format!("{k}={v}"),
             })
             .collect();
         // Wrapped at 80 columns.
@@ -495,7 +476,7 @@ fn print_cause(out: &mut impl Write, d: &serde_json::Value, detail: bool) -> Res
             "  culprit {:<8} {:<51}{:>10}",
             kind,
             fit(&who, 51),
-            human_ns(ns)
+            human::duration(ns)
         )?;
     }
     Ok(())
@@ -575,7 +556,7 @@ fn print_report(
         out,
         "\n  trace {} {}  sync: {}  lost events: {}",
         q.trace_id,
-        human_ns(duration),
+        human::duration(duration),
         r.details.sync,
         r.lost_events
     )?;
@@ -676,7 +657,7 @@ fn print_report(
             out,
             "  {:<54}{:>13}{:>7.1}%",
             fit(label, 54),
-            human_ns(*ns),
+            human::duration(*ns),
             pct(*ns)
         )?;
         for (part, ns) in parts.iter().take(3) {
@@ -684,7 +665,7 @@ fn print_report(
                 out,
                 "      {:<50}{:>13}{:>7.1}%",
                 fit(part, 50),
-                human_ns(*ns),
+                human::duration(*ns),
                 pct(*ns)
             )?;
         }
@@ -700,7 +681,7 @@ fn print_report(
                 out,
                 "  {:<54}{:>13}{:>7.1}%",
                 fit(label, 54),
-                human_ns(*ns),
+                human::duration(*ns),
                 *ns as f64 * 100.0 / total
             )?;
         }
@@ -744,8 +725,8 @@ fn print_report(
         writeln!(
             out,
             "  {:>10} {:>10}  {:<12} {:<16} {}",
-            fit(&human_ns(p.start_ns.saturating_sub(q.start_ns)), 10),
-            fit(&human_ns(p.end_ns.saturating_sub(p.start_ns)), 10),
+            fit(&human::duration(p.start_ns.saturating_sub(q.start_ns)), 10),
+            fit(&human::duration(p.end_ns.saturating_sub(p.start_ns)), 10),
             p.state,
             fit(
                 &thread_label(p.tid.map(|t| t as Tid), p.comm.as_deref()),

@@ -4,6 +4,7 @@ use std::io::{Read, Write};
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use deepspan_model::human;
 use deepspan_spans::dcpt::{self, CriticalPath};
 use serde_json::json;
 
@@ -98,15 +99,6 @@ fn to_json(path: &CriticalPath) -> serde_json::Value {
     json!({"hops": hops, "dropped": path.dropped})
 }
 
-fn human_us(us: u64) -> String {
-    let f = us as f64;
-    match us {
-        0..=999 => format!("{us} µs"),
-        1_000..=999_999 => format!("{:.3} ms", f / 1e3),
-        _ => format!("{:.3} s", f / 1e6),
-    }
-}
-
 /// Levels shown by indentation; deeper hops say their depth instead, so a
 /// pasted chain of thousands of hops cannot print gigabytes of spaces.
 const MAX_INDENTED_DEPTH: usize = 16;
@@ -134,18 +126,26 @@ fn write_table(out: &mut impl Write, path: &CriticalPath) -> Result<()> {
     for (index, ((hop, service), wire_us)) in
         path.hops.iter().zip(&services).zip(wire_times).enumerate()
     {
-        let wire = wire_us.map(human_us).unwrap_or_default();
+        let wire = wire_us
+            .map(|us| human::duration(us.saturating_mul(1_000)))
+            .unwrap_or_default();
         let cause = hop
             .cause
             .as_ref()
-            .map(|c| format!("{} {}", c.name, human_us(c.time_us)))
+            .map(|c| {
+                format!(
+                    "{} {}",
+                    c.name,
+                    human::duration(c.time_us.saturating_mul(1_000))
+                )
+            })
             .unwrap_or_default();
         let line = format!(
             "{index:>4}  {:<service_width$}  {:<operation_width$}  {:>12}  {:>12}  {wire:>12}  {cause}",
             service,
             hop.operation,
-            human_us(hop.self_us),
-            human_us(hop.total_us),
+            human::duration(hop.self_us.saturating_mul(1_000)),
+            human::duration(hop.total_us.saturating_mul(1_000)),
         );
         writeln!(out, "{}", line.trim_end())?;
     }
@@ -203,21 +203,21 @@ mod tests {
         assert!(
             lines[1].contains("   0  front ")
                 && lines[1].contains("GET /")
-                && lines[1].ends_with("48.000 ms"),
+                && lines[1].ends_with("48.0 ms"),
             "{text}"
         );
         // Sequential calls are siblings, one level in; the wire time is into each.
         assert!(
-            lines[2].contains("   1    inventory ") && lines[2].ends_with("100 µs"),
+            lines[2].contains("   1    inventory ") && lines[2].ends_with("100.0 µs"),
             "{text}"
         );
         assert!(
             lines[3].contains("   2    pricing ")
-                && lines[3].contains("500 µs  cpu-wait 31.000 ms"),
+                && lines[3].contains("500.0 µs  cpu-wait 31.0 ms"),
             "{text}"
         );
         assert!(
-            lines[4].contains("   3      tax ") && lines[4].ends_with("400 µs"),
+            lines[4].contains("   3      tax ") && lines[4].ends_with("400.0 µs"),
             "{text}"
         );
         assert!(lines[5].starts_with("(+1 hop dropped"), "{text}");

@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use deepspan_demo::{
     find_demo_dir, run_scenario, Interrupted, RunOptions, Signals, Verdict, SCENARIOS,
 };
+use deepspan_model::human;
 use serde_json::Value;
 
 use crate::progress;
@@ -309,15 +310,6 @@ fn cut(s: &str, width: usize) -> String {
     }
 }
 
-fn duration(ns: u64) -> String {
-    let ms = ns as f64 / 1e6;
-    if ms >= 1000.0 {
-        format!("{:.2} s", ms / 1000.0)
-    } else {
-        format!("{ms:.1} ms")
-    }
-}
-
 /// One table row and the lines under it (each within 80 columns).
 fn print_verdict(v: &Verdict, elapsed: Duration) {
     let found = match &v.found_cause {
@@ -350,7 +342,7 @@ fn print_verdict(v: &Verdict, elapsed: Duration) {
             cut(
                 &format!(
                     "  {} [{}] {}: {what}",
-                    duration(r.duration_ns),
+                    human::duration(r.duration_ns),
                     r.service,
                     r.operation
                 ),
@@ -436,7 +428,7 @@ fn culprit_label(c: &Value) -> String {
         ),
     };
     match n("ns") {
-        Some(ns) => format!("{who} {}", duration(ns)),
+        Some(ns) => format!("{who} {}", human::duration(ns)),
         None => who,
     }
 }

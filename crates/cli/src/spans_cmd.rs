@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use deepspan_model::human;
 use deepspan_spans::{
     crisp::{crisp_report, CrispOptions, CrispReport},
     critical_path::critical_path_report_with,
@@ -262,7 +263,7 @@ fn write_table(out: &mut impl Write, report: &CriticalPathReport, source: &Path)
         "critical path of {} traces from {}: {} on the path",
         report.traces.len(),
         source.display(),
-        human_ns(total)
+        human::duration(total)
     )?;
     let width = rows
         .iter()
@@ -272,19 +273,20 @@ fn write_table(out: &mut impl Write, report: &CriticalPathReport, source: &Path)
         .max(20);
     writeln!(
         out,
-        "{:<width$}  {:>12}  {:>6}  {:>6}",
+        "{:<width$}  {:>12}  {:>7}  {:>6}",
         "[service] operation", "exclusive", "share", "traces"
     )?;
     for (op, ns) in rows {
         let share = if total == 0 {
             0.0
         } else {
-            *ns as f64 * 100.0 / total as f64
+            *ns as f64 / total as f64
         };
         writeln!(
             out,
-            "{op:<width$}  {:>12}  {share:>5.1}%  {:>6}",
-            human_ns(*ns),
+            "{op:<width$}  {:>12}  {:>7}  {:>6}",
+            human::duration(*ns),
+            human::share(share),
             traces_with(op)
         )?;
     }
@@ -301,14 +303,14 @@ fn write_crisp_table(out: &mut impl Write, report: &CrispReport, source: &Path) 
         "critical path (CRISP's rules) of {} roots from {}: {} on the path",
         report.roots.len(),
         source.display(),
-        human_ns(total),
+        human::duration(total),
     )?;
     writeln!(
         out,
         "if erring spans returned at once: {} saved on the critical path, {} of {} total work",
-        human_ns(report.time_saved_on_cp_ns),
-        human_ns(report.time_saved_on_work_ns),
-        human_ns(report.total_work_ns)
+        human::duration(report.time_saved_on_cp_ns),
+        human::duration(report.time_saved_on_work_ns),
+        human::duration(report.total_work_ns)
     )?;
     let width = rows
         .iter()
@@ -318,25 +320,21 @@ fn write_crisp_table(out: &mut impl Write, report: &CrispReport, source: &Path) 
         .max(20);
     writeln!(
         out,
-        "{:<width$}  {:>12}  {:>6}",
+        "{:<width$}  {:>12}  {:>7}",
         "[service] operation", "exclusive", "share"
     )?;
     for (op, ns) in rows {
         let share = if total == 0 {
             0.0
         } else {
-            *ns as f64 * 100.0 / total as f64
+            *ns as f64 / total as f64
         };
-        writeln!(out, "{op:<width$}  {:>12}  {share:>5.1}%", human_ns(*ns))?;
+        let share = human::share(share);
+        writeln!(
+            out,
+            "{op:<width$}  {:>12}  {share:>7}",
+            human::duration(*ns)
+        )?;
     }
     Ok(())
-}
-
-fn human_ns(ns: u64) -> String {
-    match ns {
-        0..=999 => format!("{ns} ns"),
-        1_000..=999_999 => format!("{:.1} µs", ns as f64 / 1e3),
-        1_000_000..=999_999_999 => format!("{:.1} ms", ns as f64 / 1e6),
-        _ => format!("{:.2} s", ns as f64 / 1e9),
-    }
 }

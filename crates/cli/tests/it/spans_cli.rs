@@ -252,7 +252,7 @@ fn critical_path_text_is_a_table_by_exclusive_time() {
     assert!(
         lines[2].starts_with("[customers-service] operation C")
             && lines[2].contains("70.0 µs")
-            && lines[2].contains("70.0%"),
+            && lines[2].contains("70.0 %"),
         "{stdout}"
     );
     assert!(
