@@ -158,21 +158,28 @@ async function main() {
       console.log(`ui e2e: flame graph: on-CPU ${on} ns, off-CPU ${off} ns, path ${total} ns`);
       check(on > 0 && off > 0.5 * total, `the flame graph has on-CPU ${on} ns and off-CPU ${off} ns of a ${total} ns path that mostly sleeps`);
       check(Math.abs(on + off - total) <= 0.01 * total, `the flame graph's ${on + off} ns are not the summary's ${total} ns`);
-      await page.$eval("#flame", (e) => e.scrollIntoView());
-      const fb = await page.$eval("#flame-graph canvas", (c) => {
-        const r = c.getBoundingClientRect();
-        return { x: r.left, y: r.top, w: r.width };
-      });
+      // Where the flame graph is now: sections of the page above it may
+      // still be laid out, so it is measured again before each use.
+      const flameBox = async () => {
+        await page.$eval("#flame", (e) => e.scrollIntoView());
+        return page.$eval("#flame-graph canvas", (c) => {
+          const r = c.getBoundingClientRect();
+          return { x: r.left, y: r.top, w: r.width };
+        });
+      };
+      let fb = await flameBox();
       // Row 2, leftmost: the widest frame under the request's thread, its sleep (or its wait for the holder's).
       await page.mouse.move(fb.x + fb.w * 0.05, fb.y + 2 * 18 + 9);
       const ftip = (await page.$("#tooltip:not([hidden])")) ? await page.$eval("#tooltip", (e) => e.textContent) : "";
       check(/off the CPU/.test(ftip) && /% of the request/.test(ftip), `the flame graph's tooltip says ${JSON.stringify(ftip)}`);
       const top = await page.$eval("#flame-graph", (e) => e.dataset.focus);
+      fb = await flameBox();
       await page.mouse.click(fb.x + fb.w * 0.05, fb.y + 2 * 18 + 9);
       const focus = await page.$eval("#flame-graph", (e) => e.dataset.focus);
       check(focus?.startsWith("[off-CPU"), `a click zoomed into ${JSON.stringify(focus)}, not the off-CPU frame`);
       await page.$eval("#flame", (e) => e.scrollIntoView());
       await page.screenshot({ path: join(out, "flame-zoomed.png") });
+      fb = await flameBox();
       await page.mouse.dblclick(fb.x + fb.w * 0.5, fb.y + 9);
       const back = await page.$eval("#flame-graph", (e) => e.dataset.focus);
       check(back === top, `a double-click zoomed to ${JSON.stringify(back)}, not back out to ${JSON.stringify(top)}`);
