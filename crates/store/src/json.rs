@@ -46,14 +46,19 @@ impl Serialize for Requests<'_> {
 
 /// `requests.json` as a whole, read back ([`read_requests_json`]): the
 /// types the writer writes, so a field cannot be written and read apart.
-/// (The writer streams the requests instead of holding this.)
+/// (The writer streams the requests instead of holding this.) What names a
+/// request and its time is required; the details read as empty when a
+/// file has none, as files written before them do.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestsDoc {
     pub format_version: u32,
+    #[serde(default)]
     pub trace: TraceInfo,
+    #[serde(default)]
     pub notes: Vec<String>,
     /// Slowest first.
     pub requests: Vec<RequestEntry>,
+    #[serde(default)]
     pub operations: Vec<OperationEntry>,
 }
 
@@ -73,6 +78,7 @@ pub struct TraceInfo {
 pub struct RequestEntry {
     pub trace_id: String,
     pub span_id: String,
+    #[serde(default)]
     pub parent_span_id: Option<String>,
     pub service: String,
     pub operation: String,
@@ -83,22 +89,32 @@ pub struct RequestEntry {
     pub duration_ns: u64,
     /// How the span was placed (`SyncSource` names).
     pub sync: Cow<'static, str>,
+    #[serde(default)]
     pub tid: Option<i32>,
+    #[serde(default)]
     pub lost_events: u64,
+    #[serde(default)]
     pub truncated: bool,
+    #[serde(default)]
     pub totals: Totals,
     /// The largest parts of its path by (state, thread, blocking request).
+    #[serde(default)]
     pub causes: Vec<Cause>,
     /// As `causes`, the blocking requests grouped by `[service] operation`.
+    #[serde(default)]
     pub cause_groups: Vec<CauseGroup>,
+    #[serde(default)]
     pub syscalls: Vec<SyscallTime>,
+    #[serde(default)]
     pub baseline_ns: Option<u64>,
+    #[serde(default)]
     pub anomalous: bool,
+    #[serde(default)]
     pub diagnosis: Option<serde_json::Value>,
 }
 
 /// A request's time by kind.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Totals {
     pub running_ns: u64,
     pub preempted_ns: u64,
@@ -123,13 +139,19 @@ impl From<RequestTotals> for Totals {
 pub struct Cause {
     pub label: String,
     pub state: Cow<'static, str>,
+    #[serde(default)]
     pub tid: Option<i32>,
+    #[serde(default)]
     pub comm: Option<String>,
+    #[serde(default)]
     pub blocked_by_request: Option<String>,
     pub ns: u64,
     pub share: f64,
+    #[serde(default)]
     pub throttled_ns: u64,
+    #[serde(default)]
     pub contended_ns: u64,
+    #[serde(default)]
     pub wakeup_ns: u64,
 }
 
@@ -138,14 +160,17 @@ pub struct CauseGroup {
     pub label: String,
     /// The blocking requests' `[service] operation`; null for the
     /// request's own time.
+    #[serde(default)]
     pub blocked_by_operation: Option<String>,
     /// The blocking requests (span ids), most time first.
+    #[serde(default)]
     pub blocked_by_requests: Vec<String>,
     /// State of the largest part.
     pub state: Cow<'static, str>,
     pub ns: u64,
     pub share: f64,
     /// Per (state, thread).
+    #[serde(default)]
     pub parts: Vec<CausePart>,
 }
 
@@ -154,8 +179,11 @@ pub struct CausePart {
     pub label: String,
     pub state: Cow<'static, str>,
     pub ns: u64,
+    #[serde(default)]
     pub throttled_ns: u64,
+    #[serde(default)]
     pub contended_ns: u64,
+    #[serde(default)]
     pub wakeup_ns: u64,
 }
 
@@ -174,12 +202,14 @@ pub struct OperationEntry {
     pub total_ns: u64,
     pub mean_ns: u64,
     pub max_ns: u64,
+    #[serde(default)]
     pub causes: Vec<OperationCause>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OperationCause {
     pub state: Cow<'static, str>,
+    #[serde(default)]
     pub comm: Option<String>,
     pub blocked_by_requests: bool,
     pub ns: u64,
