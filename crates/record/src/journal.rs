@@ -28,7 +28,7 @@ use deepspan_ftrace::TraceDatMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use deepspan_run::{layout::JOURNAL_DIR, ClockPoint, Manifest, Snapshot};
+use deepspan_run::{ClockPoint, Manifest, Run, Snapshot};
 
 const STATE_FILE: &str = "recording.json";
 const META_FILE: &str = "trace_meta.json";
@@ -231,7 +231,7 @@ impl Journal {
         tasks: &[u8],
         warnings: &mut Vec<String>,
     ) -> Result<Journal, Error> {
-        let dir = run_dir.join(JOURNAL_DIR);
+        let dir = Run::new(run_dir).journal_dir();
         fs::create_dir_all(&dir).map_err(|e| Error::output("create", &dir, run_dir, e))?;
         let stored = StoredMeta::from_meta(meta).map_err(|reason| {
             Error::io(
@@ -338,11 +338,11 @@ pub(crate) struct JournalContents {
 
 /// True if `run_dir` holds the journal of a recording.
 pub(crate) fn exists(run_dir: &Path) -> bool {
-    run_dir.join(JOURNAL_DIR).join(STATE_FILE).is_file()
+    Run::new(run_dir).journal_dir().join(STATE_FILE).is_file()
 }
 
 pub(crate) fn read(run_dir: &Path) -> Result<JournalContents, Error> {
-    let dir = run_dir.join(JOURNAL_DIR);
+    let dir = Run::new(run_dir).journal_dir();
     let state: RecordingState = read_json(&dir.join(STATE_FILE))?;
     let meta: StoredMeta = read_json(&dir.join(META_FILE))?;
     let mut skipped_lines = 0;

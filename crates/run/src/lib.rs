@@ -215,17 +215,6 @@ impl Run {
     pub fn looks_recorded(&self) -> bool {
         self.manifest().is_file() || self.spans_dir().is_dir()
     }
-
-    /// Reads the manifest.
-    pub fn load_manifest(&self) -> Result<Manifest, ManifestError> {
-        Manifest::load(&self.root)
-    }
-}
-
-impl From<&Path> for Run {
-    fn from(root: &Path) -> Run {
-        Run::new(root)
-    }
 }
 
 #[cfg(test)]
