@@ -81,21 +81,13 @@ check: setup-check ui
 
 # The whole suite; system tests need root and tracefs, and fail instead of
 # skipping when DEEPSPAN_REQUIRE_KERNEL is set (.ci/run sets it). Each stage
-# prints its wall time (and appends it to $$DEEPSPAN_STAGE_LOG).
+# prints its wall time (and appends it to $$DEEPSPAN_STAGE_LOG);
+# scripts/test-suite.sh says which stages run beside the CLI's system tests.
 test:
 	@$(TIMED) "set-up" scripts/setup.sh test
 	@$(TIMED) "Java extension (Maven)" $(MAKE) --no-print-directory -s java-sdk
-	@$(TIMED) "build" $(MAKE) --no-print-directory -s build-tests
-	@$(TIMED) "Rust tests" env CARGO=$(CARGO) scripts/rust-tests.sh
-	@$(TIMED) "Python SDK tests" python3 -m pytest -q -p no:cacheprovider sdk/python/tests
-	@$(TIMED) "fleet tables" python3 -m pytest -q -p no:cacheprovider tests/fleet --deepspan $(DEEPSPAN_BIN)
-	@$(TIMED) "UI units" node ui/test/units.test.mjs
-	@$(TIMED) "UI end to end" node ui/e2e/e2e.mjs --deepspan $(DEEPSPAN_BIN) --out $(TARGET_DIR)/ui-e2e
-
-# The binaries the suite runs and every test binary, built once.
-build-tests: ui
-	$(CARGO) build --release -p deepspan -p deepspan-workloads
-	$(CARGO) test --release --no-run
+	@$(MAKE) --no-print-directory -s ui
+	@env CARGO=$(CARGO) TARGET_DIR=$(TARGET_DIR) scripts/test-suite.sh
 
 # Benchmarks are timings: run by hand, never part of `make test`.
 bench: setup-test build java-sdk
