@@ -49,6 +49,18 @@ def start(name, argv, cleanup, log_dir, env=None, ready=False, ready_timeout=30.
           affinity=None, user=None, stop_signal=signal.SIGTERM):
     """Starts `argv`; with `ready`, waits for its `READY <port>` line and
     returns (process, port), else (process, None). Registered on `cleanup`."""
+    proc = spawn(name, argv, cleanup, log_dir, env=env, ready=ready, affinity=affinity, user=user,
+                 stop_signal=stop_signal)
+    if not ready:
+        return proc, None
+    return proc, wait_ready(proc, ready_timeout)
+
+
+def spawn(name, argv, cleanup, log_dir, env=None, ready=False, affinity=None, user=None,
+          stop_signal=signal.SIGTERM):
+    """Starts `argv` and returns its Process at once, registered on
+    `cleanup`. With `ready` its stdout is a pipe for `wait_ready`: several
+    services start side by side, then each is waited for."""
     log_path = os.path.join(log_dir, f"{name}.log")
     log = open(log_path, "ab")
 
@@ -72,10 +84,7 @@ def start(name, argv, cleanup, log_dir, env=None, ready=False, ready_timeout=30.
     log.close()
     proc = Process(name, popen, log_path)
     cleanup.push(f"stop {name} (pid {popen.pid})", lambda: proc.stop(stop_signal))
-    if not ready:
-        return proc, None
-    port = _wait_ready(proc, ready_timeout)
-    return proc, port
+    return proc
 
 
 def _group_of(user):
@@ -84,7 +93,9 @@ def _group_of(user):
     return pwd.getpwnam(user).pw_gid
 
 
-def _wait_ready(proc, timeout):
+def wait_ready(proc, timeout=30.0):
+    """The port of `proc`'s `READY <port>` line (a process spawned with
+    `ready`); an error naming its log when it exits or stays silent."""
     deadline = time.monotonic() + timeout
     buf = b""
     fd = proc.popen.stdout.fileno()
