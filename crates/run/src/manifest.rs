@@ -121,10 +121,14 @@ fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
 pub struct ProfileManifest {
     /// The folder of samples and symbol sources, relative to the run folder.
     pub dir: String,
+    #[serde(default)]
     pub hz: u64,
+    #[serde(default)]
     pub samples: u64,
     /// Samples the kernel could not store.
+    #[serde(default)]
     pub lost: u64,
+    #[serde(default)]
     pub processes: u64,
 }
 
@@ -244,6 +248,25 @@ impl Manifest {
             )));
         }
         Ok(manifest)
+    }
+
+    /// The `profile` section of `run_dir/manifest.json` alone (`None`:
+    /// recorded without `--profile`), for a reader that needs nothing else
+    /// and should not fail on the rest of a manifest.
+    pub fn load_profile(run_dir: &Path) -> Result<Option<ProfileManifest>, ManifestError> {
+        #[derive(Deserialize)]
+        struct ProfileOnly {
+            #[serde(default)]
+            profile: Option<ProfileManifest>,
+        }
+        let path = run_dir.join(MANIFEST);
+        let bad = |reason: String| ManifestError::Read {
+            path: path.clone(),
+            reason,
+        };
+        let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+        let only: ProfileOnly = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        Ok(only.profile)
     }
 
     /// Writes `run_dir/manifest.json`.
@@ -413,6 +436,25 @@ mod tests {
             Manifest::load(dir.path()).unwrap().boot_id.as_deref(),
             Some("b")
         );
+    }
+
+    #[test]
+    fn the_profile_section_reads_alone_from_any_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |text: &str| std::fs::write(dir.path().join(MANIFEST), text).unwrap();
+        write(r#"{"host": "a manifest of another shape"}"#);
+        assert_eq!(Manifest::load_profile(dir.path()).unwrap(), None);
+        write(
+            r#"{"profile": {"dir": "profile", "hz": 99, "samples": 7, "lost": 1, "processes": 2}}"#,
+        );
+        let p = Manifest::load_profile(dir.path()).unwrap().unwrap();
+        assert_eq!(
+            (p.dir.as_str(), p.hz, p.samples, p.lost, p.processes),
+            ("profile", 99, 7, 1, 2)
+        );
+        write(r#"{"profile": {"hz": 99}}"#);
+        let err = Manifest::load_profile(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("missing field `dir`"), "{err}");
     }
 
     #[test]

@@ -16,7 +16,6 @@ use std::sync::{mpsc, OnceLock};
 use deepspan_profile::{
     add_request, read_samples, FlameNode, FlameTree, PathPiece, SampleIndex, Symbols, Totals,
 };
-use serde_json::Value;
 
 use crate::data::{Piece, RunData, RunDir, NONE};
 
@@ -64,19 +63,15 @@ impl Profiles {
     pub fn open(dir: &RunDir) -> Profiles {
         let recorded = match dir.file(deepspan_run::layout::MANIFEST) {
             Err(_) => Ok(None),
-            Ok(path) => std::fs::read(&path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))
-                .and_then(|text| {
-                    serde_json::from_slice::<Value>(&text)
-                        .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))
-                })
-                .and_then(|manifest| match manifest["profile"]["dir"].as_str() {
+            Ok(_) => deepspan_run::Manifest::load_profile(dir.root())
+                .map_err(|e| e.to_string())
+                .and_then(|profile| match profile {
                     None => Ok(None),
-                    Some(rel) => Ok(Some(Recorded {
+                    Some(p) => Ok(Some(Recorded {
                         // Through RunDir::file: a manifest cannot point outside the run.
-                        dir: dir.file(rel).map_err(|e| e.to_string())?,
-                        hz: manifest["profile"]["hz"].as_u64().unwrap_or(0),
-                        lost: manifest["profile"]["lost"].as_u64().unwrap_or(0),
+                        dir: dir.file(&p.dir).map_err(|e| e.to_string())?,
+                        hz: p.hz,
+                        lost: p.lost,
                     })),
                 }),
         };
@@ -240,7 +235,7 @@ mod tests {
         let (_d, run) = run_with_manifest("{not json");
         let p = Profiles::open(&run);
         assert!(
-            matches!(&p.recorded, Err(e) if e.contains("not valid JSON")),
+            matches!(&p.recorded, Err(e) if e.contains("cannot read the run manifest")),
             "{:?}",
             p.recorded.err()
         );
