@@ -39,9 +39,10 @@ use deepspan_spans::{ClockMap, Span, SpanRef, ThreadActivity};
 use deepspan_store::tables::{self, CriticalPathWriter, KernelContext, PathContext};
 use deepspan_store::{json, AnalysisResults, RequestRecord, SpanMeta, Staging};
 
+pub use deepspan_store::placements::PlacementRecord;
 pub use error::Error;
 pub use kernel_input::KernelTrace;
-pub use placements::{read_placement, PlacementRecord};
+pub use placements::read_placement;
 
 /// How spans are placed on threads (`deepspan analyze --placement`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -6,6 +6,9 @@ use std::path::Path;
 
 use deepspan_analysis::{OffsetBound, Placement, SyncSource};
 use deepspan_spans::{ClockMap, Span};
+use deepspan_store::placements::{
+    read_placements_json, write_placements_json, PlacementRecord, PlacementsDoc,
+};
 use deepspan_store::RequestRecord;
 
 use crate::Error;
@@ -51,26 +54,6 @@ pub(crate) fn offset_note(b: &OffsetBound) -> String {
     )
 }
 
-/// `RUN/analysis/placements.json`: how each span without deepspan fields
-/// was placed, with its evidence.
-/// One line of `analysis/placements.json`.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PlacementRecord {
-    /// 32 hex digits.
-    pub trace_id: String,
-    /// 16 hex digits.
-    pub span_id: String,
-    /// `inferred` (on a thread) or `process`.
-    pub sync: String,
-    pub pid: i32,
-    /// The thread, when placed on one.
-    pub tid: Option<i32>,
-    /// 0 to 1, rounded to 3 decimals.
-    pub confidence: f64,
-    /// Why there, in sentences.
-    pub evidence: Vec<String>,
-}
-
 pub(crate) fn write_placements(
     path: &Path,
     spans: &[Span],
@@ -92,21 +75,18 @@ pub(crate) fn write_placements(
             })
         })
         .collect();
-    let write_error = |source| Error::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let text = serde_json::to_vec_pretty(&serde_json::json!({ "placements": records }))
-        .map_err(|e| write_error(e.into()))?;
-    std::fs::write(path, text).map_err(write_error)
+    Ok(write_placements_json(
+        path,
+        &PlacementsDoc {
+            placements: records,
+        },
+    )?)
 }
 
 /// The placement of request `span_id` from a run's `placements.json`.
 pub fn read_placement(run: &Path, span_id: &str) -> Option<PlacementRecord> {
-    let text = std::fs::read(deepspan_run::Run::new(run).placements_json()).ok()?;
-    let mut doc: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    let list: Vec<PlacementRecord> = serde_json::from_value(doc["placements"].take()).ok()?;
-    list.into_iter().find(|p| p.span_id == span_id)
+    let doc = read_placements_json(&deepspan_run::Run::new(run).placements_json()).ok()?;
+    doc.placements.into_iter().find(|p| p.span_id == span_id)
 }
 
 /// Notes on how the requests were placed (clock mapping precision, counts

@@ -7,6 +7,8 @@
 //!   and diagnoses, and the operations, for the UI and scripts ([`json`]);
 //! - [`diagnosis`]: a request's diagnosis as the JSON object of the
 //!   diagnosis contract (also stored in the `diagnoses` table);
+//! - `placements.json`: how each span without deepspan fields was placed
+//!   ([`placements`]);
 //! - [`report`]: one request read back (critical path, summary) for
 //!   `deepspan report`.
 //!
@@ -20,6 +22,7 @@ mod delta;
 pub mod diagnosis;
 mod error;
 pub mod json;
+pub mod placements;
 pub mod report;
 mod rle;
 mod strings;

@@ -374,7 +374,7 @@ pub async fn request(
         "request": r,
         // How a span without deepspan fields was placed, and why (null when
         // the SDK placed it, or nothing did).
-        "placement": d.placements.get(&span).cloned().unwrap_or(Value::Null),
+        "placement": d.placements.get(&span),
         "diagnosis": r.diagnosis,
         "summary": summary,
         "syscalls": d.syscalls.get(&span).map(|v| v.iter().map(|(s, ns)| json!({"syscall": s, "ns": ns})).collect::<Vec<_>>()),

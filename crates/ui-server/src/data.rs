@@ -14,6 +14,7 @@ use deepspan_run::analysis::{
 use deepspan_run::{layout, Run};
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
 use deepspan_store::json::{RequestEntry, RequestsDoc};
+use deepspan_store::placements::{read_placements_json, PlacementRecord};
 use deepspan_store::table::{read_rows, Cell};
 use serde_json::Value;
 
@@ -227,7 +228,7 @@ pub struct RunData {
     /// Request span id → how it was placed without deepspan fields (its
     /// `analysis/placements.json` record: sync, pid, tid, confidence,
     /// evidence); empty when every span was placed by the SDK.
-    pub placements: HashMap<String, Value>,
+    pub placements: HashMap<String, PlacementRecord>,
     /// The hosts of a merged run (`hosts.json`): None for a run of one
     /// host, `Err` (what was wrong) when the file is there but unreadable.
     pub hosts: Option<Result<Vec<HostInfo>, String>>,
@@ -582,21 +583,15 @@ impl RunData {
 }
 
 /// The records of `placements.json` by span id (none without the file).
-fn load_placements(path: &Option<PathBuf>) -> Result<HashMap<String, Value>, DataError> {
+fn load_placements(path: &Option<PathBuf>) -> Result<HashMap<String, PlacementRecord>, DataError> {
     let Some(path) = path else {
         return Ok(HashMap::new());
     };
-    let bad = |e: String| DataError::Bad(format!("{}: {e}", path.display()));
-    let doc: Value = serde_json::from_slice(
-        &std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?,
-    )
-    .map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    let records = doc["placements"]
-        .as_array()
-        .ok_or_else(|| bad("no \"placements\" list".into()))?;
-    Ok(records
-        .iter()
-        .filter_map(|r| Some((r["span_id"].as_str()?.to_string(), r.clone())))
+    let doc = read_placements_json(path).map_err(|e| DataError::Bad(e.to_string()))?;
+    Ok(doc
+        .placements
+        .into_iter()
+        .map(|p| (p.span_id.clone(), p))
         .collect())
 }
 
