@@ -115,6 +115,25 @@ pub enum Cause {
 }
 
 impl Cause {
+    /// Every cause, in declaration order.
+    pub const ALL: [Cause; 9] = [
+        Cause::CpuThrottled,
+        Cause::CpuContention,
+        Cause::LockContention,
+        Cause::BlockedByRequest,
+        Cause::Disk,
+        Cause::Network,
+        Cause::Timer,
+        Cause::Running,
+        Cause::Unknown,
+    ];
+
+    /// The cause of a contract name ([`Cause::name`]), for reading stored
+    /// diagnoses back.
+    pub fn from_name(name: &str) -> Option<Cause> {
+        Cause::ALL.into_iter().find(|c| c.name() == name)
+    }
+
     /// The contract's name (`cpu_throttled`, …).
     pub fn name(self) -> &'static str {
         match self {
@@ -142,6 +161,22 @@ pub enum CulpritKind {
 }
 
 impl CulpritKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [CulpritKind; 5] = [
+        CulpritKind::Thread,
+        CulpritKind::Process,
+        CulpritKind::Request,
+        CulpritKind::Span,
+        CulpritKind::Device,
+    ];
+
+    /// The kind of a contract name ([`CulpritKind::name`]), for reading
+    /// stored diagnoses back.
+    pub fn from_name(name: &str) -> Option<CulpritKind> {
+        CulpritKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The contract's name (`thread`, `process`, …).
     pub fn name(self) -> &'static str {
         match self {
             CulpritKind::Thread => "thread",

@@ -573,3 +573,15 @@ fn a_backend_no_request_waits_for_works_for_nobody() {
     );
     assert_eq!(x.cause, Cause::Timer, "{x:#?}");
 }
+
+#[test]
+fn cause_and_culprit_kind_names_read_back() {
+    for c in Cause::ALL {
+        assert_eq!(Cause::from_name(c.name()), Some(c));
+    }
+    for k in CulpritKind::ALL {
+        assert_eq!(CulpritKind::from_name(k.name()), Some(k));
+    }
+    assert_eq!(Cause::from_name("CPU_THROTTLED"), None);
+    assert_eq!(CulpritKind::from_name(""), None);
+}
