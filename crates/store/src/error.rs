@@ -21,9 +21,12 @@ pub enum Error {
     /// table read back lacks a column it should have.
     #[error("{}: {what}", path.display())]
     Schema { path: PathBuf, what: String },
-    #[error("{}: invalid JSON: {source}", path.display())]
+    /// Not JSON, or not of the expected shape: `at` is where (a JSON
+    /// path, `requests[3].diagnosis.cause`), when known.
+    #[error("{}: invalid JSON{}: {source}", path.display(), at.as_ref().map_or(String::new(), |at| format!(" at {at}")))]
     Json {
         path: PathBuf,
+        at: Option<String>,
         #[source]
         source: serde_json::Error,
     },

@@ -230,7 +230,28 @@ pub fn read_requests_json(run_dir: &Path) -> Result<RequestsDoc, Error> {
         });
     }
     let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
-    serde_json::from_slice(&bytes).map_err(|source| Error::Json { path, source })
+    parse_requests_json(&bytes, &path)
+}
+
+/// `requests.json`'s text as a [`RequestsDoc`]; a value of the wrong type
+/// or a missing one is reported with its JSON path
+/// (`requests[3].diagnosis.cause`) besides its line and column.
+fn parse_requests_json(bytes: &[u8], path: &Path) -> Result<RequestsDoc, Error> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        // Parsed again to find where: only a failed read pays for it.
+        let at = e.is_data().then(|| {
+            let de = &mut serde_json::Deserializer::from_slice(bytes);
+            match serde_path_to_error::deserialize::<_, RequestsDoc>(de) {
+                Err(e) if e.path().iter().next().is_some() => Some(e.path().to_string()),
+                _ => None,
+            }
+        });
+        Error::Json {
+            path: path.to_path_buf(),
+            at: at.flatten(),
+            source: e,
+        }
+    })
 }
 
 /// Writes `requests.json` at `path`.
@@ -286,6 +307,7 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
     let mut out = std::io::BufWriter::new(file);
     serde_json::to_writer_pretty(&mut out, &doc).map_err(|e| Error::Json {
         path: path.to_path_buf(),
+        at: None,
         source: e,
     })?;
     out.write_all(b"\n")
@@ -394,4 +416,66 @@ fn part_label(row: &deepspan_analysis::SummaryRow, spans: &[crate::SpanMeta]) ->
         ..row.clone()
     };
     cause_label(&own, spans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A run folder whose `requests.json` is `doc`.
+    fn run_with(doc: &serde_json::Value) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Run::new(dir.path()).requests_json();
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, serde_json::to_vec_pretty(doc).unwrap()).unwrap();
+        dir
+    }
+
+    /// A request with what names it and its time, and `diagnosis`.
+    fn doc_with(diagnosis: serde_json::Value) -> serde_json::Value {
+        json!({"format_version": 1, "requests": [
+            {"trace_id": "0".repeat(32), "span_id": "00000000000000aa", "service": "media",
+             "operation": "GET /image", "kind": "server", "start_ns": 1, "end_ns": 3,
+             "duration_ns": 2, "sync": "exact", "diagnosis": diagnosis}
+        ]})
+    }
+
+    #[test]
+    fn a_malformed_file_is_reported_with_its_file_and_json_path() {
+        let mut doc = doc_with(serde_json::Value::Null);
+        doc["requests"][0]["duration_ns"] = json!("2 ns");
+        let dir = run_with(&doc);
+        let e = read_requests_json(dir.path()).unwrap_err().to_string();
+        let file = Run::new(dir.path()).requests_json();
+        assert!(
+            e.starts_with(&format!(
+                "{}: invalid JSON at requests[0].duration_ns: invalid type: string \"2 ns\"",
+                file.display()
+            )),
+            "{e}"
+        );
+        assert!(e.contains(" at line "), "{e}");
+        doc["requests"][0]["duration_ns"] = json!(2);
+        doc["requests"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("span_id");
+        std::fs::write(&file, serde_json::to_vec(&doc).unwrap()).unwrap();
+        let e = read_requests_json(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(": invalid JSON at requests[0]: missing field `span_id`"),
+            "{e}"
+        );
+        // Not JSON at all: where, by line and column only (as before).
+        std::fs::write(&file, b"{\"requests\": [").unwrap();
+        let e = read_requests_json(dir.path()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}: invalid JSON: EOF while parsing a list at line 1 column 14",
+                file.display()
+            )
+        );
+    }
 }

@@ -206,6 +206,7 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
                     let text = string(row, name).unwrap_or_else(|| "null".into());
                     serde_json::from_str(&text).map_err(|e| Error::Json {
                         path: diagnoses_path.clone(),
+                        at: None,
                         source: e,
                     })
                 };
