@@ -9,6 +9,7 @@ use std::path::Path;
 use deepspan_run::Run;
 use serde::{Deserialize, Serialize};
 
+pub use crate::diagnosis::{CulpritDoc, DiagnosisDoc, Evidence, EvidenceValue, RootCauseDoc};
 use crate::tables::{path_state_name, RequestTotals};
 use crate::{cause_label, span_hex, trace_hex, AnalysisResults, Error};
 

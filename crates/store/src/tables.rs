@@ -735,29 +735,52 @@ pub fn write_diagnoses(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
         w.str(&span_hex(span.span_id));
         w.bool(rec.anomalous);
         w.opt_u64(rec.baseline_ns);
-        let d = rec.diagnosis.as_ref();
-        w.opt_str(d.map(|d| d.cause.name()));
-        w.opt_str(d.map(|d| d.headline.as_str()));
+        let d = rec
+            .diagnosis
+            .as_ref()
+            .map(|d| crate::diagnosis::DiagnosisDoc::new(d, r.spans));
+        w.opt_str(d.as_ref().map(|d| d.cause.name()));
+        w.opt_str(d.as_ref().map(|d| d.headline.as_str()));
         w.opt_str(
-            d.map(|d| crate::diagnosis::evidence_json(d).to_string())
+            d.as_ref()
+                .map(|d| json_text(&d.evidence, path))
+                .transpose()?
                 .as_deref(),
         );
         w.opt_str(
-            d.map(|d| crate::diagnosis::culprits_json(d, r.spans).to_string())
+            d.as_ref()
+                .map(|d| json_text(&d.culprits, path))
+                .transpose()?
                 .as_deref(),
         );
         // The root cause: the cause itself when not blocked by others
         // (`root_chain` null then).
-        let root = d.map(|d| crate::diagnosis::root_cause_json(d, r.spans));
-        let field = |name: &str| root.as_ref().map(|v| v[name].clone());
-        w.opt_str(field("cause").as_ref().and_then(|v| v.as_str()));
-        w.opt_str(field("headline").as_ref().and_then(|v| v.as_str()));
-        w.opt_str(field("chain").as_ref().and_then(|v| v.as_str()));
-        w.opt_str(field("evidence").map(|v| v.to_string()).as_deref());
-        w.opt_str(field("culprits").map(|v| v.to_string()).as_deref());
+        let root = d.as_ref().and_then(|d| d.root_cause.as_ref());
+        w.opt_str(root.map(|r| r.cause.name()));
+        w.opt_str(root.map(|r| r.headline.as_str()));
+        w.opt_str(root.and_then(|r| r.chain.as_deref()));
+        w.opt_str(
+            root.map(|r| json_text(&r.evidence, path))
+                .transpose()?
+                .as_deref(),
+        );
+        w.opt_str(
+            root.map(|r| json_text(&r.culprits, path))
+                .transpose()?
+                .as_deref(),
+        );
         w.end_row()?;
     }
     w.finish()
+}
+
+/// `v` as compact JSON text, as the JSON columns hold it.
+fn json_text(v: &impl serde::Serialize, path: &Path) -> Result<String, Error> {
+    serde_json::to_string(v).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        at: None,
+        source,
+    })
 }
 
 /// Per operation (`service`, `operation`): time per (state, thread name,
