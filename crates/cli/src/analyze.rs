@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use deepspan_analysis::SyncSource;
+use deepspan_analysis::{CulpritKind, SyncSource};
 use deepspan_model::{human, Tid};
 use deepspan_pipeline::hosts::{merge_runs, HostClock};
 use deepspan_pipeline::{
     read_placement, AnalysisOutcome, AnalyzeOptions, PlacementRecord, Progress, Step,
 };
+use deepspan_store::json::{CulpritDoc, Evidence};
 use deepspan_store::report::Report;
 use deepspan_store::tables::thread_label;
 use indicatif::ProgressBar;
@@ -406,23 +407,20 @@ fn print_diagnosis(out: &mut impl Write, r: &Report, duration: u64, detail: bool
         Some(b) => format!("normal: its operation's median is {}", human::duration(b)),
         None => "no baseline: < 3 requests of its operation".to_string(),
     };
-    writeln!(
-        out,
-        "Diagnosis: {}  ({anomaly})",
-        d["cause"].as_str().unwrap_or("?")
-    )?;
-    print_cause(out, d, detail)?;
-    let root = &d["root_cause"];
-    if let Some(chain) = root["chain"].as_str() {
+    writeln!(out, "Diagnosis: {}  ({anomaly})", d.cause.name())?;
+    print_cause(out, &d.headline, &d.evidence, &d.culprits, detail)?;
+    // Only when blocked by other requests: then there is a chain.
+    let root = d.root_cause.as_ref().map(|r| (r, r.chain.as_deref()));
+    if let Some((root, Some(chain))) = root {
         writeln!(
             out,
             "Root cause: {}  (through the requests it waited for)",
-            root["cause"].as_str().unwrap_or("?")
+            root.cause.name()
         )?;
         for line in wrap(chain, 78) {
             writeln!(out, "  {line}")?;
         }
-        print_cause(out, root, detail)?;
+        print_cause(out, &root.headline, &root.evidence, &root.culprits, detail)?;
     }
     Ok(())
 }
@@ -444,33 +442,36 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
     lines
 }
 
-/// Headline, evidence and culprits of a cause object (the diagnosis or
-/// its root cause). Request culprits are grouped by `[service] operation`
-/// unless `detail`.
-fn print_cause(out: &mut impl Write, d: &serde_json::Value, detail: bool) -> Result<()> {
-    writeln!(out, "  {}", fit(d["headline"].as_str().unwrap_or(""), 78))?;
-    if let Some(ev) = d["evidence"].as_object() {
-        let items: Vec<String> = ev
-            .iter()
-            .map(|(k, v)| match v.as_f64() {
-                Some(f) => human::evidence(k, f),
-                None => format!("{k}={v}"),
-            })
-            .collect();
-        // Wrapped at 80 columns.
-        let mut line = String::from("  evidence:");
-        for item in items {
-            if line.chars().count() + 1 + item.chars().count() > 80 {
-                writeln!(out, "{line}")?;
-                line = String::from("   ");
-            }
-            line.push(' ');
-            line.push_str(&item);
+/// Headline, evidence and culprits of a cause (the diagnosis or its root
+/// cause). Request culprits are grouped by `[service] operation` unless
+/// `detail`.
+fn print_cause(
+    out: &mut impl Write,
+    headline: &str,
+    evidence: &Evidence,
+    culprits: &[CulpritDoc],
+    detail: bool,
+) -> Result<()> {
+    writeln!(out, "  {}", fit(headline, 78))?;
+    let items: Vec<String> = evidence
+        .iter()
+        .map(|(k, v)| match v.as_f64() {
+            Some(f) => human::evidence(k, f),
+            None => format!("{k}={v}"),
+        })
+        .collect();
+    // Wrapped at 80 columns.
+    let mut line = String::from("  evidence:");
+    for item in items {
+        if line.chars().count() + 1 + item.chars().count() > 80 {
+            writeln!(out, "{line}")?;
+            line = String::from("   ");
         }
-        writeln!(out, "{line}")?;
+        line.push(' ');
+        line.push_str(&item);
     }
-    let culprits: Vec<serde_json::Value> = d["culprits"].as_array().cloned().unwrap_or_default();
-    for (kind, who, ns) in culprit_lines(&culprits, detail).into_iter().take(5) {
+    writeln!(out, "{line}")?;
+    for (kind, who, ns) in culprit_lines(culprits, detail).into_iter().take(5) {
         writeln!(
             out,
             "  culprit {:<8} {:<51}{:>10}",
@@ -482,57 +483,57 @@ fn print_cause(out: &mut impl Write, d: &serde_json::Value, detail: bool) -> Res
     Ok(())
 }
 
+/// A text field as the report has always shown it: its JSON text without
+/// the quotes around it (so a `"` or `\` inside shows escaped).
+fn shown(text: &str) -> String {
+    serde_json::Value::from(text)
+        .to_string()
+        .trim_matches('"')
+        .to_string()
+}
+
 /// `(kind, who, ns)` per culprit, largest first; request culprits of the
 /// same `[service] operation` make one line ("5 requests of [pricing] GET
 /// /price") unless `detail`.
-fn culprit_lines(culprits: &[serde_json::Value], detail: bool) -> Vec<(String, String, u64)> {
+fn culprit_lines(culprits: &[CulpritDoc], detail: bool) -> Vec<(String, String, u64)> {
     let mut lines: Vec<(String, String, u64)> = Vec::new();
     // (operation label, requests, ns, the line's index)
     let mut groups: Vec<(String, usize, usize)> = Vec::new();
     for c in culprits {
-        let field = |k: &str| {
-            c.get(k)
-                .filter(|v| !v.is_null())
-                .map(|v| v.to_string().trim_matches('"').to_string())
-        };
-        let kind = field("kind").unwrap_or_default();
-        let ns = c["ns"].as_u64().unwrap_or(0);
+        let field = |v: &Option<String>| v.as_deref().map(shown);
+        let kind = c.kind.name().to_string();
         let operation = format!(
             "[{}] {}",
-            field("service").unwrap_or_default(),
-            field("operation").unwrap_or_default()
+            field(&c.service).unwrap_or_default(),
+            field(&c.operation).unwrap_or_default()
         );
-        if kind == "request" && !detail {
+        if c.kind == CulpritKind::Request && !detail {
             if let Some(g) = groups.iter_mut().find(|g| g.0 == operation) {
                 g.1 += 1;
                 let line = &mut lines[g.2];
                 line.1 = format!("{} requests of {}", g.1, g.0);
-                line.2 += ns;
+                line.2 += c.ns;
                 continue;
             }
             groups.push((operation.clone(), 1, lines.len()));
         }
         let mut who = Vec::new();
-        if let Some(comm) = field("comm") {
+        if let Some(comm) = field(&c.comm) {
             who.push(comm);
         }
-        let id = |text: String| match text.parse::<Tid>() {
-            Ok(id) => deepspan_analysis::tid_label(id),
-            Err(_) => text,
-        };
-        if let Some(t) = field("tid") {
-            who.push(format!("tid {}", id(t)));
+        if let Some(t) = c.tid {
+            who.push(format!("tid {}", deepspan_analysis::tid_label(t)));
         }
-        if let Some(p) = field("pid") {
-            who.push(format!("pid {}", id(p)));
+        if let Some(p) = c.pid {
+            who.push(format!("pid {}", deepspan_analysis::tid_label(p)));
         }
-        if let Some(s) = field("span_id") {
+        if let Some(s) = field(&c.span_id) {
             who.push(format!("{s} {operation}"));
         }
-        if let Some(n) = field("name") {
+        if let Some(n) = field(&c.name) {
             who.push(n);
         }
-        lines.push((kind, who.join(", "), ns));
+        lines.push((kind, who.join(", "), c.ns));
     }
     lines.sort_by_key(|line| std::cmp::Reverse(line.2));
     lines
@@ -752,12 +753,13 @@ mod tests {
 
     #[test]
     fn request_culprits_of_one_operation_make_one_line_unless_detail() {
-        let culprits = vec![
-            json!({"kind": "process", "comm": "pricing", "pid": 7, "ns": 900}),
-            json!({"kind": "request", "span_id": "a1", "service": "pricing", "operation": "GET /price", "ns": 500}),
-            json!({"kind": "request", "span_id": "a2", "service": "pricing", "operation": "GET /price", "ns": 300}),
-            json!({"kind": "request", "span_id": "b1", "service": "inventory", "operation": "GET /stock", "ns": 50}),
-        ];
+        let culprits: Vec<CulpritDoc> = serde_json::from_value(json!([
+            {"kind": "process", "comm": "pricing", "pid": 7, "ns": 900},
+            {"kind": "request", "span_id": "a1", "service": "pricing", "operation": "GET /price", "ns": 500},
+            {"kind": "request", "span_id": "a2", "service": "pricing", "operation": "GET /price", "ns": 300},
+            {"kind": "request", "span_id": "b1", "service": "inventory", "operation": "GET /stock", "ns": 50},
+        ]))
+        .unwrap();
         let grouped = culprit_lines(&culprits, false);
         assert_eq!(
             grouped,
@@ -774,6 +776,31 @@ mod tests {
         let detail = culprit_lines(&culprits, true);
         assert_eq!(detail.len(), 4);
         assert_eq!(detail[1].1, "a1 [pricing] GET /price");
+    }
+
+    #[test]
+    fn culprits_and_evidence_show_as_they_always_have() {
+        // Text fields as their JSON text without quotes at either end (a
+        // quote inside shows escaped; one at the end is lost with its
+        // escape's backslash left), thread ids of other hosts as hN:TID,
+        // null evidence as null.
+        let culprits: Vec<CulpritDoc> = serde_json::from_value(json!([
+            {"kind": "span", "span_id": "ab", "service": "db", "operation": "SELECT \"x\"", "ns": 5},
+            {"kind": "thread", "tid": (1 << 22) | 7, "pid": 5, "comm": "w", "name": "futex", "ns": 1},
+        ]))
+        .unwrap();
+        let lines = culprit_lines(&culprits, false);
+        assert_eq!(lines[0].1, r#"ab [db] SELECT \"x\"#);
+        assert_eq!(lines[1].1, "w, tid h1:7, pid 5, futex");
+        let evidence: Evidence =
+            serde_json::from_value(json!({"share": 0.5, "ns": 1500, "gap": null})).unwrap();
+        let mut out = Vec::new();
+        print_cause(&mut out, "HEAD", &evidence, &culprits[1..], false).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "  HEAD\n  evidence: gap=null ns=1.50 µs share=50.0 %\n  culprit thread   \
+             w, tid h1:7, pid 5, futex                                1 ns\n"
+        );
     }
 
     #[test]

@@ -5,8 +5,11 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use deepspan_analysis::Cause;
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::diagnosis::{DiagnosisDoc, RootCauseDoc};
 use crate::table::{read_rows, Cell};
 use crate::Error;
 use deepspan_run::analysis::{
@@ -21,8 +24,9 @@ pub struct Report {
     pub summary: Vec<ReportSummaryRow>,
     pub lost_events: u64,
     /// The diagnosis object of the contract (`cause`, `headline`,
-    /// `evidence`, `culprits`); null without a kernel path.
-    pub diagnosis: Option<serde_json::Value>,
+    /// `evidence`, `culprits`, `root_cause` from version 2 tables on), as
+    /// in `requests.json`; null without a kernel path.
+    pub diagnosis: Option<DiagnosisDoc>,
     #[serde(skip)]
     pub details: ReportDetails,
 }
@@ -202,31 +206,30 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
             anomalous = get(row, "anomalous").as_bool().unwrap_or(false);
             baseline_ns = get(row, "baseline_ns").as_u64();
             if let Some(cause) = string(row, "cause") {
-                let parse = |name: &str| -> Result<serde_json::Value, Error> {
-                    let text = string(row, name).unwrap_or_else(|| "null".into());
-                    serde_json::from_str(&text).map_err(|e| Error::Json {
+                let cause_of = |text: String| {
+                    Cause::from_name(&text).ok_or_else(|| Error::Schema {
                         path: diagnoses_path.clone(),
-                        at: None,
-                        source: e,
+                        what: format!("unknown cause {text:?}"),
                     })
                 };
-                let mut d = serde_json::json!({
-                    "cause": cause,
-                    "headline": string(row, "headline").unwrap_or_default(),
-                    "evidence": parse("evidence_json")?,
-                    "culprits": parse("culprits_json")?,
-                });
                 // Version 2 tables: the root cause.
-                if let Some(root) = string(row, "root_cause") {
-                    d["root_cause"] = serde_json::json!({
-                        "cause": root,
-                        "headline": string(row, "root_headline").unwrap_or_default(),
-                        "chain": string(row, "root_chain"),
-                        "evidence": parse("root_evidence_json")?,
-                        "culprits": parse("root_culprits_json")?,
-                    });
-                }
-                diagnosis = Some(d);
+                let root_cause = match string(row, "root_cause") {
+                    Some(root) => Some(RootCauseDoc {
+                        cause: cause_of(root)?,
+                        chain: string(row, "root_chain"),
+                        culprits: parse_json_column(row, "root_culprits_json", &diagnoses_path)?,
+                        evidence: parse_json_column(row, "root_evidence_json", &diagnoses_path)?,
+                        headline: string(row, "root_headline").unwrap_or_default(),
+                    }),
+                    None => None,
+                };
+                diagnosis = Some(DiagnosisDoc {
+                    cause: cause_of(cause)?,
+                    culprits: parse_json_column(row, "culprits_json", &diagnoses_path)?,
+                    evidence: parse_json_column(row, "evidence_json", &diagnoses_path)?,
+                    headline: string(row, "headline").unwrap_or_default(),
+                    root_cause,
+                });
             }
         }
     }
@@ -250,6 +253,23 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
             blockers,
         },
     })
+}
+
+/// A JSON text column of the `diagnoses` table read as its type; empty
+/// when null.
+fn parse_json_column<T: DeserializeOwned + Default>(
+    row: &[(String, Cell)],
+    name: &str,
+    path: &Path,
+) -> Result<T, Error> {
+    match get(row, name).as_str() {
+        Some(text) => serde_json::from_str(text).map_err(|source| Error::Json {
+            path: path.to_path_buf(),
+            at: None,
+            source,
+        }),
+        None => Ok(T::default()),
+    }
 }
 
 fn report_request(row: &[(String, Cell)]) -> ReportRequest {
