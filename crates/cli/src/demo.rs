@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use deepspan_analysis::CulpritKind;
 use deepspan_demo::{
     find_demo_dir, run_scenario, Interrupted, RunOptions, Signals, Verdict, SCENARIOS,
 };
 use deepspan_model::human;
+use deepspan_store::json::CulpritDoc;
 use serde_json::Value;
 
 use crate::progress;
@@ -406,29 +408,19 @@ fn print_verdict(v: &Verdict, elapsed: Duration) {
     }
 }
 
-fn culprit_label(c: &Value) -> String {
-    let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
-    let n = |k: &str| c.get(k).and_then(Value::as_u64);
-    let who = match c.get("kind").and_then(Value::as_str).unwrap_or("?") {
-        "process" => format!(
-            "{} (pid {})",
-            s("comm"),
-            n("pid").map_or("?".into(), |p| p.to_string())
-        ),
-        "thread" => format!(
-            "{} (tid {})",
-            s("comm"),
-            n("tid").map_or("?".into(), |p| p.to_string())
-        ),
-        "request" => format!("request {}", s("span_id")),
-        "span" => format!("[{}] {}", s("service"), s("operation")),
-        other => format!(
-            "{other} {}",
-            c.get("name").and_then(Value::as_str).unwrap_or("")
-        ),
+fn culprit_label(c: &CulpritDoc) -> String {
+    let s = |v: &Option<String>| v.as_deref().unwrap_or("?").to_string();
+    // A negative id (none is written) shows as `?`, as it always has.
+    let id = |v: Option<i32>| {
+        v.and_then(|v| u64::try_from(v).ok())
+            .map_or("?".into(), |v| v.to_string())
     };
-    match n("ns") {
-        Some(ns) => format!("{who} {}", human::duration(ns)),
-        None => who,
-    }
+    let who = match c.kind {
+        CulpritKind::Process => format!("{} (pid {})", s(&c.comm), id(c.pid)),
+        CulpritKind::Thread => format!("{} (tid {})", s(&c.comm), id(c.tid)),
+        CulpritKind::Request => format!("request {}", s(&c.span_id)),
+        CulpritKind::Span => format!("[{}] {}", s(&c.service), s(&c.operation)),
+        other => format!("{} {}", other.name(), c.name.as_deref().unwrap_or("")),
+    };
+    format!("{who} {}", human::duration(c.ns))
 }

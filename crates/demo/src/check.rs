@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 
-use deepspan_store::json::{Cause, RequestEntry, RequestsDoc};
+use deepspan_store::json::{Cause, CulpritDoc, DiagnosisDoc, RequestEntry, RequestsDoc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -138,7 +138,8 @@ pub struct TopRequest {
     pub anomalous: Option<bool>,
     pub cause: Option<String>,
     pub headline: Option<String>,
-    pub culprits: Vec<Value>,
+    /// The first three.
+    pub culprits: Vec<CulpritDoc>,
     /// The root cause, and its chain when the request was blocked by
     /// others.
     pub root_cause: Option<String>,
@@ -179,26 +180,22 @@ impl<'a> Req<'a> {
         }
     }
 
-    fn diagnosis(&self) -> Option<&'a Value> {
-        self.entry.diagnosis.as_ref().filter(|d| !d.is_null())
+    fn diagnosis(&self) -> Option<&'a DiagnosisDoc> {
+        self.entry.diagnosis.as_ref()
     }
 
     fn cause(&self) -> Option<&'a str> {
-        self.diagnosis()?.get("cause")?.as_str()
+        Some(self.diagnosis()?.cause.name())
     }
 
     /// The root cause; the cause itself in analyses made before root
     /// causes.
     fn root_cause(&self) -> Option<&'a str> {
-        let d = self.diagnosis()?;
-        match d.get("root_cause").filter(|r| !r.is_null()) {
-            Some(r) => r.get("cause")?.as_str(),
-            None => d.get("cause")?.as_str(),
-        }
+        Some(self.diagnosis()?.root_cause().name())
     }
 
     fn root_chain(&self) -> Option<&'a str> {
-        self.diagnosis()?.get("root_cause")?.get("chain")?.as_str()
+        self.diagnosis()?.root_cause.as_ref()?.chain.as_deref()
     }
 
     fn excess(&self) -> u64 {
@@ -257,9 +254,7 @@ pub fn check(expected: &Expected, requests: &RequestsDoc) -> Verdict {
             .filter(|m| {
                 !with_cause.iter().any(|r| {
                     r.diagnosis()
-                        .and_then(|d| d.get("culprits"))
-                        .and_then(Value::as_array)
-                        .is_some_and(|cs| cs.iter().any(|c| matches(c, m)))
+                        .is_some_and(|d| d.culprits.iter().any(|c| matches(c, m)))
                 })
             })
             .map(|m| Value::Object(m.clone()).to_string())
@@ -410,9 +405,13 @@ fn dominant<'a>(reqs: &[&Req<'a>], cause: impl Fn(&Req<'a>) -> Option<&'a str>) 
     v.first().map(|(c, _)| c.to_string())
 }
 
-/// True when every field of `matcher` equals the culprit's (numbers by
-/// value, so `pid: 42` matches `42` and `42.0`).
-fn matches(culprit: &Value, matcher: &serde_json::Map<String, Value>) -> bool {
+/// True when every field of `matcher` equals the culprit's as written in
+/// requests.json (numbers by value, so `pid: 42` matches `42` and `42.0`).
+fn matches(culprit: &CulpritDoc, matcher: &serde_json::Map<String, Value>) -> bool {
+    // expected.json names the fields as the file does, whatever the kind.
+    let Ok(Value::Object(culprit)) = serde_json::to_value(culprit) else {
+        return false;
+    };
     matcher
         .iter()
         .all(|(k, want)| match (culprit.get(k), want) {
@@ -517,14 +516,9 @@ fn top_request(r: &Req) -> TopRequest {
         duration_ns: r.duration,
         anomalous: Some(r.entry.anomalous),
         cause: r.cause().map(str::to_string),
-        headline: d
-            .and_then(|d| d.get("headline"))
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        headline: d.map(|d| d.headline.clone()),
         culprits: d
-            .and_then(|d| d.get("culprits"))
-            .and_then(Value::as_array)
-            .map(|a| a.iter().take(3).cloned().collect())
+            .map(|d| d.culprits.iter().take(3).cloned().collect())
             .unwrap_or_default(),
         root_cause: r.root_cause().map(str::to_string),
         root_chain: r.root_chain().map(str::to_string),

@@ -35,8 +35,8 @@ pub struct Request {
     pub baseline_ns: Option<u64>,
     /// The label of the largest cause (`[8123/pricing] PREEMPTED (throttled)`).
     pub top_cause: Option<String>,
-    /// `{cause, headline, evidence, culprits, …}` as in requests.json.
-    pub diagnosis: Option<serde_json::Value>,
+    /// As in requests.json.
+    pub diagnosis: Option<deepspan_store::json::DiagnosisDoc>,
     /// In path order.
     pub pieces: Vec<Piece>,
 }

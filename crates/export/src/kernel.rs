@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use deepspan_spans::model::{Attributes, Event, Link, Scope, SpanKind, Status, SyncInfo, Value};
 use deepspan_spans::{Span, SpanId, TraceId};
+use deepspan_store::json::CulpritDoc;
 
 use crate::analysis::{Piece, Request, RunAnalysis, Syscall};
 use crate::attributes as a;
@@ -335,30 +336,25 @@ fn string(s: impl Into<String>) -> Value {
     Value::String(s.into())
 }
 
-/// A short label for a culprit object of the diagnosis contract.
-fn culprit_label(c: &serde_json::Value) -> String {
-    let s = |k: &str| c.get(k).and_then(|v| v.as_str());
-    let n = |k: &str| c.get(k).and_then(|v| v.as_i64());
-    let kind = s("kind").unwrap_or("culprit");
-    let mut label = kind.to_string();
-    if let (Some(service), Some(operation)) = (s("service"), s("operation")) {
+/// A short label for a culprit of the diagnosis contract.
+fn culprit_label(c: &CulpritDoc) -> String {
+    let mut label = c.kind.name().to_string();
+    if let (Some(service), Some(operation)) = (&c.service, &c.operation) {
         label.push_str(&format!(" [{service}] {operation}"));
     }
-    if let Some(span) = s("span_id") {
+    if let Some(span) = &c.span_id {
         label.push_str(&format!(" {span}"));
     }
-    if let Some(comm) = s("comm").or(s("name")) {
+    if let Some(comm) = c.comm.as_ref().or(c.name.as_ref()) {
         label.push_str(&format!(" {comm}"));
     }
-    match (n("pid"), n("tid")) {
+    match (c.pid, c.tid) {
         (Some(p), Some(t)) => label.push_str(&format!(" (pid {p}, tid {t})")),
         (Some(p), None) => label.push_str(&format!(" (pid {p})")),
         (None, Some(t)) => label.push_str(&format!(" (tid {t})")),
         _ => {}
     }
-    if let Some(ns) = c.get("ns").and_then(|v| v.as_u64()) {
-        label.push_str(&format!(": {:.1} ms", ns as f64 / 1e6));
-    }
+    label.push_str(&format!(": {:.1} ms", c.ns as f64 / 1e6));
     label
 }
 
@@ -379,62 +375,48 @@ fn request_attributes(span: &mut Span, request: &Request, threshold_ns: u64) {
     }
     at.insert(a::PATH_PIECES, int(request.pieces.len() as u64));
     at.insert(a::FOLD_THRESHOLD_NS, int(threshold_ns));
-    let Some(d) = request.diagnosis.as_ref().filter(|d| d.is_object()) else {
+    let Some(d) = &request.diagnosis else {
         return;
     };
-    if let Some(cause) = d.get("cause").and_then(|c| c.as_str()) {
-        at.insert(a::CAUSE, string(cause));
-    }
-    if let Some(h) = d.get("headline").and_then(|c| c.as_str()) {
-        at.insert(a::HEADLINE, string(h));
-    }
-    if let Some(evidence) = d.get("evidence").and_then(|e| e.as_object()) {
-        for (name, v) in evidence {
-            let value = match v {
-                serde_json::Value::Number(n) => match (n.as_i64(), n.as_f64()) {
-                    (Some(i), _) => Value::Int(i),
-                    (None, Some(f)) => Value::Double(f),
-                    _ => continue,
-                },
-                serde_json::Value::String(s) => string(s),
-                serde_json::Value::Bool(b) => Value::Bool(*b),
-                _ => continue,
-            };
-            match name.as_str() {
-                "share" => at.insert(a::SHARE, value),
-                "ns" => at.insert(a::CAUSE_NS, value),
-                _ => at.insert(format!("{}{name}", a::EVIDENCE_PREFIX), value),
-            }
+    at.insert(a::CAUSE, string(d.cause.name()));
+    at.insert(a::HEADLINE, string(&d.headline));
+    for (name, v) in d.evidence.iter() {
+        // Integers as written; null (not a finite number) left out.
+        let value = match (v.as_i64(), v.as_f64()) {
+            (Some(i), _) => Value::Int(i),
+            (None, Some(f)) => Value::Double(f),
+            _ => continue,
+        };
+        match name {
+            "share" => at.insert(a::SHARE, value),
+            "ns" => at.insert(a::CAUSE_NS, value),
+            _ => at.insert(format!("{}{name}", a::EVIDENCE_PREFIX), value),
         }
     }
-    if let Some(culprits) = d.get("culprits").and_then(|c| c.as_array()) {
-        at.insert(
-            a::CULPRITS,
-            Value::Array(culprits.iter().map(|c| string(culprit_label(c))).collect()),
-        );
-        at.insert(
-            a::CULPRITS_JSON,
-            string(serde_json::to_string(culprits).unwrap_or_default()),
-        );
-    }
-    // Root causes come from a newer analysis: a string, or an object whose
-    // `cause` (or `kind`) names it, kept whole as JSON beside.
-    match d.get("root_cause") {
-        Some(serde_json::Value::String(s)) => at.insert(a::ROOT_CAUSE, string(s)),
-        Some(v @ serde_json::Value::Object(o)) => {
-            let text = |key: &str| o.get(key).and_then(|c| c.as_str());
-            if let Some(name) = text("cause").or(text("kind")) {
-                at.insert(a::ROOT_CAUSE, string(name));
-            }
-            if let Some(h) = text("headline") {
-                at.insert(a::ROOT_HEADLINE, string(h));
-            }
-            if let Some(c) = text("chain") {
-                at.insert(a::ROOT_CHAIN, string(c));
-            }
-            at.insert(a::ROOT_CAUSE_JSON, string(v.to_string()));
+    at.insert(
+        a::CULPRITS,
+        Value::Array(
+            d.culprits
+                .iter()
+                .map(|c| string(culprit_label(c)))
+                .collect(),
+        ),
+    );
+    at.insert(
+        a::CULPRITS_JSON,
+        string(serde_json::to_string(&d.culprits).unwrap_or_default()),
+    );
+    // Analyses made before root causes have none.
+    if let Some(root) = &d.root_cause {
+        at.insert(a::ROOT_CAUSE, string(root.cause.name()));
+        at.insert(a::ROOT_HEADLINE, string(&root.headline));
+        if let Some(c) = &root.chain {
+            at.insert(a::ROOT_CHAIN, string(c));
         }
-        _ => {}
+        at.insert(
+            a::ROOT_CAUSE_JSON,
+            string(serde_json::to_string(root).unwrap_or_default()),
+        );
     }
 }
 

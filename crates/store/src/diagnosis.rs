@@ -282,12 +282,6 @@ impl fmt::Display for EvidenceValue {
     }
 }
 
-/// The whole object as a JSON value, as `requests.json` holds it (until its
-/// entries hold a [`DiagnosisDoc`]).
-pub fn diagnosis_json(d: &Diagnosis, spans: &[SpanMeta]) -> serde_json::Value {
-    serde_json::to_value(DiagnosisDoc::new(d, spans)).expect("a diagnosis is JSON")
-}
-
 /// A [`Cause`] as its contract name ([`Cause::name`]).
 mod cause_name {
     use deepspan_analysis::Cause;

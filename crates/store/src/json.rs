@@ -110,8 +110,9 @@ pub struct RequestEntry {
     pub baseline_ns: Option<u64>,
     #[serde(default)]
     pub anomalous: bool,
+    /// Null without a kernel path (and in analyses made before diagnoses).
     #[serde(default)]
-    pub diagnosis: Option<serde_json::Value>,
+    pub diagnosis: Option<DiagnosisDoc>,
 }
 
 /// A request's time by kind.
@@ -405,7 +406,7 @@ fn request_entry(r: &AnalysisResults, i: usize) -> Option<RequestEntry> {
         diagnosis: rec
             .diagnosis
             .as_ref()
-            .map(|d| crate::diagnosis::diagnosis_json(d, r.spans)),
+            .map(|d| DiagnosisDoc::new(d, r.spans)),
     })
 }
 
@@ -443,6 +444,75 @@ mod tests {
     }
 
     #[test]
+    fn an_older_file_and_unknown_keys_still_read() {
+        // Before root causes, with keys a later version may add.
+        let dir = run_with(&doc_with(json!({
+            "cause": "lock_contention", "headline": "LOCK 90%",
+            "evidence": {"share": 0.9, "futex_uaddr": 4096},
+            "culprits": [{"kind": "thread", "tid": 7, "ns": 5, "cpu": 3}],
+            "confidence": "high"
+        })));
+        let doc = read_requests_json(dir.path()).unwrap();
+        let d = doc.requests[0].diagnosis.as_ref().unwrap();
+        assert_eq!(d.cause.name(), "lock_contention");
+        assert_eq!(d.root_cause, None);
+        assert_eq!(d.root_cause().name(), "lock_contention");
+        assert_eq!(d.culprits[0].tid, Some(7));
+        assert_eq!(d.culprits[0].comm, None);
+        assert_eq!(d.evidence.get("futex_uaddr").unwrap().as_i64(), Some(4096));
+        // No diagnosis at all: null, or no key.
+        let dir = run_with(&doc_with(serde_json::Value::Null));
+        assert_eq!(
+            read_requests_json(dir.path()).unwrap().requests[0].diagnosis,
+            None
+        );
+        let mut older = doc_with(serde_json::Value::Null);
+        older["requests"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("diagnosis");
+        let dir = run_with(&older);
+        assert_eq!(
+            read_requests_json(dir.path()).unwrap().requests[0].diagnosis,
+            None
+        );
+    }
+
+    #[test]
+    fn a_malformed_diagnosis_is_reported_with_its_json_path() {
+        let dir = run_with(&doc_with(json!({
+            "cause": "lock_contention", "headline": "", "evidence": {},
+            "culprits": [{"kind": "thread", "ns": 5}, {"kind": "planet", "ns": 1}]
+        })));
+        let e = read_requests_json(dir.path()).unwrap_err().to_string();
+        let file = Run::new(dir.path()).requests_json();
+        assert!(
+            e.starts_with(&format!(
+                "{}: invalid JSON at requests[0].diagnosis.culprits[1].kind: unknown culprit kind `planet`",
+                file.display()
+            )),
+            "{e}"
+        );
+        assert!(e.contains(" at line "), "{e}");
+        for (diagnosis, at) in [
+            (json!({"cause": 3}), "requests[0].diagnosis.cause"),
+            (json!({"headline": "no cause"}), "requests[0].diagnosis"),
+            (
+                json!({"cause": "disk", "evidence": {"ns": "5 ms"}}),
+                "requests[0].diagnosis.evidence.ns",
+            ),
+            (
+                json!({"cause": "disk", "root_cause": {"cause": "disk", "chain": 1}}),
+                "requests[0].diagnosis.root_cause.chain",
+            ),
+        ] {
+            let dir = run_with(&doc_with(diagnosis));
+            let e = read_requests_json(dir.path()).unwrap_err().to_string();
+            assert!(e.contains(&format!("invalid JSON at {at}: ")), "{e}");
+        }
+    }
+
+    #[test]
     fn a_malformed_file_is_reported_with_its_file_and_json_path() {
         let mut doc = doc_with(serde_json::Value::Null);
         doc["requests"][0]["duration_ns"] = json!("2 ns");
@@ -477,6 +547,28 @@ mod tests {
                 "{}: invalid JSON: EOF while parsing a list at line 1 column 14",
                 file.display()
             )
+        );
+    }
+
+    #[test]
+    fn requests_read_back_write_the_same_bytes() {
+        let diagnosis = json!({
+            "cause": "blocked_by_request",
+            "culprits": [{"comm": "pricing", "kind": "process", "ns": 70, "pid": 5},
+                         {"kind": "request", "ns": 20, "operation": "GET /price", "service": "pricing",
+                          "span_id": "00000000000000bb", "trace_id": "0".repeat(32)}],
+            "evidence": {"blocked_ns": 90, "ns": 90, "share": 0.9},
+            "headline": "BLOCKED 90%",
+            "root_cause": {"cause": "cpu_throttled", "chain": "[media] GET /image → behind [pricing] GET /price → PREEMPTED (throttled) 78 %",
+                           "culprits": [{"comm": "pricing", "kind": "process", "ns": 70, "pid": 5}],
+                           "evidence": {"depth": 1, "ns": 70, "share": 0.7}, "headline": "PREEMPTED 70%"}
+        });
+        let dir = run_with(&doc_with(diagnosis.clone()));
+        let doc = read_requests_json(dir.path()).unwrap();
+        let d = doc.requests[0].diagnosis.as_ref().unwrap();
+        assert_eq!(
+            serde_json::to_string_pretty(d).unwrap(),
+            serde_json::to_string_pretty(&diagnosis).unwrap()
         );
     }
 }

@@ -293,13 +293,14 @@ pub async fn requests(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiRes
 }
 
 /// A request's diagnosed cause.
-fn cause(r: &RequestEntry) -> Option<&str> {
-    r.diagnosis.as_ref()?["cause"].as_str()
+fn cause(r: &RequestEntry) -> Option<&'static str> {
+    Some(r.diagnosis.as_ref()?.cause.name())
 }
 
-/// A request's root cause, through the chains of requests it waited for.
-fn root_cause(r: &RequestEntry) -> Option<&str> {
-    r.diagnosis.as_ref()?["root_cause"]["cause"].as_str()
+/// A request's root cause, through the chains of requests it waited for
+/// (none in analyses made before root causes).
+fn root_cause(r: &RequestEntry) -> Option<&'static str> {
+    Some(r.diagnosis.as_ref()?.root_cause.as_ref()?.cause.name())
 }
 
 fn find_request<'a>(st: &'a AppState, id: &str) -> Result<(&'a RequestEntry, String), ApiError> {

@@ -271,17 +271,27 @@ fn path_check_fails_when_the_fault_does_not_show() {
 
 #[test]
 fn culprit_numbers_match_by_value() {
+    let culprit = |v: Value| -> CulpritDoc { serde_json::from_value(v).unwrap() };
     let m: serde_json::Map<String, Value> =
         serde_json::from_value(json!({"comm": "backup", "pid": 42})).unwrap();
     assert!(matches(
-        &json!({"kind": "process", "comm": "backup", "pid": 42, "ns": 1}),
+        &culprit(json!({"kind": "process", "comm": "backup", "pid": 42, "ns": 1})),
         &m
     ));
     assert!(!matches(
-        &json!({"kind": "process", "comm": "backup", "pid": 43}),
+        &culprit(json!({"kind": "process", "comm": "backup", "pid": 43, "ns": 1})),
         &m
     ));
-    assert!(!matches(&json!({"kind": "process", "comm": "backup"}), &m));
+    assert!(!matches(
+        &culprit(json!({"kind": "process", "comm": "backup", "ns": 1})),
+        &m
+    ));
+    let m: serde_json::Map<String, Value> =
+        serde_json::from_value(json!({"kind": "process", "pid": 42.0})).unwrap();
+    assert!(matches(
+        &culprit(json!({"kind": "process", "comm": "backup", "pid": 42, "ns": 1})),
+        &m
+    ));
 }
 
 /// `expected()` felt on front, with root cause `cpu_throttled`.

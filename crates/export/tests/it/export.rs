@@ -128,7 +128,9 @@ fn fixture() -> (Vec<Span>, RunAnalysis) {
         anomalous: true,
         baseline_ns: Some(5 * MS),
         top_cause: Some("blocked by request 0000000000002222".into()),
-        diagnosis: Some(serde_json::json!({
+        // As requests.json has it (without the details no test reads).
+        diagnosis: Some(
+            serde_json::from_value(serde_json::json!({
             "cause": "blocked_by_request",
             "headline": "waited 49 ms for [inventory] POST /restock (postgres)",
             "evidence": {"share": 0.49, "ns": 49000000, "futex_uaddr": 1234},
@@ -139,7 +141,9 @@ fn fixture() -> (Vec<Span>, RunAnalysis) {
             ],
             "root_cause": {"cause": "cpu_throttled", "headline": "behind [inventory] POST /restock: throttled",
                            "chain": "[inventory] POST /checkout → behind [inventory] POST /restock → PREEMPTED (throttled)"}
-        })),
+            }))
+            .expect("a diagnosis"),
+        ),
         pieces: vec![
             piece(0, 10, "RUNNING", 7, "inventory"),
             throttled,

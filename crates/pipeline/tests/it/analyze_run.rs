@@ -156,10 +156,12 @@ fn the_outcome_is_what_requests_json_says() {
         assert_eq!(w["baseline_ns"], serde_json::json!(r.baseline_ns));
         // Through text, as the file was: serde_json's parser may round a
         // float's last digit, the same way on both sides.
-        let expected = r.diagnosis.as_ref().map_or(Value::Null, |d| {
-            deepspan_store::diagnosis::diagnosis_json(d, &outcome.spans)
-        });
-        let expected: Value = serde_json::from_str(&expected.to_string()).unwrap();
+        let expected = r
+            .diagnosis
+            .as_ref()
+            .map(|d| deepspan_store::diagnosis::DiagnosisDoc::new(d, &outcome.spans));
+        let expected: Value =
+            serde_json::from_str(&serde_json::to_string(&expected).unwrap()).unwrap();
         assert_eq!(w["diagnosis"], expected);
         assert!(std::ptr::eq(
             outcome.request(span.trace_id, span.span_id).unwrap(),
