@@ -232,18 +232,21 @@ pub fn read_requests_json(run_dir: &Path) -> Result<RequestsDoc, Error> {
         });
     }
     let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
-    parse_requests_json(&bytes, &path)
+    parse_json_file::<RequestsDoc>(&bytes, &path)
 }
 
-/// `requests.json`'s text as a [`RequestsDoc`]; a value of the wrong type
+/// The text of the analysis file `path` as a `T`; a value of the wrong type
 /// or a missing one is reported with its JSON path
 /// (`requests[3].diagnosis.cause`) besides its line and column.
-fn parse_requests_json(bytes: &[u8], path: &Path) -> Result<RequestsDoc, Error> {
+pub(crate) fn parse_json_file<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<T, Error> {
     serde_json::from_slice(bytes).map_err(|e| {
         // Parsed again to find where: only a failed read pays for it.
         let at = e.is_data().then(|| {
             let de = &mut serde_json::Deserializer::from_slice(bytes);
-            match serde_path_to_error::deserialize::<_, RequestsDoc>(de) {
+            match serde_path_to_error::deserialize::<_, T>(de) {
                 Err(e) if e.path().iter().next().is_some() => Some(e.path().to_string()),
                 _ => None,
             }

@@ -38,6 +38,7 @@ pub struct PlacementsDoc {
 pub fn write_placements_json(path: &Path, doc: &PlacementsDoc) -> Result<(), Error> {
     let text = serde_json::to_vec_pretty(doc).map_err(|source| Error::Json {
         path: path.to_path_buf(),
+        at: None,
         source,
     })?;
     std::fs::write(path, text).map_err(|e| Error::io(path, "cannot write", e))
@@ -46,10 +47,7 @@ pub fn write_placements_json(path: &Path, doc: &PlacementsDoc) -> Result<(), Err
 /// Reads the `placements.json` at `path`.
 pub fn read_placements_json(path: &Path) -> Result<PlacementsDoc, Error> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, "cannot read", e))?;
-    serde_json::from_slice(&bytes).map_err(|source| Error::Json {
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::json::parse_json_file(&bytes, path)
 }
 
 #[cfg(test)]
