@@ -171,9 +171,9 @@ def media(args, provider):
             raise HttpError(404, f"no image for item {item}")
         with open(path, "rb", buffering=0) as f:
             data = f.read()
-            if args.uncached:
-                # Leave the page cache to others: every read goes to the disk.
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            # Images are large and rarely read twice: leave the page cache
+            # to others (so every read goes to the disk).
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         return data
 
     @router.route("POST", "/reindex")
@@ -247,8 +247,6 @@ def main():
     p.add_argument("--dsn", help="inventory: libpq connection string")
     p.add_argument("--rounds", type=int, default=40, help="pricing: work per request")
     p.add_argument("--images", help="media: folder of img-N.bin files")
-    p.add_argument("--uncached", action="store_true",
-                   help="media: drop each image from the page cache after reading it")
     p.add_argument("--netns", help="media: listen in this network namespace (a /run/netns path)")
     args = p.parse_args()
     telemetry.set_thread_name(args.service)
