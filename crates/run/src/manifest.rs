@@ -112,6 +112,17 @@ pub struct Manifest {
     pub hosts: Option<String>,
 }
 
+/// `run_dir/manifest.json` read as `T` (the whole manifest or a section).
+fn read_manifest_as<T: serde::de::DeserializeOwned>(run_dir: &Path) -> Result<T, ManifestError> {
+    let path = run_dir.join(MANIFEST);
+    let bad = |reason: String| ManifestError::Read {
+        path: path.clone(),
+        reason,
+    };
+    let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+    serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))
+}
+
 fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
     *n == T::default()
 }
@@ -234,18 +245,15 @@ impl Manifest {
 
     /// Reads `run_dir/manifest.json`.
     pub fn load(run_dir: &Path) -> Result<Manifest, ManifestError> {
-        let path = run_dir.join(MANIFEST);
-        let bad = |reason: String| ManifestError::Read {
-            path: path.clone(),
-            reason,
-        };
-        let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
-        let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        let manifest: Manifest = read_manifest_as(run_dir)?;
         if manifest.format_version > FORMAT_VERSION {
-            return Err(bad(format!(
-                "format version {} is newer than this deepspan understands ({FORMAT_VERSION})",
-                manifest.format_version
-            )));
+            return Err(ManifestError::Read {
+                path: run_dir.join(MANIFEST),
+                reason: format!(
+                    "format version {} is newer than this deepspan understands ({FORMAT_VERSION})",
+                    manifest.format_version
+                ),
+            });
         }
         Ok(manifest)
     }
@@ -259,14 +267,7 @@ impl Manifest {
             #[serde(default)]
             profile: Option<ProfileManifest>,
         }
-        let path = run_dir.join(MANIFEST);
-        let bad = |reason: String| ManifestError::Read {
-            path: path.clone(),
-            reason,
-        };
-        let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
-        let only: ProfileOnly = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
-        Ok(only.profile)
+        Ok(read_manifest_as::<ProfileOnly>(run_dir)?.profile)
     }
 
     /// Writes `run_dir/manifest.json`.
