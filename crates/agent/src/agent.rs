@@ -398,6 +398,8 @@ impl RequestSink for AgentSink {
                 .observe(&r.service, &r.operation, r.duration_ns);
             if verdict.anomalous {
                 anomalous.push((r, verdict.baseline_ns));
+            } else if verdict.within_tail {
+                self.shared.metrics.within_tail.inc();
             }
         }
         if anomalous.is_empty() {

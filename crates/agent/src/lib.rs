@@ -5,7 +5,8 @@
 //!
 //! The parts, each usable alone:
 //! - [`detect`]: per (service, operation), a sliding median and the
-//!   anomaly rule (Carosi 2018, §5.2.3: window 500, threshold 3);
+//!   anomaly rule (Carosi 2018, §5.2.3: window 500, threshold 3), and
+//!   a quantile of the operation's ordinary spans that it must exceed too;
 //! - [`forward`]: the byte-bounded queue to the back-end that drops the
 //!   oldest, and its sender;
 //! - [`spans`]: the request spans of an OTLP request, detaching and

@@ -12,6 +12,7 @@
 //! |---|---|---|
 //! | `spans_received_total` | counter | |
 //! | `anomalies_total` | counter | |
+//! | `anomalies_within_tail_total` (over the median rule, within the tail) | counter | |
 //! | `snapshots_total` | counter | |
 //! | `snapshots_skipped_total` | counter | `reason` |
 //! | `spans_dropped_total` | counter | `reason` (drops by the agent itself) |
@@ -49,6 +50,9 @@ pub struct Reason {
 pub struct AgentMetrics {
     pub spans_received: Counter,
     pub anomalies: Counter,
+    /// Spans over the median rule's threshold but within their operation's
+    /// ordinary tail: not anomalous.
+    pub within_tail: Counter,
     pub snapshots_taken: Counter,
     snapshots_skipped: Family<Reason, Counter>,
     spans_dropped: Family<Reason, Counter>,
@@ -71,6 +75,7 @@ impl AgentMetrics {
         let mut metrics = AgentMetrics {
             spans_received: Counter::default(),
             anomalies: Counter::default(),
+            within_tail: Counter::default(),
             snapshots_taken: Counter::default(),
             snapshots_skipped: Family::default(),
             spans_dropped: Family::default(),
@@ -86,6 +91,11 @@ impl AgentMetrics {
                 &metrics.spans_received,
             ),
             ("anomalies", "Spans judged anomalous", &metrics.anomalies),
+            (
+                "anomalies_within_tail",
+                "Spans over the median rule's threshold left alone as within their operation's ordinary tail",
+                &metrics.within_tail,
+            ),
             (
                 "snapshots",
                 "Kernel snapshots taken",
@@ -158,10 +168,11 @@ impl AgentMetrics {
     pub fn summary_line(&self) -> String {
         let forward = self.forward_stats().unwrap_or_default();
         let mut line = format!(
-            "spans in {}, out {}; anomalies {}; snapshots {}",
+            "spans in {}, out {}; anomalies {} ({} more within their tail); snapshots {}",
             self.spans_received.get(),
             forward.spans_sent,
             self.anomalies.get(),
+            self.within_tail.get(),
             self.snapshots_taken.get()
         );
         let skipped = counts(&self.snapshots_skipped, &self.skip_reasons);

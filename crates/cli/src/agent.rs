@@ -40,6 +40,11 @@ pub struct AgentArgs {
     /// A request span is anomalous above this many times its window's median.
     #[arg(long, default_value_t = 3.0)]
     threshold: f64,
+    /// ... and above this quantile of its operation's last ordinary (not
+    /// anomalous) spans, so that the operation's usual tail is not flagged;
+    /// `off`: the median rule alone.
+    #[arg(long, value_name = "Q|off", default_value = "0.99", value_parser = parse_tail_quantile)]
+    tail_quantile: TailQuantile,
     /// Spans of an operation seen before any of them is judged.
     #[arg(long)]
     min_count: Option<usize>,
@@ -118,6 +123,22 @@ pub struct AgentArgs {
     duration: Option<f64>,
 }
 
+/// `--tail-quantile`: a quantile, or `off` (None).
+#[derive(Clone, Copy, Debug)]
+struct TailQuantile(Option<f64>);
+
+fn parse_tail_quantile(text: &str) -> Result<TailQuantile, String> {
+    if text == "off" {
+        return Ok(TailQuantile(None));
+    }
+    match text.parse::<f64>() {
+        Ok(q) if q > 0.0 && q <= 1.0 => Ok(TailQuantile(Some(q))),
+        _ => Err(format!(
+            "{text:?} is neither a quantile in (0, 1] nor `off`"
+        )),
+    }
+}
+
 pub fn run(args: AgentArgs) -> Result<ExitCode> {
     let duration = match args.duration {
         None => None,
@@ -145,6 +166,7 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
     let mut detector = DetectorConfig {
         window: args.window,
         threshold: args.threshold,
+        tail_quantile: args.tail_quantile.0,
         floor_ns,
         ..DetectorConfig::default()
     };

@@ -89,6 +89,7 @@ fn metrics_are_served_and_parse() {
     });
     metrics.spans_received.inc_by(20);
     metrics.anomalies.inc();
+    metrics.within_tail.inc_by(3);
     metrics.snapshots_taken.inc();
     metrics.skip_snapshot("rate_limit");
     metrics.skip_snapshot("rate_limit");
@@ -114,6 +115,7 @@ fn metrics_are_served_and_parse() {
     for (series, want) in [
         ("deepspan_agent_spans_received_total", 20.0),
         ("deepspan_agent_anomalies_total", 1.0),
+        ("deepspan_agent_anomalies_within_tail_total", 3.0),
         ("deepspan_agent_snapshots_total", 1.0),
         (
             r#"deepspan_agent_snapshots_skipped_total{reason="rate_limit"}"#,
@@ -147,7 +149,7 @@ fn metrics_are_served_and_parse() {
     let line = metrics.summary_line();
     for part in [
         "spans in 20",
-        "anomalies 1",
+        "anomalies 1 (3 more within their tail)",
         "snapshots 1",
         "rate_limit 2",
         "left_ring_buffer 1",
