@@ -71,8 +71,7 @@ def free_port():
 
 
 def start_jaeger(cleanup, work):
-    binary = subprocess.run([str(ROOT / "scripts" / "build-jaeger.sh")], check=True,
-                            stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
+    binary = jaeger_binary()
     ports = {name: free_port() for name in ("grpc", "http", "query", "query_grpc", "health")}
     config = Path(work) / "jaeger.yaml"
     # The configuration of crates/jaeger-test (memory storage on loopback).
@@ -116,18 +115,67 @@ exporters:
     trace_storage: memory_store
 """)
     proc, _ = procs.start("jaeger", [binary, "--config", str(config)], cleanup, work)
+    wait_healthy(proc, ports["health"])
+    return proc, ports
+
+
+def jaeger_binary():
+    return subprocess.run([str(ROOT / "scripts" / "build-jaeger.sh")], check=True,
+                          stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
+
+
+def wait_healthy(proc, health_port):
+    """Waits for a Collector's health check (Jaeger v2 is one) to answer."""
     deadline = time.monotonic() + 60
     while True:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{ports['health']}/status", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/status", timeout=2) as r:
                 if r.status == 200:
-                    break
+                    return
         except OSError:
             pass
         if proc.popen.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"jaeger did not start:\n{proc.log_tail()}")
+            raise RuntimeError(f"{proc.name} did not start:\n{proc.log_tail()}")
         time.sleep(0.2)
-    return proc, ports
+
+
+def start_collector(cleanup, work, jaeger_http, i):
+    """An OpenTelemetry Collector as a pass-through, OTLP/HTTP in, OTLP/HTTP
+    out to Jaeger (gzip, the exporter's default, as the agent's forwarder):
+    what a production agent usually replaces. The Collector is the Jaeger v2
+    binary, itself a Collector distribution, with only the upstream OTLP
+    receiver and OTLP/HTTP exporter in its pipeline. Returns the process and
+    its OTLP/HTTP address."""
+    ports = {name: free_port() for name in ("http", "health")}
+    config = Path(work) / f"collector-{i}.yaml"
+    config.write_text(f"""service:
+  extensions: [healthcheckv2]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [otlphttp]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+extensions:
+  healthcheckv2:
+    use_v2: true
+    http:
+      endpoint: 127.0.0.1:{ports['health']}
+receivers:
+  otlp:
+    protocols:
+      http:
+        endpoint: 127.0.0.1:{ports['http']}
+exporters:
+  otlphttp:
+    endpoint: http://127.0.0.1:{jaeger_http}
+""")
+    proc, _ = procs.start(f"collector-{i}", [jaeger_binary(), "--config", str(config)], cleanup, work)
+    wait_healthy(proc, ports["health"])
+    return proc, f"127.0.0.1:{ports['http']}"
 
 
 def wait_line(proc, pattern, timeout=60):

@@ -6,6 +6,12 @@ in one run, the cases interleaved round by round.
 Cases (each beside B's services and Jaeger, nothing else of deepspan):
 
   B            OpenTelemetry -> Jaeger, no deepspan (the baseline)
+  B'           OpenTelemetry -> an OpenTelemetry Collector -> Jaeger: the
+               fair baseline of the agent's pass-through, since a
+               production agent usually replaces a Collector (the Jaeger v2
+               binary, a Collector distribution, with the upstream OTLP
+               receiver and OTLP/HTTP exporter; agent_overhead.py's
+               start_collector)
   rec:base     `deepspan record --no-otlp`, system-wide, recording one
                rare event (sched_process_exec): the recorder's own cost
   rec:CLASS    `deepspan record --no-otlp --events CLASS`, system-wide,
@@ -85,7 +91,8 @@ def available(events):
 
 def cases():
     """Case name -> what runs beside B: (kind, flags)."""
-    out = {"B": (None, []), "rec:base": ("record", ["--events", RARE_EVENT])}
+    out = {"B": (None, []), "B'": ("collector", []),
+           "rec:base": ("record", ["--events", RARE_EVENT])}
     for name, events in CLASSES.items():
         have = available(events)
         if have:
@@ -107,6 +114,9 @@ def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
     if kind == "agent":
         extra, addr = common.start_agent(shop.cleanup, work, jaeger["http"], i, flags)
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{addr}"
+    elif kind == "collector":
+        extra, addr = common.start_collector(shop.cleanup, work, jaeger["http"], i)
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{addr}"
     elif kind == "record":
         extra, run = common.start_record(shop.cleanup, work, i, flags)
     shop.env = env
@@ -124,10 +134,20 @@ def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
             stats["events"] = sum(c.get("read_events", 0) + c.get("entries", 0)
                                   for c in manifest.get("per_cpu", [])) or None
             shutil.rmtree(run, ignore_errors=True)
-        else:
+        elif kind == "agent":
             stats["agent"] = extra.log_tail(1).strip()
             shutil.rmtree(Path(work) / f"snapshots-{i}", ignore_errors=True)
     return stats
+
+
+def ratio_cells(runs, baseline, keys):
+    """Per key: the median of the per-round ratios to the baseline, with
+    their min .. max."""
+    cells = []
+    for key in keys:
+        ratios = [c[key] / b[key] for c, b in zip(runs, baseline)]
+        cells.append(f"{common.pct(statistics.median(ratios))} ({common.pct(min(ratios))} .. {common.pct(max(ratios))})")
+    return cells
 
 
 def main():
@@ -165,7 +185,7 @@ def main():
         for r in range(args.rounds):
             for case in chosen:
                 kind, flags = all_cases[case]
-                i = f"{r}-{case.replace(':', '-')}"
+                i = f"{r}-" + case.replace(":", "-").replace("'", "p")
                 stats = run_case(case, kind, flags, i, shop, base_env, jaeger, work, args)
                 log(f"round {r} {case:16}: {stats['throughput']:.1f} req/s, p50 {stats['p50_ms']} ms, "
                     f"p99 {stats['p99_ms']} ms, {stats['cpu_ms']:.2f} CPU ms/request, "
@@ -189,11 +209,17 @@ def main():
             cells = [f"{med['throughput']:.1f}", f"{med['p50_ms']:.1f} ms", f"{med['p99_ms']:.1f} ms",
                      f"{med['cpu_ms']:.2f} ms"]
         else:
-            cells = []
-            for key in keys:
-                ratios = [c[key] / b[key] for c, b in zip(runs, results["B"])]
-                cells.append(f"{common.pct(statistics.median(ratios))} ({common.pct(min(ratios))} .. {common.pct(max(ratios))})")
+            cells = ratio_cells(runs, results["B"], keys)
         print(f"| {case} | {ev} | {' | '.join(cells)} |")
+    if "B'" in chosen:
+        agents = [c for c in chosen if c.startswith("agent")]
+        if agents:
+            print("\nThe agent against B' (the same spans through a Collector) of the same round:\n")
+            print("| case | requests/s | p50 | p99 | CPU per request |")
+            print("|---|---:|---:|---:|---:|")
+            for case in agents:
+                cells = ratio_cells(results[case], results["B'"], keys)
+                print(f"| {case} | {' | '.join(cells)} |")
     b = [s["cpu_ms"] for s in results["B"]]
     if len(b) > 1:
         print(f"\nnoise: B's CPU per request over the rounds {min(b):.2f} .. {max(b):.2f} ms "
