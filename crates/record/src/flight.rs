@@ -450,6 +450,7 @@ impl FlightRecorder {
             boot_id: self.boot_id.clone(),
             tcp_keys: None,
             cfs_throttle: None,
+            blocked_syscalls: None,
             hosts: None,
         }
     }

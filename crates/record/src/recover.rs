@@ -457,6 +457,7 @@ mod tests {
             boot_id: None,
             tcp_keys: None,
             cfs_throttle: None,
+            blocked_syscalls: None,
             hosts: None,
         }
     }

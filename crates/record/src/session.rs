@@ -574,6 +574,7 @@ impl Session {
             boot_id: crate::journal::boot_id(),
             tcp_keys: None,
             cfs_throttle: None,
+            blocked_syscalls: None,
             hosts: None,
         }
     }
