@@ -1,5 +1,6 @@
 //! The blocked-syscall capture against an oracle: the trace's own
-//! `raw_syscalls:sys_enter` events, recorded in the same run.
+//! `raw_syscalls:sys_enter` events, recorded in the same run; and in a
+//! flight recorder's window.
 //!
 //! Threads of this test block, over and over, in three known calls: `read`
 //! on a pipe at a distinctive fd, `nanosleep` and `futex` on a known
@@ -20,7 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deepspan_model::EventKind;
-use deepspan_record::{read_blocked_syscalls, record, BlockedSyscall, RecordOptions};
+use deepspan_record::{
+    clock_sample, read_blocked_syscalls, record, BlockedSyscall, FlightOptions, FlightRecorder,
+    RecordOptions, WindowOutcome,
+};
 use deepspan_run::Manifest;
 
 use crate::kernel::{kernel, Sweep};
@@ -355,4 +359,66 @@ fn each_sleep_in_a_system_call_names_the_call_the_trace_entered() {
             "no record of the workload's {call} matched the trace (compared {compared})"
         );
     }
+}
+
+/// A flight recorder window holds the sleeps in system calls of its time
+/// (kept in memory between windows): a thread of this test sleeps in
+/// `nanosleep` on a known timespec, over and over, inside the window.
+#[test]
+#[ignore = "system: root, tracefs, BPF and BTF"]
+fn flight_recorder_windows_hold_the_sleeps_in_system_calls() {
+    let Some((tracefs, _lock)) = kernel() else {
+        return;
+    };
+    let _sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![std::process::id()],
+    };
+    let options = FlightOptions {
+        events: "sched:sched_switch".into(),
+        ..FlightOptions::default()
+    };
+    let mut flight = FlightRecorder::start(options).expect("start the flight recorder");
+    let start = clock_sample()[1];
+    let (tid, address) = std::thread::spawn(|| {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: WAIT.as_nanos() as i64,
+        };
+        for _ in 0..30 {
+            // SAFETY: ts is valid; no remainder is asked for.
+            unsafe { libc::syscall(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize) };
+        }
+        (gettid(), &ts as *const _ as u64)
+    })
+    .join()
+    .unwrap();
+    let end = clock_sample()[1];
+    let dir = tempfile::tempdir().unwrap();
+    let outcome = flight.snapshot(start, end, dir.path()).expect("snapshot");
+    assert!(
+        matches!(outcome, WindowOutcome::Written { .. }),
+        "{outcome:?}"
+    );
+    let manifest = Manifest::load(dir.path()).expect("manifest");
+    let section = manifest
+        .blocked_syscalls
+        .unwrap_or_else(|| panic!("no blocked system calls recorded: {:?}", manifest.warnings));
+    let sleeps = read_blocked_syscalls(&dir.path().join(&section.file)).expect("read");
+    assert_eq!(sleeps.len() as u64, section.records);
+    assert!(
+        sleeps.iter().all(|s| s.mono_ns <= end),
+        "none after the window"
+    );
+    let ours = sleeps
+        .iter()
+        .filter(|s| s.tid == tid && i64::from(s.nr) == libc::SYS_nanosleep)
+        .collect::<Vec<_>>();
+    assert!(
+        ours.iter()
+            .any(|s| s.args[0] == address && (start..=end).contains(&s.mono_ns)),
+        "none of the {} records holds the thread's nanosleep: {ours:?}",
+        sleeps.len()
+    );
+    flight.stop().expect("stop");
 }
