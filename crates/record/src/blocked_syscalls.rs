@@ -48,6 +48,10 @@ use deepspan_run::{layout::BLOCKED_SYSCALLS, BlockedSyscallsManifest};
 
 /// The file's first line; the columns of every other line.
 const HEADER: &str = "# deepspan blocked syscalls v1: mono_ns cpu tid tgid nr arg0 arg1 arg2";
+/// The header's start, whatever its version.
+const HEADER_NAME: &str = "# deepspan blocked syscalls ";
+/// The header's start in this version.
+const HEADER_V1: &str = "# deepspan blocked syscalls v1:";
 
 /// A record of the program's ring buffer (`struct blocked`).
 const RECORD_BYTES: usize = 48;
@@ -131,11 +135,19 @@ impl BlockedSyscall {
 
 /// Parses the text of a blocked-syscall file: every sleep, in file order.
 /// A last line without its newline is what a killed recorder left
-/// mid-write: it is left out. An error names the line and says why.
+/// mid-write: it is left out. A header of another version than v1 is an
+/// error, as is any bad line; the error names the line and says why.
 pub fn parse_blocked_syscalls(text: &str) -> Result<Vec<BlockedSyscall>, String> {
     let complete = &text[..text.rfind('\n').map_or(0, |n| n + 1)];
     let mut sleeps = Vec::new();
     for (n, line) in complete.lines().enumerate() {
+        // Another version's columns would read as numbers of this one's.
+        if line.starts_with(HEADER_NAME) && !line.starts_with(HEADER_V1) {
+            return Err(format!(
+                "line {}: {line:?} is not this deepspan's format ({HEADER})",
+                n + 1
+            ));
+        }
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
@@ -496,6 +508,14 @@ mod tests {
             e.contains("line 3") && e.contains("cpu") && e.contains("blocked_syscalls.tsv"),
             "{e}"
         );
+        // Another version's file is refused, not misread.
+        std::fs::write(
+            &path,
+            "# deepspan blocked syscalls v2: mono_ns tid nr\n5 42 0\n",
+        )
+        .unwrap();
+        let e = read_blocked_syscalls(&path).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains("v2"), "{e}");
         std::fs::write(&path, b"# h\n\xff\n").unwrap();
         let e = read_blocked_syscalls(&path).unwrap_err().to_string();
         assert!(e.contains("not UTF-8 text at byte 4"), "{e}");
