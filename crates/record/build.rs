@@ -1,34 +1,73 @@
 //! Compiles the recorder's eBPF programs (`src/bpf/NAME.bpf.c`: the TCP
-//! headers of `record --tcp-keys`, the CFS throttling of every recording)
-//! with clang into `OUT_DIR/NAME.bpf.o`, which the crate embeds.
+//! headers of `record --tcp-keys`, the CFS throttling and the sleeps in
+//! system calls of every recording) with clang into `OUT_DIR/NAME.bpf.o`,
+//! which the crate embeds.
 //!
 //! Without clang (or libbpf's headers) the crate still builds, with a
 //! warning: `--tcp-keys` says at run time what to install, and recordings
 //! go without throttling intervals (the analysis then infers throttling
-//! from idle CPUs, as it does for CTF traces).
+//! from idle CPUs, as it does for CTF traces) and without blocked system
+//! calls.
+//!
+//! The blocked-syscall program reads x86_64 registers: it is compiled for
+//! x86_64 only (`cfg(deepspan_bpf_syscalls)`), and other architectures
+//! record without it.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 const PROGRAMS: [&str; 2] = ["tcp_keys", "cfs_throttle"];
+/// Programs that read one architecture's registers, and that architecture
+/// (as `CARGO_CFG_TARGET_ARCH` spells it).
+const ARCH_PROGRAMS: [(&str, &str); 1] = [("blocked_syscalls", "x86_64")];
 
 fn main() {
     println!("cargo:rerun-if-env-changed=CLANG");
     println!("cargo:rustc-check-cfg=cfg(deepspan_bpf)");
+    println!("cargo:rustc-check-cfg=cfg(deepspan_bpf_syscalls)");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-changed=src/bpf/ring.h");
-    for program in PROGRAMS {
+    for program in PROGRAMS.iter().chain(ARCH_PROGRAMS.iter().map(|(p, _)| p)) {
         println!("cargo:rerun-if-changed=src/bpf/{program}.bpf.c");
     }
-    match PROGRAMS
-        .iter()
+    let arch = target_arch();
+    let programs = PROGRAMS.iter().copied().chain(
+        ARCH_PROGRAMS
+            .iter()
+            .filter(|(_, only)| *only == arch)
+            .map(|(p, _)| *p),
+    );
+    match programs
+        .clone()
         .try_for_each(|program| compile(program, &out_dir))
     {
-        Ok(()) => println!("cargo:rustc-cfg=deepspan_bpf"),
+        Ok(()) => {
+            println!("cargo:rustc-cfg=deepspan_bpf");
+            if programs.clone().any(|p| p == "blocked_syscalls") {
+                println!("cargo:rustc-cfg=deepspan_bpf_syscalls");
+            }
+        }
         Err(why) => println!(
             "cargo:warning=the recorder's eBPF programs are left out: {why}; install clang and \
              libbpf-dev (scripts/setup.sh build does)"
         ),
+    }
+}
+
+fn target_arch() -> String {
+    std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into())
+}
+
+/// libbpf's name for an architecture (`__TARGET_ARCH_x86`), which
+/// <bpf/bpf_tracing.h> and the programs test.
+fn libbpf_arch(arch: &str) -> &str {
+    match arch {
+        "x86_64" | "x86" => "x86",
+        "aarch64" => "arm64",
+        "powerpc64" => "powerpc",
+        "riscv64" => "riscv",
+        "loongarch64" => "loongarch",
+        other => other,
     }
 }
 
@@ -37,7 +76,7 @@ fn main() {
 fn compile(program: &str, out_dir: &std::path::Path) -> Result<(), String> {
     let source = format!("src/bpf/{program}.bpf.c");
     let out = out_dir.join(format!("{program}.bpf.o"));
-    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into());
+    let arch = target_arch();
     // Debian keeps <asm/types.h> under the multiarch include folder.
     let multiarch = format!("{arch}-linux-gnu");
     let candidates: Vec<String> = match std::env::var("CLANG") {
@@ -53,6 +92,7 @@ fn compile(program: &str, out_dir: &std::path::Path) -> Result<(), String> {
         let result = Command::new(clang)
             .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
             .arg(format!("-I/usr/include/{multiarch}"))
+            .arg(format!("-D__TARGET_ARCH_{}", libbpf_arch(&arch)))
             .args(["-c", &source, "-o"])
             .arg(&out)
             .output();

@@ -1,22 +1,29 @@
 //! Fuzzes the recovery of a run whose recorder died: the input is what such
-//! a recorder may leave behind, its journal files and per-CPU page files
-//! (joined by a marker line), made into a run folder. Recovery must finish
-//! the run or refuse it with an error, never panic; what it writes must
-//! then open and decode like any trace.
+//! a recorder may leave behind, its journal files, per-CPU page files and
+//! the text file of its eBPF capture of blocked system calls (joined by a
+//! marker line), made into a run folder. Recovery must finish the run or
+//! refuse it with an error, never panic; what it writes must then open and
+//! decode like any trace. The blocked-syscall file is left as the recorder
+//! wrote it, and its reader (which drops a torn last line) returns lines
+//! or an error, never panics.
 #![no_main]
 
 use deepspan_ftrace::TraceDat;
+use deepspan_record::BlockedSyscall;
 use libfuzzer_sys::fuzz_target;
 
 /// Separates the files in an input (seeds are made by joining real files).
 const MARKER: &[u8] = b"\n--8<--\n";
-const FILES: [&str; 5] = [
+const FILES: [&str; 6] = [
     "kernel/journal/recording.json",
     "kernel/journal/trace_meta.json",
     "kernel/journal/clock_samples",
     "kernel/cpu0.raw",
     "kernel/cpu1.raw",
+    // Last, so that inputs of five files read as before.
+    BLOCKED_SYSCALLS,
 ];
+const BLOCKED_SYSCALLS: &str = "kernel/blocked_syscalls.tsv";
 
 fn split(data: &[u8]) -> Vec<&[u8]> {
     let mut parts = Vec::new();
@@ -41,7 +48,28 @@ fuzz_target!(|data: &[u8]| {
     for (file, bytes) in FILES.iter().zip(split(data)) {
         std::fs::write(run.join(file), bytes).unwrap();
     }
-    let Ok(recovery) = deepspan_record::recover_from_files(run) else {
+    let blocked = std::fs::read(run.join(BLOCKED_SYSCALLS)).ok();
+    let recovered = deepspan_record::recover_from_files(run);
+    assert_eq!(
+        std::fs::read(run.join(BLOCKED_SYSCALLS)).ok(),
+        blocked,
+        "recovery leaves the blocked-syscall file as it was"
+    );
+    if let Some(bytes) = &blocked {
+        let read = deepspan_record::read_blocked_syscalls(&run.join(BLOCKED_SYSCALLS)).ok();
+        let parsed = std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|text| deepspan_record::parse_blocked_syscalls(text).ok());
+        assert_eq!(read, parsed, "the reader is the parser of the file's text");
+        for sleep in read.iter().flatten() {
+            assert_eq!(
+                BlockedSyscall::parse(&sleep.line()),
+                Ok(*sleep),
+                "a line writes back as it reads"
+            );
+        }
+    }
+    let Ok(recovery) = recovered else {
         return;
     };
     assert!(run.join("manifest.json").is_file());

@@ -35,6 +35,7 @@ use std::path::Path;
 use deepspan_ftrace::write::write_trace_dat;
 use deepspan_ftrace::TraceDatMeta;
 
+use crate::blocked_syscalls::BlockedSyscallHistory;
 use crate::events::{resolve_events, EventId};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::ProcessScan;
@@ -152,6 +153,8 @@ pub struct FlightRecorder {
     boot_id: Option<String>,
     /// Throttled switch-outs, when this kernel and build can say.
     throttle: Option<ThrottleHistory>,
+    /// Sleeps in system calls, when this kernel and build can say.
+    syscalls: Option<BlockedSyscallHistory>,
 }
 
 /// Clock samples kept: one a second for an hour is more than any window needs.
@@ -209,6 +212,13 @@ impl FlightRecorder {
                 None
             }
         };
+        let syscalls = match BlockedSyscallHistory::start() {
+            Ok(history) => Some(history),
+            Err(e) => {
+                warnings.push(format!("blocked system calls not recorded ({e})"));
+                None
+            }
+        };
         let start = clock_point();
         instance.write("tracing_on", "1")?;
         let cpus = (0..cpu_count)
@@ -231,6 +241,7 @@ impl FlightRecorder {
             warnings,
             boot_id: crate::journal::boot_id(),
             throttle,
+            syscalls,
         })
     }
 
@@ -333,6 +344,19 @@ impl FlightRecorder {
                     Err(e) => manifest
                         .warnings
                         .push(format!("CPU throttling not written: {e}")),
+                }
+            }
+            if let Some(syscalls) = &self.syscalls {
+                // From where the trace's history begins: a sleep is read
+                // with the trace around it.
+                match syscalls.write_window(run_dir, complete_since_ns, end_ns) {
+                    Ok((m, incomplete)) => {
+                        manifest.blocked_syscalls = Some(m);
+                        manifest.warnings.extend(incomplete);
+                    }
+                    Err(e) => manifest
+                        .warnings
+                        .push(format!("blocked system calls not written: {e}")),
                 }
             }
             manifest.save(run_dir)?;
@@ -450,6 +474,7 @@ impl FlightRecorder {
             boot_id: self.boot_id.clone(),
             tcp_keys: None,
             cfs_throttle: None,
+            blocked_syscalls: None,
             hosts: None,
         }
     }

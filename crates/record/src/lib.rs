@@ -10,6 +10,8 @@
 //! RUN/kernel/snapshots/NNN.dat flight-mode snapshots (one per SIGUSR2)
 //! RUN/kernel/saved_tgids       `tid tgid` lines: which threads belong to which process
 //! RUN/kernel/cfs_throttle.tsv  threads switched out by their CPU cgroup's quota (eBPF; standard mode)
+//! RUN/kernel/blocked_syscalls.tsv  sleeps inside system calls: the call and its first arguments
+//!                              (eBPF, x86_64; standard mode)
 //! RUN/processes.json           pid, comm, command line, listening ports (/proc scanned at start,
 //!                              each second for 10 s, at 16, 32, 64 … s, and at the end)
 //! ```
@@ -23,6 +25,7 @@
 //! its journal; [`cleanup_stale_instances`] removes the instance once no
 //! process it traced is alive.
 
+mod blocked_syscalls;
 mod bpf;
 mod capture;
 mod error;
@@ -44,6 +47,7 @@ use std::time::Duration;
 
 use deepspan_run::Manifest;
 
+pub use blocked_syscalls::{parse_blocked_syscalls, read_blocked_syscalls, BlockedSyscall};
 pub use error::Error;
 pub use events::{resolve_events, EventId, PRESETS};
 pub use flight::{FlightOptions, FlightRecorder, WindowOutcome};

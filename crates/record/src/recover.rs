@@ -457,6 +457,7 @@ mod tests {
             boot_id: None,
             tcp_keys: None,
             cfs_throttle: None,
+            blocked_syscalls: None,
             hosts: None,
         }
     }
@@ -578,6 +579,30 @@ mod tests {
         assert!(!needs_recovery(dir.path()));
         let again = recover_from_files(dir.path()).unwrap_err().to_string();
         assert!(again.contains("recorded to the end"), "{again}");
+    }
+
+    #[test]
+    fn the_blocked_syscall_lines_written_before_the_crash_survive() {
+        let dir = tempfile::tempdir().unwrap();
+        dead_run(dir.path(), 1, "standard", "deepspan-2147483647-1");
+        std::fs::write(dir.path().join("kernel/cpu0.raw"), page(2_000_000_000, 32)).unwrap();
+        // As the capture's writer left it: the header, a whole line, and
+        // one the crash cut short.
+        let path = Run::new(dir.path()).blocked_syscalls();
+        let text = "# deepspan blocked syscalls v1: mono_ns cpu tid tgid nr arg0 arg1 arg2\n\
+                    2000000100 0 42 42 0 0x3 0x7f0000001000 0x40\n\
+                    2000000200 0 4";
+        std::fs::write(&path, text).unwrap();
+        recover_from_files(dir.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        let sleeps = crate::read_blocked_syscalls(&path).unwrap();
+        assert_eq!(
+            sleeps
+                .iter()
+                .map(|s| (s.tid, s.args[0]))
+                .collect::<Vec<_>>(),
+            vec![(42, 3)]
+        );
     }
 
     #[test]

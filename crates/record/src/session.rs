@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use deepspan_ftrace::{write_trace_dat, TraceDatMeta};
 
+use crate::blocked_syscalls::BlockedSyscallCapture;
 use crate::capture::{drain_cpu, DrainLimit, Streams};
 use crate::events::{resolve_events, EventId};
 use crate::journal::{InstanceOwner, Journal, ProcessId};
@@ -285,6 +286,17 @@ impl Session {
             },
             Mode::Flight => None,
         };
+        let syscalls = match opts.mode {
+            Mode::Standard => match BlockedSyscallCapture::start(&run.path) {
+                Ok(capture) => Some(capture),
+                Err(e) => {
+                    self.warnings
+                        .push(format!("blocked system calls not recorded ({e})"));
+                    None
+                }
+            },
+            Mode::Flight => None,
+        };
         self.instance.write("tracing_on", "1")?;
         let mut sampler = match opts.profile_hz {
             Some(hz) => Some(deepspan_profile::Sampler::start(&run.path, self.cpus, hz)?),
@@ -436,6 +448,14 @@ impl Session {
                     .push(format!("CPU throttling changes incomplete: {e}")),
             }
         }
+        if let Some(capture) = syscalls {
+            match capture.stop() {
+                Ok(m) => manifest.blocked_syscalls = Some(m),
+                Err(e) => self
+                    .warnings
+                    .push(format!("blocked system calls incomplete: {e}")),
+            }
+        }
         if let (Some(s), Some(hz)) = (sampler.take(), opts.profile_hz) {
             match s.stop() {
                 Ok(st) => {
@@ -574,6 +594,7 @@ impl Session {
             boot_id: crate::journal::boot_id(),
             tcp_keys: None,
             cfs_throttle: None,
+            blocked_syscalls: None,
             hosts: None,
         }
     }

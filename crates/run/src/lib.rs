@@ -18,6 +18,7 @@
 //!   kernel/snapshots/NNN.dat    flight-recorder snapshots of a recording
 //!   kernel/tcp_segments.tsv     `record --tcp-keys`
 //!   kernel/cfs_throttle.tsv     CPU-quota switch-outs
+//!   kernel/blocked_syscalls.tsv sleeps in system calls: number, first arguments
 //!   spans/                      OTLP span files (deepspan-spans)
 //!   profile/                    CPU samples (deepspan-profile)
 //!   analysis/                   what `deepspan analyze` wrote (see [`analysis`])
@@ -37,8 +38,8 @@ use std::path::{Path, PathBuf};
 mod manifest;
 
 pub use manifest::{
-    ClockPoint, CpuManifest, Manifest, ManifestError, OtlpPorts, ProfileManifest, Snapshot,
-    TcpKeysManifest, ThrottleManifest, FORMAT_VERSION,
+    BlockedSyscallsManifest, ClockPoint, CpuManifest, Manifest, ManifestError, OtlpPorts,
+    ProfileManifest, Snapshot, TcpKeysManifest, ThrottleManifest, FORMAT_VERSION,
 };
 
 /// Paths relative to the run folder, as the manifest records them.
@@ -55,6 +56,7 @@ pub mod layout {
     pub const KERNEL_SNAPSHOTS_DIR: &str = "kernel/snapshots";
     pub const TCP_SEGMENTS: &str = "kernel/tcp_segments.tsv";
     pub const CFS_THROTTLE: &str = "kernel/cfs_throttle.tsv";
+    pub const BLOCKED_SYSCALLS: &str = "kernel/blocked_syscalls.tsv";
     pub const SPANS_DIR: &str = "spans";
     pub const PROFILE_DIR: &str = "profile";
     pub const ANALYSIS_DIR: &str = "analysis";
@@ -173,6 +175,10 @@ impl Run {
 
     pub fn cfs_throttle(&self) -> PathBuf {
         self.file(layout::CFS_THROTTLE)
+    }
+
+    pub fn blocked_syscalls(&self) -> PathBuf {
+        self.file(layout::BLOCKED_SYSCALLS)
     }
 
     pub fn spans_dir(&self) -> PathBuf {

@@ -106,6 +106,11 @@ pub struct Manifest {
     /// build could not say (a warning says why), or in flight mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cfs_throttle: Option<ThrottleManifest>,
+    /// Each sleep of a thread inside a system call, with the call; None
+    /// when this kernel, architecture or build could not say (a warning
+    /// says why), or for runs recorded before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_syscalls: Option<BlockedSyscallsManifest>,
     /// A merged run's hosts and clocks (`hosts.json`), relative to the run
     /// folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -215,6 +220,18 @@ pub struct ThrottleManifest {
     /// Switch-outs written.
     pub switches: u64,
     /// Switch-outs the eBPF ring buffer had no room for.
+    pub lost: u64,
+}
+
+/// What the manifest says of a run's blocked-syscall file
+/// (`blocked_syscalls`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BlockedSyscallsManifest {
+    /// The blocked-syscall file, relative to the run folder.
+    pub file: String,
+    /// Sleeps written.
+    pub records: u64,
+    /// Sleeps the eBPF ring buffer had no room for.
     pub lost: u64,
 }
 
@@ -402,6 +419,11 @@ mod tests {
             boot_id: Some("0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07".into()),
             tcp_keys: None,
             cfs_throttle: None,
+            blocked_syscalls: Some(BlockedSyscallsManifest {
+                file: "kernel/blocked_syscalls.tsv".into(),
+                records: 12,
+                lost: 1,
+            }),
             hosts: None,
         };
         let dir = tempfile::tempdir().unwrap();
@@ -412,6 +434,7 @@ mod tests {
         assert_eq!(v["clock_samples"][1][0], 3);
         assert_eq!(v["otlp"]["http_port"], 4318);
         assert_eq!(v["boot_id"], "0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07");
+        assert_eq!(v["blocked_syscalls"]["records"], 12);
     }
 
     #[test]
@@ -427,10 +450,13 @@ mod tests {
         std::fs::write(dir.path().join(MANIFEST), doc.to_string()).unwrap();
         let m = Manifest::load(dir.path()).unwrap();
         assert_eq!(m.boot_id, None);
+        // Nor the sections added since.
+        assert_eq!(m.blocked_syscalls, None);
         m.save(dir.path()).unwrap();
         let back: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST)).unwrap()).unwrap();
         assert!(back.get("boot_id").is_none(), "{back}");
+        assert!(back.get("blocked_syscalls").is_none(), "{back}");
         doc["boot_id"] = "b".into();
         std::fs::write(dir.path().join(MANIFEST), doc.to_string()).unwrap();
         assert_eq!(

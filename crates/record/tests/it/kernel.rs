@@ -32,7 +32,7 @@ fn require_kernel() -> bool {
 
 /// The tracefs and the shared lock ([`one_at_a_time`]), or None (test
 /// skipped).
-fn kernel() -> Option<(Tracefs, MutexGuard<'static, ()>)> {
+pub(crate) fn kernel() -> Option<(Tracefs, MutexGuard<'static, ()>)> {
     match Tracefs::open() {
         Ok(t) => Some((t, one_at_a_time())),
         Err(e) if require_kernel() => {
@@ -59,9 +59,9 @@ fn instances_of(tracefs: &Tracefs, pid: u32) -> Vec<String> {
 
 /// Removes, when dropped, every instance of the given pids, so that a
 /// failing test never leaves one behind.
-struct Sweep {
-    tracefs: Tracefs,
-    pids: Vec<u32>,
+pub(crate) struct Sweep {
+    pub(crate) tracefs: Tracefs,
+    pub(crate) pids: Vec<u32>,
 }
 
 impl Drop for Sweep {

@@ -4,8 +4,11 @@
 //! instance; needs root and tracefs, so its tests are marked
 //! `#[ignore = "system: …"]` and run only under `make test`
 //! (`--include-ignored`). They run one at a time
-//! ([`common::one_at_a_time`]).
+//! ([`common::one_at_a_time`]). `blocked_syscalls`: the eBPF capture of
+//! sleeps in system calls against the trace's own syscall events, the same
+//! way.
 
 mod common;
 
+mod blocked_syscalls;
 mod kernel;

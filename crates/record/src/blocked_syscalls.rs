@@ -1,0 +1,572 @@
+//! Each time a user thread went to sleep inside a system call: which call,
+//! and its first three arguments, for every recording and every flight
+//! recorder window.
+//!
+//! Why: what a blocked thread waits in (a read on which fd, a futex on
+//! which address, a sleep) has come from the `raw_syscalls:sys_enter` and
+//! `sys_exit` events, which put every thread of the host on the system-call
+//! slow path and are most of a trace's events. Only a thread that sleeps
+//! waits in its call, so an eBPF program (`bpf/blocked_syscalls.bpf.c`) on
+//! the BTF-typed `sched_switch` tracepoint reads the call from the saved
+//! user registers of each thread that switches out to sleep (not
+//! preempted, not a kernel thread, not a 32-bit call), as
+//! `/proc/PID/syscall` does; see its header. This capture is the first
+//! step of a lean recording without the syscall events; the analysis does
+//! not read it yet.
+//!
+//! Written to `RUN/kernel/blocked_syscalls.tsv`: a header line, then one
+//! sleep a line, fields separated by one space (see [`BlockedSyscall`]):
+//!
+//! ```text
+//! # deepspan blocked syscalls v1: mono_ns cpu tid tgid nr arg0 arg1 arg2
+//! 457084414274 1 8193 8190 0 0x7 0x7f3a2c001000 0x10000
+//! ```
+//!
+//! `mono_ns` is CLOCK_MONOTONIC at the switch-out (the trace's clock),
+//! `nr` the system call number (x86_64's table, as the `sys_enter` event's
+//! `id`), and the arguments are hexadecimal, as the registers held them. A
+//! thread that sleeps several times in one call has a line for each sleep.
+//! A sleep on the way back to user space after the call's `sys_exit` (a
+//! stop signal, a ptrace stop) still carries that call. Lines are in the
+//! order the program wrote them: time order, but for sleeps on two CPUs a
+//! moment apart.
+//!
+//! The flight recorder keeps them in memory and writes each window's with
+//! it. A kernel without BPF and BTF, a build without clang, or an
+//! architecture other than x86_64 records no file and the manifest's
+//! warnings say why.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::bpf::{Capture, RecordSink};
+use crate::Error;
+use deepspan_run::{layout::BLOCKED_SYSCALLS, BlockedSyscallsManifest};
+
+/// The file's first line; the columns of every other line.
+const HEADER: &str = "# deepspan blocked syscalls v1: mono_ns cpu tid tgid nr arg0 arg1 arg2";
+/// The header's start, whatever its version.
+const HEADER_NAME: &str = "# deepspan blocked syscalls ";
+/// The header's start in this version.
+const HEADER_V1: &str = "# deepspan blocked syscalls v1:";
+
+/// A record of the program's ring buffer (`struct blocked`).
+const RECORD_BYTES: usize = 48;
+
+/// A thread went to sleep inside a system call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockedSyscall {
+    /// CLOCK_MONOTONIC ns, at the switch-out.
+    pub mono_ns: u64,
+    pub cpu: u32,
+    pub tid: i32,
+    /// The thread's process.
+    pub tgid: i32,
+    /// The system call number, as the `sys_enter` event's `id`.
+    pub nr: i32,
+    /// The call's first three arguments, as the `sys_enter` event's
+    /// `args[0..3]`.
+    pub args: [u64; 3],
+}
+
+impl BlockedSyscall {
+    /// Parses one line of the blocked-syscall file.
+    pub fn parse(line: &str) -> Result<BlockedSyscall, String> {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let [mono_ns, cpu, tid, tgid, nr, a0, a1, a2] = fields[..] else {
+            return Err(format!("{} fields, expected 8 ({HEADER})", fields.len()));
+        };
+        fn num<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, String> {
+            text.parse()
+                .map_err(|_| format!("{what} {text:?} is not a number in range"))
+        }
+        fn hex(what: &str, text: &str) -> Result<u64, String> {
+            text.strip_prefix("0x")
+                .filter(|digits| {
+                    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_hexdigit())
+                })
+                .and_then(|digits| u64::from_str_radix(digits, 16).ok())
+                .ok_or_else(|| format!("{what} {text:?} is not a 64-bit hexadecimal 0x… number"))
+        }
+        let nr: i32 = num("syscall number", nr)?;
+        if nr < 0 {
+            // The program never writes one: a negative number means no call.
+            return Err(format!("syscall number {nr} is negative"));
+        }
+        Ok(BlockedSyscall {
+            mono_ns: num("time", mono_ns)?,
+            cpu: num("cpu", cpu)?,
+            tid: num("tid", tid)?,
+            tgid: num("tgid", tgid)?,
+            nr,
+            args: [hex("arg0", a0)?, hex("arg1", a1)?, hex("arg2", a2)?],
+        })
+    }
+
+    /// The line [`BlockedSyscall::parse`] reads back.
+    pub fn line(&self) -> String {
+        let [a0, a1, a2] = self.args;
+        format!(
+            "{} {} {} {} {} {a0:#x} {a1:#x} {a2:#x}",
+            self.mono_ns, self.cpu, self.tid, self.tgid, self.nr
+        )
+    }
+
+    /// A record of the program's ring buffer, or None when it is not one.
+    fn from_record(b: &[u8]) -> Option<BlockedSyscall> {
+        if b.len() < RECORD_BYTES {
+            return None;
+        }
+        let u32_at = |at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        let u64_at = |at: usize| u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        Some(BlockedSyscall {
+            mono_ns: u64_at(0),
+            cpu: u32_at(8),
+            tid: u32_at(12) as i32,
+            tgid: u32_at(16) as i32,
+            nr: u32_at(20) as i32,
+            args: [u64_at(24), u64_at(32), u64_at(40)],
+        })
+    }
+}
+
+/// Parses the text of a blocked-syscall file: every sleep, in file order.
+/// A last line without its newline is what a killed recorder left
+/// mid-write: it is left out. A header of another version than v1 is an
+/// error, as is any bad line; the error names the line and says why.
+pub fn parse_blocked_syscalls(text: &str) -> Result<Vec<BlockedSyscall>, String> {
+    let complete = &text[..text.rfind('\n').map_or(0, |n| n + 1)];
+    let mut sleeps = Vec::new();
+    for (n, line) in complete.lines().enumerate() {
+        // Another version's columns would read as numbers of this one's.
+        if line.starts_with(HEADER_NAME) && !line.starts_with(HEADER_V1) {
+            return Err(format!(
+                "line {}: {line:?} is not this deepspan's format ({HEADER})",
+                n + 1
+            ));
+        }
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        sleeps.push(BlockedSyscall::parse(line).map_err(|e| format!("line {}: {e}", n + 1))?);
+    }
+    Ok(sleeps)
+}
+
+/// Reads a run's blocked-syscall file (see [`parse_blocked_syscalls`]).
+pub fn read_blocked_syscalls(path: &Path) -> Result<Vec<BlockedSyscall>, Error> {
+    let io = |action, source| Error::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    };
+    let bytes = std::fs::read(path).map_err(|source| io("read", source))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        io(
+            "read the blocked system calls",
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not UTF-8 text at byte {}", e.utf8_error().valid_up_to()),
+            ),
+        )
+    })?;
+    parse_blocked_syscalls(&text).map_err(|reason| {
+        io(
+            "read the blocked system calls",
+            std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+        )
+    })
+}
+
+/// The running capture of a standard recording.
+pub(crate) struct BlockedSyscallCapture {
+    capture: Capture<BlockedSyscallsManifest>,
+    path: PathBuf,
+}
+
+impl BlockedSyscallCapture {
+    /// Loads and attaches the program; once this returns, every sleep in
+    /// a system call is captured. An error says why this kernel or build
+    /// cannot.
+    pub(crate) fn start(run: &Path) -> Result<BlockedSyscallCapture, String> {
+        let ring = program::attach()?;
+        let path = run.join(BLOCKED_SYSCALLS);
+        let file =
+            File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let sink = SyscallSink::new(file)?;
+        let capture = Capture::start("deepspan-syscalls", ring, sink).map_err(|e| e.to_string())?;
+        Ok(BlockedSyscallCapture { capture, path })
+    }
+
+    /// Detaches the program (once the ring is drained) and returns what
+    /// was written.
+    pub(crate) fn stop(self) -> Result<BlockedSyscallsManifest, String> {
+        let written = self
+            .capture
+            .stop()
+            .map_err(|e| format!("{}: {e}", self.path.display()))?;
+        Ok(BlockedSyscallsManifest {
+            file: BLOCKED_SYSCALLS.into(),
+            ..written
+        })
+    }
+}
+
+/// The flight recorder's sleeps in system calls: kept in memory, the
+/// oldest dropped beyond [`BlockedSyscallHistory::MAX`], and written with
+/// each window ([`BlockedSyscallHistory::write_window`]).
+pub(crate) struct BlockedSyscallHistory {
+    kept: Arc<Mutex<Kept>>,
+    _capture: Capture<()>,
+}
+
+/// The history, and how far back it is complete.
+#[derive(Default)]
+struct Kept {
+    sleeps: VecDeque<BlockedSyscall>,
+    /// The latest time of a sleep dropped because the history was full:
+    /// a window that starts before it misses some.
+    dropped_until_ns: Option<u64>,
+}
+
+impl BlockedSyscallHistory {
+    /// Sleeps kept (48 bytes each, 24 MB): a host whose threads sleep in
+    /// calls 10 000 times a second fills it in 50 s, longer than the
+    /// trace's own history on such a host.
+    const MAX: usize = 500_000;
+
+    pub(crate) fn start() -> Result<BlockedSyscallHistory, String> {
+        let ring = program::attach()?;
+        let kept = Arc::new(Mutex::new(Kept::default()));
+        let sink = HistorySink(kept.clone());
+        let capture = Capture::start("deepspan-syscalls", ring, sink).map_err(|e| e.to_string())?;
+        Ok(BlockedSyscallHistory {
+            kept,
+            _capture: capture,
+        })
+    }
+
+    /// Writes the sleeps from `since_ns` to `end_ns` into `run`'s
+    /// blocked-syscall file, and forgets those before `since_ns` (the
+    /// history of the trace no longer reaches them). The second value says
+    /// when the window reaches back before what the history still holds.
+    pub(crate) fn write_window(
+        &self,
+        run: &Path,
+        since_ns: u64,
+        end_ns: u64,
+    ) -> Result<(BlockedSyscallsManifest, Option<String>), String> {
+        write_window(&self.kept, run, since_ns, end_ns)
+    }
+}
+
+/// [`BlockedSyscallHistory::write_window`] of the history `kept`.
+fn write_window(
+    kept: &Mutex<Kept>,
+    run: &Path,
+    since_ns: u64,
+    end_ns: u64,
+) -> Result<(BlockedSyscallsManifest, Option<String>), String> {
+    let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+    // The ring is one for all CPUs, in the order records were written:
+    // time order, but for records of two CPUs a moment apart. One a
+    // little early left behind a later one stays until a later window
+    // forgets it; the filter below leaves it out of this one.
+    while kept.sleeps.front().is_some_and(|s| s.mono_ns < since_ns) {
+        kept.sleeps.pop_front();
+    }
+    let path = run.join(BLOCKED_SYSCALLS);
+    let file = File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let mut sink = SyscallSink::new(file)?;
+    for s in kept
+        .sleeps
+        .iter()
+        .filter(|s| (since_ns..=end_ns).contains(&s.mono_ns))
+    {
+        sink.push_sleep(s)?;
+    }
+    let written = sink.finish(0)?;
+    let incomplete = kept.dropped_until_ns.filter(|&t| t >= since_ns).map(|t| {
+        format!(
+            "blocked system calls incomplete: those until {t} ns were dropped from the flight \
+             recorder's history ({} sleeps kept)",
+            BlockedSyscallHistory::MAX
+        )
+    });
+    Ok((
+        BlockedSyscallsManifest {
+            file: BLOCKED_SYSCALLS.into(),
+            ..written
+        },
+        incomplete,
+    ))
+}
+
+/// Keeps sleeps in the flight recorder's history.
+struct HistorySink(Arc<Mutex<Kept>>);
+
+impl RecordSink for HistorySink {
+    type Summary = ();
+
+    fn push(&mut self, record: &[u8]) -> Result<(), String> {
+        if let Some(sleep) = BlockedSyscall::from_record(record) {
+            let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.sleeps.len() == BlockedSyscallHistory::MAX {
+                if let Some(dropped) = kept.sleeps.pop_front() {
+                    kept.dropped_until_ns =
+                        Some(dropped.mono_ns.max(kept.dropped_until_ns.unwrap_or(0)));
+                }
+            }
+            kept.sleeps.push_back(sleep);
+        }
+        Ok(())
+    }
+
+    fn finish(self, _lost: u64) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The blocked-syscall file being written, with its counts.
+struct SyscallSink {
+    out: BufWriter<File>,
+    manifest: BlockedSyscallsManifest,
+}
+
+impl SyscallSink {
+    fn new(file: File) -> Result<SyscallSink, String> {
+        let mut out = BufWriter::with_capacity(1 << 16, file);
+        writeln!(out, "{HEADER}").map_err(write_error)?;
+        Ok(SyscallSink {
+            out,
+            manifest: BlockedSyscallsManifest::default(),
+        })
+    }
+
+    fn push_sleep(&mut self, sleep: &BlockedSyscall) -> Result<(), String> {
+        writeln!(self.out, "{}", sleep.line()).map_err(write_error)?;
+        self.manifest.records += 1;
+        Ok(())
+    }
+}
+
+impl RecordSink for SyscallSink {
+    type Summary = BlockedSyscallsManifest;
+
+    fn push(&mut self, record: &[u8]) -> Result<(), String> {
+        match BlockedSyscall::from_record(record) {
+            Some(sleep) => self.push_sleep(&sleep),
+            None => Ok(()),
+        }
+    }
+
+    fn finish(mut self, lost: u64) -> Result<BlockedSyscallsManifest, String> {
+        self.out.flush().map_err(write_error)?;
+        self.manifest.lost = lost;
+        Ok(self.manifest)
+    }
+}
+
+fn write_error(e: std::io::Error) -> String {
+    format!("cannot write the blocked system calls: {e}")
+}
+
+#[cfg(deepspan_bpf_syscalls)]
+mod program {
+    use aya::programs::BtfTracePoint;
+    use aya::Btf;
+
+    use crate::bpf::Ring;
+
+    /// The ELF reader needs the object aligned, which include_bytes! is not.
+    static OBJECT: &[u8] =
+        aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/blocked_syscalls.bpf.o"));
+
+    pub(super) fn attach() -> Result<Ring, String> {
+        let btf = Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?;
+        crate::bpf::load(OBJECT, "the blocked-syscall program", "BLOCKED", |ebpf| {
+            let program: &mut BtfTracePoint = ebpf
+                .program_mut("sched_switch")
+                .ok_or("no program sched_switch")?
+                .try_into()
+                .map_err(|e| format!("sched_switch: {e}"))?;
+            program.load("sched_switch", &btf).map_err(|e| {
+                format!("cannot load the sched_switch hook (it needs bpf_task_pt_regs, Linux 5.15 and later): {e}")
+            })?;
+            program
+                .attach()
+                .map_err(|e| format!("cannot attach to sched_switch: {e}"))?;
+            Ok(())
+        })
+    }
+}
+
+/// A build with the other programs, for an architecture whose registers
+/// the program does not read.
+#[cfg(all(deepspan_bpf, not(deepspan_bpf_syscalls)))]
+mod program {
+    pub(super) fn attach() -> Result<crate::bpf::Ring, String> {
+        Err(format!(
+            "blocked system calls: the program reads x86_64's registers (orig_ax, di, si, dx), and this is {}",
+            std::env::consts::ARCH
+        ))
+    }
+}
+
+#[cfg(not(deepspan_bpf))]
+mod program {
+    pub(super) fn attach() -> Result<crate::bpf::Ring, String> {
+        Err(crate::bpf::not_built("blocked system calls"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sleep() -> BlockedSyscall {
+        BlockedSyscall {
+            mono_ns: 457084414274,
+            cpu: 1,
+            tid: 8193,
+            tgid: 8190,
+            nr: 0,
+            args: [7, 0x7f3a2c001000, 0x10000],
+        }
+    }
+
+    #[test]
+    fn a_line_reads_back() {
+        let line = "457084414274 1 8193 8190 0 0x7 0x7f3a2c001000 0x10000";
+        let s = BlockedSyscall::parse(line).unwrap();
+        assert_eq!(s, sleep());
+        assert_eq!(s.line(), line);
+        let max = BlockedSyscall {
+            args: [u64::MAX, 0, 1],
+            nr: i32::MAX,
+            ..sleep()
+        };
+        assert_eq!(BlockedSyscall::parse(&max.line()).unwrap(), max);
+    }
+
+    #[test]
+    fn bad_lines_say_why() {
+        for (line, expected) in [
+            ("x 1 2 3 0 0x0 0x0 0x0", "time"),
+            ("1 0 2 3 0 0x0 0x0", "7 fields"),
+            ("1 0 2147483648 3 0 0x0 0x0 0x0", "tid"),
+            ("1 0 2 3 -1 0x0 0x0 0x0", "negative"),
+            ("1 0 2 3 0 7 0x0 0x0", "arg0"),
+            ("1 0 2 3 0 0x0 0x 0x0", "arg1"),
+            ("1 0 2 3 0 0x0 0x0 0x10000000000000000", "arg2"),
+            ("1 0 2 3 0 0x0 0x0 0x+1", "arg2"),
+        ] {
+            let e = BlockedSyscall::parse(line).unwrap_err();
+            assert!(e.contains(expected), "{line}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_ring_record_reads_as_the_program_wrote_it() {
+        let mut record = [0u8; RECORD_BYTES];
+        record[0..8].copy_from_slice(&457084414274u64.to_ne_bytes());
+        record[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        record[12..16].copy_from_slice(&8193i32.to_ne_bytes());
+        record[16..20].copy_from_slice(&8190i32.to_ne_bytes());
+        record[20..24].copy_from_slice(&0i32.to_ne_bytes());
+        record[24..32].copy_from_slice(&7u64.to_ne_bytes());
+        record[32..40].copy_from_slice(&0x7f3a2c001000u64.to_ne_bytes());
+        record[40..48].copy_from_slice(&0x10000u64.to_ne_bytes());
+        assert_eq!(BlockedSyscall::from_record(&record), Some(sleep()));
+        assert_eq!(BlockedSyscall::from_record(&record[..40]), None);
+    }
+
+    #[test]
+    fn the_sink_writes_what_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blocked_syscalls.tsv");
+        let mut sink = SyscallSink::new(File::create(&path).unwrap()).unwrap();
+        sink.push_sleep(&sleep()).unwrap();
+        // Shorter than a record: not one, skipped.
+        sink.push(&[0u8; 12]).unwrap();
+        let m = sink.finish(2).unwrap();
+        assert_eq!((m.records, m.lost), (1, 2));
+        assert_eq!(read_blocked_syscalls(&path).unwrap(), vec![sleep()]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(HEADER), "{text}");
+        // A recorder killed mid-line: the torn line is left out.
+        std::fs::write(&path, format!("{text}457084414275 0 81")).unwrap();
+        assert_eq!(read_blocked_syscalls(&path).unwrap(), vec![sleep()]);
+        // A bad complete line is an error that says which file, which line
+        // and why.
+        std::fs::write(&path, format!("{text}5 x 42 42 0 0x0 0x0 0x0\n")).unwrap();
+        let e = read_blocked_syscalls(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("line 3") && e.contains("cpu") && e.contains("blocked_syscalls.tsv"),
+            "{e}"
+        );
+        // Another version's file is refused, not misread.
+        std::fs::write(
+            &path,
+            "# deepspan blocked syscalls v2: mono_ns tid nr\n5 42 0\n",
+        )
+        .unwrap();
+        let e = read_blocked_syscalls(&path).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains("v2"), "{e}");
+        std::fs::write(&path, b"# h\n\xff\n").unwrap();
+        let e = read_blocked_syscalls(&path).unwrap_err().to_string();
+        assert!(e.contains("not UTF-8 text at byte 4"), "{e}");
+    }
+
+    #[test]
+    fn a_window_holds_its_sleeps_and_says_when_the_history_dropped_some() {
+        let kept = Arc::new(Mutex::new(Kept::default()));
+        let mut sink = HistorySink(kept.clone());
+        let at = |mono_ns: u64| {
+            let mut record = [0u8; RECORD_BYTES];
+            record[0..8].copy_from_slice(&mono_ns.to_ne_bytes());
+            record
+        };
+        for t in [10, 20, 30, 40] {
+            sink.push(&at(t)).unwrap();
+        }
+        // The window [since, 30] of the history, as the sleeps' times, and
+        // the note on what it misses.
+        let window = |since: u64| -> (Vec<u64>, Option<String>) {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir(dir.path().join("kernel")).unwrap();
+            let (m, note) = write_window(&kept, dir.path(), since, 30).unwrap();
+            let sleeps = read_blocked_syscalls(&dir.path().join(&m.file)).unwrap();
+            assert_eq!(m.records, sleeps.len() as u64);
+            (sleeps.iter().map(|s| s.mono_ns).collect(), note)
+        };
+        assert_eq!(window(20), (vec![20, 30], None));
+        // Those before the window were forgotten; those after stay.
+        let left = |kept: &Mutex<Kept>| -> Vec<u64> {
+            kept.lock()
+                .unwrap()
+                .sleeps
+                .iter()
+                .map(|s| s.mono_ns)
+                .collect()
+        };
+        assert_eq!(left(&kept), vec![20, 30, 40]);
+        // A full history drops its oldest, and a window reaching back to
+        // them says so.
+        for t in 0..BlockedSyscallHistory::MAX as u64 {
+            sink.push(&at(100 + t)).unwrap();
+        }
+        assert_eq!(
+            kept.lock().unwrap().sleeps.len(),
+            BlockedSyscallHistory::MAX
+        );
+        assert_eq!(kept.lock().unwrap().dropped_until_ns, Some(40));
+        let (sleeps, note) = window(30);
+        assert_eq!(sleeps, Vec::<u64>::new());
+        assert!(note.unwrap().contains("until 40 ns were dropped"));
+        assert_eq!(window(41).1, None);
+    }
+}
