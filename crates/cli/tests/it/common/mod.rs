@@ -230,25 +230,87 @@ pub fn recording_started(pid: u32) -> bool {
     })
 }
 
-/// Runs `cmd`, and every process it starts, at nice -19, ahead of whatever
-/// else keeps this machine busy (a parallel build, another CI job). The
+/// Runs `cmd`, and every process it starts, ahead of whatever else keeps
+/// this machine busy (a parallel build, another CI job, busy loops). The
 /// cases that stage a fault (a lock, a CPU quota, a disk flood, CPU hogs
 /// among themselves) then show that fault, not the preemption by unrelated
-/// load that the analysis would rightly report instead: one CI run with
-/// both cores busy had an O_DIRECT read diagnosed `cpu_contention`, 60 %
-/// of it preempted by other processes. The staged processes keep their
-/// relative priorities, so contention among them is still contention.
+/// load that the analysis would rightly report instead. The staged
+/// processes keep their relative priorities, so contention among them is
+/// still contention.
+///
+/// Two levers, because nice values alone do not reach across sessions:
+/// with autogroup scheduling (on here) each session's processes compete as
+/// one group, so a nice -19 test lost half of each CPU to two busy loops
+/// started in another session (a busy CI run had an O_DIRECT read
+/// `cpu_contention`, 47 % preempted by the loop, and a `cpuhog` case
+/// naming the loop first). So the command joins [`ahead_group`], a CPU
+/// cgroup of the largest weight (tasks in a cgroup other than the root are
+/// out of autogroup), and runs at nice -19 within it, as it does where no
+/// such cgroup can be made.
 pub fn ahead_of_other_load(cmd: &mut Command) -> &mut Command {
+    use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
-    // SAFETY: setpriority is async-signal-safe and touches only the child.
+    let procs = ahead_group().map(|f| f.as_raw_fd());
+    // SAFETY: setpriority and write are async-signal-safe; the fd stays
+    // open for the life of the process (a static), and only the child is
+    // touched: writing "0" to cgroup.procs moves the writing process.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            if let Some(fd) = procs {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             if libc::setpriority(libc::PRIO_PROCESS, 0, -19) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         })
     }
+}
+
+/// Prefix of the cgroups of [`ahead_group`], followed by the test
+/// process's pid.
+const AHEAD_GROUP_PREFIX: &str = "deepspan-test-ahead-";
+
+/// The `cgroup.procs` file of this test process's CPU cgroup (v1) of the
+/// largest weight, made on first use and removed when the process exits
+/// (an `atexit` handler: libtest ends with `process::exit`); a group left
+/// by a killed test process is removed by the next one. None where no
+/// such cgroup can be made (no v1 cpu controller, not root).
+fn ahead_group() -> Option<&'static std::fs::File> {
+    static GROUP: std::sync::OnceLock<Option<(PathBuf, std::fs::File)>> =
+        std::sync::OnceLock::new();
+    extern "C" fn remove_group() {
+        if let Some(Some((dir, _))) = GROUP.get() {
+            // Fails while a task is left in it (an orphan): the next test
+            // process removes it then.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+    GROUP
+        .get_or_init(|| {
+            let root = Path::new("/sys/fs/cgroup/cpu");
+            for entry in std::fs::read_dir(root).ok()?.flatten() {
+                let name = entry.file_name();
+                let pid = name.to_str()?.strip_prefix(AHEAD_GROUP_PREFIX);
+                if pid.is_some_and(|p| !Path::new("/proc").join(p).exists()) {
+                    let _ = std::fs::remove_dir(entry.path());
+                }
+            }
+            let dir = root.join(format!("{AHEAD_GROUP_PREFIX}{}", std::process::id()));
+            std::fs::create_dir(&dir).ok()?;
+            // SAFETY: registers a plain function, run once at exit.
+            unsafe { libc::atexit(remove_group) };
+            std::fs::write(dir.join("cpu.shares"), "262144").ok()?;
+            let procs = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs"))
+                .ok()?;
+            Some((dir, procs))
+        })
+        .as_ref()
+        .map(|(_, procs)| procs)
 }
 
 /// `out`, after checking that the command it came from succeeded (its
@@ -284,11 +346,9 @@ impl CpuQuota {
         std::fs::write(group.0.join("cpu.cfs_quota_us"), quota_us.to_string())
             .expect("set cpu.cfs_quota_us");
         // A group competes for the CPU by its weight, not by its tasks'
-        // nice values (`ahead_of_other_load` does not reach into it): the
-        // largest weight keeps a build beside the test from taking the
-        // group's unthrottled time, so the test sees its quota, not that
-        // load (a CI run beside two builds had a throttled Go service
-        // diagnosed `cpu_contention`, 244 ms contended for 123 ms throttled).
+        // nice values: the largest weight, as `ahead_group`'s, keeps a
+        // build beside the test from taking the group's unthrottled time,
+        // so the test sees its quota, not that load.
         std::fs::write(group.0.join("cpu.shares"), "262144").expect("set cpu.shares");
         group
     }
