@@ -189,7 +189,8 @@ def main():
                 stats = run_case(case, kind, flags, i, shop, base_env, jaeger, work, args)
                 log(f"round {r} {case:16}: {stats['throughput']:.1f} req/s, p50 {stats['p50_ms']} ms, "
                     f"p99 {stats['p99_ms']} ms, {stats['cpu_ms']:.2f} CPU ms/request, "
-                    f"{stats['errors']} errors" + (f", {stats['events']} events" if stats.get("events") else ""))
+                    f"{stats['errors']} errors" + (f", {stats['events']} events" if stats.get("events") else "")
+                    + (f"; {stats['agent']}" if stats.get("agent") else ""))
                 results[case].append(stats)
     finally:
         cleanup.undo()
