@@ -9,9 +9,8 @@
 //! (default 0.99) of the key's last `window` *ordinary* durations, those
 //! not judged anomalous. Carosi's rule alone fires on an operation's
 //! ordinary tail whenever that tail reaches past 3 × the median: a
-//! log-normal latency of σ = 1 has 14 % of its spans there, and HotROD-like
-//! services (simulated sleeps, a queue in front of a lock) kept the agent
-//! snapshotting at its rate limit without any fault. With the guard, on a
+//! log-normal latency of σ = 1 has 14 % of its spans there, each one a
+//! snapshot trigger the agent pays for. With the guard, on a
 //! workload whose durations do not change over time, a new span is above
 //! the k-th largest of n earlier ones with probability k/(n + 1) whatever
 //! their distribution (the new one is equally likely to hold any rank):
