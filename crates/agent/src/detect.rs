@@ -10,10 +10,10 @@
 //! not judged anomalous. Carosi's rule alone fires on an operation's
 //! ordinary tail whenever that tail reaches past 3 × the median: a
 //! log-normal latency of σ = 1 has 14 % of its spans there, each one a
-//! snapshot trigger the agent pays for. With the guard, on a
-//! workload whose durations do not change over time, a new span is above
-//! the k-th largest of n earlier ones with probability k/(n + 1) whatever
-//! their distribution (the new one is equally likely to hold any rank):
+//! snapshot trigger the agent pays for. With the guard, on a workload
+//! whose durations do not change over time, a new span is above the k-th
+//! largest of n earlier ones with probability k/(n + 1) whatever their
+//! distribution (the new one is equally likely to hold any rank):
 //! with n = 500 and q = 0.99 (k = 6), about 1.2 % of spans at most, and
 //! only those also over 3 × the median. Anomalous spans stay out of the
 //! ordinary window, so a fault that lasts keeps being flagged for as long
