@@ -81,7 +81,7 @@ impl<T: Send + 'static> Capture<T> {
 }
 
 #[cfg(deepspan_bpf)]
-pub(crate) use loaded::{load, Ring};
+pub(crate) use loaded::{load, load_sched_switch, Ring};
 
 /// The programs, when this build has them (build.rs compiles them with
 /// clang when clang is there).
@@ -123,6 +123,33 @@ mod loaded {
             ring,
             lost,
             _ebpf: ebpf,
+        })
+    }
+
+    /// Loads an object whose one program, `sched_switch`, hooks the
+    /// BTF-typed `sched_switch` tracepoint, and attaches it; `needs` says
+    /// what the kernel must have when the program does not load.
+    pub(crate) fn load_sched_switch(
+        object: &[u8],
+        what: &str,
+        ring: &str,
+        needs: &str,
+    ) -> Result<Ring, String> {
+        use aya::programs::BtfTracePoint;
+        let btf = aya::Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?;
+        load(object, what, ring, |ebpf| {
+            let program: &mut BtfTracePoint = ebpf
+                .program_mut("sched_switch")
+                .ok_or("no program sched_switch")?
+                .try_into()
+                .map_err(|e| format!("sched_switch: {e}"))?;
+            program
+                .load("sched_switch", &btf)
+                .map_err(|e| format!("cannot load the sched_switch hook ({needs}): {e}"))?;
+            program
+                .attach()
+                .map_err(|e| format!("cannot attach to sched_switch: {e}"))?;
+            Ok(())
         })
     }
 

@@ -258,9 +258,6 @@ fn write_error(e: std::io::Error) -> String {
 
 #[cfg(deepspan_bpf)]
 mod program {
-    use aya::programs::BtfTracePoint;
-    use aya::Btf;
-
     use crate::bpf::Ring;
 
     /// The ELF reader needs the object aligned, which include_bytes! is not.
@@ -268,21 +265,12 @@ mod program {
         aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cfs_throttle.bpf.o"));
 
     pub(super) fn attach() -> Result<Ring, String> {
-        let btf = Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?;
-        crate::bpf::load(OBJECT, "the CPU throttling program", "HELD", |ebpf| {
-            let program: &mut BtfTracePoint = ebpf
-                .program_mut("sched_switch")
-                .ok_or("no program sched_switch")?
-                .try_into()
-                .map_err(|e| format!("sched_switch: {e}"))?;
-            program.load("sched_switch", &btf).map_err(|e| {
-                format!("cannot load the sched_switch hook (it reads the throttled mark of Linux 6.18 and later): {e}")
-            })?;
-            program
-                .attach()
-                .map_err(|e| format!("cannot attach to sched_switch: {e}"))?;
-            Ok(())
-        })
+        crate::bpf::load_sched_switch(
+            OBJECT,
+            "the CPU throttling program",
+            "HELD",
+            "it reads the throttled mark of Linux 6.18 and later",
+        )
     }
 }
 
