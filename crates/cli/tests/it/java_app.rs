@@ -5,8 +5,8 @@
 //! - a lock: a WireMock extension compiled here
 //!   (sdk/java/testapp/wiremock-fault, loaded through WireMock's own
 //!   extension option, WireMock unchanged) makes a "holder" request keep a
-//!   `synchronized` monitor for 600 ms of CPU while other requests of the
-//!   application wait on the same monitor;
+//!   `synchronized` monitor until the other requests of the application
+//!   wait on it, then for 600 ms more of CPU;
 //! - a CPU quota: this test moves the JVM into a CPU cgroup (v1) of 10 ms
 //!   per 100 ms while each request needs 30 ms of CPU.
 //!
@@ -248,7 +248,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
                 under_fault.push(holder);
                 under_fault.extend(&waiters);
                 std::thread::scope(|s| {
-                    s.spawn(|| get(port, &format!("/hold/{round}"), holder));
+                    s.spawn(|| get(port, &format!("/hold/{round}/{WAITERS}"), holder));
                     // The waiters go once the holder has the monitor.
                     wait_for_trace(&log, holder);
                     for (i, &w) in waiters.iter().enumerate() {

@@ -11,15 +11,19 @@ import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 import java.nio.file.Files;
 import java.nio.file.Paths;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * Faults injected into WireMock through its own extension point, applied to
  * every request before WireMock answers it from its stubs:
  *
  * <ul>
- *   <li>{@code /hold/...}: takes the shared monitor in a {@code synchronized} block and keeps it
- *       for {@code deepspan.fault.hold_cpu_ms} of this thread's CPU time (busy work, so the holder
- *       runs while the others wait);
+ *   <li>{@code /hold/ROUND/N}: takes the shared monitor in a {@code synchronized} block, waits
+ *       (spinning) until N waiters are blocked on it, then keeps it for {@code
+ *       deepspan.fault.hold_cpu_ms} more of this thread's CPU time (busy work, so the holder runs
+ *       while the others wait). Waiting for the waiters makes every one of them wait, however
+ *       late a loaded machine runs the client that sends them;
  *   <li>{@code /api/...}: takes the same monitor for a moment (a request of the application that
  *       needs a lock another request holds);
  *   <li>{@code /cpu/...}: {@code deepspan.fault.work_cpu_ms} of CPU time, no lock.
@@ -35,6 +39,10 @@ public final class LockFault implements ResponseDefinitionTransformerV2 {
   private static final long HOLD_CPU_NS = millis("deepspan.fault.hold_cpu_ms", 600) * 1_000_000L;
   private static final long WORK_CPU_NS = millis("deepspan.fault.work_cpu_ms", 30) * 1_000_000L;
   private static final String LOG = System.getProperty("deepspan.fault.log", "fault.jsonl");
+  /** How long a holder waits for its waiters before it gives up on them and holds anyway. */
+  private static final long WAITERS_DEADLINE_NS = 60_000_000_000L;
+  /** The threads of /api requests that are about to take, or wait for, the shared monitor. */
+  private static final Set<Thread> WANTING = ConcurrentHashMap.newKeySet();
   /** Keeps the busy loops' results alive, so the JIT cannot drop them. */
   private static volatile long sink;
 
@@ -53,20 +61,67 @@ public final class LockFault implements ResponseDefinitionTransformerV2 {
     String url = request.getUrl();
     String traceparent = request.getHeader("traceparent");
     if (url.startsWith("/hold/")) {
+      int waiters = waitersOf(url);
       synchronized (SHARED) {
         log(traceparent, "holder");
+        awaitBlocked(waiters);
         busy(HOLD_CPU_NS);
       }
     } else if (url.startsWith("/api/")) {
+      Thread self = Thread.currentThread();
+      WANTING.add(self);
       long waitedFrom = System.nanoTime();
-      synchronized (SHARED) {
-        log(traceparent, "waiter", System.nanoTime() - waitedFrom);
+      try {
+        synchronized (SHARED) {
+          log(traceparent, "waiter", System.nanoTime() - waitedFrom);
+        }
+      } finally {
+        WANTING.remove(self);
       }
     } else if (url.startsWith("/cpu/")) {
       busy(WORK_CPU_NS);
       log(traceparent, "cpu");
     }
     return serveEvent.getResponseDefinition();
+  }
+
+  /** The N of {@code /hold/ROUND/N}; 0 when the path has no such part. */
+  private static int waitersOf(String url) {
+    String[] parts = url.split("[/?]");
+    // "", "hold", ROUND, N
+    if (parts.length < 4) {
+      return 0;
+    }
+    try {
+      return Integer.parseInt(parts[3]);
+    } catch (NumberFormatException e) {
+      return 0;
+    }
+  }
+
+  /**
+   * Spins, holding the monitor, until {@code waiters} threads of /api requests are BLOCKED: the
+   * only monitor such a thread takes after it is in {@link #WANTING} is the shared one. Spins
+   * rather than sleeps, so the holder stays the thread that runs while they wait.
+   */
+  private static void awaitBlocked(int waiters) {
+    long deadline = System.nanoTime() + WAITERS_DEADLINE_NS;
+    long x = 1;
+    while (System.nanoTime() < deadline) {
+      int blocked = 0;
+      for (Thread t : WANTING) {
+        if (t.getState() == Thread.State.BLOCKED) {
+          blocked++;
+        }
+      }
+      if (blocked >= waiters) {
+        break;
+      }
+      for (int i = 0; i < 10_000; i++) {
+        x = x * 6364136223846793005L + 1442695040888963407L;
+      }
+    }
+    sink = x;
   }
 
   /** Spins until this thread has used {@code cpuNs} of CPU time. */
