@@ -4,8 +4,9 @@
 //! so a test can look for exactly those threads in the kernel trace.
 //!
 //! - `mt`: threads that sleep, contend on one mutex, and do disk I/O;
-//! - `pingpong N`: two threads passing a byte over pipes N times
-//!   (context-switch heavy);
+//! - `pingpong N [PAUSE_US]`: two threads passing a byte over pipes N
+//!   times (context-switch heavy), the first sleeping PAUSE_US between
+//!   rounds when given (a steady, lighter load whose trace stays small);
 //! - `syscalls N`: N cheap system calls (syscall heavy, few switches);
 //! - `hot ROUNDS SPANS.json`: one CPU-bound request (a hot function, a
 //!   sleep, the hot function again), written as an OTLP JSON span with
@@ -32,7 +33,7 @@ fn gettid() -> i32 {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: deepspan-workload mt [DIR] | pingpong ROUNDS | syscalls COUNT | hot ROUNDS SPANS.json \
+        "usage: deepspan-workload mt [DIR] | pingpong ROUNDS [PAUSE_US] | syscalls COUNT | hot ROUNDS SPANS.json \
          | rpc-server ADDR SPANS.json | rpc-client ADDR SPANS.json CALLS"
     );
     ExitCode::from(2)
@@ -45,10 +46,16 @@ fn main() -> ExitCode {
             .get(1)
             .map(PathBuf::from)
             .unwrap_or_else(std::env::temp_dir)),
-        Some("pingpong") => match args.get(1).and_then(|n| n.parse().ok()) {
-            Some(rounds) => pingpong(rounds),
-            None => return usage(),
-        },
+        Some("pingpong") => {
+            let pause_us = match args.get(2).map(|p| p.parse()) {
+                None => Ok(0),
+                Some(p) => p,
+            };
+            match (args.get(1).and_then(|n| n.parse().ok()), pause_us) {
+                (Some(rounds), Ok(pause_us)) => pingpong(rounds, Duration::from_micros(pause_us)),
+                _ => return usage(),
+            }
+        }
         Some("syscalls") => match args.get(1).and_then(|n| n.parse().ok()) {
             Some(count) => syscalls(count),
             None => return usage(),
@@ -224,7 +231,7 @@ impl Drop for AlignedBuf {
     }
 }
 
-fn pingpong(rounds: u64) -> std::io::Result<()> {
+fn pingpong(rounds: u64, pause: Duration) -> std::io::Result<()> {
     let (mut a_read, mut b_write) = pipe()?;
     let (mut b_read, mut a_write) = pipe()?;
     let started = Instant::now();
@@ -240,6 +247,9 @@ fn pingpong(rounds: u64) -> std::io::Result<()> {
     for _ in 0..rounds {
         a_write.write_all(&byte)?;
         a_read.read_exact(&mut byte)?;
+        if !pause.is_zero() {
+            thread::sleep(pause);
+        }
     }
     let peer_tid = peer.join().expect("peer thread panicked")?;
     println!(

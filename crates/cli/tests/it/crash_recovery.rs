@@ -55,9 +55,12 @@ fn start_recorder(run: &Path, mode: &str) -> Child {
         .arg(run)
         .arg("--")
         // Bounded: 20 million round trips take far longer than any kill delay
-        // here, and the test kills it at the end.
+        // here, and the test kills it at the end. The pause between rounds
+        // keeps pages filling every few milliseconds while the trace stays
+        // a few MB: without it, 2.5 s made 100 MB, and trace-cmd took 7 s
+        // to read it back.
         .arg(workload())
-        .args(["pingpong", "20000000"])
+        .args(["pingpong", "20000000", "200"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
