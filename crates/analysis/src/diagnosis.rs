@@ -1152,13 +1152,18 @@ pub(crate) fn disk<'p>(
         v
     };
     // Page-cache misses of the request's threads: bytes the block layer
-    // read for them against bytes their read calls returned.
+    // read for them against bytes their read calls returned. Only a trace
+    // with the calls' exits says what they returned (a lean recording
+    // sees a call only where it sleeps): without one, neither figure is
+    // given rather than a miss ratio of 100 %.
     let mut read_bytes = 0u64;
+    let mut returns_seen = false;
     for &(a, b, tid) in &path.home {
         let Some(th) = ctx.model.thread(tid) else {
             continue;
         };
         for s in th.syscalls_in(a, b) {
+            returns_seen |= s.exit_seen;
             if s.start >= a && s.exit_seen && s.ret > 0 && ctx.syscall_base(s).is_some_and(is_read)
             {
                 read_bytes += s.ret as u64;
@@ -1209,12 +1214,14 @@ pub(crate) fn disk<'p>(
     sort_culprits(&mut culprits);
     by_dev.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut evidence = vec![("block_device_ns", bdev_ns as f64)];
-    let miss = (read_bytes + disk_read_bytes > 0)
+    let miss = (returns_seen && read_bytes + disk_read_bytes > 0)
         .then(|| disk_read_bytes as f64 / read_bytes.max(disk_read_bytes) as f64);
     if let Some(m) = miss {
         evidence.push(("page_cache_miss_ratio", m));
     }
-    evidence.push(("read_bytes", read_bytes as f64));
+    if returns_seen {
+        evidence.push(("read_bytes", read_bytes as f64));
+    }
     evidence.push(("disk_read_bytes", disk_read_bytes as f64));
     evidence.push(("own_block_requests", own_requests as f64));
     let mut queue = String::new();

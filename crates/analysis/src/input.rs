@@ -29,13 +29,23 @@ pub enum Input {
         key: u64,
         direction: crate::PacketDirection,
     },
+    /// A thread went to sleep inside system call `nr` (the recorder's
+    /// switch-out capture; see [`crate::StateBuilder::blocked_syscall`]).
+    BlockedSyscall {
+        ts: u64,
+        tid: deepspan_model::Tid,
+        nr: i32,
+        args: [u64; 3],
+    },
 }
 
 impl Timestamped for Input {
     fn timestamp(&self) -> u64 {
         match self {
             Input::Event(e) => e.ts,
-            Input::Lost { ts, .. } | Input::Segment { ts, .. } => *ts,
+            Input::Lost { ts, .. }
+            | Input::Segment { ts, .. }
+            | Input::BlockedSyscall { ts, .. } => *ts,
         }
     }
 }
@@ -96,6 +106,9 @@ where
                 key,
                 direction,
             } => builder.segment(ts, cpu, tid, key, direction),
+            Input::BlockedSyscall { ts, tid, nr, args } => {
+                builder.blocked_syscall(ts, tid, nr, args)
+            }
         }
         merged += 1;
         if merged.is_multiple_of(65_536) {

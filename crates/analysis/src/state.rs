@@ -242,7 +242,9 @@ pub struct SyscallInterval {
     /// Return value (valid when `exit_seen`).
     pub ret: i64,
     /// False when the entry was not seen (before the trace or lost): `start`
-    /// is then only the earliest possible time.
+    /// is then only the earliest possible time. A call the recorder saw
+    /// only at a sleep inside it (see [`StateBuilder::blocked_syscall`])
+    /// has its arguments, so this is true, but `start` is the sleep's.
     pub entry_seen: bool,
     pub exit_seen: bool,
 }
@@ -592,6 +594,10 @@ pub struct StateBuilder {
     /// sending context's vertex at the send, and when (see
     /// [`StateBuilder::segment`]).
     segments_in_flight: FastMap<u64, (VertexId, u64)>,
+    /// True once the input has had a sleep in a system call (see
+    /// [`StateBuilder::blocked_syscall`]): a thread's open call then ends
+    /// when the thread runs again.
+    switch_out_calls: bool,
 }
 
 /// A packet a thread queued, until its address is queued again.
@@ -848,6 +854,7 @@ impl StateBuilder {
             local_in_flight: FastMap::default(),
             cpu_hosts: Vec::new(),
             segments_in_flight: FastMap::default(),
+            switch_out_calls: false,
         }
     }
 
@@ -939,6 +946,45 @@ impl StateBuilder {
                 }
             },
         }
+    }
+
+    /// Thread `tid` went to sleep inside system call `nr`, whose first
+    /// arguments were `args` (the recorder's switch-out capture,
+    /// `kernel/blocked_syscalls.tsv`). For a trace recorded without the
+    /// system-call events, this is what the thread waited in: it is in
+    /// that call from the sleep until it next runs, and the rules that ask
+    /// for the call of a blocked thread (a futex, a read on which fd, a
+    /// sleep) read it as they read a traced one. The call's entry, exit
+    /// and return value are not known: its interval starts at the sleep
+    /// and has no return value, so the rules that need those (page-cache
+    /// reads, the receive that places a span) find nothing in it. A thread
+    /// that sleeps twice in one call has two intervals. A trace with the
+    /// system-call events should not be given these: they would end its
+    /// traced calls early.
+    pub fn blocked_syscall(&mut self, ts: u64, tid: Tid, nr: i32, args: [u64; 3]) {
+        if tid <= 0 {
+            return;
+        }
+        let ts = self.clock(ts);
+        self.switch_out_calls = true;
+        let t = self.thread(tid);
+        let th = &mut self.threads[t];
+        if let Some(mut s) = th.open_syscall.take() {
+            // It ran since its last sleep, but its switch-in was lost.
+            s.end = ts.max(s.start);
+            th.hist.syscalls.push(s);
+        }
+        th.open_syscall = Some(SyscallInterval {
+            start: ts,
+            end: ts,
+            id: nr,
+            name: 0,
+            arg0: args[0],
+            arg1: args[1],
+            ret: 0,
+            entry_seen: true,
+            exit_seen: false,
+        });
     }
 
     /// A TCP segment recorded (`record --tcp-keys`) leaving (`Sent`) or
@@ -1541,6 +1587,18 @@ impl StateBuilder {
     /// extending the graph (a vertex only where the edge type changes).
     fn transition(&mut self, t: usize, ts: u64, state: ThreadState, cpu: u32) {
         let old = self.threads[t].open;
+        if self.switch_out_calls
+            && state == ThreadState::Running
+            && old.is_none_or(|o| o.state != ThreadState::Running)
+        {
+            // A call seen only at its sleep ends when the thread runs again
+            // (its exit follows at once).
+            let th = &mut self.threads[t];
+            if let Some(mut s) = th.open_syscall.take() {
+                s.end = ts.max(s.start);
+                th.hist.syscalls.push(s);
+            }
+        }
         if let Some(o) = old {
             if o.state == state && o.cpu == cpu {
                 return;

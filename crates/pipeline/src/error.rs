@@ -74,6 +74,8 @@ pub enum Error {
     TcpSegments { path: PathBuf, reason: String },
     #[error("cannot read the recorded throttled switch-outs {}: {reason}", path.display())]
     ThrottledSwitches { path: PathBuf, reason: String },
+    #[error("cannot read the recorded sleeps in system calls {}: {reason}", path.display())]
+    BlockedSyscalls { path: PathBuf, reason: String },
 
     #[error("{}: not a run folder (manifest.json or spans/) nor a CTF trace folder", path.display())]
     NotAnAlignInput { path: PathBuf },

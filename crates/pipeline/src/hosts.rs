@@ -487,6 +487,17 @@ impl HostMap {
         input
     }
 
+    /// A sleep in a system call this host's run recorded, as the merged
+    /// model takes it.
+    pub(crate) fn blocked_syscall(&self, call: &deepspan_record::BlockedSyscall) -> Input {
+        let mut input = crate::kernel_input::blocked_syscall_input(call);
+        if let Input::BlockedSyscall { ts, tid, .. } = &mut input {
+            *ts = self.clock.map_ns(*ts);
+            *tid = self.number(*tid);
+        }
+        input
+    }
+
     /// A throttled switch-out this host's run recorded, as the merged
     /// model takes it.
     pub(crate) fn throttled_switch(&self, tid: Tid, ts: u64) -> (Tid, u64) {
@@ -502,7 +513,7 @@ impl HostMap {
                 ts: self.clock.map_ns(ts),
                 count,
             }),
-            Input::Segment { .. } => Some(item),
+            Input::Segment { .. } | Input::BlockedSyscall { .. } => Some(item),
         }
     }
 }

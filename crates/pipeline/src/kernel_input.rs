@@ -30,9 +30,10 @@ pub enum KernelTrace {
     TraceDat {
         path: PathBuf,
         trace: TraceDat,
-        /// The run's recorded TCP segments (`record --tcp-keys`), in time
-        /// order.
-        segments: Vec<Input>,
+        /// What the run's eBPF programs recorded, as model input in time
+        /// order: TCP segments (`record --tcp-keys`), and sleeps in system
+        /// calls for a trace without the system-call events.
+        recorded: Vec<Input>,
         /// The run's recorded throttled switch-outs: (tid, time).
         throttling: Vec<(Tid, u64)>,
     },
@@ -49,9 +50,10 @@ pub enum KernelTrace {
         maps: Vec<Arc<HostMap>>,
         /// The host of each CPU of the merged model.
         cpu_hosts: Vec<u32>,
-        /// Every host's recorded TCP segments on the merged clock and CPUs,
-        /// in time order.
-        segments: Vec<Input>,
+        /// What every host's eBPF programs recorded (see
+        /// [`KernelTrace::TraceDat`]), on the merged clock, CPUs and thread
+        /// numbers, in time order.
+        recorded: Vec<Input>,
         /// Every host's recorded throttled switch-outs on the merged clock
         /// and thread numbers.
         throttling: Vec<(Tid, u64)>,
@@ -78,27 +80,34 @@ impl KernelTrace {
                 traces.push((dat, trace));
             }
             let maps: Vec<Arc<HostMap>> = HostMap::all(&file).into_iter().map(Arc::new).collect();
-            let mut segments = Vec::new();
+            let mut recorded = Vec::new();
             let mut throttling = Vec::new();
-            for (host, map) in file.hosts.iter().zip(&maps) {
-                segments.extend(
+            for ((host, map), (_, trace)) in file.hosts.iter().zip(&maps).zip(&traces) {
+                recorded.extend(
                     read_segments(&host.run)?
                         .into_iter()
                         .map(|s| map.segment(s)),
                 );
+                if !has_syscall_events(trace.schema()) {
+                    recorded.extend(
+                        read_blocked_syscalls(&host.run)?
+                            .iter()
+                            .map(|c| map.blocked_syscall(c)),
+                    );
+                }
                 throttling.extend(
                     read_throttling(&host.run)?
                         .into_iter()
                         .map(|(tid, ts)| map.throttled_switch(tid, ts)),
                 );
             }
-            segments.sort_by_key(|s| s.timestamp());
+            recorded.sort_by_key(|s| s.timestamp());
             return Ok(KernelTrace::Hosts {
                 path: Run::new(run).hosts(),
                 traces,
                 maps,
                 cpu_hosts,
-                segments,
+                recorded,
                 throttling,
             });
         }
@@ -106,9 +115,9 @@ impl KernelTrace {
         if dat.is_file() {
             return match TraceDat::open(&dat) {
                 Ok(trace) => Ok(KernelTrace::TraceDat {
+                    recorded: recorded_inputs(run, &trace)?,
                     path: dat,
                     trace,
-                    segments: segment_inputs(run)?,
                     throttling: read_throttling(run)?,
                 }),
                 Err(source) => Err(Error::OpenTraceDat { path: dat, source }),
@@ -188,7 +197,7 @@ impl KernelTrace {
             KernelTrace::TraceDat {
                 path,
                 trace,
-                segments,
+                recorded,
                 throttling,
             } => {
                 let total = trace.cpu_data_bytes();
@@ -197,7 +206,7 @@ impl KernelTrace {
                 let read = Arc::new(AtomicU64::new(0));
                 let streams = (0..trace.cpus())
                     .map(|cpu| {
-                        Ok(WithSegments::Trace(CpuStream::new(
+                        Ok(WithRecorded::Trace(CpuStream::new(
                             trace.cpu_records(cpu)?,
                             trace.schema().clone(),
                             read.clone(),
@@ -206,7 +215,7 @@ impl KernelTrace {
                     .collect::<Result<Vec<_>, deepspan_ftrace::Error>>();
                 let streams = match streams {
                     Ok(mut streams) => {
-                        streams.push(WithSegments::Segments(segments.clone().into_iter()));
+                        streams.push(WithRecorded::Recorded(recorded.clone().into_iter()));
                         streams
                     }
                     Err(source) => {
@@ -229,7 +238,7 @@ impl KernelTrace {
                 traces,
                 maps,
                 cpu_hosts,
-                segments,
+                recorded,
                 throttling,
                 ..
             } => {
@@ -247,14 +256,14 @@ impl KernelTrace {
                                 source,
                             }
                         })?;
-                        streams.push(WithSegments::Trace(HostStream {
+                        streams.push(WithRecorded::Trace(HostStream {
                             host: h,
                             cpu: CpuStream::new(records, trace.schema().clone(), read.clone()),
                             map: map.clone(),
                         }));
                     }
                 }
-                streams.push(WithSegments::Segments(segments.clone().into_iter()));
+                streams.push(WithRecorded::Recorded(recorded.clone().into_iter()));
                 let builder = builder.hosts(cpu_hosts.clone());
                 let built = build_model(builder, streams, &mut |_| {
                     progress.advance(step, read.load(Ordering::Relaxed).min(total));
@@ -307,14 +316,14 @@ fn domains(trace: &CtfTrace) -> String {
     names.join(", ")
 }
 
-/// A kernel trace's streams, and the run's recorded TCP segments as one
-/// more (the model takes them in time order with the events).
-enum WithSegments<S> {
+/// A kernel trace's streams, and what the run's eBPF programs recorded as
+/// one more (the model takes them in time order with the events).
+enum WithRecorded<S> {
     Trace(S),
-    Segments(std::vec::IntoIter<Input>),
+    Recorded(std::vec::IntoIter<Input>),
 }
 
-impl<S, E> Iterator for WithSegments<S>
+impl<S, E> Iterator for WithRecorded<S>
 where
     S: Iterator<Item = Result<Input, E>>,
 {
@@ -322,8 +331,8 @@ where
 
     fn next(&mut self) -> Option<Self::Item> {
         match self {
-            WithSegments::Trace(stream) => stream.next(),
-            WithSegments::Segments(segments) => segments.next().map(Ok),
+            WithRecorded::Trace(stream) => stream.next(),
+            WithRecorded::Recorded(recorded) => recorded.next().map(Ok),
         }
     }
 }
@@ -368,11 +377,53 @@ fn with_throttling(
     (model, lost)
 }
 
-/// A run's recorded TCP segments as model input, in time order.
-fn segment_inputs(run: &Path) -> Result<Vec<Input>, Error> {
+/// What a run's eBPF programs recorded, as model input in time order: its
+/// TCP segments, and its sleeps in system calls when `trace` lacks the
+/// system-call events.
+fn recorded_inputs(run: &Path, trace: &TraceDat) -> Result<Vec<Input>, Error> {
     let mut inputs: Vec<Input> = read_segments(run)?.iter().map(segment_input).collect();
+    if !has_syscall_events(trace.schema()) {
+        inputs.extend(
+            read_blocked_syscalls(run)?
+                .iter()
+                .map(blocked_syscall_input),
+        );
+    }
     inputs.sort_by_key(|s| s.timestamp());
     Ok(inputs)
+}
+
+/// Whether a trace.dat holds system-call events (its formats are those of
+/// the recorded events only): the model then has each call from its entry
+/// to its exit, and the recorder's sleeps in calls would only repeat part
+/// of it.
+fn has_syscall_events(schema: &Schema) -> bool {
+    schema
+        .events()
+        .any(|e| e.system == "raw_syscalls" || e.system == "syscalls")
+}
+
+/// The sleeps in system calls the recorder saw in `run` (none when it
+/// saw none, or could not look).
+fn read_blocked_syscalls(run: &Path) -> Result<Vec<deepspan_record::BlockedSyscall>, Error> {
+    let path = Run::new(run).blocked_syscalls();
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    deepspan_record::read_blocked_syscalls(&path).map_err(|e| Error::BlockedSyscalls {
+        path: path.clone(),
+        reason: e.to_string(),
+    })
+}
+
+/// A recorded sleep in a system call as model input.
+pub(crate) fn blocked_syscall_input(call: &deepspan_record::BlockedSyscall) -> Input {
+    Input::BlockedSyscall {
+        ts: call.mono_ns,
+        tid: call.tid,
+        nr: call.nr,
+        args: call.args,
+    }
 }
 
 /// A recorded segment as model input: keyed by what both ends see.

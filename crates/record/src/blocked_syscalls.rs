@@ -10,9 +10,10 @@
 //! the BTF-typed `sched_switch` tracepoint reads the call from the saved
 //! user registers of each thread that switches out to sleep (not
 //! preempted, not a kernel thread, not a 32-bit call), as
-//! `/proc/PID/syscall` does; see its header. This capture is the first
-//! step of a lean recording without the syscall events; the analysis does
-//! not read it yet.
+//! `/proc/PID/syscall` does; see its header. A recording without the
+//! syscall events (the `lean` preset) has what its blocked threads waited
+//! in from this file: the analysis reads it when the trace has no
+//! system-call events (`StateBuilder::blocked_syscall`).
 //!
 //! Written to `RUN/kernel/blocked_syscalls.tsv`: a header line, then one
 //! sleep a line, fields separated by one space (see [`BlockedSyscall`]):

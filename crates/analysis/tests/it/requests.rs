@@ -223,7 +223,9 @@ fn parallel_build_gives_the_sequential_model() {
             let x = x.clone().unwrap();
             let ts = match &x {
                 Input::Event(e) => e.ts,
-                Input::Lost { ts, .. } | Input::Segment { ts, .. } => *ts,
+                Input::Lost { ts, .. }
+                | Input::Segment { ts, .. }
+                | Input::BlockedSyscall { ts, .. } => *ts,
             };
             merged.push((ts, cpu, i, x));
         }
@@ -241,6 +243,7 @@ fn parallel_build_gives_the_sequential_model() {
                 key,
                 direction,
             } => b.segment(*ts, *cpu, *tid, *key, *direction),
+            Input::BlockedSyscall { ts, tid, nr, args } => b.blocked_syscall(*ts, *tid, *nr, *args),
         }
     }
     let sequential = b.finish();

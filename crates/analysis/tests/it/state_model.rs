@@ -313,6 +313,63 @@ fn syscalls_are_attached_to_blocked_intervals() {
     );
 }
 
+/// A trace without the system-call events, and the recorder's sleeps in
+/// calls: each sleep is a call from the sleep until the thread runs again,
+/// with its arguments and no return value.
+#[test]
+fn sleeps_in_calls_are_calls_from_the_sleep_to_the_next_run() {
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1);
+    // A futex sleep, then a read that sleeps twice, the second time to
+    // the end of the trace. The recorder's time may be a moment before
+    // the switch event's or after it.
+    s.switch(12, 0, 1, 1, 0);
+    s.wake(20, 0, 1, true);
+    s.switch(21, 0, 0, 0, 1);
+    s.switch(30, 0, 1, 1, 0);
+    s.wake(35, 0, 1, true);
+    s.switch(36, 0, 0, 0, 1);
+    s.switch(40, 0, 1, 1, 0);
+    s.switch(45, 1, 0, 0, 2);
+    let sleeps = [
+        (12, 202, [0x7f00, 0x80, 1]),
+        (29, 0, [5, 0x1000, 64]),
+        (41, 0, [5, 0x1000, 64]),
+    ];
+    let mut b = StateBuilder::new();
+    let mut sleeps = sleeps.iter().peekable();
+    for e in &s.events {
+        while let Some(&&(ts, nr, args)) = sleeps.peek().filter(|c| c.0 <= e.ts) {
+            b.blocked_syscall(ts, 1, nr, args);
+            sleeps.next();
+        }
+        b.push(e);
+    }
+    let m = b.finish();
+    let calls: Vec<_> = m
+        .thread(1)
+        .unwrap()
+        .syscalls()
+        .iter()
+        .map(|c| (c.start, c.end, c.id, c.arg0, c.entry_seen, c.exit_seen))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            (12, 21, 202, 0x7f00, true, false),
+            (29, 36, 0, 5, true, false),
+            (41, 45, 0, 5, true, false),
+        ]
+    );
+    let futex = m.thread(1).unwrap().syscall_at(15).unwrap();
+    assert_eq!(
+        deepspan_analysis::syscall_label(&m, deepspan_analysis::Arch::X86_64, futex),
+        "futex(uaddr=0x7f00)"
+    );
+    // A thread that never slept in a call has none.
+    assert!(m.thread(2).unwrap().syscalls().is_empty());
+}
+
 #[test]
 fn fork_exec_exit_and_names() {
     let mut s = Script::new();
