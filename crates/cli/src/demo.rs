@@ -54,6 +54,10 @@ pub struct DemoArgs {
     /// (`sync: inferred`).
     #[arg(long)]
     no_sdk: bool,
+    /// The kernel events each scenario records (`deepspan record
+    /// --events`): a preset (`analysis`, `lean`) or a list.
+    #[arg(long, default_value = "analysis")]
+    events: String,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -122,6 +126,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
         deepspan: exe,
         demo_dir,
         python: args.python.clone(),
+        events: args.events.clone(),
     };
     let signals = Signals::install()?;
     let text = args.format == Format::Text;

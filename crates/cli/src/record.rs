@@ -31,8 +31,13 @@ pub struct RecordArgs {
     /// Ring-buffer size per CPU, in MiB.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=16384))]
     buffer_mb: u64,
-    /// An event preset (`analysis`, the default) or a comma-separated list of
-    /// events (`sched:sched_switch,irq:*,sched_wakeup`).
+    /// An event preset or a comma-separated list of events
+    /// (`sched:sched_switch,irq:*,sched_wakeup`). Presets: `analysis` (the
+    /// default: what every analysis reads); `lean` (`analysis` without the
+    /// system-call events, a fraction of the cost on syscall-heavy
+    /// services: blocked threads' calls come from an eBPF capture, but
+    /// calls that never sleep, read sizes and `--placement inferred`'s
+    /// socket evidence are lost); `minimal` (the scheduler only).
     #[arg(long, default_value = "analysis")]
     events: String,
     /// Trace only these processes (and their children); repeatable.

@@ -54,6 +54,8 @@ pub struct RunOptions {
     pub demo_dir: PathBuf,
     /// The python interpreter.
     pub python: String,
+    /// `deepspan record --events`.
+    pub events: String,
 }
 
 /// A finished scenario: the verdict and where its run is.
@@ -157,6 +159,8 @@ pub fn run_scenario(
         .arg("record")
         .arg("-o")
         .arg(run_dir)
+        .arg("--events")
+        .arg(&opts.events)
         .args(["--otlp-grpc-port", "0", "--otlp-http-port", "0", "--"])
         .arg(&opts.python)
         .arg(opts.demo_dir.join("driver.py"))

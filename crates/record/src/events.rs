@@ -32,9 +32,18 @@ impl fmt::Display for EventId {
 }
 
 /// What the critical-path analysis consumes (see docs/analysis.md, "Kernel
-/// state model"). Events a kernel lacks (IPIs of other architectures,
-/// syscalls without CONFIG_FTRACE_SYSCALLS) are skipped.
-const ANALYSIS: &[&str] = &[
+/// state model"), but for the system-call events (see [`SYSCALLS`]).
+/// Events a kernel lacks (IPIs of other architectures) are skipped.
+///
+/// As the `lean` preset: the system-call events put every thread of
+/// the host on the system-call slow path and are most of a trace's events.
+/// What a blocked thread waits in comes from the recorder's switch-out
+/// capture instead (`kernel/blocked_syscalls.tsv`, see
+/// `blocked_syscalls.rs`). What it cannot give: calls that never sleep
+/// (the system-call table of those), return values (page-cache misses
+/// against bytes read), and the socket receives and sends that place
+/// spans without an SDK (`--placement inferred`).
+const LEAN: &[&str] = &[
     "sched:sched_switch",
     "sched:sched_waking",
     "sched:sched_wakeup",
@@ -59,14 +68,16 @@ const ANALYSIS: &[&str] = &[
     "irq_vectors:call_function_single_exit",
     "ipi:ipi_entry",
     "ipi:ipi_exit",
-    "raw_syscalls:sys_enter",
-    "raw_syscalls:sys_exit",
     "block:block_rq_insert",
     "block:block_rq_issue",
     "block:block_rq_complete",
     "net:net_dev_queue",
     "net:netif_receive_skb",
 ];
+
+/// The system-call events: with [`LEAN`], the `analysis` preset. Skipped
+/// on a kernel without CONFIG_FTRACE_SYSCALLS.
+const SYSCALLS: &[&str] = &["raw_syscalls:sys_enter", "raw_syscalls:sys_exit"];
 
 /// Scheduling only: enough for thread states, cheapest to record.
 const MINIMAL: &[&str] = &[
@@ -82,12 +93,13 @@ const MINIMAL: &[&str] = &[
 ];
 
 /// Preset names accepted by [`resolve_events`].
-pub const PRESETS: &[&str] = &["analysis", "minimal"];
+pub const PRESETS: &[&str] = &["analysis", "lean", "minimal"];
 
-fn preset(name: &str) -> Option<&'static [&'static str]> {
+fn preset(name: &str) -> Option<Vec<&'static str>> {
     match name {
-        "analysis" => Some(ANALYSIS),
-        "minimal" => Some(MINIMAL),
+        "analysis" => Some([LEAN, SYSCALLS].concat()),
+        "lean" => Some(LEAN.to_vec()),
+        "minimal" => Some(MINIMAL.to_vec()),
         _ => None,
     }
 }
@@ -96,7 +108,7 @@ fn preset(name: &str) -> Option<&'static [&'static str]> {
 /// `available_events`.
 ///
 /// `spec` is a comma-separated list whose items are a preset (`analysis`,
-/// `minimal`), `system:name`, `system:*` (a whole system), a pattern with `*`
+/// `lean`, `minimal`), `system:name`, `system:*` (a whole system), a pattern with `*`
 /// (`irq:softirq_*`), or a bare event name (`sched_switch`) looked up in every
 /// system. Preset members the kernel lacks are skipped; any other item that
 /// matches nothing is an error listing the closest available names.
@@ -269,6 +281,12 @@ mod tests {
         let got = resolve_against("analysis", &kernel()).unwrap();
         assert!(names(&got).contains(&"irq_vectors:reschedule_entry".to_string()));
         assert!(!names(&got).iter().any(|n| n.starts_with("ipi:")));
+        let lean = resolve_against("lean", &kernel()).unwrap();
+        let syscall_events: Vec<String> = names(&got)
+            .into_iter()
+            .filter(|n| !names(&lean).contains(n))
+            .collect();
+        assert_eq!(syscall_events, ["raw_syscalls:sys_enter"]);
         let minimal = resolve_against("minimal", &kernel()).unwrap();
         assert_eq!(
             names(&minimal),
