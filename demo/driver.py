@@ -40,7 +40,7 @@ from harness.postgres import Postgres  # noqa: E402
 from harness.stale import cleanup_stale  # noqa: E402
 
 BASELINE_S = 4.0
-LOAD_S = 11.0
+LOAD_S = 9.0
 IMAGES = 32
 IMAGE_BYTES = 1 << 20
 

@@ -30,7 +30,7 @@ pub const SCENARIOS: &[&str] = &[
 ];
 
 /// How long one scenario's recording may take (the driver's own timeline is
-/// about 25 s) before it is stopped as hung.
+/// about 15 s) before it is stopped as hung.
 const RECORD_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long its analysis may take.
 const ANALYZE_TIMEOUT: Duration = Duration::from_secs(300);
