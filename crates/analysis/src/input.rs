@@ -37,6 +37,14 @@ pub enum Input {
         nr: i32,
         args: [u64; 3],
     },
+    /// A socket receive returned, or a send began (the recorder's
+    /// socket-call capture; see [`crate::StateBuilder::socket_call`]).
+    SocketCall {
+        ts: u64,
+        tid: deepspan_model::Tid,
+        sent: bool,
+        bytes: u64,
+    },
 }
 
 impl Timestamped for Input {
@@ -45,7 +53,8 @@ impl Timestamped for Input {
             Input::Event(e) => e.ts,
             Input::Lost { ts, .. }
             | Input::Segment { ts, .. }
-            | Input::BlockedSyscall { ts, .. } => *ts,
+            | Input::BlockedSyscall { ts, .. }
+            | Input::SocketCall { ts, .. } => *ts,
         }
     }
 }
@@ -109,6 +118,12 @@ where
             Input::BlockedSyscall { ts, tid, nr, args } => {
                 builder.blocked_syscall(ts, tid, nr, args)
             }
+            Input::SocketCall {
+                ts,
+                tid,
+                sent,
+                bytes,
+            } => builder.socket_call(ts, tid, sent, bytes),
         }
         merged += 1;
         if merged.is_multiple_of(65_536) {

@@ -598,6 +598,9 @@ pub struct StateBuilder {
     /// [`StateBuilder::blocked_syscall`]): a thread's open call then ends
     /// when the thread runs again.
     switch_out_calls: bool,
+    /// The names of recorded socket calls, `recv` and `send`, once
+    /// interned (see [`StateBuilder::socket_call`]).
+    socket_call_names: Option<[u16; 2]>,
 }
 
 /// A packet a thread queued, until its address is queued again.
@@ -855,6 +858,7 @@ impl StateBuilder {
             cpu_hosts: Vec::new(),
             segments_in_flight: FastMap::default(),
             switch_out_calls: false,
+            socket_call_names: None,
         }
     }
 
@@ -984,6 +988,48 @@ impl StateBuilder {
             ret: 0,
             entry_seen: true,
             exit_seen: false,
+        });
+    }
+
+    /// Thread `tid` received `bytes` from a socket (`sent` false: `ts` is
+    /// when the receive returned) or began to send `bytes` on one (`ts`
+    /// is the send's start), as the recorder's socket-call capture saw it
+    /// (`kernel/socket_calls.tsv`). For a trace recorded without the
+    /// system-call events, these are the receives and sends that place
+    /// spans on threads: each is a call of no length named `recv` or
+    /// `send` at `ts`; a receive carries its bytes as its return value,
+    /// as a traced call's exit does. Like [`StateBuilder::blocked_syscall`],
+    /// not for a trace with the system-call events.
+    pub fn socket_call(&mut self, ts: u64, tid: Tid, sent: bool, bytes: u64) {
+        if tid <= 0 {
+            return;
+        }
+        let ts = self.clock(ts);
+        let [recv, send] = *self.socket_call_names.get_or_insert_with(|| {
+            let names = &mut self.syscall_names;
+            [
+                names.intern(&Name::new("recv")),
+                names.intern(&Name::new("send")),
+            ]
+        });
+        let t = self.thread(tid);
+        let th = &mut self.threads[t];
+        if let Some(mut s) = th.open_syscall.take() {
+            // A call seen at its sleep: the thread runs again (its
+            // switch-in was lost) and is in another call now.
+            s.end = ts.max(s.start);
+            th.hist.syscalls.push(s);
+        }
+        th.hist.syscalls.push(SyscallInterval {
+            start: ts,
+            end: ts,
+            id: -1,
+            name: if sent { send } else { recv },
+            arg0: 0,
+            arg1: 0,
+            ret: if sent { 0 } else { bytes as i64 },
+            entry_seen: false,
+            exit_seen: !sent,
         });
     }
 

@@ -513,7 +513,9 @@ impl HostMap {
                 ts: self.clock.map_ns(ts),
                 count,
             }),
-            Input::Segment { .. } | Input::BlockedSyscall { .. } => Some(item),
+            Input::Segment { .. } | Input::BlockedSyscall { .. } | Input::SocketCall { .. } => {
+                Some(item)
+            }
         }
     }
 }

@@ -225,7 +225,8 @@ fn parallel_build_gives_the_sequential_model() {
                 Input::Event(e) => e.ts,
                 Input::Lost { ts, .. }
                 | Input::Segment { ts, .. }
-                | Input::BlockedSyscall { ts, .. } => *ts,
+                | Input::BlockedSyscall { ts, .. }
+                | Input::SocketCall { ts, .. } => *ts,
             };
             merged.push((ts, cpu, i, x));
         }
@@ -244,6 +245,12 @@ fn parallel_build_gives_the_sequential_model() {
                 direction,
             } => b.segment(*ts, *cpu, *tid, *key, *direction),
             Input::BlockedSyscall { ts, tid, nr, args } => b.blocked_syscall(*ts, *tid, *nr, *args),
+            Input::SocketCall {
+                ts,
+                tid,
+                sent,
+                bytes,
+            } => b.socket_call(*ts, *tid, *sent, *bytes),
         }
     }
     let sequential = b.finish();

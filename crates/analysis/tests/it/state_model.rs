@@ -370,6 +370,51 @@ fn sleeps_in_calls_are_calls_from_the_sleep_to_the_next_run() {
     assert!(m.thread(2).unwrap().syscalls().is_empty());
 }
 
+/// A trace without the system-call events, and the recorder's socket
+/// calls: each is a call of no length, a receive with its bytes as its
+/// return value; a call seen at its sleep ends by then.
+#[test]
+fn socket_calls_are_receives_and_sends_of_no_length() {
+    let mut s = Script::new();
+    s.switch(10, 0, 0, 0, 1);
+    s.switch(12, 0, 1, 1, 0);
+    s.wake(20, 0, 1, true);
+    s.switch(21, 0, 0, 0, 1);
+    let mut b = StateBuilder::new();
+    let mut events = s.events.iter();
+    for e in events.by_ref().take(1) {
+        b.push(e);
+    }
+    b.blocked_syscall(12, 1, 45, [7, 0, 0]);
+    for e in events {
+        b.push(e);
+    }
+    b.socket_call(22, 1, false, 300);
+    b.socket_call(25, 1, true, 120);
+    // A sleep whose switch-in is lost, then a send: the sleep's call ends
+    // at the send.
+    b.blocked_syscall(30, 1, 45, [7, 0, 0]);
+    b.socket_call(33, 1, true, 10);
+    let m = b.finish();
+    let calls: Vec<_> = m
+        .thread(1)
+        .unwrap()
+        .syscalls()
+        .iter()
+        .map(|c| (c.start, c.end, m.syscall_name(c), c.ret, c.exit_seen))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            (12, 21, None, 0, false),
+            (22, 22, Some("recv"), 300, true),
+            (25, 25, Some("send"), 0, false),
+            (30, 33, None, 0, false),
+            (33, 33, Some("send"), 0, false),
+        ]
+    );
+}
+
 #[test]
 fn fork_exec_exit_and_names() {
     let mut s = Script::new();
