@@ -19,7 +19,7 @@ Cases (each beside B's services and Jaeger, nothing else of deepspan):
                preset alone: sched, irq (hard and soft interrupts), timer,
                ipi, syscalls, net, block
   rec:all      the whole `analysis` preset (what `record` costs today)
-  rec:no-syscalls  the `analysis` preset without raw_syscalls
+  rec:lean     the `lean` preset: `analysis` without raw_syscalls
   agent:pass   `deepspan agent`, snapshots off, recording one rare event
                (sched_process_exec): the OTLP pass-through alone
   agent:flight the agent with snapshots off and the `analysis` preset: the
@@ -98,8 +98,7 @@ def cases():
         if have:
             out[f"rec:{name}"] = ("record", ["--events", ",".join(have)])
     out["rec:all"] = ("record", ["--events", "analysis"])
-    lean = [e for name, events in CLASSES.items() if name != "syscalls" for e in available(events)]
-    out["rec:no-syscalls"] = ("record", ["--events", ",".join(lean)])
+    out["rec:lean"] = ("record", ["--events", "lean"])
     out["agent:pass"] = ("agent", ["--max-snapshots-per-minute", "0", "--events", RARE_EVENT])
     out["agent:flight"] = ("agent", ["--max-snapshots-per-minute", "0"])
     out["agent"] = ("agent", [])
