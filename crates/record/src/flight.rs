@@ -340,7 +340,10 @@ impl FlightRecorder {
                 // in it.
                 let since = complete_since_ns.saturating_sub(1_000_000_000);
                 match throttle.write_window(run_dir, since, end_ns) {
-                    Ok(m) => manifest.cfs_throttle = Some(m),
+                    Ok((m, incomplete)) => {
+                        manifest.cfs_throttle = Some(m);
+                        manifest.warnings.extend(incomplete);
+                    }
                     Err(e) => manifest
                         .warnings
                         .push(format!("CPU throttling not written: {e}")),

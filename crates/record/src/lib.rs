@@ -28,6 +28,7 @@
 mod blocked_syscalls;
 mod bpf;
 mod capture;
+mod capture_file;
 mod error;
 mod events;
 mod flight;
