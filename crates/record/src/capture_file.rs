@@ -5,8 +5,8 @@
 //!
 //! A capture's record type says how it reads from the program's ring and
 //! from a line, and how it writes its line ([`CaptureLine`]); the rest is
-//! here, once: `blocked_syscalls.rs`, `throttle.rs` and `tcpkeys.rs` keep
-//! only their record layout and their manifest section.
+//! here, once: `blocked_syscalls.rs`, `socket_calls.rs`, `throttle.rs` and
+//! `tcpkeys.rs` keep only their record layout and their manifest section.
 
 use std::collections::VecDeque;
 use std::fs::File;
