@@ -1,13 +1,13 @@
 //! Compiles the recorder's eBPF programs (`src/bpf/NAME.bpf.c`: the TCP
-//! headers of `record --tcp-keys`, the CFS throttling and the sleeps in
-//! system calls of every recording) with clang into `OUT_DIR/NAME.bpf.o`,
+//! headers of `record --tcp-keys`, the CFS throttling, the sleeps in
+//! system calls and the socket calls of every recording) with clang into `OUT_DIR/NAME.bpf.o`,
 //! which the crate embeds.
 //!
 //! Without clang (or libbpf's headers) the crate still builds, with a
 //! warning: `--tcp-keys` says at run time what to install, and recordings
 //! go without throttling intervals (the analysis then infers throttling
 //! from idle CPUs, as it does for CTF traces) and without blocked system
-//! calls.
+//! calls or socket calls.
 //!
 //! The blocked-syscall program reads x86_64 registers: it is compiled for
 //! x86_64 only (`cfg(deepspan_bpf_syscalls)`), and other architectures
@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const PROGRAMS: [&str; 2] = ["tcp_keys", "cfs_throttle"];
+const PROGRAMS: [&str; 3] = ["tcp_keys", "cfs_throttle", "socket_calls"];
 /// Programs that read one architecture's registers, and that architecture
 /// (as `CARGO_CFG_TARGET_ARCH` spells it).
 const ARCH_PROGRAMS: [(&str, &str); 1] = [("blocked_syscalls", "x86_64")];

@@ -1,29 +1,31 @@
 //! Fuzzes the recovery of a run whose recorder died: the input is what such
 //! a recorder may leave behind, its journal files, per-CPU page files and
-//! the text file of its eBPF capture of blocked system calls (joined by a
-//! marker line), made into a run folder. Recovery must finish the run or
-//! refuse it with an error, never panic; what it writes must then open and
-//! decode like any trace. The blocked-syscall file is left as the recorder
-//! wrote it, and its reader (which drops a torn last line) returns lines
-//! or an error, never panics.
+//! the text files of its eBPF captures of blocked system calls and of
+//! socket calls (joined by a marker line), made into a run folder.
+//! Recovery must finish the run or refuse it with an error, never panic;
+//! what it writes must then open and decode like any trace. The capture
+//! files are left as the recorder wrote them, and their readers (which
+//! drop a torn last line) return lines or an error, never panic.
 #![no_main]
 
 use deepspan_ftrace::TraceDat;
-use deepspan_record::BlockedSyscall;
+use deepspan_record::{BlockedSyscall, SocketCall};
 use libfuzzer_sys::fuzz_target;
 
 /// Separates the files in an input (seeds are made by joining real files).
 const MARKER: &[u8] = b"\n--8<--\n";
-const FILES: [&str; 6] = [
+const FILES: [&str; 7] = [
     "kernel/journal/recording.json",
     "kernel/journal/trace_meta.json",
     "kernel/journal/clock_samples",
     "kernel/cpu0.raw",
     "kernel/cpu1.raw",
-    // Last, so that inputs of five files read as before.
+    // Last, so that inputs of fewer files read as before.
     BLOCKED_SYSCALLS,
+    SOCKET_CALLS,
 ];
 const BLOCKED_SYSCALLS: &str = "kernel/blocked_syscalls.tsv";
+const SOCKET_CALLS: &str = "kernel/socket_calls.tsv";
 
 fn split(data: &[u8]) -> Vec<&[u8]> {
     let mut parts = Vec::new();
@@ -49,12 +51,32 @@ fuzz_target!(|data: &[u8]| {
         std::fs::write(run.join(file), bytes).unwrap();
     }
     let blocked = std::fs::read(run.join(BLOCKED_SYSCALLS)).ok();
+    let sockets = std::fs::read(run.join(SOCKET_CALLS)).ok();
     let recovered = deepspan_record::recover_from_files(run);
     assert_eq!(
         std::fs::read(run.join(BLOCKED_SYSCALLS)).ok(),
         blocked,
         "recovery leaves the blocked-syscall file as it was"
     );
+    assert_eq!(
+        std::fs::read(run.join(SOCKET_CALLS)).ok(),
+        sockets,
+        "recovery leaves the socket-call file as it was"
+    );
+    if let Some(bytes) = &sockets {
+        let read = deepspan_record::read_socket_calls(&run.join(SOCKET_CALLS)).ok();
+        let parsed = std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|text| deepspan_record::parse_socket_calls(text).ok());
+        assert_eq!(read, parsed, "the reader is the parser of the file's text");
+        for call in read.iter().flatten() {
+            assert_eq!(
+                SocketCall::parse(&call.line()),
+                Ok(*call),
+                "a line writes back as it reads"
+            );
+        }
+    }
     if let Some(bytes) = &blocked {
         let read = deepspan_record::read_blocked_syscalls(&run.join(BLOCKED_SYSCALLS)).ok();
         let parsed = std::str::from_utf8(bytes)

@@ -37,22 +37,14 @@
 //! architecture other than x86_64 records no file and the manifest's
 //! warnings say why.
 
-use std::collections::VecDeque;
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 
-use crate::bpf::{Capture, RecordSink};
+use crate::capture_file::{self, CaptureLine, FileCapture, FileSink, History, Written};
 use crate::Error;
 use deepspan_run::{layout::BLOCKED_SYSCALLS, BlockedSyscallsManifest};
 
 /// The file's first line; the columns of every other line.
 const HEADER: &str = "# deepspan blocked syscalls v1: mono_ns cpu tid tgid nr arg0 arg1 arg2";
-/// The header's start, whatever its version.
-const HEADER_NAME: &str = "# deepspan blocked syscalls ";
-/// The header's start in this version.
-const HEADER_V1: &str = "# deepspan blocked syscalls v1:";
 
 /// A record of the program's ring buffer (`struct blocked`).
 const RECORD_BYTES: usize = 48;
@@ -134,59 +126,51 @@ impl BlockedSyscall {
     }
 }
 
+impl CaptureLine for BlockedSyscall {
+    const HEADER: &'static str = HEADER;
+    const WHAT: &'static str = "blocked system calls";
+
+    fn from_record(record: &[u8]) -> Option<BlockedSyscall> {
+        BlockedSyscall::from_record(record)
+    }
+
+    fn from_line(line: &str) -> Result<BlockedSyscall, String> {
+        BlockedSyscall::parse(line)
+    }
+
+    fn to_line(&self) -> String {
+        self.line()
+    }
+
+    fn mono_ns(&self) -> u64 {
+        self.mono_ns
+    }
+}
+
 /// Parses the text of a blocked-syscall file: every sleep, in file order.
 /// A last line without its newline is what a killed recorder left
 /// mid-write: it is left out. A header of another version than v1 is an
 /// error, as is any bad line; the error names the line and says why.
 pub fn parse_blocked_syscalls(text: &str) -> Result<Vec<BlockedSyscall>, String> {
-    let complete = &text[..text.rfind('\n').map_or(0, |n| n + 1)];
-    let mut sleeps = Vec::new();
-    for (n, line) in complete.lines().enumerate() {
-        // Another version's columns would read as numbers of this one's.
-        if line.starts_with(HEADER_NAME) && !line.starts_with(HEADER_V1) {
-            return Err(format!(
-                "line {}: {line:?} is not this deepspan's format ({HEADER})",
-                n + 1
-            ));
-        }
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        sleeps.push(BlockedSyscall::parse(line).map_err(|e| format!("line {}: {e}", n + 1))?);
-    }
-    Ok(sleeps)
+    capture_file::parse_file(text)
 }
 
 /// Reads a run's blocked-syscall file (see [`parse_blocked_syscalls`]).
 pub fn read_blocked_syscalls(path: &Path) -> Result<Vec<BlockedSyscall>, Error> {
-    let io = |action, source| Error::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    };
-    let bytes = std::fs::read(path).map_err(|source| io("read", source))?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        io(
-            "read the blocked system calls",
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("not UTF-8 text at byte {}", e.utf8_error().valid_up_to()),
-            ),
-        )
-    })?;
-    parse_blocked_syscalls(&text).map_err(|reason| {
-        io(
-            "read the blocked system calls",
-            std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
-        )
-    })
+    capture_file::read_file(path)
+}
+
+/// The manifest's section for what was written.
+fn manifest(written: Written) -> BlockedSyscallsManifest {
+    BlockedSyscallsManifest {
+        file: BLOCKED_SYSCALLS.into(),
+        records: written.records,
+        lost: written.lost,
+    }
 }
 
 /// The running capture of a standard recording.
-pub(crate) struct BlockedSyscallCapture {
-    capture: Capture<BlockedSyscallsManifest>,
-    path: PathBuf,
-}
+pub(crate) struct BlockedSyscallCapture(FileCapture);
 
 impl BlockedSyscallCapture {
     /// Loads and attaches the program; once this returns, every sleep in
@@ -195,43 +179,23 @@ impl BlockedSyscallCapture {
     pub(crate) fn start(run: &Path) -> Result<BlockedSyscallCapture, String> {
         let ring = program::attach()?;
         let path = run.join(BLOCKED_SYSCALLS);
-        let file =
-            File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        let sink = SyscallSink::new(file)?;
-        let capture = Capture::start("deepspan-syscalls", ring, sink).map_err(|e| e.to_string())?;
-        Ok(BlockedSyscallCapture { capture, path })
+        let sink = FileSink::<BlockedSyscall>::create(&path)?;
+        FileCapture::start("deepspan-syscalls", ring, sink, &path)
+            .map(BlockedSyscallCapture)
+            .map_err(|e| e.to_string())
     }
 
     /// Detaches the program (once the ring is drained) and returns what
     /// was written.
     pub(crate) fn stop(self) -> Result<BlockedSyscallsManifest, String> {
-        let written = self
-            .capture
-            .stop()
-            .map_err(|e| format!("{}: {e}", self.path.display()))?;
-        Ok(BlockedSyscallsManifest {
-            file: BLOCKED_SYSCALLS.into(),
-            ..written
-        })
+        self.0.stop().map(manifest)
     }
 }
 
 /// The flight recorder's sleeps in system calls: kept in memory, the
 /// oldest dropped beyond [`BlockedSyscallHistory::MAX`], and written with
 /// each window ([`BlockedSyscallHistory::write_window`]).
-pub(crate) struct BlockedSyscallHistory {
-    kept: Arc<Mutex<Kept>>,
-    _capture: Capture<()>,
-}
-
-/// The history, and how far back it is complete.
-#[derive(Default)]
-struct Kept {
-    sleeps: VecDeque<BlockedSyscall>,
-    /// The latest time of a sleep dropped because the history was full:
-    /// a window that starts before it misses some.
-    dropped_until_ns: Option<u64>,
-}
+pub(crate) struct BlockedSyscallHistory(History<BlockedSyscall>);
 
 impl BlockedSyscallHistory {
     /// Sleeps kept (48 bytes each, 24 MB): a host whose threads sleep in
@@ -241,138 +205,24 @@ impl BlockedSyscallHistory {
 
     pub(crate) fn start() -> Result<BlockedSyscallHistory, String> {
         let ring = program::attach()?;
-        let kept = Arc::new(Mutex::new(Kept::default()));
-        let sink = HistorySink(kept.clone());
-        let capture = Capture::start("deepspan-syscalls", ring, sink).map_err(|e| e.to_string())?;
-        Ok(BlockedSyscallHistory {
-            kept,
-            _capture: capture,
-        })
+        History::start("deepspan-syscalls", ring, Self::MAX).map(BlockedSyscallHistory)
     }
 
     /// Writes the sleeps from `since_ns` to `end_ns` into `run`'s
-    /// blocked-syscall file, and forgets those before `since_ns` (the
-    /// history of the trace no longer reaches them). The second value says
-    /// when the window reaches back before what the history still holds.
+    /// blocked-syscall file, and forgets those before `since_ns` (the history
+    /// of the trace no longer reaches them). The second value says when the
+    /// window reaches back before what the history still holds.
     pub(crate) fn write_window(
         &self,
         run: &Path,
         since_ns: u64,
         end_ns: u64,
     ) -> Result<(BlockedSyscallsManifest, Option<String>), String> {
-        write_window(&self.kept, run, since_ns, end_ns)
+        let (written, incomplete) = self
+            .0
+            .write_window(run, BLOCKED_SYSCALLS, since_ns, end_ns)?;
+        Ok((manifest(written), incomplete))
     }
-}
-
-/// [`BlockedSyscallHistory::write_window`] of the history `kept`.
-fn write_window(
-    kept: &Mutex<Kept>,
-    run: &Path,
-    since_ns: u64,
-    end_ns: u64,
-) -> Result<(BlockedSyscallsManifest, Option<String>), String> {
-    let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
-    // The ring is one for all CPUs, in the order records were written:
-    // time order, but for records of two CPUs a moment apart. One a
-    // little early left behind a later one stays until a later window
-    // forgets it; the filter below leaves it out of this one.
-    while kept.sleeps.front().is_some_and(|s| s.mono_ns < since_ns) {
-        kept.sleeps.pop_front();
-    }
-    let path = run.join(BLOCKED_SYSCALLS);
-    let file = File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    let mut sink = SyscallSink::new(file)?;
-    for s in kept
-        .sleeps
-        .iter()
-        .filter(|s| (since_ns..=end_ns).contains(&s.mono_ns))
-    {
-        sink.push_sleep(s)?;
-    }
-    let written = sink.finish(0)?;
-    let incomplete = kept.dropped_until_ns.filter(|&t| t >= since_ns).map(|t| {
-        format!(
-            "blocked system calls incomplete: those until {t} ns were dropped from the flight \
-             recorder's history ({} sleeps kept)",
-            BlockedSyscallHistory::MAX
-        )
-    });
-    Ok((
-        BlockedSyscallsManifest {
-            file: BLOCKED_SYSCALLS.into(),
-            ..written
-        },
-        incomplete,
-    ))
-}
-
-/// Keeps sleeps in the flight recorder's history.
-struct HistorySink(Arc<Mutex<Kept>>);
-
-impl RecordSink for HistorySink {
-    type Summary = ();
-
-    fn push(&mut self, record: &[u8]) -> Result<(), String> {
-        if let Some(sleep) = BlockedSyscall::from_record(record) {
-            let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            if kept.sleeps.len() == BlockedSyscallHistory::MAX {
-                if let Some(dropped) = kept.sleeps.pop_front() {
-                    kept.dropped_until_ns =
-                        Some(dropped.mono_ns.max(kept.dropped_until_ns.unwrap_or(0)));
-                }
-            }
-            kept.sleeps.push_back(sleep);
-        }
-        Ok(())
-    }
-
-    fn finish(self, _lost: u64) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-/// The blocked-syscall file being written, with its counts.
-struct SyscallSink {
-    out: BufWriter<File>,
-    manifest: BlockedSyscallsManifest,
-}
-
-impl SyscallSink {
-    fn new(file: File) -> Result<SyscallSink, String> {
-        let mut out = BufWriter::with_capacity(1 << 16, file);
-        writeln!(out, "{HEADER}").map_err(write_error)?;
-        Ok(SyscallSink {
-            out,
-            manifest: BlockedSyscallsManifest::default(),
-        })
-    }
-
-    fn push_sleep(&mut self, sleep: &BlockedSyscall) -> Result<(), String> {
-        writeln!(self.out, "{}", sleep.line()).map_err(write_error)?;
-        self.manifest.records += 1;
-        Ok(())
-    }
-}
-
-impl RecordSink for SyscallSink {
-    type Summary = BlockedSyscallsManifest;
-
-    fn push(&mut self, record: &[u8]) -> Result<(), String> {
-        match BlockedSyscall::from_record(record) {
-            Some(sleep) => self.push_sleep(&sleep),
-            None => Ok(()),
-        }
-    }
-
-    fn finish(mut self, lost: u64) -> Result<BlockedSyscallsManifest, String> {
-        self.out.flush().map_err(write_error)?;
-        self.manifest.lost = lost;
-        Ok(self.manifest)
-    }
-}
-
-fn write_error(e: std::io::Error) -> String {
-    format!("cannot write the blocked system calls: {e}")
 }
 
 #[cfg(deepspan_bpf_syscalls)]
@@ -415,6 +265,7 @@ mod program {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bpf::RecordSink;
 
     fn sleep() -> BlockedSyscall {
         BlockedSyscall {
@@ -477,11 +328,11 @@ mod tests {
     fn the_sink_writes_what_reads_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("blocked_syscalls.tsv");
-        let mut sink = SyscallSink::new(File::create(&path).unwrap()).unwrap();
-        sink.push_sleep(&sleep()).unwrap();
+        let mut sink = FileSink::<BlockedSyscall>::create(&path).unwrap();
+        sink.push_line(&sleep()).unwrap();
         // Shorter than a record: not one, skipped.
         sink.push(&[0u8; 12]).unwrap();
-        let m = sink.finish(2).unwrap();
+        let m = manifest(sink.finish(2).unwrap());
         assert_eq!((m.records, m.lost), (1, 2));
         assert_eq!(read_blocked_syscalls(&path).unwrap(), vec![sleep()]);
         let text = std::fs::read_to_string(&path).unwrap();
@@ -508,54 +359,5 @@ mod tests {
         std::fs::write(&path, b"# h\n\xff\n").unwrap();
         let e = read_blocked_syscalls(&path).unwrap_err().to_string();
         assert!(e.contains("not UTF-8 text at byte 4"), "{e}");
-    }
-
-    #[test]
-    fn a_window_holds_its_sleeps_and_says_when_the_history_dropped_some() {
-        let kept = Arc::new(Mutex::new(Kept::default()));
-        let mut sink = HistorySink(kept.clone());
-        let at = |mono_ns: u64| {
-            let mut record = [0u8; RECORD_BYTES];
-            record[0..8].copy_from_slice(&mono_ns.to_ne_bytes());
-            record
-        };
-        for t in [10, 20, 30, 40] {
-            sink.push(&at(t)).unwrap();
-        }
-        // The window [since, 30] of the history, as the sleeps' times, and
-        // the note on what it misses.
-        let window = |since: u64| -> (Vec<u64>, Option<String>) {
-            let dir = tempfile::tempdir().unwrap();
-            std::fs::create_dir(dir.path().join("kernel")).unwrap();
-            let (m, note) = write_window(&kept, dir.path(), since, 30).unwrap();
-            let sleeps = read_blocked_syscalls(&dir.path().join(&m.file)).unwrap();
-            assert_eq!(m.records, sleeps.len() as u64);
-            (sleeps.iter().map(|s| s.mono_ns).collect(), note)
-        };
-        assert_eq!(window(20), (vec![20, 30], None));
-        // Those before the window were forgotten; those after stay.
-        let left = |kept: &Mutex<Kept>| -> Vec<u64> {
-            kept.lock()
-                .unwrap()
-                .sleeps
-                .iter()
-                .map(|s| s.mono_ns)
-                .collect()
-        };
-        assert_eq!(left(&kept), vec![20, 30, 40]);
-        // A full history drops its oldest, and a window reaching back to
-        // them says so.
-        for t in 0..BlockedSyscallHistory::MAX as u64 {
-            sink.push(&at(100 + t)).unwrap();
-        }
-        assert_eq!(
-            kept.lock().unwrap().sleeps.len(),
-            BlockedSyscallHistory::MAX
-        );
-        assert_eq!(kept.lock().unwrap().dropped_until_ns, Some(40));
-        let (sleeps, note) = window(30);
-        assert_eq!(sleeps, Vec::<u64>::new());
-        assert!(note.unwrap().contains("until 40 ns were dropped"));
-        assert_eq!(window(41).1, None);
     }
 }

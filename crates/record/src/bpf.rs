@@ -81,7 +81,7 @@ impl<T: Send + 'static> Capture<T> {
 }
 
 #[cfg(deepspan_bpf)]
-pub(crate) use loaded::{load, load_sched_switch, Ring};
+pub(crate) use loaded::{load, load_sched_switch, load_tracepoints, Ring};
 
 /// The programs, when this build has them (build.rs compiles them with
 /// clang when clang is there).
@@ -135,20 +135,36 @@ mod loaded {
         ring: &str,
         needs: &str,
     ) -> Result<Ring, String> {
+        load_tracepoints(object, what, ring, &["sched_switch"], needs)
+    }
+
+    /// Loads an object whose programs hook the BTF-typed tracepoints
+    /// `tracepoints`, each program named as its tracepoint, and attaches
+    /// them; `needs` says what the kernel must have when one does not
+    /// load.
+    pub(crate) fn load_tracepoints(
+        object: &[u8],
+        what: &str,
+        ring: &str,
+        tracepoints: &[&str],
+        needs: &str,
+    ) -> Result<Ring, String> {
         use aya::programs::BtfTracePoint;
         let btf = aya::Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?;
         load(object, what, ring, |ebpf| {
-            let program: &mut BtfTracePoint = ebpf
-                .program_mut("sched_switch")
-                .ok_or("no program sched_switch")?
-                .try_into()
-                .map_err(|e| format!("sched_switch: {e}"))?;
-            program
-                .load("sched_switch", &btf)
-                .map_err(|e| format!("cannot load the sched_switch hook ({needs}): {e}"))?;
-            program
-                .attach()
-                .map_err(|e| format!("cannot attach to sched_switch: {e}"))?;
+            for &name in tracepoints {
+                let program: &mut BtfTracePoint = ebpf
+                    .program_mut(name)
+                    .ok_or_else(|| format!("no program {name}"))?
+                    .try_into()
+                    .map_err(|e| format!("{name}: {e}"))?;
+                program
+                    .load(name, &btf)
+                    .map_err(|e| format!("cannot load the {name} hook ({needs}): {e}"))?;
+                program
+                    .attach()
+                    .map_err(|e| format!("cannot attach to {name}: {e}"))?;
+            }
             Ok(())
         })
     }

@@ -40,6 +40,7 @@ use crate::events::{resolve_events, EventId};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::ProcessScan;
 use crate::session::{clock_point, cpu_manifest, create_instance, instance_page_size};
+use crate::socket_calls::SocketCallHistory;
 use crate::throttle::ThrottleHistory;
 use crate::tracefs::{Instance, Tracefs};
 use crate::{sys, Error, EventSelection};
@@ -155,6 +156,8 @@ pub struct FlightRecorder {
     throttle: Option<ThrottleHistory>,
     /// Sleeps in system calls, when this kernel and build can say.
     syscalls: Option<BlockedSyscallHistory>,
+    /// Socket receives and sends, when this kernel and build can say.
+    sockets: Option<SocketCallHistory>,
 }
 
 /// Clock samples kept: one a second for an hour is more than any window needs.
@@ -219,6 +222,13 @@ impl FlightRecorder {
                 None
             }
         };
+        let sockets = match SocketCallHistory::start() {
+            Ok(history) => Some(history),
+            Err(e) => {
+                warnings.push(format!("socket calls not recorded ({e})"));
+                None
+            }
+        };
         let start = clock_point();
         instance.write("tracing_on", "1")?;
         let cpus = (0..cpu_count)
@@ -242,6 +252,7 @@ impl FlightRecorder {
             boot_id: crate::journal::boot_id(),
             throttle,
             syscalls,
+            sockets,
         })
     }
 
@@ -340,7 +351,10 @@ impl FlightRecorder {
                 // in it.
                 let since = complete_since_ns.saturating_sub(1_000_000_000);
                 match throttle.write_window(run_dir, since, end_ns) {
-                    Ok(m) => manifest.cfs_throttle = Some(m),
+                    Ok((m, incomplete)) => {
+                        manifest.cfs_throttle = Some(m);
+                        manifest.warnings.extend(incomplete);
+                    }
                     Err(e) => manifest
                         .warnings
                         .push(format!("CPU throttling not written: {e}")),
@@ -357,6 +371,18 @@ impl FlightRecorder {
                     Err(e) => manifest
                         .warnings
                         .push(format!("blocked system calls not written: {e}")),
+                }
+            }
+            if let Some(sockets) = &self.sockets {
+                // From where the trace's history begins, as the sleeps.
+                match sockets.write_window(run_dir, complete_since_ns, end_ns) {
+                    Ok((m, incomplete)) => {
+                        manifest.socket_calls = Some(m);
+                        manifest.warnings.extend(incomplete);
+                    }
+                    Err(e) => manifest
+                        .warnings
+                        .push(format!("socket calls not written: {e}")),
                 }
             }
             manifest.save(run_dir)?;
@@ -475,6 +501,7 @@ impl FlightRecorder {
             tcp_keys: None,
             cfs_throttle: None,
             blocked_syscalls: None,
+            socket_calls: None,
             hosts: None,
         }
     }

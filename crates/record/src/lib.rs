@@ -12,6 +12,8 @@
 //! RUN/kernel/cfs_throttle.tsv  threads switched out by their CPU cgroup's quota (eBPF; standard mode)
 //! RUN/kernel/blocked_syscalls.tsv  sleeps inside system calls: the call and its first arguments
 //!                              (eBPF, x86_64; standard mode)
+//! RUN/kernel/socket_calls.tsv  socket receives and sends that moved data: thread, time, bytes
+//!                              (eBPF; standard mode)
 //! RUN/processes.json           pid, comm, command line, listening ports (/proc scanned at start,
 //!                              each second for 10 s, at 16, 32, 64 … s, and at the end)
 //! ```
@@ -28,6 +30,7 @@
 mod blocked_syscalls;
 mod bpf;
 mod capture;
+mod capture_file;
 mod error;
 mod events;
 mod flight;
@@ -36,6 +39,7 @@ mod meta;
 mod procscan;
 mod recover;
 mod session;
+mod socket_calls;
 mod sys;
 mod tcpkeys;
 mod throttle;
@@ -55,6 +59,7 @@ pub use journal::{owners_dir, InstanceOwner, ProcessId};
 pub use procscan::{ProcessEntry, ProcessScan};
 pub use recover::{needs_recovery, recover, recover_from_files, Recovery};
 pub use session::record;
+pub use socket_calls::{parse_socket_calls, read_socket_calls, SocketCall};
 pub use tcpkeys::{read_tcp_segments, TcpSegment};
 pub use throttle::{read_throttled_switches, ThrottledSwitch};
 pub use tracefs::Tracefs;

@@ -458,6 +458,7 @@ mod tests {
             tcp_keys: None,
             cfs_throttle: None,
             blocked_syscalls: None,
+            socket_calls: None,
             hosts: None,
         }
     }
@@ -602,6 +603,31 @@ mod tests {
                 .map(|s| (s.tid, s.args[0]))
                 .collect::<Vec<_>>(),
             vec![(42, 3)]
+        );
+    }
+
+    #[test]
+    fn the_socket_call_lines_written_before_the_crash_survive() {
+        let dir = tempfile::tempdir().unwrap();
+        dead_run(dir.path(), 1, "standard", "deepspan-2147483647-1");
+        std::fs::write(dir.path().join("kernel/cpu0.raw"), page(2_000_000_000, 32)).unwrap();
+        // As the capture's writer left it: the header, whole lines, and
+        // one the crash cut short.
+        let path = Run::new(dir.path()).socket_calls();
+        let text = "# deepspan socket calls v1: mono_ns cpu tid tgid dir bytes\n\
+                    2000000100 0 42 42 recv 100\n\
+                    2000000150 0 42 42 send 1500\n\
+                    2000000200 0 4";
+        std::fs::write(&path, text).unwrap();
+        recover_from_files(dir.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        let calls = crate::read_socket_calls(&path).unwrap();
+        assert_eq!(
+            calls
+                .iter()
+                .map(|c| (c.tid, c.sent, c.bytes))
+                .collect::<Vec<_>>(),
+            vec![(42, false, 100), (42, true, 1500)]
         );
     }
 

@@ -16,6 +16,7 @@ use crate::events::{resolve_events, EventId};
 use crate::journal::{InstanceOwner, Journal, ProcessId};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::ProcessScan;
+use crate::socket_calls::SocketCallCapture;
 use crate::tcpkeys::TcpKeyCapture;
 use crate::throttle::ThrottleCapture;
 use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
@@ -297,6 +298,17 @@ impl Session {
             },
             Mode::Flight => None,
         };
+        let sockets = match opts.mode {
+            Mode::Standard => match SocketCallCapture::start(&run.path) {
+                Ok(capture) => Some(capture),
+                Err(e) => {
+                    self.warnings
+                        .push(format!("socket calls not recorded ({e})"));
+                    None
+                }
+            },
+            Mode::Flight => None,
+        };
         self.instance.write("tracing_on", "1")?;
         let mut sampler = match opts.profile_hz {
             Some(hz) => Some(deepspan_profile::Sampler::start(&run.path, self.cpus, hz)?),
@@ -456,6 +468,12 @@ impl Session {
                     .push(format!("blocked system calls incomplete: {e}")),
             }
         }
+        if let Some(capture) = sockets {
+            match capture.stop() {
+                Ok(m) => manifest.socket_calls = Some(m),
+                Err(e) => self.warnings.push(format!("socket calls incomplete: {e}")),
+            }
+        }
         if let (Some(s), Some(hz)) = (sampler.take(), opts.profile_hz) {
             match s.stop() {
                 Ok(st) => {
@@ -595,6 +613,7 @@ impl Session {
             tcp_keys: None,
             cfs_throttle: None,
             blocked_syscalls: None,
+            socket_calls: None,
             hosts: None,
         }
     }

@@ -19,10 +19,9 @@
 //! recorded as two hosts each hold their own side of the traffic.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::bpf::{Capture, RecordSink};
+use crate::capture_file::{self, CaptureLine, FileCapture, FileSink, Written};
 use crate::Error;
 use deepspan_run::{layout::TCP_SEGMENTS, TcpKeysManifest};
 
@@ -110,34 +109,40 @@ impl TcpSegment {
     }
 }
 
-/// Reads a run's segments file: every segment, in file order.
-pub fn read_tcp_segments(path: &Path) -> Result<Vec<TcpSegment>, Error> {
-    let bad = |reason: String| Error::Io {
-        action: "read the TCP segments",
-        path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
-    };
-    let file = File::open(path).map_err(|source| Error::Io {
-        action: "open",
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut segments = Vec::new();
-    for (n, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| bad(format!("line {}: {e}", n + 1)))?;
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        segments.push(TcpSegment::parse(&line).map_err(|e| bad(format!("line {}: {e}", n + 1)))?);
+impl CaptureLine for TcpSegment {
+    const HEADER: &'static str = HEADER;
+    const WHAT: &'static str = "TCP segments";
+
+    fn from_record(record: &[u8]) -> Option<TcpSegment> {
+        TcpSegment::from_record(record)
     }
-    Ok(segments)
+
+    fn from_line(line: &str) -> Result<TcpSegment, String> {
+        TcpSegment::parse(line)
+    }
+
+    fn to_line(&self) -> String {
+        self.line()
+    }
+
+    fn mono_ns(&self) -> u64 {
+        self.mono_ns
+    }
+}
+
+/// Reads a run's segments file: every segment, in file order. A last line
+/// without its newline is what a killed recorder left mid-write: it is
+/// left out.
+pub fn read_tcp_segments(path: &Path) -> Result<Vec<TcpSegment>, Error> {
+    capture_file::read_file(path)
 }
 
 /// The running capture: the attached program and the thread writing its
 /// segments.
 pub(crate) struct TcpKeyCapture {
-    capture: Capture<TcpKeysManifest>,
-    path: PathBuf,
+    capture: FileCapture,
+    /// The namespaces kept; empty: all.
+    netns: Vec<u64>,
 }
 
 impl TcpKeyCapture {
@@ -152,81 +157,45 @@ impl TcpKeyCapture {
         })?;
         let file =
             File::create(&path).map_err(|source| Error::output("create", &path, run, source))?;
-        let sink = SegmentSink::new(file, netns).map_err(|e| Error::Io {
+        let sink = segment_sink(file, &netns).map_err(|e| Error::Io {
             action: "write",
             path: path.clone(),
             source: std::io::Error::other(e),
         })?;
-        let capture = Capture::start("deepspan-tcpkeys", ring, sink)?;
-        Ok(TcpKeyCapture { capture, path })
+        let capture = FileCapture::start("deepspan-tcpkeys", ring, sink, &path)?;
+        Ok(TcpKeyCapture { capture, netns })
     }
 
     /// Detaches the program (once the ring is drained) and returns what
     /// was written.
     pub(crate) fn stop(self) -> Result<TcpKeysManifest, String> {
-        let written = self
-            .capture
-            .stop()
-            .map_err(|e| format!("{}: {e}", self.path.display()))?;
-        Ok(TcpKeysManifest {
-            file: TCP_SEGMENTS.into(),
-            ..written
-        })
+        let written = self.capture.stop()?;
+        Ok(manifest(written, self.netns))
     }
 }
 
-/// The segments file being written, with its counts.
-struct SegmentSink {
-    out: BufWriter<File>,
-    netns: Vec<u64>,
-    manifest: TcpKeysManifest,
-}
-
-impl SegmentSink {
-    fn new(file: File, netns: Vec<u64>) -> Result<SegmentSink, String> {
-        let mut out = BufWriter::with_capacity(1 << 16, file);
-        writeln!(out, "{HEADER}").map_err(write_error)?;
-        let manifest = TcpKeysManifest {
-            netns: netns.clone(),
-            ..Default::default()
-        };
-        Ok(SegmentSink {
-            out,
-            netns,
-            manifest,
-        })
-    }
-
-    fn push_segment(&mut self, segment: TcpSegment) -> Result<(), String> {
-        if !self.netns.is_empty() && !self.netns.contains(&segment.netns) {
-            self.manifest.other_netns += 1;
-            return Ok(());
+/// The segments file being written into `file`: the segments of the
+/// namespaces `netns` (empty: all), the others counted.
+fn segment_sink(file: File, netns: &[u64]) -> Result<FileSink<TcpSegment>, String> {
+    let sink = FileSink::from_file(file)?;
+    Ok(match netns {
+        [] => sink,
+        kept => {
+            let kept = kept.to_vec();
+            sink.filtered(Box::new(move |s: &TcpSegment| kept.contains(&s.netns)))
         }
-        writeln!(self.out, "{}", segment.line()).map_err(write_error)?;
-        self.manifest.segments += 1;
-        Ok(())
-    }
+    })
 }
 
-impl RecordSink for SegmentSink {
-    type Summary = TcpKeysManifest;
-
-    fn push(&mut self, record: &[u8]) -> Result<(), String> {
-        match TcpSegment::from_record(record) {
-            Some(segment) => self.push_segment(segment),
-            None => Ok(()),
-        }
+/// The manifest's section for what was written.
+fn manifest(written: Written, netns: Vec<u64>) -> TcpKeysManifest {
+    TcpKeysManifest {
+        file: TCP_SEGMENTS.into(),
+        segments: written.records,
+        other_netns: written.filtered,
+        lost: written.lost,
+        netns,
     }
-
-    fn finish(mut self, lost: u64) -> Result<TcpKeysManifest, String> {
-        self.out.flush().map_err(write_error)?;
-        self.manifest.lost = lost;
-        Ok(self.manifest)
-    }
-}
-
-fn write_error(e: std::io::Error) -> String {
-    format!("cannot write the TCP segments: {e}")
 }
 
 impl TcpSegment {
@@ -320,6 +289,7 @@ pub(crate) fn netns_of(pid: i32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bpf::RecordSink;
 
     #[test]
     fn a_segment_line_reads_back() {
@@ -376,12 +346,18 @@ mod tests {
     fn the_sink_keeps_the_namespaces_asked() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("segments.tsv");
-        let mut sink = SegmentSink::new(File::create(&path).unwrap(), vec![8]).unwrap();
+        let mut sink = segment_sink(File::create(&path).unwrap(), &[8]).unwrap();
         let kept = TcpSegment::parse("R 3 1 0 8 10 11 24 60 80 81").unwrap();
-        sink.push_segment(kept).unwrap();
-        sink.push_segment(TcpSegment { netns: 9, ..kept }).unwrap();
-        let m = sink.finish(3).unwrap();
+        sink.push_line(&kept).unwrap();
+        sink.push_line(&TcpSegment { netns: 9, ..kept }).unwrap();
+        let m = manifest(sink.finish(3).unwrap(), vec![8]);
         assert_eq!((m.segments, m.other_netns, m.lost), (1, 1, 3));
+        assert_eq!(m.netns, vec![8]);
         assert_eq!(read_tcp_segments(&path).unwrap(), vec![kept]);
+        // Without namespaces, every segment is kept.
+        let mut sink = segment_sink(File::create(&path).unwrap(), &[]).unwrap();
+        sink.push_line(&TcpSegment { netns: 9, ..kept }).unwrap();
+        let m = manifest(sink.finish(0).unwrap(), vec![]);
+        assert_eq!((m.segments, m.other_netns), (1, 0));
     }
 }

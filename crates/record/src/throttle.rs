@@ -16,13 +16,9 @@
 //! without BPF and BTF, records no file and the manifest's warnings say
 //! why; the analysis then infers throttling from idle CPUs alone.
 
-use std::collections::VecDeque;
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 
-use crate::bpf::{Capture, RecordSink};
+use crate::capture_file::{self, CaptureLine, FileCapture, FileSink, History, Written};
 use crate::Error;
 use deepspan_run::{layout::CFS_THROTTLE, ThrottleManifest};
 
@@ -79,37 +75,45 @@ impl ThrottledSwitch {
     }
 }
 
+impl CaptureLine for ThrottledSwitch {
+    const HEADER: &'static str = HEADER;
+    const WHAT: &'static str = "throttled switch-outs";
+
+    fn from_record(record: &[u8]) -> Option<ThrottledSwitch> {
+        ThrottledSwitch::from_record(record)
+    }
+
+    fn from_line(line: &str) -> Result<ThrottledSwitch, String> {
+        ThrottledSwitch::parse(line)
+    }
+
+    fn to_line(&self) -> String {
+        self.line()
+    }
+
+    fn mono_ns(&self) -> u64 {
+        self.mono_ns
+    }
+}
+
 /// Reads a run's throttling file: every switch-out, in file order. A last
 /// line without its newline is what a killed recorder left mid-write: it
 /// is left out.
 pub fn read_throttled_switches(path: &Path) -> Result<Vec<ThrottledSwitch>, Error> {
-    let bad = |reason: String| Error::Io {
-        action: "read the throttled switch-outs",
-        path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
-    };
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        action: "read",
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let complete = &text[..text.rfind('\n').map_or(0, |n| n + 1)];
-    let mut switches = Vec::new();
-    for (n, line) in complete.lines().enumerate() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        switches
-            .push(ThrottledSwitch::parse(line).map_err(|e| bad(format!("line {}: {e}", n + 1)))?);
+    capture_file::read_file(path)
+}
+
+/// The manifest's section for what was written.
+fn manifest(written: Written) -> ThrottleManifest {
+    ThrottleManifest {
+        file: CFS_THROTTLE.into(),
+        switches: written.records,
+        lost: written.lost,
     }
-    Ok(switches)
 }
 
 /// The running capture.
-pub(crate) struct ThrottleCapture {
-    capture: Capture<ThrottleManifest>,
-    path: PathBuf,
-}
+pub(crate) struct ThrottleCapture(FileCapture);
 
 impl ThrottleCapture {
     /// Loads and attaches the program; once this returns, every throttled
@@ -117,34 +121,23 @@ impl ThrottleCapture {
     pub(crate) fn start(run: &Path) -> Result<ThrottleCapture, String> {
         let ring = program::attach()?;
         let path = run.join(CFS_THROTTLE);
-        let file =
-            File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        let sink = SwitchSink::new(file)?;
-        let capture = Capture::start("deepspan-throttle", ring, sink).map_err(|e| e.to_string())?;
-        Ok(ThrottleCapture { capture, path })
+        let sink = FileSink::<ThrottledSwitch>::create(&path)?;
+        FileCapture::start("deepspan-throttle", ring, sink, &path)
+            .map(ThrottleCapture)
+            .map_err(|e| e.to_string())
     }
 
     /// Detaches the program (once the ring is drained) and returns what
     /// was written.
     pub(crate) fn stop(self) -> Result<ThrottleManifest, String> {
-        let written = self
-            .capture
-            .stop()
-            .map_err(|e| format!("{}: {e}", self.path.display()))?;
-        Ok(ThrottleManifest {
-            file: CFS_THROTTLE.into(),
-            ..written
-        })
+        self.0.stop().map(manifest)
     }
 }
 
 /// The flight recorder's throttled switch-outs: kept in memory, the
 /// oldest dropped beyond [`ThrottleHistory::MAX`], and written with each
 /// window ([`ThrottleHistory::write_window`]).
-pub(crate) struct ThrottleHistory {
-    switches: Arc<Mutex<VecDeque<ThrottledSwitch>>>,
-    _capture: Capture<()>,
-}
+pub(crate) struct ThrottleHistory(History<ThrottledSwitch>);
 
 impl ThrottleHistory {
     /// Switch-outs kept: a thread throttled in every 100 ms period makes
@@ -153,107 +146,22 @@ impl ThrottleHistory {
 
     pub(crate) fn start() -> Result<ThrottleHistory, String> {
         let ring = program::attach()?;
-        let switches = Arc::new(Mutex::new(VecDeque::new()));
-        let sink = HistorySink(switches.clone());
-        let capture = Capture::start("deepspan-throttle", ring, sink).map_err(|e| e.to_string())?;
-        Ok(ThrottleHistory {
-            switches,
-            _capture: capture,
-        })
+        History::start("deepspan-throttle", ring, Self::MAX).map(ThrottleHistory)
     }
 
     /// Writes the switch-outs from `since_ns` to `end_ns` into `run`'s
     /// throttling file, and forgets those before `since_ns` (the history
-    /// of the trace no longer reaches them).
+    /// of the trace no longer reaches them). The second value says when the
+    /// window reaches back before what the history still holds.
     pub(crate) fn write_window(
         &self,
         run: &Path,
         since_ns: u64,
         end_ns: u64,
-    ) -> Result<ThrottleManifest, String> {
-        let mut switches = self.switches.lock().unwrap_or_else(|e| e.into_inner());
-        while switches.front().is_some_and(|s| s.mono_ns < since_ns) {
-            switches.pop_front();
-        }
-        let path = run.join(CFS_THROTTLE);
-        let file =
-            File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        let mut sink = SwitchSink::new(file)?;
-        for s in switches.iter().filter(|s| s.mono_ns <= end_ns) {
-            sink.push_switch(s)?;
-        }
-        let written = sink.finish(0)?;
-        Ok(ThrottleManifest {
-            file: CFS_THROTTLE.into(),
-            ..written
-        })
+    ) -> Result<(ThrottleManifest, Option<String>), String> {
+        let (written, incomplete) = self.0.write_window(run, CFS_THROTTLE, since_ns, end_ns)?;
+        Ok((manifest(written), incomplete))
     }
-}
-
-/// Keeps switch-outs in the flight recorder's history.
-struct HistorySink(Arc<Mutex<VecDeque<ThrottledSwitch>>>);
-
-impl RecordSink for HistorySink {
-    type Summary = ();
-
-    fn push(&mut self, record: &[u8]) -> Result<(), String> {
-        if let Some(switch) = ThrottledSwitch::from_record(record) {
-            let mut switches = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            if switches.len() == ThrottleHistory::MAX {
-                switches.pop_front();
-            }
-            switches.push_back(switch);
-        }
-        Ok(())
-    }
-
-    fn finish(self, _lost: u64) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-/// The throttling file being written, with its counts.
-struct SwitchSink {
-    out: BufWriter<File>,
-    manifest: ThrottleManifest,
-}
-
-impl SwitchSink {
-    fn new(file: File) -> Result<SwitchSink, String> {
-        let mut out = BufWriter::with_capacity(1 << 16, file);
-        writeln!(out, "{HEADER}").map_err(write_error)?;
-        Ok(SwitchSink {
-            out,
-            manifest: ThrottleManifest::default(),
-        })
-    }
-
-    fn push_switch(&mut self, switch: &ThrottledSwitch) -> Result<(), String> {
-        writeln!(self.out, "{}", switch.line()).map_err(write_error)?;
-        self.manifest.switches += 1;
-        Ok(())
-    }
-}
-
-impl RecordSink for SwitchSink {
-    type Summary = ThrottleManifest;
-
-    fn push(&mut self, record: &[u8]) -> Result<(), String> {
-        match ThrottledSwitch::from_record(record) {
-            Some(switch) => self.push_switch(&switch),
-            None => Ok(()),
-        }
-    }
-
-    fn finish(mut self, lost: u64) -> Result<ThrottleManifest, String> {
-        self.out.flush().map_err(write_error)?;
-        self.manifest.lost = lost;
-        Ok(self.manifest)
-    }
-}
-
-fn write_error(e: std::io::Error) -> String {
-    format!("cannot write the throttled switch-outs: {e}")
 }
 
 #[cfg(deepspan_bpf)]
@@ -284,6 +192,7 @@ mod program {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bpf::RecordSink;
 
     #[test]
     fn a_line_reads_back() {
@@ -328,12 +237,12 @@ mod tests {
     fn the_sink_writes_what_reads_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("throttle.tsv");
-        let mut sink = SwitchSink::new(File::create(&path).unwrap()).unwrap();
+        let mut sink = FileSink::<ThrottledSwitch>::create(&path).unwrap();
         let mut record = [0u8; RECORD_BYTES];
         record[0..8].copy_from_slice(&5u64.to_ne_bytes());
         record[12..16].copy_from_slice(&42i32.to_ne_bytes());
         sink.push(&record).unwrap();
-        let m = sink.finish(2).unwrap();
+        let m = manifest(sink.finish(2).unwrap());
         assert_eq!((m.switches, m.lost), (1, 2));
         let expected = vec![ThrottledSwitch {
             mono_ns: 5,

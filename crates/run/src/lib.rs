@@ -19,6 +19,7 @@
 //!   kernel/tcp_segments.tsv     `record --tcp-keys`
 //!   kernel/cfs_throttle.tsv     CPU-quota switch-outs
 //!   kernel/blocked_syscalls.tsv sleeps in system calls: number, first arguments
+//!   kernel/socket_calls.tsv     socket receives' returns and sends' starts, with bytes
 //!   spans/                      OTLP span files (deepspan-spans)
 //!   profile/                    CPU samples (deepspan-profile)
 //!   analysis/                   what `deepspan analyze` wrote (see [`analysis`])
@@ -39,7 +40,8 @@ mod manifest;
 
 pub use manifest::{
     BlockedSyscallsManifest, ClockPoint, CpuManifest, Manifest, ManifestError, OtlpPorts,
-    ProfileManifest, Snapshot, TcpKeysManifest, ThrottleManifest, FORMAT_VERSION,
+    ProfileManifest, Snapshot, SocketCallsManifest, TcpKeysManifest, ThrottleManifest,
+    FORMAT_VERSION,
 };
 
 /// Paths relative to the run folder, as the manifest records them.
@@ -57,6 +59,7 @@ pub mod layout {
     pub const TCP_SEGMENTS: &str = "kernel/tcp_segments.tsv";
     pub const CFS_THROTTLE: &str = "kernel/cfs_throttle.tsv";
     pub const BLOCKED_SYSCALLS: &str = "kernel/blocked_syscalls.tsv";
+    pub const SOCKET_CALLS: &str = "kernel/socket_calls.tsv";
     pub const SPANS_DIR: &str = "spans";
     pub const PROFILE_DIR: &str = "profile";
     pub const ANALYSIS_DIR: &str = "analysis";
@@ -179,6 +182,10 @@ impl Run {
 
     pub fn blocked_syscalls(&self) -> PathBuf {
         self.file(layout::BLOCKED_SYSCALLS)
+    }
+
+    pub fn socket_calls(&self) -> PathBuf {
+        self.file(layout::SOCKET_CALLS)
     }
 
     pub fn spans_dir(&self) -> PathBuf {

@@ -111,6 +111,11 @@ pub struct Manifest {
     /// says why), or for runs recorded before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked_syscalls: Option<BlockedSyscallsManifest>,
+    /// Each socket receive that returned data and each socket send, with
+    /// its bytes; None when this kernel or build could not say (a warning
+    /// says why), or for runs recorded before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_calls: Option<SocketCallsManifest>,
     /// A merged run's hosts and clocks (`hosts.json`), relative to the run
     /// folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -232,6 +237,17 @@ pub struct BlockedSyscallsManifest {
     /// Sleeps written.
     pub records: u64,
     /// Sleeps the eBPF ring buffer had no room for.
+    pub lost: u64,
+}
+
+/// What the manifest says of a run's socket-call file (`socket_calls`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SocketCallsManifest {
+    /// The socket-call file, relative to the run folder.
+    pub file: String,
+    /// Calls written.
+    pub records: u64,
+    /// Calls the eBPF ring buffer had no room for.
     pub lost: u64,
 }
 
@@ -424,6 +440,11 @@ mod tests {
                 records: 12,
                 lost: 1,
             }),
+            socket_calls: Some(SocketCallsManifest {
+                file: "kernel/socket_calls.tsv".into(),
+                records: 30,
+                lost: 0,
+            }),
             hosts: None,
         };
         let dir = tempfile::tempdir().unwrap();
@@ -435,6 +456,7 @@ mod tests {
         assert_eq!(v["otlp"]["http_port"], 4318);
         assert_eq!(v["boot_id"], "0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07");
         assert_eq!(v["blocked_syscalls"]["records"], 12);
+        assert_eq!(v["socket_calls"]["records"], 30);
     }
 
     #[test]
@@ -452,11 +474,13 @@ mod tests {
         assert_eq!(m.boot_id, None);
         // Nor the sections added since.
         assert_eq!(m.blocked_syscalls, None);
+        assert_eq!(m.socket_calls, None);
         m.save(dir.path()).unwrap();
         let back: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST)).unwrap()).unwrap();
         assert!(back.get("boot_id").is_none(), "{back}");
         assert!(back.get("blocked_syscalls").is_none(), "{back}");
+        assert!(back.get("socket_calls").is_none(), "{back}");
         doc["boot_id"] = "b".into();
         std::fs::write(dir.path().join(MANIFEST), doc.to_string()).unwrap();
         assert_eq!(

@@ -40,20 +40,20 @@ static FUTEX_WORD: AtomicU32 = AtomicU32::new(0);
 /// A call of one thread in the trace: its entry, and its exit when the
 /// trace holds it.
 #[derive(Clone, Copy, Debug)]
-enum Call {
+pub(crate) enum Call {
     Enter { ts: u64, id: i64, args: [u64; 3] },
-    Exit { ts: u64, id: i64 },
+    Exit { ts: u64, id: i64, ret: i64 },
 }
 
 impl Call {
-    fn ts(&self) -> u64 {
+    pub(crate) fn ts(&self) -> u64 {
         match *self {
             Call::Enter { ts, .. } | Call::Exit { ts, .. } => ts,
         }
     }
 }
 
-fn gettid() -> i32 {
+pub(crate) fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() }
 }
@@ -189,13 +189,13 @@ impl Workload {
 }
 
 /// Each thread's calls in the trace, in time order.
-type Calls = HashMap<i32, Vec<Call>>;
+pub(crate) type Calls = HashMap<i32, Vec<Call>>;
 /// Stretches of a CPU's lost events: from the last record before the mark
 /// to the record that carries it.
-type Losses = Vec<(u64, u64)>;
+pub(crate) type Losses = Vec<(u64, u64)>;
 
 /// The trace's calls and lost-event stretches.
-fn calls_and_losses(trace: &std::path::Path) -> (Calls, Losses) {
+pub(crate) fn calls_and_losses(trace: &std::path::Path) -> (Calls, Losses) {
     let trace = deepspan_ftrace::TraceDat::open(trace).expect("deepspan reads the trace");
     let mut calls = Calls::new();
     let mut losses = Vec::new();
@@ -216,7 +216,11 @@ fn calls_and_losses(trace: &std::path::Path) -> (Calls, Losses) {
                     id,
                     args: [args[0], args[1], args[2]],
                 },
-                EventKind::SysExit { id, .. } => Call::Exit { ts: event.ts, id },
+                EventKind::SysExit { id, ret, .. } => Call::Exit {
+                    ts: event.ts,
+                    id,
+                    ret,
+                },
                 _ => continue,
             };
             calls.entry(event.tid).or_default().push(call);
@@ -247,6 +251,7 @@ fn call_of(
         Some(&Call::Exit {
             ts: exited,
             id: exit_id,
+            ..
         }),
     ) = (*calls.get(after.checked_sub(1)?)?, calls.get(after))
     else {

@@ -6,9 +6,11 @@
 //! (`--include-ignored`). They run one at a time
 //! ([`common::one_at_a_time`]). `blocked_syscalls`: the eBPF capture of
 //! sleeps in system calls against the trace's own syscall events, the same
-//! way.
+//! way; `socket_calls`: the eBPF capture of socket receives and sends,
+//! likewise.
 
 mod common;
 
 mod blocked_syscalls;
 mod kernel;
+mod socket_calls;
