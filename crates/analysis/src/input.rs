@@ -37,7 +37,7 @@ pub enum Input {
         nr: i32,
         args: [u64; 3],
     },
-    /// A socket receive returned, or a send began (the recorder's
+    /// A socket receive or send returned (the recorder's
     /// socket-call capture; see [`crate::StateBuilder::socket_call`]).
     SocketCall {
         ts: u64,

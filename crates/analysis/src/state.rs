@@ -991,14 +991,14 @@ impl StateBuilder {
         });
     }
 
-    /// Thread `tid` received `bytes` from a socket (`sent` false: `ts` is
-    /// when the receive returned) or began to send `bytes` on one (`ts`
-    /// is the send's start), as the recorder's socket-call capture saw it
-    /// (`kernel/socket_calls.tsv`). For a trace recorded without the
-    /// system-call events, these are the receives and sends that place
-    /// spans on threads: each is a call of no length named `recv` or
-    /// `send` at `ts`; a receive carries its bytes as its return value,
-    /// as a traced call's exit does. Like [`StateBuilder::blocked_syscall`],
+    /// Thread `tid` received `bytes` from a socket or sent them on one
+    /// (`sent`), as the recorder's socket-call capture saw it
+    /// (`kernel/socket_calls.tsv`): `ts` is when the socket's protocol
+    /// returned, the end of the call but for its return to user space.
+    /// For a trace recorded without the system-call events, these are the
+    /// receives and sends that place spans on threads: each is a call of
+    /// no length named `recv` or `send` at `ts`; a receive carries its
+    /// bytes as its return value, as a traced call's exit does. Like [`StateBuilder::blocked_syscall`],
     /// not for a trace with the system-call events.
     pub fn socket_call(&mut self, ts: u64, tid: Tid, sent: bool, bytes: u64) {
         if tid <= 0 {

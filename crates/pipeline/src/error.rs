@@ -76,6 +76,8 @@ pub enum Error {
     ThrottledSwitches { path: PathBuf, reason: String },
     #[error("cannot read the recorded sleeps in system calls {}: {reason}", path.display())]
     BlockedSyscalls { path: PathBuf, reason: String },
+    #[error("cannot read the recorded socket calls {}: {reason}", path.display())]
+    SocketCalls { path: PathBuf, reason: String },
 
     #[error("{}: not a run folder (manifest.json or spans/) nor a CTF trace folder", path.display())]
     NotAnAlignInput { path: PathBuf },

@@ -498,6 +498,17 @@ impl HostMap {
         input
     }
 
+    /// A socket call this host's run recorded, as the merged model takes
+    /// it.
+    pub(crate) fn socket_call(&self, call: &deepspan_record::SocketCall) -> Input {
+        let mut input = crate::kernel_input::socket_call_input(call);
+        if let Input::SocketCall { ts, tid, .. } = &mut input {
+            *ts = self.clock.map_ns(*ts);
+            *tid = self.number(*tid);
+        }
+        input
+    }
+
     /// A throttled switch-out this host's run recorded, as the merged
     /// model takes it.
     pub(crate) fn throttled_switch(&self, tid: Tid, ts: u64) -> (Tid, u64) {

@@ -32,7 +32,8 @@ pub enum KernelTrace {
         trace: TraceDat,
         /// What the run's eBPF programs recorded, as model input in time
         /// order: TCP segments (`record --tcp-keys`), and sleeps in system
-        /// calls for a trace without the system-call events.
+        /// calls and socket calls for a trace without the system-call
+        /// events.
         recorded: Vec<Input>,
         /// The run's recorded throttled switch-outs: (tid, time).
         throttling: Vec<(Tid, u64)>,
@@ -93,6 +94,11 @@ impl KernelTrace {
                         read_blocked_syscalls(&host.run)?
                             .iter()
                             .map(|c| map.blocked_syscall(c)),
+                    );
+                    recorded.extend(
+                        read_socket_calls(&host.run)?
+                            .iter()
+                            .map(|c| map.socket_call(c)),
                     );
                 }
                 throttling.extend(
@@ -378,8 +384,8 @@ fn with_throttling(
 }
 
 /// What a run's eBPF programs recorded, as model input in time order: its
-/// TCP segments, and its sleeps in system calls when `trace` lacks the
-/// system-call events.
+/// TCP segments, and its sleeps in system calls and socket calls when
+/// `trace` lacks the system-call events.
 fn recorded_inputs(run: &Path, trace: &TraceDat) -> Result<Vec<Input>, Error> {
     let mut inputs: Vec<Input> = read_segments(run)?.iter().map(segment_input).collect();
     if !has_syscall_events(trace.schema()) {
@@ -388,6 +394,7 @@ fn recorded_inputs(run: &Path, trace: &TraceDat) -> Result<Vec<Input>, Error> {
                 .iter()
                 .map(blocked_syscall_input),
         );
+        inputs.extend(read_socket_calls(run)?.iter().map(socket_call_input));
     }
     inputs.sort_by_key(|s| s.timestamp());
     Ok(inputs)
@@ -414,6 +421,29 @@ fn read_blocked_syscalls(run: &Path) -> Result<Vec<deepspan_record::BlockedSysca
         path: path.clone(),
         reason: e.to_string(),
     })
+}
+
+/// The socket calls the recorder saw in `run` (none when it saw none, or
+/// could not look).
+fn read_socket_calls(run: &Path) -> Result<Vec<deepspan_record::SocketCall>, Error> {
+    let path = Run::new(run).socket_calls();
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    deepspan_record::read_socket_calls(&path).map_err(|e| Error::SocketCalls {
+        path: path.clone(),
+        reason: e.to_string(),
+    })
+}
+
+/// A recorded socket call as model input.
+pub(crate) fn socket_call_input(call: &deepspan_record::SocketCall) -> Input {
+    Input::SocketCall {
+        ts: call.mono_ns,
+        tid: call.tid,
+        sent: call.sent,
+        bytes: call.bytes,
+    }
 }
 
 /// A recorded sleep in a system call as model input.
