@@ -35,9 +35,11 @@ pub struct RecordArgs {
     /// (`sched:sched_switch,irq:*,sched_wakeup`). Presets: `analysis` (the
     /// default: what every analysis reads); `lean` (`analysis` without the
     /// system-call events, a fraction of the cost on syscall-heavy
-    /// services: blocked threads' calls come from an eBPF capture, but
-    /// calls that never sleep, read sizes and `--placement inferred`'s
-    /// socket evidence are lost); `minimal` (the scheduler only).
+    /// services: what a blocked thread waits in and the socket calls that
+    /// place spans come from eBPF captures instead, but the calls that
+    /// never sleep and the calls' return values, such as read sizes for
+    /// page-cache miss ratios, are not known); `minimal` (the scheduler
+    /// only).
     #[arg(long, default_value = "analysis")]
     events: String,
     /// Trace only these processes (and their children); repeatable.

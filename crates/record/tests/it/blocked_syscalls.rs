@@ -277,6 +277,8 @@ fn each_sleep_in_a_system_call_names_the_call_the_trace_entered() {
     let run = tmp.path().join("run");
     let mut opts = RecordOptions::new(&run);
     opts.duration = Some(Duration::from_secs(2));
+    // The oracle: the trace's own system-call events.
+    opts.events = "analysis".into();
     let workload = Workload::start();
     let summary = record(&opts, &mut |_| {}).expect("record");
     let (tids, nanosleep_ts) = workload.stop();
