@@ -3,9 +3,10 @@
 
 (a) decode throughput: `deepspan decode --format json` vs `trace-cmd report >
     /dev/null` on the same recording made here (>= 200 MB by default);
-(b) recording overhead: runtime of a context-switch-heavy and a syscall-heavy
-    workload alone, under `deepspan record` (standard) and under
-    `deepspan record --mode flight`, runs interleaved, ratios of medians;
+(b) recording overhead: CPU time of a context-switch-heavy and a
+    syscall-heavy workload alone and under `deepspan record` (one rare event:
+    the recorder's own cost; `--events lean`; `--events analysis`; and
+    `--mode flight`), runs interleaved, ratios of medians;
 (c) decode peak RSS for traces of growing size (should stay flat).
 
 Every figure is a ratio against a baseline measured in the same run, because
@@ -94,6 +95,17 @@ def workload_seconds(cmd):
     return json.loads(line)["cpu_seconds"]
 
 
+# The recordings compared with the workload alone: the recorder's own cost
+# (one event that never fires here, its eBPF captures on), the two presets,
+# and the flight recorder with the default preset.
+RECORDINGS = {
+    "base": ["--events", "sched:sched_process_exec"],
+    "lean": ["--events", "lean"],
+    "analysis": ["--events", "analysis"],
+    "flight": ["--mode", "flight"],
+}
+
+
 def recording_overhead(tmp, repeats, pingpong_rounds, syscall_count):
     workloads = {
         # Both threads pinned to one CPU: every round trip is two context
@@ -103,21 +115,20 @@ def recording_overhead(tmp, repeats, pingpong_rounds, syscall_count):
     }
     results = {}
     for name, cmd in workloads.items():
-        times = {"baseline": [], "standard": [], "flight": []}
+        times = {"baseline": [], **{r: [] for r in RECORDINGS}}
         for i in range(repeats):
-            # Interleave the three configurations so drift hits them alike.
+            # Interleave the configurations so drift hits them alike.
             times["baseline"].append(workload_seconds(cmd))
-            for mode in ("standard", "flight"):
-                run = Path(tmp) / f"ovh-{name}-{mode}-{i}"
-                times[mode].append(workload_seconds(
-                    [str(DEEPSPAN), "record", "-o", str(run), "--mode", mode, "--"] + cmd))
+            for rec, args in RECORDINGS.items():
+                run = Path(tmp) / f"ovh-{name}-{rec}-{i}"
+                times[rec].append(workload_seconds(
+                    [str(DEEPSPAN), "record", "--no-otlp", "-o", str(run), *args, "--"] + cmd))
                 shutil.rmtree(run, ignore_errors=True)
             log(f"  {name} run {i + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in times.items()))
         base = statistics.median(times["baseline"])
         results[name] = {
             "median_s": {k: statistics.median(v) for k, v in times.items()},
-            "overhead_standard": statistics.median(times["standard"]) / base - 1,
-            "overhead_flight": statistics.median(times["flight"]) / base - 1,
+            **{f"overhead_{r}": statistics.median(times[r]) / base - 1 for r in RECORDINGS},
         }
     return results
 
