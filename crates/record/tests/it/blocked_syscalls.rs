@@ -22,12 +22,11 @@ use std::time::Duration;
 
 use deepspan_model::EventKind;
 use deepspan_record::{
-    clock_sample, read_blocked_syscalls, record, BlockedSyscall, FlightOptions, FlightRecorder,
-    RecordOptions, WindowOutcome,
+    clock_sample, read_blocked_syscalls, record, BlockedSyscall, RecordOptions, WindowOutcome,
 };
 use deepspan_run::Manifest;
 
-use crate::kernel::{kernel, Sweep};
+use crate::kernel::{kernel, switches_flight_recorder, Sweep};
 
 /// The pipe's read end, at an fd number nothing else of this process has.
 const PIPE_FD: i32 = 777;
@@ -377,15 +376,7 @@ fn flight_recorder_windows_hold_the_sleeps_in_system_calls() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
     };
-    let _sweep = Sweep {
-        tracefs: tracefs.clone(),
-        pids: vec![std::process::id()],
-    };
-    let options = FlightOptions {
-        events: "sched:sched_switch".into(),
-        ..FlightOptions::default()
-    };
-    let mut flight = FlightRecorder::start(options).expect("start the flight recorder");
+    let (_sweep, mut flight) = switches_flight_recorder(&tracefs);
     let start = clock_sample()[1];
     let (tid, address) = std::thread::spawn(|| {
         let ts = libc::timespec {

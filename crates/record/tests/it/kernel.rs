@@ -57,6 +57,23 @@ fn instances_of(tracefs: &Tracefs, pid: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A flight recorder with the scheduler's switches only, and the sweep
+/// that removes this process's instances whatever the test does: the
+/// start of the eBPF captures' flight-window tests. Bind both, the sweep
+/// first (it then outlives the recorder).
+pub(crate) fn switches_flight_recorder(tracefs: &Tracefs) -> (Sweep, FlightRecorder) {
+    let sweep = Sweep {
+        tracefs: tracefs.clone(),
+        pids: vec![std::process::id()],
+    };
+    let options = FlightOptions {
+        events: "sched:sched_switch".into(),
+        ..FlightOptions::default()
+    };
+    let flight = FlightRecorder::start(options).expect("start the flight recorder");
+    (sweep, flight)
+}
+
 /// Removes, when dropped, every instance of the given pids, so that a
 /// failing test never leaves one behind.
 pub(crate) struct Sweep {

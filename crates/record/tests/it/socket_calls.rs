@@ -34,13 +34,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deepspan_record::{
-    clock_sample, read_socket_calls, record, FlightOptions, FlightRecorder, RecordOptions,
-    SocketCall, WindowOutcome,
+    clock_sample, read_socket_calls, record, RecordOptions, SocketCall, WindowOutcome,
 };
 use deepspan_run::Manifest;
 
 use crate::blocked_syscalls::{calls_and_losses, gettid, Call, Losses};
-use crate::kernel::{kernel, Sweep};
+use crate::kernel::{kernel, switches_flight_recorder, Sweep};
 
 /// Bytes of a request and of a response.
 const REQUEST: usize = 100;
@@ -519,15 +518,7 @@ fn flight_recorder_windows_hold_the_socket_calls() {
     let Some((tracefs, _lock)) = kernel() else {
         return;
     };
-    let _sweep = Sweep {
-        tracefs: tracefs.clone(),
-        pids: vec![std::process::id()],
-    };
-    let options = FlightOptions {
-        events: "sched:sched_switch".into(),
-        ..FlightOptions::default()
-    };
-    let mut flight = FlightRecorder::start(options).expect("start the flight recorder");
+    let (_sweep, mut flight) = switches_flight_recorder(&tracefs);
     let start = clock_sample()[1];
     let (mut a, b) = UnixStream::pair().unwrap();
     let receiver = std::thread::spawn(move || {
