@@ -476,37 +476,23 @@ impl HostMap {
         Some(e)
     }
 
-    /// A TCP segment this host's run recorded, as the merged model takes it.
-    pub(crate) fn segment(&self, s: deepspan_record::TcpSegment) -> Input {
-        let mut input = crate::kernel_input::segment_input(&s);
-        if let Input::Segment { cpu, ts, tid, .. } = &mut input {
-            *cpu += self.cpu_base;
-            *ts = self.clock.map_ns(*ts);
-            *tid = self.number(*tid);
+    /// An item this host's eBPF programs recorded (a TCP segment, a sleep
+    /// in a system call, a socket call), as the merged model takes it. The
+    /// trace's own items go through [`HostMap::input`].
+    pub(crate) fn recorded(&self, mut item: Input) -> Input {
+        match &mut item {
+            Input::Segment { cpu, ts, tid, .. } => {
+                *cpu += self.cpu_base;
+                *ts = self.clock.map_ns(*ts);
+                *tid = self.number(*tid);
+            }
+            Input::BlockedSyscall { ts, tid, .. } | Input::SocketCall { ts, tid, .. } => {
+                *ts = self.clock.map_ns(*ts);
+                *tid = self.number(*tid);
+            }
+            Input::Event(_) | Input::Lost { .. } => {}
         }
-        input
-    }
-
-    /// A sleep in a system call this host's run recorded, as the merged
-    /// model takes it.
-    pub(crate) fn blocked_syscall(&self, call: &deepspan_record::BlockedSyscall) -> Input {
-        let mut input = crate::kernel_input::blocked_syscall_input(call);
-        if let Input::BlockedSyscall { ts, tid, .. } = &mut input {
-            *ts = self.clock.map_ns(*ts);
-            *tid = self.number(*tid);
-        }
-        input
-    }
-
-    /// A socket call this host's run recorded, as the merged model takes
-    /// it.
-    pub(crate) fn socket_call(&self, call: &deepspan_record::SocketCall) -> Input {
-        let mut input = crate::kernel_input::socket_call_input(call);
-        if let Input::SocketCall { ts, tid, .. } = &mut input {
-            *ts = self.clock.map_ns(*ts);
-            *tid = self.number(*tid);
-        }
-        input
+        item
     }
 
     /// A throttled switch-out this host's run recorded, as the merged

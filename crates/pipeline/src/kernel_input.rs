@@ -85,22 +85,10 @@ impl KernelTrace {
             let mut throttling = Vec::new();
             for ((host, map), (_, trace)) in file.hosts.iter().zip(&maps).zip(&traces) {
                 recorded.extend(
-                    read_segments(&host.run)?
+                    recorded_inputs(&host.run, trace)?
                         .into_iter()
-                        .map(|s| map.segment(s)),
+                        .map(|item| map.recorded(item)),
                 );
-                if !has_syscall_events(trace.schema()) {
-                    recorded.extend(
-                        read_blocked_syscalls(&host.run)?
-                            .iter()
-                            .map(|c| map.blocked_syscall(c)),
-                    );
-                    recorded.extend(
-                        read_socket_calls(&host.run)?
-                            .iter()
-                            .map(|c| map.socket_call(c)),
-                    );
-                }
                 throttling.extend(
                     read_throttling(&host.run)?
                         .into_iter()
@@ -343,31 +331,27 @@ where
     }
 }
 
-/// The TCP segments `record --tcp-keys` saved in `run` (none when it saved
-/// none).
-fn read_segments(run: &Path) -> Result<Vec<deepspan_record::TcpSegment>, Error> {
-    let path = Run::new(run).tcp_segments();
+/// The records of one eBPF capture file of a run, read by `read` (none
+/// when the recorder saved no such file, or could not record it); a file
+/// that does not read is the error `error` makes of its path and why.
+fn read_capture<T, E: std::fmt::Display>(
+    path: PathBuf,
+    read: fn(&Path) -> Result<Vec<T>, E>,
+    error: fn(PathBuf, String) -> Error,
+) -> Result<Vec<T>, Error> {
     if !path.is_file() {
         return Ok(Vec::new());
     }
-    deepspan_record::read_tcp_segments(&path).map_err(|e| Error::TcpSegments {
-        path: path.clone(),
-        reason: e.to_string(),
-    })
+    read(&path).map_err(|e| error(path.clone(), e.to_string()))
 }
 
-/// The throttled switch-outs the recorder saw in `run` (none when it saw
-/// none, or could not look): (tid, time).
+/// The throttled switch-outs the recorder saw in `run`: (tid, time).
 fn read_throttling(run: &Path) -> Result<Vec<(Tid, u64)>, Error> {
-    let path = Run::new(run).cfs_throttle();
-    if !path.is_file() {
-        return Ok(Vec::new());
-    }
-    let switches =
-        deepspan_record::read_throttled_switches(&path).map_err(|e| Error::ThrottledSwitches {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+    let switches = read_capture(
+        Run::new(run).cfs_throttle(),
+        deepspan_record::read_throttled_switches,
+        |path, reason| Error::ThrottledSwitches { path, reason },
+    )?;
     Ok(switches.into_iter().map(|s| (s.tid, s.mono_ns)).collect())
 }
 
@@ -384,17 +368,31 @@ fn with_throttling(
 }
 
 /// What a run's eBPF programs recorded, as model input in time order: its
-/// TCP segments, and its sleeps in system calls and socket calls when
-/// `trace` lacks the system-call events.
+/// TCP segments (`record --tcp-keys`), and its sleeps in system calls and
+/// socket calls when `trace` lacks the system-call events.
 fn recorded_inputs(run: &Path, trace: &TraceDat) -> Result<Vec<Input>, Error> {
-    let mut inputs: Vec<Input> = read_segments(run)?.iter().map(segment_input).collect();
+    let files = Run::new(run);
+    let mut inputs: Vec<Input> = read_capture(
+        files.tcp_segments(),
+        deepspan_record::read_tcp_segments,
+        |path, reason| Error::TcpSegments { path, reason },
+    )?
+    .iter()
+    .map(segment_input)
+    .collect();
     if !has_syscall_events(trace.schema()) {
-        inputs.extend(
-            read_blocked_syscalls(run)?
-                .iter()
-                .map(blocked_syscall_input),
-        );
-        inputs.extend(read_socket_calls(run)?.iter().map(socket_call_input));
+        let sleeps = read_capture(
+            files.blocked_syscalls(),
+            deepspan_record::read_blocked_syscalls,
+            |path, reason| Error::BlockedSyscalls { path, reason },
+        )?;
+        inputs.extend(sleeps.iter().map(blocked_syscall_input));
+        let calls = read_capture(
+            files.socket_calls(),
+            deepspan_record::read_socket_calls,
+            |path, reason| Error::SocketCalls { path, reason },
+        )?;
+        inputs.extend(calls.iter().map(socket_call_input));
     }
     inputs.sort_by_key(|s| s.timestamp());
     Ok(inputs)
@@ -410,34 +408,8 @@ fn has_syscall_events(schema: &Schema) -> bool {
         .any(|e| e.system == "raw_syscalls" || e.system == "syscalls")
 }
 
-/// The sleeps in system calls the recorder saw in `run` (none when it
-/// saw none, or could not look).
-fn read_blocked_syscalls(run: &Path) -> Result<Vec<deepspan_record::BlockedSyscall>, Error> {
-    let path = Run::new(run).blocked_syscalls();
-    if !path.is_file() {
-        return Ok(Vec::new());
-    }
-    deepspan_record::read_blocked_syscalls(&path).map_err(|e| Error::BlockedSyscalls {
-        path: path.clone(),
-        reason: e.to_string(),
-    })
-}
-
-/// The socket calls the recorder saw in `run` (none when it saw none, or
-/// could not look).
-fn read_socket_calls(run: &Path) -> Result<Vec<deepspan_record::SocketCall>, Error> {
-    let path = Run::new(run).socket_calls();
-    if !path.is_file() {
-        return Ok(Vec::new());
-    }
-    deepspan_record::read_socket_calls(&path).map_err(|e| Error::SocketCalls {
-        path: path.clone(),
-        reason: e.to_string(),
-    })
-}
-
 /// A recorded socket call as model input.
-pub(crate) fn socket_call_input(call: &deepspan_record::SocketCall) -> Input {
+fn socket_call_input(call: &deepspan_record::SocketCall) -> Input {
     Input::SocketCall {
         ts: call.mono_ns,
         tid: call.tid,
@@ -447,7 +419,7 @@ pub(crate) fn socket_call_input(call: &deepspan_record::SocketCall) -> Input {
 }
 
 /// A recorded sleep in a system call as model input.
-pub(crate) fn blocked_syscall_input(call: &deepspan_record::BlockedSyscall) -> Input {
+fn blocked_syscall_input(call: &deepspan_record::BlockedSyscall) -> Input {
     Input::BlockedSyscall {
         ts: call.mono_ns,
         tid: call.tid,
@@ -457,7 +429,7 @@ pub(crate) fn blocked_syscall_input(call: &deepspan_record::BlockedSyscall) -> I
 }
 
 /// A recorded segment as model input: keyed by what both ends see.
-pub(crate) fn segment_input(s: &deepspan_record::TcpSegment) -> Input {
+fn segment_input(s: &deepspan_record::TcpSegment) -> Input {
     Input::Segment {
         cpu: s.cpu,
         ts: s.mono_ns,
