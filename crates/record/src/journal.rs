@@ -30,11 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::Error;
 use deepspan_run::{ClockPoint, Manifest, Run, Snapshot};
 
-const STATE_FILE: &str = "recording.json";
-const META_FILE: &str = "trace_meta.json";
-const CLOCK_FILE: &str = "clock_samples";
-const SNAPSHOTS_FILE: &str = "snapshots";
-const TASKS_FILE: &str = "tasks";
+use deepspan_run::journal::{CLOCK_SAMPLES, RECORDING, SNAPSHOTS, TASKS, TRACE_META};
 
 /// A process, told apart from a later one that reuses its pid by its start
 /// time (`/proc/PID/stat` field 22, clock ticks since boot).
@@ -240,11 +236,11 @@ impl Journal {
                 std::io::Error::other(reason),
             )
         })?;
-        write_json(&dir.join(META_FILE), &stored, run_dir)?;
-        let tasks_path = dir.join(TASKS_FILE);
+        write_json(&dir.join(TRACE_META), &stored, run_dir)?;
+        let tasks_path = dir.join(TASKS);
         fs::write(&tasks_path, tasks)
             .map_err(|e| Error::output("write", &tasks_path, run_dir, e))?;
-        let clock_path = dir.join(CLOCK_FILE);
+        let clock_path = dir.join(CLOCK_SAMPLES);
         let clock = append_file(&clock_path, run_dir)?;
         let owner_file = match write_owner(&owner) {
             Ok(path) => Some(path),
@@ -267,7 +263,7 @@ impl Journal {
     }
 
     fn save_state(&self, run_dir: &Path) -> Result<(), Error> {
-        write_json(&self.dir.join(STATE_FILE), &self.state, run_dir)
+        write_json(&self.dir.join(RECORDING), &self.state, run_dir)
     }
 
     /// Adds a process to those the instance exists for (the command, once
@@ -289,7 +285,7 @@ impl Journal {
 
     /// Appends a flight-mode snapshot; as for clock samples, best effort.
     pub fn snapshot(&self, snapshot: &Snapshot, run_dir: &Path) {
-        let path = self.dir.join(SNAPSHOTS_FILE);
+        let path = self.dir.join(SNAPSHOTS);
         if let Ok(mut file) = append_file(&path, run_dir) {
             let line = format!(
                 "{} {} {} {}\n",
@@ -338,21 +334,21 @@ pub(crate) struct JournalContents {
 
 /// True if `run_dir` holds the journal of a recording.
 pub(crate) fn exists(run_dir: &Path) -> bool {
-    Run::new(run_dir).journal_dir().join(STATE_FILE).is_file()
+    Run::new(run_dir).journal_dir().join(RECORDING).is_file()
 }
 
 pub(crate) fn read(run_dir: &Path) -> Result<JournalContents, Error> {
     let dir = Run::new(run_dir).journal_dir();
-    let state: RecordingState = read_json(&dir.join(STATE_FILE))?;
-    let meta: StoredMeta = read_json(&dir.join(META_FILE))?;
+    let state: RecordingState = read_json(&dir.join(RECORDING))?;
+    let meta: StoredMeta = read_json(&dir.join(TRACE_META))?;
     let mut skipped_lines = 0;
-    let clock_samples = read_lines(&dir.join(CLOCK_FILE), &mut skipped_lines, |fields| {
+    let clock_samples = read_lines(&dir.join(CLOCK_SAMPLES), &mut skipped_lines, |fields| {
         let [realtime, mono] = fields else {
             return None;
         };
         Some([realtime.parse().ok()?, mono.parse().ok()?])
     });
-    let snapshots = read_lines(&dir.join(SNAPSHOTS_FILE), &mut skipped_lines, |fields| {
+    let snapshots = read_lines(&dir.join(SNAPSHOTS), &mut skipped_lines, |fields| {
         let [file, realtime, mono, bytes] = fields else {
             return None;
         };
@@ -363,7 +359,7 @@ pub(crate) fn read(run_dir: &Path) -> Result<JournalContents, Error> {
             bytes: bytes.parse().ok()?,
         })
     });
-    let tasks = fs::read_to_string(dir.join(TASKS_FILE)).unwrap_or_default();
+    let tasks = fs::read_to_string(dir.join(TASKS)).unwrap_or_default();
     let mut notes = Vec::new();
     let boot_id = meta.boot_id.clone();
     let meta = meta.into_meta(&mut notes);

@@ -82,6 +82,16 @@ pub mod analysis {
     pub const DIAGNOSES: &str = "diagnoses.parquet";
 }
 
+/// File names inside `RUN/kernel/journal/`, the journal of a recording in
+/// progress (what each holds: `deepspan_record`'s journal module).
+pub mod journal {
+    pub const RECORDING: &str = "recording.json";
+    pub const TRACE_META: &str = "trace_meta.json";
+    pub const CLOCK_SAMPLES: &str = "clock_samples";
+    pub const SNAPSHOTS: &str = "snapshots";
+    pub const TASKS: &str = "tasks";
+}
+
 /// File names inside `RUN/demo/`: what a demo scenario expects, and the
 /// log of its `deepspan analyze`.
 pub mod demo {
