@@ -31,6 +31,7 @@ mod held;
 mod input;
 mod merge;
 mod placement;
+mod record;
 mod request;
 mod root_cause;
 mod state;
@@ -54,6 +55,7 @@ pub use placement::{
     PlacementMethod, PlacementSpan, Processes, ScannedProcess, IO_WINDOW_NS, MISSING_IO_COST_NS,
     RUN_LIMIT_NS,
 };
+pub use record::{RequestRecord, RequestTotals};
 pub use request::{
     analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait,
     InferredPlace, RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource,

@@ -1,8 +1,7 @@
 //! What export needs of a run's analysis (`RUN/analysis/`): the requests
 //! with their diagnoses (`requests.json`), their critical-path pieces
 //! (`critical_path.parquet`) and the long system calls of their threads
-//! (`syscalls.parquet`). Columns are found by name, so tables that gained
-//! columns still read.
+//! (`syscalls.parquet`), each read as its typed rows (`deepspan_store::rows`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -10,8 +9,8 @@ use std::path::Path;
 use deepspan_run::analysis::{CRITICAL_PATH, SYSCALLS};
 use deepspan_run::Run;
 use deepspan_spans::{SpanId, TraceId};
-use deepspan_store::table::{read_rows, Cell};
-use parquet::record::Field;
+use deepspan_store::rows::for_each_row;
+use deepspan_store::tables::{CriticalPathRow, SyscallRow};
 
 use crate::Error;
 
@@ -100,67 +99,9 @@ pub struct RunAnalysis {
     pub pids: HashMap<i64, i64>,
 }
 
-fn get<'a>(row: &'a [(String, Cell)], name: &str) -> &'a Cell {
-    row.iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, c)| c)
-        .unwrap_or(&Cell::Null)
-}
-
-fn text(row: &[(String, Cell)], name: &str) -> Option<String> {
-    get(row, name).as_str().map(str::to_string)
-}
-
-fn uint(row: &[(String, Cell)], name: &str) -> u64 {
-    get(row, name).as_u64().unwrap_or(0)
-}
-
-fn int(f: &Field) -> Option<i64> {
-    match f {
-        Field::Int(v) => Some(i64::from(*v)),
-        Field::Long(v) => Some(*v),
-        Field::UInt(v) => Some(i64::from(*v)),
-        Field::ULong(v) => i64::try_from(*v).ok(),
-        _ => None,
-    }
-}
-
-/// Calls `each` with the values of `columns` (in that order) of every row;
-/// only those columns are decoded. A column the file lacks is an error.
-fn read_columns(
-    path: &Path,
-    columns: &[&str],
-    mut each: impl FnMut(&[Field]),
-) -> Result<(), Error> {
-    use parquet::file::reader::{FileReader, SerializedFileReader};
-    let fail = |what: String| bad(path, what);
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let reader = SerializedFileReader::new(file).map_err(|e| fail(e.to_string()))?;
-    let schema = reader.metadata().file_metadata().schema();
-    let mut fields = Vec::with_capacity(columns.len());
-    for name in columns {
-        let field = schema
-            .get_fields()
-            .iter()
-            .find(|f| f.name() == *name)
-            .ok_or_else(|| fail(format!("no column {name:?}")))?;
-        fields.push(field.clone());
-    }
-    let projection = parquet::schema::types::Type::group_type_builder(schema.name())
-        .with_fields(fields)
-        .build()
-        .map_err(|e| fail(e.to_string()))?;
-    let rows = reader
-        .get_row_iter(Some(projection))
-        .map_err(|e| fail(e.to_string()))?;
-    let mut values = Vec::with_capacity(columns.len());
-    for row in rows {
-        let row = row.map_err(|e| fail(e.to_string()))?;
-        values.clear();
-        values.extend(row.into_columns().into_iter().map(|(_, f)| f));
-        each(&values);
-    }
-    Ok(())
+/// Nanoseconds as the tables hold them (signed).
+fn ns(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
 }
 
 fn bad(path: &Path, what: String) -> Error {
@@ -217,46 +158,49 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
     let mut ordered: Vec<Vec<(i64, Piece)>> = vec![Vec::new(); requests.len()];
     if path_file.is_file() {
         let mut problem = None;
-        read_rows(&path_file, |row| {
+        for_each_row(&path_file, |row: CriticalPathRow| {
             let ids = (
-                text(row, "trace_id").and_then(|t| TraceId::from_hex(&t)),
-                text(row, "span_id").and_then(|s| SpanId::from_hex(&s)),
+                TraceId::from_hex(&row.trace_id),
+                SpanId::from_hex(&row.span_id),
             );
             let (Some(trace_id), Some(span_id)) = ids else {
                 problem.get_or_insert_with(|| "a row without hex trace_id/span_id".to_string());
-                return false;
+                return;
             };
             let Some(&i) = index.get(&(trace_id, span_id)) else {
-                return false;
+                return;
             };
-            let blocked_by = text(row, "blocked_by_request")
-                .and_then(|s| SpanId::from_hex(&s))
+            let blocked_by = row
+                .blocked_by_request
+                .as_deref()
+                .and_then(SpanId::from_hex)
                 .map(|span| {
-                    let trace = text(row, "blocked_by_trace_id")
-                        .and_then(|t| TraceId::from_hex(&t))
+                    let trace = row
+                        .blocked_by_trace_id
+                        .as_deref()
+                        .and_then(TraceId::from_hex)
                         .unwrap_or(trace_id);
                     (trace, span)
                 });
             let piece = Piece {
-                start_ns: uint(row, "start_ns"),
-                end_ns: uint(row, "end_ns"),
-                state: text(row, "state").unwrap_or_else(|| "UNKNOWN".into()),
-                tid: get(row, "tid").as_i64(),
-                comm: text(row, "comm"),
-                syscall: text(row, "syscall"),
-                waiting_in: text(row, "waiting_in"),
-                detail: text(row, "detail"),
+                start_ns: ns(row.start_ns),
+                end_ns: ns(row.end_ns),
+                state: row.state,
+                tid: row.tid.map(i64::from),
+                comm: row.comm,
+                syscall: row.syscall,
+                waiting_in: row.waiting_in,
+                detail: row.detail,
                 blocked_by,
-                lost: get(row, "lost").as_bool().unwrap_or(false),
-                preempted_by: get(row, "preempted_by_tid")
-                    .as_i64()
-                    .map(|t| (t, text(row, "preempted_by_comm"))),
-                throttled_ns: uint(row, "throttled_ns"),
-                contended_ns: uint(row, "contended_ns"),
-                wakeup_ns: uint(row, "wakeup_ns"),
+                lost: row.lost,
+                preempted_by: row
+                    .preempted_by_tid
+                    .map(|t| (i64::from(t), row.preempted_by_comm)),
+                throttled_ns: row.throttled_ns.map_or(0, ns),
+                contended_ns: row.contended_ns.map_or(0, ns),
+                wakeup_ns: row.wakeup_ns.map_or(0, ns),
             };
-            ordered[i].push((get(row, "seq").as_i64().unwrap_or(0), piece));
-            false
+            ordered[i].push((i64::from(row.seq), piece));
         })
         .map_err(Error::Store)?;
         if let Some(p) = problem {
@@ -273,34 +217,25 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
     let mut pids = HashMap::new();
     let syscalls_file = dir.join(SYSCALLS);
     if syscalls_file.is_file() {
-        let columns = ["tid", "pid", "start_ns", "end_ns", "nr", "name", "ret"];
-        read_columns(&syscalls_file, &columns, |row| {
-            let [tid, pid, start_ns, end_ns, nr, name, ret] = row else {
-                return;
-            };
-            let Some(tid) = int(tid) else {
-                return;
-            };
-            if let Some(pid) = int(pid) {
-                pids.entry(tid).or_insert(pid);
+        for_each_row(&syscalls_file, |row: SyscallRow| {
+            let tid = i64::from(row.tid);
+            if let Some(pid) = row.pid {
+                pids.entry(tid).or_insert(i64::from(pid));
             }
-            let (start_ns, end_ns) = (int(start_ns).unwrap_or(0), int(end_ns).unwrap_or(0));
-            if end_ns.saturating_sub(start_ns) >= min_syscall_ns as i64
+            if row.end_ns.saturating_sub(row.start_ns) >= min_syscall_ns as i64
                 && home_threads.contains(&tid)
             {
                 syscalls.entry(tid).or_default().push(Syscall {
                     tid,
-                    start_ns: start_ns.max(0) as u64,
-                    end_ns: end_ns.max(0) as u64,
-                    nr: int(nr).unwrap_or(-1),
-                    name: match name {
-                        Field::Str(s) => Some(s.clone()),
-                        _ => None,
-                    },
-                    ret: int(ret),
+                    start_ns: ns(row.start_ns),
+                    end_ns: ns(row.end_ns),
+                    nr: i64::from(row.nr),
+                    name: row.name,
+                    ret: row.ret,
                 });
             }
-        })?;
+        })
+        .map_err(Error::Store)?;
     }
     for list in syscalls.values_mut() {
         list.sort_by_key(|s| s.start_ns);

@@ -29,7 +29,8 @@ mod stages;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use deepspan_store::{RequestRecord, SpanMeta, Staging};
+use deepspan_analysis::RequestRecord;
+use deepspan_store::{SpanMeta, Staging};
 
 pub use deepspan_store::placements::PlacementRecord;
 pub use error::Error;

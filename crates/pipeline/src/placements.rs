@@ -4,12 +4,12 @@
 
 use std::path::Path;
 
+use deepspan_analysis::RequestRecord;
 use deepspan_analysis::{OffsetBound, Placement, SyncSource};
 use deepspan_spans::{ClockMap, Span};
 use deepspan_store::placements::{
     read_placements_json, write_placements_json, PlacementRecord, PlacementsDoc,
 };
-use deepspan_store::RequestRecord;
 
 use crate::Error;
 

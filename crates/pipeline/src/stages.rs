@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
+use deepspan_analysis::RequestRecord;
 use deepspan_analysis::{
     aggregate, analyze_requests, baselines, clock_offset_bound, diagnose, infer_placements,
     is_anomalous, usual_durations, Arch, ChainIndex, DiagnosisContext, InferredPlace, KernelModel,
@@ -55,7 +56,7 @@ use deepspan_run::analysis;
 use deepspan_spans::activity::ActivityOptions;
 use deepspan_spans::{ClockMap, Span, SpanRef, ThreadActivity};
 use deepspan_store::tables::{self, CriticalPathWriter, KernelContext, PathContext};
-use deepspan_store::{json, AnalysisResults, RequestRecord, SpanMeta, Staging};
+use deepspan_store::{json, AnalysisResults, SpanMeta, Staging};
 
 use crate::inputs::{
     placement_span, read_process_scan, read_spans, read_tgids, span_input, span_meta, Work,

@@ -10,8 +10,9 @@ use deepspan_run::Run;
 use serde::{Deserialize, Serialize};
 
 pub use crate::diagnosis::{CulpritDoc, DiagnosisDoc, Evidence, EvidenceValue, RootCauseDoc};
-use crate::tables::{path_state_name, RequestTotals};
+use crate::tables::path_state_name;
 use crate::{cause_label, span_hex, trace_hex, AnalysisResults, Error};
+use deepspan_analysis::RequestTotals;
 
 /// Causes and system calls kept per request and per operation.
 pub const TOP: usize = 5;

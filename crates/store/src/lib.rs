@@ -25,6 +25,7 @@ pub mod json;
 pub mod placements;
 pub mod report;
 mod rle;
+pub mod rows;
 mod strings;
 pub mod table;
 pub mod tables;
@@ -32,8 +33,8 @@ pub mod tables;
 use std::path::{Path, PathBuf};
 
 use deepspan_analysis::{
-    group_causes, Arch, CauseGroup, Diagnosis, KernelModel, LostEvents, OperationSummary,
-    RequestPath, RequestSummary, SpanIdx, SummaryRow,
+    group_causes, Arch, CauseGroup, KernelModel, LostEvents, OperationSummary, RequestRecord,
+    RequestSummary, SpanIdx, SummaryRow,
 };
 
 use deepspan_run::{layout::ANALYSIS_DIR, Run};
@@ -84,52 +85,6 @@ pub struct AnalysisResults<'a> {
 impl AnalysisResults<'_> {
     fn span(&self, idx: SpanIdx) -> Option<&SpanMeta> {
         self.spans.get(idx as usize)
-    }
-}
-
-/// What is kept of a request once its critical path is written.
-#[derive(Clone, Debug)]
-pub struct RequestRecord {
-    /// The path's request, times and threads; `pieces` may have been
-    /// dropped.
-    pub path: RequestPath,
-    pub summary: RequestSummary,
-    pub totals: tables::RequestTotals,
-    /// Kernel events lost during the request.
-    pub lost_events: u64,
-    /// What the request mostly waited for (`None` without a kernel path).
-    pub diagnosis: Option<Diagnosis>,
-    /// Median duration of its `[service] operation` (at least
-    /// `deepspan_analysis::MIN_BASELINE_REQUESTS` requests).
-    pub baseline_ns: Option<u64>,
-    /// Well above the baseline (`deepspan_analysis::is_anomalous`).
-    pub anomalous: bool,
-}
-
-impl RequestRecord {
-    /// Summarizes a complete path; its pieces are kept only if `keep`.
-    pub fn new(
-        model: &KernelModel,
-        arch: Arch,
-        lost: &LostEvents,
-        mut path: RequestPath,
-        keep: bool,
-    ) -> RequestRecord {
-        let summary = deepspan_analysis::summarize(model, arch, &path);
-        let totals = tables::totals(&path);
-        let lost_events = lost.in_range(path.start, path.end);
-        if !keep {
-            path.pieces = Vec::new();
-        }
-        RequestRecord {
-            path,
-            summary,
-            totals,
-            lost_events,
-            diagnosis: None,
-            baseline_ns: None,
-            anomalous: false,
-        }
     }
 }
 

@@ -10,7 +10,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::diagnosis::{DiagnosisDoc, RootCauseDoc};
-use crate::table::{read_rows, Cell};
+use crate::rows::read_table;
+use crate::tables::{
+    CriticalPathRow, DiagnosisRow, RequestRow, RequestSummaryRow, RequestSyscallRow,
+};
 use crate::Error;
 use deepspan_run::analysis::{
     CRITICAL_PATH, DIAGNOSES, REQUESTS, REQUEST_SUMMARY, REQUEST_SYSCALLS,
@@ -93,19 +96,9 @@ pub struct ReportDetails {
     pub baseline_ns: Option<u64>,
 }
 
-fn get<'a>(row: &'a [(String, Cell)], name: &str) -> &'a Cell {
-    row.iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, c)| c)
-        .unwrap_or(&Cell::Null)
-}
-
-fn string(row: &[(String, Cell)], name: &str) -> Option<String> {
-    get(row, name).as_str().map(str::to_string)
-}
-
-fn uint(row: &[(String, Cell)], name: &str) -> u64 {
-    get(row, name).as_u64().unwrap_or(0)
+/// Nanoseconds as the tables hold them (signed), as reports show them.
+fn ns(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
 }
 
 /// Parses an id as hex, without caring for leading zeros.
@@ -136,134 +129,136 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
     let wanted = hex(id).ok_or_else(|| Error::NotFound {
         what: format!("{id:?} is not a span id or trace id (hex digits)"),
     })?;
-    let requests = read_rows(&requests_path, |_| true)?;
-    let by_span: Vec<&Vec<(String, Cell)>> = requests
-        .iter()
-        .filter(|r| string(r, "span_id").and_then(|s| hex(&s)) == Some(wanted))
-        .collect();
-    let chosen = if let Some(r) = by_span.first() {
-        *r
-    } else {
-        let mut in_trace: Vec<&Vec<(String, Cell)>> = requests
-            .iter()
-            .filter(|r| string(r, "trace_id").and_then(|s| hex(&s)) == Some(wanted))
-            .collect();
-        // The root first, then the longest.
-        in_trace.sort_by_key(|r| {
-            (
-                !matches!(get(r, "parent_span_id"), Cell::Null),
-                std::cmp::Reverse(uint(r, "duration_ns")),
-            )
-        });
-        *in_trace.first().ok_or_else(|| Error::NotFound {
-            what: format!(
-                "no request with span id or trace id {id} in {} ({} requests)",
-                requests_path.display(),
-                requests.len()
-            ),
-        })?
-    };
-    let trace_id = string(chosen, "trace_id").unwrap_or_default();
-    let span_id = string(chosen, "span_id").unwrap_or_default();
-    let mut operations: HashMap<String, String> = HashMap::new();
-    for r in &requests {
-        if let Some(s) = string(r, "span_id") {
-            let label = format!(
-                "[{}] {}",
-                string(r, "service").unwrap_or_default(),
-                string(r, "operation").unwrap_or_default()
-            );
-            operations.insert(s, label);
+    let requests: Vec<RequestRow> = read_table(&requests_path, |_| true)?;
+    let is_wanted = |id: &str| hex(id) == Some(wanted);
+    let chosen = match requests.iter().find(|r| is_wanted(&r.span_id)) {
+        Some(r) => r,
+        None => {
+            let mut in_trace: Vec<&RequestRow> =
+                requests.iter().filter(|r| is_wanted(&r.trace_id)).collect();
+            // The root first, then the longest.
+            in_trace
+                .sort_by_key(|r| (r.parent_span_id.is_some(), std::cmp::Reverse(r.duration_ns)));
+            in_trace.first().copied().ok_or_else(|| Error::NotFound {
+                what: format!(
+                    "no request with span id or trace id {id} in {} ({} requests)",
+                    requests_path.display(),
+                    requests.len()
+                ),
+            })?
         }
-    }
-    let ours = |row: &[(String, Cell)]| {
-        get(row, "span_id").as_str() == Some(span_id.as_str())
-            && get(row, "trace_id").as_str() == Some(trace_id.as_str())
     };
-
-    let critical_path = joined_pieces(read_rows(&dir.join(CRITICAL_PATH), |r| ours(r))?);
-    let summary: Vec<ReportSummaryRow> = read_rows(&dir.join(REQUEST_SUMMARY), |r| ours(r))?
+    let (trace_id, span_id) = (chosen.trace_id.as_str(), chosen.span_id.as_str());
+    let operations: HashMap<&str, String> = requests
         .iter()
-        .map(|r| ReportSummaryRow {
-            state: string(r, "state").unwrap_or_default(),
-            tid: get(r, "tid").as_i64(),
-            comm: string(r, "comm"),
-            blocked_by_request: string(r, "blocked_by_request"),
-            ns: uint(r, "ns"),
-            throttled_ns: uint(r, "throttled_ns"),
-            contended_ns: uint(r, "contended_ns"),
-            wakeup_ns: uint(r, "wakeup_ns"),
+        .map(|r| {
+            (
+                r.span_id.as_str(),
+                format!("[{}] {}", r.service, r.operation),
+            )
         })
         .collect();
-    let syscalls = read_rows(&dir.join(REQUEST_SYSCALLS), |r| ours(r))?
-        .iter()
-        .map(|r| (string(r, "syscall").unwrap_or_default(), uint(r, "ns")))
+
+    let critical_path = joined_pieces(read_table(
+        &dir.join(CRITICAL_PATH),
+        |r: &CriticalPathRow| r.span_id == span_id && r.trace_id == trace_id,
+    )?);
+    let summary: Vec<ReportSummaryRow> =
+        read_table(&dir.join(REQUEST_SUMMARY), |r: &RequestSummaryRow| {
+            r.span_id == span_id && r.trace_id == trace_id
+        })?
+        .into_iter()
+        .map(|r| ReportSummaryRow {
+            state: r.state,
+            tid: r.tid.map(i64::from),
+            comm: r.comm,
+            blocked_by_request: r.blocked_by_request,
+            ns: ns(r.ns),
+            throttled_ns: ns(r.throttled_ns),
+            contended_ns: ns(r.contended_ns),
+            wakeup_ns: ns(r.wakeup_ns),
+        })
         .collect();
+    let syscalls = read_table(&dir.join(REQUEST_SYSCALLS), |r: &RequestSyscallRow| {
+        r.span_id == span_id && r.trace_id == trace_id
+    })?
+    .into_iter()
+    .map(|r| (r.syscall, ns(r.ns)))
+    .collect();
     let (mut diagnosis, mut anomalous, mut baseline_ns) = (None, false, None);
     let diagnoses_path = dir.join(DIAGNOSES);
     if diagnoses_path.is_file() {
-        if let Some(row) = read_rows(&diagnoses_path, |r| ours(r))?.first() {
-            anomalous = get(row, "anomalous").as_bool().unwrap_or(false);
-            baseline_ns = get(row, "baseline_ns").as_u64();
-            if let Some(cause) = string(row, "cause") {
-                let cause_of = |text: String| {
-                    Cause::from_name(&text).ok_or_else(|| Error::Schema {
-                        path: diagnoses_path.clone(),
-                        what: format!("unknown cause {text:?}"),
-                    })
-                };
-                // Version 2 tables: the root cause.
-                let root_cause = match string(row, "root_cause") {
-                    Some(root) => Some(RootCauseDoc {
-                        cause: cause_of(root)?,
-                        chain: string(row, "root_chain"),
-                        culprits: parse_json_column(row, "root_culprits_json", &diagnoses_path)?,
-                        evidence: parse_json_column(row, "root_evidence_json", &diagnoses_path)?,
-                        headline: string(row, "root_headline").unwrap_or_default(),
-                    }),
-                    None => None,
-                };
-                diagnosis = Some(DiagnosisDoc {
-                    cause: cause_of(cause)?,
-                    culprits: parse_json_column(row, "culprits_json", &diagnoses_path)?,
-                    evidence: parse_json_column(row, "evidence_json", &diagnoses_path)?,
-                    headline: string(row, "headline").unwrap_or_default(),
-                    root_cause,
-                });
-            }
+        let rows = read_table(&diagnoses_path, |r: &DiagnosisRow| {
+            r.span_id == span_id && r.trace_id == trace_id
+        })?;
+        if let Some(row) = rows.into_iter().next() {
+            anomalous = row.anomalous;
+            baseline_ns = row.baseline_ns.and_then(|v| u64::try_from(v).ok());
+            diagnosis = diagnosis_doc(row, &diagnoses_path)?;
         }
     }
     let blockers = summary
         .iter()
         .filter_map(|s| s.blocked_by_request.clone())
-        .filter_map(|b| operations.get(&b).map(|op| (b, op.clone())))
+        .filter_map(|b| operations.get(b.as_str()).map(|op| (b, op.clone())))
         .collect();
     Ok(Report {
         request: report_request(chosen),
         critical_path,
         summary,
-        lost_events: uint(chosen, "lost_events"),
+        lost_events: ns(chosen.lost_events),
         diagnosis,
         details: ReportDetails {
             anomalous,
             baseline_ns,
-            sync: string(chosen, "sync").unwrap_or_default(),
-            truncated: get(chosen, "truncated").as_bool().unwrap_or(false),
+            sync: chosen.sync.clone(),
+            truncated: chosen.truncated,
             syscalls,
             blockers,
         },
     })
 }
 
+/// The diagnosis of a `diagnoses` row, as in `requests.json`; `None` for a
+/// request without a kernel path (no cause).
+fn diagnosis_doc(row: DiagnosisRow, path: &Path) -> Result<Option<DiagnosisDoc>, Error> {
+    let Some(cause) = row.cause else {
+        return Ok(None);
+    };
+    let cause_of = |text: String| {
+        Cause::from_name(&text).ok_or_else(|| Error::Schema {
+            path: path.to_path_buf(),
+            what: format!("unknown cause {text:?}"),
+        })
+    };
+    // Version 2 tables: the root cause.
+    let root_cause = match row.root_cause {
+        Some(root) => Some(RootCauseDoc {
+            cause: cause_of(root)?,
+            chain: row.root_chain,
+            culprits: parse_json_column(row.root_culprits_json, path)?,
+            evidence: parse_json_column(row.root_evidence_json, path)?,
+            headline: row.root_headline.unwrap_or_default(),
+        }),
+        None => None,
+    };
+    Ok(Some(DiagnosisDoc {
+        cause: cause_of(cause)?,
+        culprits: parse_json_column(row.culprits_json, path)?,
+        evidence: parse_json_column(row.evidence_json, path)?,
+        headline: row.headline.unwrap_or_default(),
+        root_cause,
+    }))
+}
+
 /// A JSON text column of the `diagnoses` table read as its type; empty
 /// when null.
 fn parse_json_column<T: DeserializeOwned + Default>(
-    row: &[(String, Cell)],
-    name: &str,
+    text: Option<String>,
     path: &Path,
 ) -> Result<T, Error> {
-    match get(row, name).as_str() {
-        Some(text) => serde_json::from_str(text).map_err(|source| Error::Json {
+    match text {
+        Some(text) => serde_json::from_str(&text).map_err(|source| Error::Json {
             path: path.to_path_buf(),
             at: None,
             source,
@@ -272,39 +267,39 @@ fn parse_json_column<T: DeserializeOwned + Default>(
     }
 }
 
-fn report_request(row: &[(String, Cell)]) -> ReportRequest {
+fn report_request(row: &RequestRow) -> ReportRequest {
     ReportRequest {
-        trace_id: string(row, "trace_id").unwrap_or_default(),
-        span_id: string(row, "span_id").unwrap_or_default(),
-        service: string(row, "service").unwrap_or_default(),
-        operation: string(row, "operation").unwrap_or_default(),
-        start_ns: uint(row, "start_ns"),
-        end_ns: uint(row, "end_ns"),
+        trace_id: row.trace_id.clone(),
+        span_id: row.span_id.clone(),
+        service: row.service.clone(),
+        operation: row.operation.clone(),
+        start_ns: ns(row.start_ns),
+        end_ns: ns(row.end_ns),
     }
 }
 
 /// One request's rows of the critical-path table, in path order, as a
 /// report's pieces. The tables tell apart pieces that differ only in which
 /// span of the request the thread worked for; a report does not.
-fn joined_pieces(mut rows: Vec<Vec<(String, Cell)>>) -> Vec<ReportPiece> {
-    rows.sort_by_key(|r| get(r, "seq").as_i64().unwrap_or(0));
+fn joined_pieces(mut rows: Vec<CriticalPathRow>) -> Vec<ReportPiece> {
+    rows.sort_by_key(|r| r.seq);
     let mut critical_path: Vec<ReportPiece> = Vec::with_capacity(rows.len());
-    let read = rows.iter().map(|r| ReportPiece {
-        start_ns: uint(r, "start_ns"),
-        end_ns: uint(r, "end_ns"),
-        state: string(r, "state").unwrap_or_default(),
-        tid: get(r, "tid").as_i64(),
-        comm: string(r, "comm"),
-        syscall: string(r, "syscall"),
-        blocked_by_request: string(r, "blocked_by_request"),
-        detail: string(r, "detail"),
-        preempted_by: get(r, "preempted_by_tid")
-            .as_i64()
-            .map(|t| (t, string(r, "preempted_by_comm"))),
-        throttled_ns: uint(r, "throttled_ns"),
-        contended_ns: uint(r, "contended_ns"),
-        wakeup_ns: uint(r, "wakeup_ns"),
-        lost: get(r, "lost").as_bool().unwrap_or(false),
+    let read = rows.into_iter().map(|r| ReportPiece {
+        start_ns: ns(r.start_ns),
+        end_ns: ns(r.end_ns),
+        state: r.state,
+        tid: r.tid.map(i64::from),
+        comm: r.comm,
+        syscall: r.syscall,
+        blocked_by_request: r.blocked_by_request,
+        detail: r.detail,
+        preempted_by: r
+            .preempted_by_tid
+            .map(|t| (i64::from(t), r.preempted_by_comm)),
+        throttled_ns: r.throttled_ns.map_or(0, ns),
+        contended_ns: r.contended_ns.map_or(0, ns),
+        wakeup_ns: r.wakeup_ns.map_or(0, ns),
+        lost: r.lost,
     });
     for p in read {
         match critical_path.last_mut() {
@@ -342,30 +337,27 @@ pub fn read_critical_paths(
 ) -> Result<Vec<(ReportRequest, Vec<ReportPiece>)>, Error> {
     let dir = Run::new(run_dir).analysis_dir();
     let wanted: HashSet<&str> = span_ids.iter().map(String::as_str).collect();
-    let is_wanted = |r: &[(String, Cell)]| {
-        get(r, "span_id")
-            .as_str()
-            .is_some_and(|s| wanted.contains(s))
-    };
-    let requests = read_rows(&dir.join(REQUESTS), |r| is_wanted(r))?;
-    type Row = Vec<(String, Cell)>;
-    let mut rows_of: HashMap<(String, String), Vec<Row>> = HashMap::new();
-    for row in read_rows(&dir.join(CRITICAL_PATH), |r| is_wanted(r))? {
-        let key = (
-            string(&row, "trace_id").unwrap_or_default(),
-            string(&row, "span_id").unwrap_or_default(),
-        );
+    let requests = read_table(&dir.join(REQUESTS), |r: &RequestRow| {
+        wanted.contains(r.span_id.as_str())
+    })?;
+    let mut rows_of: HashMap<(String, String), Vec<CriticalPathRow>> = HashMap::new();
+    let in_path = read_table(&dir.join(CRITICAL_PATH), |r: &CriticalPathRow| {
+        wanted.contains(r.span_id.as_str())
+    })?;
+    for row in in_path {
+        let key = (row.trace_id.clone(), row.span_id.clone());
         rows_of.entry(key).or_default().push(row);
     }
     span_ids
         .iter()
         .map(|id| {
-            let row = requests
-                .iter()
-                .find(|r| get(r, "span_id").as_str() == Some(id.as_str()))
-                .ok_or_else(|| Error::NotFound {
-                    what: format!("no analysed request with span id {id} in {}", dir.display()),
-                })?;
+            let row =
+                requests
+                    .iter()
+                    .find(|r| r.span_id == *id)
+                    .ok_or_else(|| Error::NotFound {
+                        what: format!("no analysed request with span id {id} in {}", dir.display()),
+                    })?;
             let request = report_request(row);
             let rows = rows_of
                 .remove(&(request.trace_id.clone(), request.span_id.clone()))

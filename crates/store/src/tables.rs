@@ -16,147 +16,173 @@ use deepspan_analysis::{
 use deepspan_model::{Comm, Tid};
 
 use crate::columns::{columns, ColumnarTable, Optional, OptionalText, Required, Text};
-use crate::table::{interned, Column, Kind, TableWriter};
+use crate::rows::table;
+use crate::table::{interned, TableWriter};
 use crate::{span_hex, trace_hex, AnalysisResults, Error};
 
-use Kind::{Bool, Str, F64, I32, I64, U64};
+table! {
+    /// One interval of a thread's state (`thread_states`).
+    pub struct ThreadStateRow, schema THREAD_STATES_COLUMNS {
+        tid: i32,
+        pid: Option<i32>,
+        comm: Option<String>,
+        start_ns: i64,
+        end_ns: i64,
+        duration_ns: i64,
+        state: String,
+        cpu: Option<i32>,
+        waker_tid: Option<i32>,
+        detail: Option<String>,
+        syscall: Option<String>,
+    }
+}
 
-pub const THREAD_STATES_COLUMNS: &[Column] = &[
-    Column::new("tid", I32),
-    Column::nullable("pid", I32),
-    Column::nullable("comm", Str),
-    Column::new("start_ns", I64),
-    Column::new("end_ns", I64),
-    Column::new("duration_ns", I64),
-    Column::new("state", Str),
-    Column::nullable("cpu", I32),
-    Column::nullable("waker_tid", I32),
-    Column::nullable("detail", Str),
-    Column::nullable("syscall", Str),
-];
+table! {
+    /// One system call (`syscalls`).
+    pub struct SyscallRow, schema SYSCALLS_COLUMNS {
+        tid: i32,
+        pid: Option<i32>,
+        start_ns: i64,
+        end_ns: i64,
+        duration_ns: i64,
+        nr: i32,
+        name: Option<String>,
+        arg0: u64,
+        arg1: u64,
+        ret: Option<i64>,
+        entry_seen: bool,
+        exit_seen: bool,
+    }
+}
 
-pub const SYSCALLS_COLUMNS: &[Column] = &[
-    Column::new("tid", I32),
-    Column::nullable("pid", I32),
-    Column::new("start_ns", I64),
-    Column::new("end_ns", I64),
-    Column::new("duration_ns", I64),
-    Column::new("nr", I32),
-    Column::nullable("name", Str),
-    Column::new("arg0", U64),
-    Column::new("arg1", U64),
-    Column::nullable("ret", I64),
-    Column::new("entry_seen", Bool),
-    Column::new("exit_seen", Bool),
-];
+table! {
+    /// One request with its totals (`requests`).
+    pub struct RequestRow, schema REQUESTS_COLUMNS {
+        trace_id: String,
+        span_id: String,
+        parent_span_id: Option<String>,
+        service: String,
+        operation: String,
+        kind: String,
+        start_ns: i64,
+        end_ns: i64,
+        duration_ns: i64,
+        sync: String,
+        tid: Option<i32>,
+        pieces: i64,
+        running_ns: i64,
+        preempted_ns: i64,
+        throttled_ns: i64,
+        blocked_by_requests_ns: i64,
+        unknown_ns: i64,
+        top_cause: Option<String>,
+        top_cause_ns: i64,
+        lost_events: i64,
+        truncated: bool,
+    }
+}
 
-pub const REQUESTS_COLUMNS: &[Column] = &[
-    Column::new("trace_id", Str),
-    Column::new("span_id", Str),
-    Column::nullable("parent_span_id", Str),
-    Column::new("service", Str),
-    Column::new("operation", Str),
-    Column::new("kind", Str),
-    Column::new("start_ns", I64),
-    Column::new("end_ns", I64),
-    Column::new("duration_ns", I64),
-    Column::new("sync", Str),
-    Column::nullable("tid", I32),
-    Column::new("pieces", I64),
-    Column::new("running_ns", I64),
-    Column::new("preempted_ns", I64),
-    Column::new("throttled_ns", I64),
-    Column::new("blocked_by_requests_ns", I64),
-    Column::new("unknown_ns", I64),
-    Column::nullable("top_cause", Str),
-    Column::new("top_cause_ns", I64),
-    Column::new("lost_events", I64),
-    Column::new("truncated", Bool),
-];
+table! {
+    /// One piece of a request's critical path (`critical_path`), `seq` in
+    /// path order.
+    pub struct CriticalPathRow, schema CRITICAL_PATH_COLUMNS {
+        trace_id: String,
+        span_id: String,
+        seq: i32,
+        start_ns: i64,
+        end_ns: i64,
+        duration_ns: i64,
+        state: String,
+        tid: Option<i32>,
+        comm: Option<String>,
+        syscall: Option<String>,
+        waiting_in: Option<String>,
+        detail: Option<String>,
+        working_for_span_id: Option<String>,
+        blocked_by_request: Option<String>,
+        blocked_by_trace_id: Option<String>,
+        shared: i32,
+        vertical: bool,
+        lost: bool,
+        preempted_by_tid: Option<i32>,
+        preempted_by_comm: Option<String>,
+        throttled_ns: Option<i64>,
+        contended_ns: Option<i64>,
+        wakeup_ns: Option<i64>,
+    }
+}
 
-pub const CRITICAL_PATH_COLUMNS: &[Column] = &[
-    Column::new("trace_id", Str),
-    Column::new("span_id", Str),
-    Column::new("seq", I32),
-    Column::new("start_ns", I64),
-    Column::new("end_ns", I64),
-    Column::new("duration_ns", I64),
-    Column::new("state", Str),
-    Column::nullable("tid", I32),
-    Column::nullable("comm", Str),
-    Column::nullable("syscall", Str),
-    Column::nullable("waiting_in", Str),
-    Column::nullable("detail", Str),
-    Column::nullable("working_for_span_id", Str),
-    Column::nullable("blocked_by_request", Str),
-    Column::nullable("blocked_by_trace_id", Str),
-    Column::new("shared", I32),
-    Column::new("vertical", Bool),
-    Column::new("lost", Bool),
-    Column::nullable("preempted_by_tid", I32),
-    Column::nullable("preempted_by_comm", Str),
-    Column::nullable("throttled_ns", I64),
-    Column::nullable("contended_ns", I64),
-    Column::nullable("wakeup_ns", I64),
-];
+table! {
+    /// One cause of a request's time (`request_summary`).
+    pub struct RequestSummaryRow, schema REQUEST_SUMMARY_COLUMNS {
+        trace_id: String,
+        span_id: String,
+        state: String,
+        tid: Option<i32>,
+        comm: Option<String>,
+        blocked_by_request: Option<String>,
+        ns: i64,
+        share: f64,
+        throttled_ns: i64,
+        contended_ns: i64,
+        wakeup_ns: i64,
+    }
+}
 
-pub const REQUEST_SUMMARY_COLUMNS: &[Column] = &[
-    Column::new("trace_id", Str),
-    Column::new("span_id", Str),
-    Column::new("state", Str),
-    Column::nullable("tid", I32),
-    Column::nullable("comm", Str),
-    Column::nullable("blocked_by_request", Str),
-    Column::new("ns", I64),
-    Column::new("share", F64),
-    Column::new("throttled_ns", I64),
-    Column::new("contended_ns", I64),
-    Column::new("wakeup_ns", I64),
-];
+table! {
+    /// Time a request's path spent in one system call (`request_syscalls`).
+    pub struct RequestSyscallRow, schema REQUEST_SYSCALLS_COLUMNS {
+        trace_id: String,
+        span_id: String,
+        syscall: String,
+        ns: i64,
+        share: f64,
+    }
+}
 
-pub const REQUEST_SYSCALLS_COLUMNS: &[Column] = &[
-    Column::new("trace_id", Str),
-    Column::new("span_id", Str),
-    Column::new("syscall", Str),
-    Column::new("ns", I64),
-    Column::new("share", F64),
-];
-
-pub const DIAGNOSES_COLUMNS: &[Column] = &[
-    Column::new("trace_id", Str),
-    Column::new("span_id", Str),
-    Column::new("anomalous", Bool),
-    Column::nullable("baseline_ns", I64),
-    Column::nullable("cause", Str),
-    Column::nullable("headline", Str),
-    Column::nullable("evidence_json", Str),
-    Column::nullable("culprits_json", Str),
-    Column::nullable("root_cause", Str),
-    Column::nullable("root_headline", Str),
-    Column::nullable("root_chain", Str),
-    Column::nullable("root_evidence_json", Str),
-    Column::nullable("root_culprits_json", Str),
-];
+table! {
+    /// A request's diagnosis (`diagnoses`); the JSON columns hold the
+    /// diagnosis contract's objects ([`crate::diagnosis`]).
+    pub struct DiagnosisRow, schema DIAGNOSES_COLUMNS {
+        trace_id: String,
+        span_id: String,
+        anomalous: bool,
+        baseline_ns: Option<i64>,
+        cause: Option<String>,
+        headline: Option<String>,
+        evidence_json: Option<String>,
+        culprits_json: Option<String>,
+        root_cause: Option<String>,
+        root_headline: Option<String>,
+        root_chain: Option<String>,
+        root_evidence_json: Option<String>,
+        root_culprits_json: Option<String>,
+    }
+}
 
 /// Layout version of the `diagnoses` table: 2 added the root cause
 /// (`root_*` columns).
 pub const DIAGNOSES_VERSION: u32 = 2;
 
-pub const OPERATION_SUMMARY_COLUMNS: &[Column] = &[
-    Column::new("service", Str),
-    Column::new("operation", Str),
-    Column::new("requests", I64),
-    Column::new("total_ns", I64),
-    Column::new("mean_ns", I64),
-    Column::new("max_ns", I64),
-    Column::new("state", Str),
-    Column::nullable("comm", Str),
-    Column::new("blocked_by_requests", Bool),
-    Column::new("ns", I64),
-    Column::new("share", F64),
-    Column::new("throttled_ns", I64),
-    Column::new("contended_ns", I64),
-];
+table! {
+    /// One cause of an operation's time over its requests
+    /// (`operation_summary`).
+    pub struct OperationSummaryRow, schema OPERATION_SUMMARY_COLUMNS {
+        service: String,
+        operation: String,
+        requests: i64,
+        total_ns: i64,
+        mean_ns: i64,
+        max_ns: i64,
+        state: String,
+        comm: Option<String>,
+        blocked_by_requests: bool,
+        ns: i64,
+        share: f64,
+        throttled_ns: i64,
+        contended_ns: i64,
+    }
+}
 
 /// The name of a thread state in tables: the critical-path state names,
 /// with WAIT_CPU (woken, not yet on a CPU) kept apart from PREEMPTED.
@@ -413,40 +439,6 @@ impl NameCache {
         }
         self.by_name[i].as_ref()
     }
-}
-
-/// Per-request totals used by the requests table and requests.json.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RequestTotals {
-    pub pieces: u64,
-    pub running_ns: u64,
-    pub preempted_ns: u64,
-    pub throttled_ns: u64,
-    pub blocked_by_requests_ns: u64,
-    pub unknown_ns: u64,
-}
-
-pub fn totals(path: &RequestPath) -> RequestTotals {
-    let mut t = RequestTotals {
-        pieces: path.pieces.len() as u64,
-        ..RequestTotals::default()
-    };
-    for p in &path.pieces {
-        let d = p.duration();
-        if p.blocked_by.is_some() {
-            t.blocked_by_requests_ns += d;
-        }
-        match p.state {
-            EdgeType::Running => t.running_ns += d,
-            EdgeType::Preempted => {
-                t.preempted_ns += d;
-                t.throttled_ns += p.cpu_wait.map_or(0, |w| w.throttled_ns);
-            }
-            EdgeType::Unknown | EdgeType::Default => t.unknown_ns += d,
-            _ => {}
-        }
-    }
-    t
 }
 
 /// One row per request.

@@ -3,6 +3,7 @@
 //! the run folder can be reached through it.
 
 use deepspan_store::json::RequestEntry;
+use deepspan_store::tables::RequestSummaryRow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -369,8 +370,18 @@ pub async fn request(
             None => json!({"span_id": b}),
         })
         .collect();
-    let mut summary = d.summaries.get(&span).cloned().unwrap_or_default();
-    summary.sort_by_key(|v| std::cmp::Reverse(v["ns"].as_i64()));
+    let mut summary: Vec<&RequestSummaryRow> =
+        d.summaries.get(&span).into_iter().flatten().collect();
+    summary.sort_by_key(|r| std::cmp::Reverse(r.ns));
+    let summary: Vec<Value> = summary
+        .into_iter()
+        .map(|r| {
+            json!({"state": r.state, "tid": r.tid, "comm": r.comm,
+                   "blocked_by_request": r.blocked_by_request, "ns": r.ns, "share": r.share,
+                   "throttled_ns": r.throttled_ns, "contended_ns": r.contended_ns,
+                   "wakeup_ns": r.wakeup_ns})
+        })
+        .collect();
     Ok(Json(json!({
         "request": r,
         // How a span without deepspan fields was placed, and why (null when

@@ -15,8 +15,10 @@ use deepspan_run::{layout, Run};
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
 use deepspan_store::json::{RequestEntry, RequestsDoc};
 use deepspan_store::placements::{read_placements_json, PlacementRecord};
-use deepspan_store::table::{read_rows, Cell};
-use serde_json::Value;
+use deepspan_store::rows::for_each_row;
+use deepspan_store::tables::{
+    CriticalPathRow, RequestSummaryRow, RequestSyscallRow, ThreadStateRow,
+};
 
 use crate::lod::Interval;
 
@@ -217,8 +219,8 @@ pub struct RunData {
     pub cpus: BTreeMap<i32, Vec<CpuSlice>>,
     /// Request span id → its pieces in path order.
     pub paths: HashMap<String, Vec<Piece>>,
-    /// Request span id → its summary rows (as JSON objects).
-    pub summaries: HashMap<String, Vec<Value>>,
+    /// Request span id → its summary rows.
+    pub summaries: HashMap<String, Vec<RequestSummaryRow>>,
     /// Request span id → `(system call, ns)`, largest first.
     pub syscalls: HashMap<String, Vec<(String, i64)>>,
     /// Total thread-state intervals.
@@ -325,46 +327,6 @@ fn read_hosts(dir: &RunDir) -> Result<Vec<HostInfo>, String> {
         .collect())
 }
 
-fn get<'a>(row: &'a [(String, Cell)], name: &str) -> &'a Cell {
-    row.iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, c)| c)
-        .unwrap_or(&Cell::Null)
-}
-
-fn int(row: &[(String, Cell)], name: &str) -> Option<i64> {
-    get(row, name).as_i64()
-}
-
-fn text<'a>(row: &'a [(String, Cell)], name: &str) -> Option<&'a str> {
-    get(row, name).as_str()
-}
-
-/// Column positions of a table, found from its first row (read_rows gives
-/// every row its columns in file order), so the millions of rows of a big
-/// run are read by index rather than by name.
-struct Columns(Vec<usize>);
-
-impl Columns {
-    fn of(row: &[(String, Cell)], names: &[&str], table: &str) -> Result<Columns, DataError> {
-        names
-            .iter()
-            .map(|n| {
-                row.iter().position(|(c, _)| c == n).ok_or_else(|| {
-                    DataError::Bad(format!(
-                        "{table} has no column {n:?}: was it written by this deepspan?"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Columns)
-    }
-
-    fn cell<'a>(&self, row: &'a [(String, Cell)], i: usize) -> &'a Cell {
-        &row[self.0[i]].1
-    }
-}
-
 fn store_err(e: deepspan_store::Error) -> DataError {
     DataError::Bad(e.to_string())
 }
@@ -396,64 +358,31 @@ impl RunData {
         let mut threads: BTreeMap<i32, ThreadLane> = BTreeMap::new();
         let mut cpus: BTreeMap<i32, Vec<CpuSlice>> = BTreeMap::new();
         let mut range = (i64::MAX, i64::MIN);
-        let path = dir.analysis(THREAD_STATES)?;
-        let mut cols: Option<Columns> = None;
         let mut intervals = 0;
-        let mut err = None;
-        // Rows are folded into lanes as they are read (keep = false), so the
-        // table never sits in memory as generic cells.
-        read_rows(&path, |row| {
-            if err.is_some() {
-                return false;
-            }
-            if cols.is_none() {
-                match Columns::of(
-                    row,
-                    &[
-                        "tid",
-                        "pid",
-                        "comm",
-                        "start_ns",
-                        "end_ns",
-                        "state",
-                        "cpu",
-                        "waker_tid",
-                        "detail",
-                        "syscall",
-                    ],
-                    THREAD_STATES,
-                ) {
-                    Ok(c) => cols = Some(c),
-                    Err(e) => {
-                        err = Some(e);
-                        return false;
-                    }
-                }
-            }
-            let c = cols.as_ref().expect("set above");
-            let tid = c.cell(row, 0).as_i64().unwrap_or(-1) as i32;
-            let start = c.cell(row, 3).as_i64().unwrap_or(0);
-            let end = c.cell(row, 4).as_i64().unwrap_or(start);
-            let state = strings.intern(c.cell(row, 5).as_str());
-            let cpu = c.cell(row, 6).as_i64().map_or(-1, |v| v as i32);
+        // Rows are folded into lanes as they are read, so the table never
+        // sits in memory as rows.
+        for_each_row(&dir.analysis(THREAD_STATES)?, |row: ThreadStateRow| {
+            let (tid, start, end) = (row.tid, row.start_ns, row.end_ns);
+            let state = strings.intern(Some(&row.state));
+            let cpu = row.cpu.unwrap_or(-1);
             let iv = StateInterval {
                 start,
                 end,
                 state,
                 cpu,
-                waker_tid: c.cell(row, 7).as_i64().map_or(-1, |v| v as i32),
-                detail: strings.intern(c.cell(row, 8).as_str()),
-                syscall: strings.intern(c.cell(row, 9).as_str()),
+                waker_tid: row.waker_tid.unwrap_or(-1),
+                detail: strings.intern(row.detail.as_deref()),
+                syscall: strings.intern(row.syscall.as_deref()),
             };
             range = (range.0.min(start), range.1.max(end));
             let lane = threads.entry(tid).or_insert_with(|| ThreadLane {
                 tid,
-                pid: c.cell(row, 1).as_i64().map(|v| v as i32),
-                comm: c.cell(row, 2).as_str().map(str::to_string),
+                pid: row.pid,
+                comm: row.comm,
                 intervals: Vec::new(),
                 running_ns: 0,
             });
-            if strings.get(state) == Some("RUNNING") {
+            if row.state == "RUNNING" {
                 lane.running_ns += end - start;
                 if cpu >= 0 {
                     cpus.entry(cpu)
@@ -463,12 +392,8 @@ impl RunData {
             }
             lane.intervals.push(iv);
             intervals += 1;
-            false
         })
         .map_err(store_err)?;
-        if let Some(e) = err {
-            return Err(e);
-        }
         for lane in threads.values_mut() {
             lane.intervals.sort_by_key(|iv| (iv.start, iv.end));
         }
@@ -477,33 +402,29 @@ impl RunData {
         }
 
         let mut paths: HashMap<String, Vec<(i64, Piece)>> = HashMap::new();
-        read_rows(&dir.analysis(CRITICAL_PATH)?, |r| {
+        for_each_row(&dir.analysis(CRITICAL_PATH)?, |r: CriticalPathRow| {
             let piece = Piece {
-                start: int(r, "start_ns").unwrap_or(0),
-                end: int(r, "end_ns").unwrap_or(0),
-                state: strings.intern(text(r, "state")),
-                tid: int(r, "tid").map(|v| v as i32),
-                comm: strings.intern(text(r, "comm")),
-                syscall: strings.intern(text(r, "syscall")),
-                waiting_in: strings.intern(text(r, "waiting_in")),
-                detail: strings.intern(text(r, "detail")),
-                blocked_by_request: strings.intern(text(r, "blocked_by_request")),
-                shared: int(r, "shared").unwrap_or(0) as i32,
-                lost: get(r, "lost").as_bool().unwrap_or(false),
-                preempted_by_tid: int(r, "preempted_by_tid").map(|v| v as i32),
-                preempted_by_comm: strings.intern(text(r, "preempted_by_comm")),
-                throttled_ns: int(r, "throttled_ns").unwrap_or(0),
-                contended_ns: int(r, "contended_ns").unwrap_or(0),
-                wakeup_ns: int(r, "wakeup_ns").unwrap_or(0),
+                start: r.start_ns,
+                end: r.end_ns,
+                state: strings.intern(Some(&r.state)),
+                tid: r.tid,
+                comm: strings.intern(r.comm.as_deref()),
+                syscall: strings.intern(r.syscall.as_deref()),
+                waiting_in: strings.intern(r.waiting_in.as_deref()),
+                detail: strings.intern(r.detail.as_deref()),
+                blocked_by_request: strings.intern(r.blocked_by_request.as_deref()),
+                shared: r.shared,
+                lost: r.lost,
+                preempted_by_tid: r.preempted_by_tid,
+                preempted_by_comm: strings.intern(r.preempted_by_comm.as_deref()),
+                throttled_ns: r.throttled_ns.unwrap_or(0),
+                contended_ns: r.contended_ns.unwrap_or(0),
+                wakeup_ns: r.wakeup_ns.unwrap_or(0),
             };
-            let seq = int(r, "seq").unwrap_or(0);
-            if let Some(span) = text(r, "span_id") {
-                paths
-                    .entry(span.to_string())
-                    .or_default()
-                    .push((seq, piece));
-            }
-            false
+            paths
+                .entry(r.span_id)
+                .or_default()
+                .push((i64::from(r.seq), piece));
         })
         .map_err(store_err)?;
         let paths = paths
@@ -514,36 +435,17 @@ impl RunData {
             })
             .collect();
 
-        let mut summaries: HashMap<String, Vec<Value>> = HashMap::new();
-        read_rows(&dir.analysis(REQUEST_SUMMARY)?, |r| {
-            if let Some(span) = text(r, "span_id") {
-                summaries
-                    .entry(span.to_string())
-                    .or_default()
-                    .push(serde_json::json!({
-                        "state": text(r, "state"),
-                        "tid": int(r, "tid"),
-                        "comm": text(r, "comm"),
-                        "blocked_by_request": text(r, "blocked_by_request"),
-                        "ns": int(r, "ns").unwrap_or(0),
-                        "share": get(r, "share").as_f64().unwrap_or(0.0),
-                        "throttled_ns": int(r, "throttled_ns").unwrap_or(0),
-                        "contended_ns": int(r, "contended_ns").unwrap_or(0),
-                        "wakeup_ns": int(r, "wakeup_ns").unwrap_or(0),
-                    }));
-            }
-            false
+        let mut summaries: HashMap<String, Vec<RequestSummaryRow>> = HashMap::new();
+        for_each_row(&dir.analysis(REQUEST_SUMMARY)?, |r: RequestSummaryRow| {
+            summaries.entry(r.span_id.clone()).or_default().push(r);
         })
         .map_err(store_err)?;
         let mut syscalls: HashMap<String, Vec<(String, i64)>> = HashMap::new();
-        read_rows(&dir.analysis(REQUEST_SYSCALLS)?, |r| {
-            if let (Some(span), Some(sc)) = (text(r, "span_id"), text(r, "syscall")) {
-                syscalls
-                    .entry(span.to_string())
-                    .or_default()
-                    .push((sc.to_string(), int(r, "ns").unwrap_or(0)));
-            }
-            false
+        for_each_row(&dir.analysis(REQUEST_SYSCALLS)?, |r: RequestSyscallRow| {
+            syscalls
+                .entry(r.span_id)
+                .or_default()
+                .push((r.syscall, r.ns));
         })
         .map_err(store_err)?;
         for v in syscalls.values_mut() {
