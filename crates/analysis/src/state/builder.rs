@@ -19,9 +19,10 @@ use deepspan_model::{
 use crate::fxhash::FastMap;
 use crate::graph::{EdgeType, Graph, VertexId};
 use crate::held::HeldBack;
-use crate::syscalls::{syscall_name, Arch};
+use crate::syscalls::Arch;
 
-use super::network::{fresh_segment, LocalPacket};
+use super::network::LocalPacket;
+use super::waker::Waker;
 use super::{
     softirq_name, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval, Interrupt,
     InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds, StateInterval,
@@ -154,8 +155,8 @@ pub struct StateBuilder {
     pub(super) cpus: Vec<CpuRec>,
     pub(super) graph: Graph,
     lost: Vec<LostRange>,
-    irq_names: FastMap<i32, Name>,
-    syscall_names: SyscallNames,
+    pub(super) irq_names: FastMap<i32, Name>,
+    pub(super) syscall_names: SyscallNames,
     waking_seen: bool,
     start: Option<u64>,
     last_ts: u64,
@@ -171,9 +172,9 @@ pub struct StateBuilder {
     block_io: Vec<BlockIo>,
     pub(super) packets: NetworkEnds,
     /// See [`StateBuilder::recorder_threads`].
-    recorder_tids: Vec<Tid>,
+    pub(super) recorder_tids: Vec<Tid>,
     /// Names syscall numbers for traces without syscall names.
-    arch: Arch,
+    pub(super) arch: Arch,
     /// Packets a thread queued on a device, by skb address: who queued it,
     /// when, and on which device. A packet of the loopback device, or of
     /// a virtual pair (veth: the peer receives the very skb the other end
@@ -197,7 +198,7 @@ pub struct StateBuilder {
 pub(super) struct ThreadRec {
     pub(super) hist: ThreadHistory,
     open: Option<Open>,
-    open_syscall: Option<SyscallInterval>,
+    pub(super) open_syscall: Option<SyscallInterval>,
     exiting: bool,
     /// Forked and not yet `sched_wakeup_new`: that wake-up is expected.
     forked: bool,
@@ -223,7 +224,7 @@ pub(super) struct CpuRec {
     pub(super) stack: Vec<Frame>,
     /// A block request completed / a packet arrived in thread context since
     /// the last switch: that thread's wake-ups are I/O completions.
-    thread_block: bool,
+    pub(super) thread_block: bool,
     pub(super) thread_packet: bool,
     /// The key of the last message given to [`StateBuilder::packet`] as
     /// received in thread context since the last switch.
@@ -240,9 +241,9 @@ pub(super) struct CpuRec {
 #[derive(Clone, Copy)]
 pub(super) struct Frame {
     pub(super) kind: Interrupt,
-    timer_ipi: bool,
+    pub(super) timer_ipi: bool,
     pub(super) start: u64,
-    block: bool,
+    pub(super) block: bool,
     pub(super) packet: bool,
     /// A packet of the loopback device, or one a local thread sent over a
     /// virtual pair, was received in this frame.
@@ -296,8 +297,8 @@ impl TidIndex {
 /// the text's address is a cheap first key; every name seen is kept alive
 /// so an address can never be reused for another name.
 #[derive(Default)]
-struct SyscallNames {
-    names: Vec<Name>,
+pub(super) struct SyscallNames {
+    pub(super) names: Vec<Name>,
     by_text: FastMap<Name, u16>,
     by_ptr: FastMap<usize, u16>,
     keep: Vec<Name>,
@@ -340,11 +341,6 @@ impl SyscallNames {
         self.by_ptr.insert(ptr, id);
         id
     }
-}
-
-enum Waker {
-    Thread(Tid),
-    Context(BlockReason),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1096,122 +1092,6 @@ impl StateBuilder {
         c.loopback_sender = None;
     }
 
-    /// Who (or what) wakes a thread from `cpu` now.
-    fn waker(&self, cpu: u32, ev_tid: Tid) -> Waker {
-        if self.is_on_other_host(cpu, ev_tid) {
-            return Waker::Context(BlockReason::PacketFrom(ev_tid));
-        }
-        let Some(c) = self.cpus.get(cpu as usize) else {
-            return Waker::Context(BlockReason::Unexplained);
-        };
-        if let Some(f) = c.stack.last() {
-            return Waker::Context(self.frame_reason(f));
-        }
-        if c.thread_block {
-            return Waker::Context(BlockReason::BlockDevice);
-        }
-        if c.thread_packet {
-            return Waker::Context(BlockReason::Network);
-        }
-        match c.current.or((ev_tid >= 0).then_some(ev_tid)) {
-            Some(tid) if tid > 0 => Waker::Thread(tid),
-            _ => Waker::Context(BlockReason::Unexplained),
-        }
-    }
-
-    /// Whether thread `t` may be waiting for a packet: blocked in a system
-    /// call that waits on sockets or file descriptors (or in one the trace
-    /// does not show). A sleep, a futex or a child's exit is not ended by
-    /// a segment that arrived on the CPU meanwhile.
-    fn may_wait_for_network(&self, t: usize) -> bool {
-        let Some(call) = &self.threads[t].open_syscall else {
-            return true;
-        };
-        let name = match call.name {
-            0 => syscall_name(self.arch, call.id),
-            n => self.syscall_names.names.get(n as usize).map(|n| &**n),
-        };
-        match name {
-            None => true,
-            Some(name) => matches!(
-                name,
-                "read"
-                    | "readv"
-                    | "recvfrom"
-                    | "recvmsg"
-                    | "recvmmsg"
-                    | "write"
-                    | "writev"
-                    | "sendto"
-                    | "sendmsg"
-                    | "sendmmsg"
-                    | "accept"
-                    | "accept4"
-                    | "connect"
-                    | "poll"
-                    | "ppoll"
-                    | "select"
-                    | "pselect6"
-                    | "epoll_wait"
-                    | "epoll_pwait"
-                    | "epoll_pwait2"
-                    | "io_uring_enter"
-                    | "splice"
-                    | "sendfile"
-                    | "sendfile64"
-            ),
-        }
-    }
-
-    /// Why an interrupt whose events the trace lacks woke thread `t`: see
-    /// [`StateBuilder::recorder_threads`].
-    fn hidden_interrupt_reason(&self, t: usize) -> BlockReason {
-        let Some(call) = &self.threads[t].open_syscall else {
-            return BlockReason::Unexplained;
-        };
-        let name = match call.name {
-            0 => syscall_name(self.arch, call.id),
-            n => self.syscall_names.names.get(n as usize).map(|n| &**n),
-        };
-        match name {
-            Some("nanosleep" | "clock_nanosleep" | "clock_nanosleep_time64") => BlockReason::Timer,
-            _ => BlockReason::Unexplained,
-        }
-    }
-
-    fn frame_reason(&self, f: &Frame) -> BlockReason {
-        let by_flags = || {
-            if f.block {
-                Some(BlockReason::BlockDevice)
-            } else if f.packet {
-                Some(BlockReason::Network)
-            } else {
-                None
-            }
-        };
-        match f.kind {
-            Interrupt::Hrtimer => BlockReason::Timer,
-            Interrupt::Ipi if f.timer_ipi => BlockReason::Timer,
-            Interrupt::Ipi => BlockReason::Ipi,
-            Interrupt::Softirq(v) => match v {
-                softirq::TIMER | softirq::HRTIMER => BlockReason::Timer,
-                softirq::BLOCK | softirq::IRQ_POLL => BlockReason::BlockDevice,
-                softirq::NET_RX | softirq::NET_TX => BlockReason::Network,
-                softirq::SCHED => BlockReason::Interrupted,
-                _ => by_flags().unwrap_or(BlockReason::Softirq(v)),
-            },
-            Interrupt::Irq(irq) => by_flags().unwrap_or_else(|| {
-                if irq == 0 {
-                    BlockReason::Interrupted
-                } else if self.irq_names.get(&irq).is_some_and(|n| is_input_device(n)) {
-                    BlockReason::UserInput
-                } else {
-                    BlockReason::Irq(irq)
-                }
-            }),
-        }
-    }
-
     fn wakeup(&mut self, ts: u64, cpu: u32, ev_tid: Tid, w: &Wakeup, kind: WakeKind) {
         match kind {
             WakeKind::Waking => self.waking_seen = true,
@@ -1238,39 +1118,10 @@ impl StateBuilder {
             .ok()
             .filter(|&c| c < MAX_CPUS)
             .unwrap_or(NO_CPU);
-        let mut waker = self.waker(cpu, ev_tid);
-        // A segment received on this CPU outside a frame just before, and
-        // a thread waiting for I/O: the segment's wake-up (see `segment`).
-        if matches!(
-            waker,
-            Waker::Thread(_) | Waker::Context(BlockReason::Unexplained)
-        ) && self
-            .cpus
-            .get(cpu as usize)
-            .and_then(|c| fresh_segment(c, ts))
-            .is_some()
-            && self.may_wait_for_network(t)
-        {
-            waker = Waker::Context(BlockReason::Network);
-        }
-        if matches!(waker, Waker::Context(BlockReason::PacketFrom(x)) if x == ev_tid)
-            && self.is_on_other_host(cpu, ev_tid)
-        {
-            self.stats.wakeups_from_other_hosts += 1;
-        }
-        if matches!(waker, Waker::Thread(x) if self.recorder_tids.contains(&x)) {
-            self.stats.wakeups_under_recorder += 1;
-            waker = Waker::Context(self.hidden_interrupt_reason(t));
-        }
-        if matches!(waker, Waker::Context(BlockReason::Network)) {
-            if let Some(sender) = self.loopback_sender(cpu).filter(|&x| x != w.tid) {
-                waker = Waker::Context(BlockReason::PacketFrom(sender));
-            }
-        }
-        if matches!(waker, Waker::Thread(x) if x == w.tid) {
-            self.stats.spurious_wakeups += 1;
+        let Some(waker) = self.waker_of(ts, cpu, ev_tid, t) else {
+            // The target ran its own wake-up: spurious, counted there.
             return;
-        }
+        };
         if self.threads[t].open.is_none() && kind != WakeKind::New && self.close_rows {
             // First sight at a wake-up: the kernel wakes only sleeping
             // tasks, so it slept since the trace began (or since its tid's
@@ -1521,14 +1372,6 @@ impl StateBuilder {
         };
         th.hist.syscalls.push(s);
     }
-}
-
-fn is_input_device(name: &str) -> bool {
-    const INPUT: [&str; 10] = [
-        "i8042", "keyboard", "kbd", "mouse", "evdev", "input", "hid", "tty", "serial", "touch",
-    ];
-    let lower = name.to_ascii_lowercase();
-    INPUT.iter().any(|k| lower.contains(k))
 }
 
 #[cfg(test)]

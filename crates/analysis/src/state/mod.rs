@@ -27,6 +27,8 @@
 //! - `network`: packets and TCP segments, and how their two ends are
 //!   matched (loopback and virtual pairs by skb address, recorded segments
 //!   by key) so a wake-up by a message names its sender;
+//! - `waker`: who woke a thread, the ordered rules that give a wait its
+//!   reason;
 //! - `hosts`: models of several hosts: thread ids that carry their host,
 //!   events of one host seen on another's CPU, and calls between hosts
 //!   joined by their spans.
@@ -35,6 +37,7 @@ mod builder;
 mod hosts;
 mod model;
 mod network;
+mod waker;
 
 pub use builder::{
     switch_out, InitialStatus, StateBuilder, SwitchOut, ThreadInfo, MAX_CPUS,
