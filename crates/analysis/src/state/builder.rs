@@ -1,25 +1,15 @@
-//! Kernel state model: what every thread and CPU was doing over time,
-//! reconstructed from scheduling, interrupt and system-call events in one
-//! streaming pass, plus the execution graph built along the way.
+//! The state model's single pass: [`StateBuilder`] takes events in time
+//! order, one handler per kind (scheduling, wake-ups, forks, interrupts,
+//! system calls, block I/O, lost events, thread facts), and keeps what
+//! the pass needs meanwhile: each thread's open state and call, each
+//! CPU's current thread and interrupt nesting, and the execution graph
+//! as it grows. [`StateBuilder::finish`] closes what is open and hands
+//! over the [`KernelModel`].
 //!
-//! Rules (docs/analysis.md, "Kernel state model"; Trace Compass' with its
-//! gaps fixed):
-//! - switch-in → RUNNING; switch-out of a still-runnable thread → PREEMPTED,
-//!   otherwise BLOCKED (see [`switch_out`] for the `prev_state` encodings);
-//! - a wake-up ends BLOCKED (→ WAIT_CPU until switch-in) and gives the
-//!   blocked interval its [`BlockReason`] from the context of the waker:
-//!   a thread (the only reason linked in the graph), or the innermost
-//!   interrupt context of the waking CPU (timer, block device, network, …);
-//! - `sched_waking` (emitted by the waker) is used when the trace has it,
-//!   `sched_wakeup` otherwise; wake-ups of running or runnable threads are
-//!   spurious and only counted;
-//! - a thread's state is unknown until an event says it (no interval before
-//!   its first appearance).
-//!
-//! Memory grows with the number of state intervals, system calls and
-//! interrupts, never with the number of other events.
+//! The handlers for packets and segments, and the matching of a message's
+//! two ends, are in `network`; those about models of several hosts in
+//! `hosts`.
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use deepspan_model::{
@@ -27,54 +17,21 @@ use deepspan_model::{
 };
 
 use crate::fxhash::FastMap;
-use crate::graph::{Direction, EdgeType, Graph, VertexId};
+use crate::graph::{EdgeType, Graph, VertexId};
 use crate::held::HeldBack;
-use crate::syscalls::{syscall_name, Arch};
+use crate::syscalls::Arch;
 
-/// CPU number used where the CPU is not known.
-pub const NO_CPU: u32 = u32::MAX;
+use super::network::LocalPacket;
+use super::waker::Waker;
+use super::{
+    softirq_name, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval, Interrupt,
+    InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds, StateInterval,
+    SyscallInterval, ThreadHistory, ThreadState, NO_CPU,
+};
 
 /// Largest CPU number accepted; events claiming a larger one are counted
 /// and skipped instead of growing per-CPU tables without bound.
 pub const MAX_CPUS: u32 = 8192;
-
-/// In a model of several hosts, a thread id carries its host's number in
-/// the bits above this one: Linux thread ids stay below 2^22 (`pid_max`'s
-/// limit), so `host << HOST_TID_SHIFT | tid` is unique and host 0's ids are
-/// the trace's own.
-pub const HOST_TID_SHIFT: u32 = 22;
-
-/// Thread `tid` of host `host`, as a model of several hosts numbers it
-/// (the idle task, 0, stays 0: each host's CPUs are numbered apart).
-pub fn host_tid(host: u32, tid: Tid) -> Tid {
-    if tid <= 0 {
-        tid
-    } else {
-        ((host << HOST_TID_SHIFT) as Tid) | tid
-    }
-}
-
-/// A thread (or process) id for people: `hN:TID` for a thread of host
-/// N > 0 of a model of several hosts, else the id itself.
-pub fn tid_label(tid: Tid) -> String {
-    match split_host_tid(tid) {
-        (0, t) => t.to_string(),
-        (host, t) => format!("h{host}:{t}"),
-    }
-}
-
-/// The host and the host's own thread id of a thread id of a model of
-/// several hosts.
-pub fn split_host_tid(tid: Tid) -> (u32, Tid) {
-    if tid <= 0 {
-        (0, tid)
-    } else {
-        (
-            (tid as u32) >> HOST_TID_SHIFT,
-            tid & ((1 << HOST_TID_SHIFT) - 1),
-        )
-    }
-}
 
 /// A `sched_waking` seen while its target still runs elsewhere explains a
 /// blocking switch-out of that target only if the switch-out follows within
@@ -83,100 +40,6 @@ pub const PENDING_WAKING_WINDOW_NS: u64 = 50_000;
 
 /// Deepest interrupt nesting kept per CPU; deeper means exits were lost.
 const MAX_NESTING: usize = 32;
-
-/// What a thread is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ThreadState {
-    /// Alive, but what it does is not known (e.g. a statedump said "waiting"
-    /// without saying on what, or events were lost).
-    Unknown,
-    /// On a CPU.
-    Running,
-    /// Switched out while still runnable: waiting for a CPU it was taken from.
-    Preempted,
-    /// Woken (or just forked) and waiting for a CPU.
-    WaitCpu,
-    /// Waiting for something; the reason is known once it is woken.
-    Blocked(BlockReason),
-}
-
-/// Why a BLOCKED interval ended: the context that woke the thread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BlockReason {
-    /// No wake-up seen (switched in without one, or still blocked at the
-    /// end), or woken from the idle task without interrupt context.
-    Unexplained,
-    /// Woken by this thread, outside interrupt context.
-    Thread(Tid),
-    /// hrtimer expiry, TIMER/HRTIMER softirq, or a timer IPI.
-    Timer,
-    /// BLOCK/IRQ_POLL softirq, or an interrupt (or thread) that completed a
-    /// block request before the wake-up.
-    BlockDevice,
-    /// NET_RX/NET_TX softirq, or packet reception before the wake-up.
-    Network,
-    /// A packet whose sender is known: sent by this thread over the
-    /// loopback device or a virtual pair (veth) of the same kernel (local
-    /// TCP/UDP, containers), or, in a model of several hosts, by this
-    /// thread of another host. NETWORK, with a wake-up edge to the sender,
-    /// as a matched cross-host packet would have.
-    PacketFrom(Tid),
-    /// SCHED softirq or irq 0.
-    Interrupted,
-    /// Inter-processor interrupt.
-    Ipi,
-    /// Interrupt of an input device (keyboard, mouse, tty, evdev …).
-    UserInput,
-    /// Another hardware interrupt; its name is [`KernelModel::irq_name`].
-    Irq(i32),
-    /// Another softirq (HI, TASKLET, RCU …).
-    Softirq(u32),
-}
-
-impl ThreadState {
-    /// The execution-graph edge type of this state.
-    pub fn edge_type(self) -> EdgeType {
-        match self {
-            ThreadState::Unknown => EdgeType::Unknown,
-            ThreadState::Running => EdgeType::Running,
-            ThreadState::Preempted | ThreadState::WaitCpu => EdgeType::Preempted,
-            ThreadState::Blocked(r) => match r {
-                BlockReason::Unexplained
-                | BlockReason::Thread(_)
-                | BlockReason::Irq(_)
-                | BlockReason::Softirq(_) => EdgeType::Blocked,
-                BlockReason::Timer => EdgeType::Timer,
-                BlockReason::BlockDevice => EdgeType::BlockDevice,
-                BlockReason::Network | BlockReason::PacketFrom(_) => EdgeType::Network,
-                BlockReason::Interrupted => EdgeType::Interrupted,
-                BlockReason::Ipi => EdgeType::Ipi,
-                BlockReason::UserInput => EdgeType::UserInput,
-            },
-        }
-    }
-
-    /// Runnable: preempted or woken, waiting for a CPU.
-    pub fn is_runnable(self) -> bool {
-        matches!(self, ThreadState::Preempted | ThreadState::WaitCpu)
-    }
-}
-
-/// Name of a softirq vector (`TIMER`, `NET_RX`, …).
-pub fn softirq_name(vec: u32) -> &'static str {
-    match vec {
-        softirq::HI => "HI",
-        softirq::TIMER => "TIMER",
-        softirq::NET_TX => "NET_TX",
-        softirq::NET_RX => "NET_RX",
-        softirq::BLOCK => "BLOCK",
-        softirq::IRQ_POLL => "IRQ_POLL",
-        softirq::TASKLET => "TASKLET",
-        softirq::SCHED => "SCHED",
-        softirq::HRTIMER => "HRTIMER",
-        softirq::RCU => "RCU",
-        _ => "softirq",
-    }
-}
 
 /// What a switched-out thread became, from `prev_state`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,48 +68,6 @@ pub fn switch_out(prev_state: i64, exiting: bool) -> SwitchOut {
     } else {
         SwitchOut::Blocked
     }
-}
-
-/// A thread in one state over `[start, end]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StateInterval {
-    pub start: u64,
-    pub end: u64,
-    pub state: ThreadState,
-    /// RUNNING: the CPU; PREEMPTED/WAIT_CPU: the run queue's CPU when known;
-    /// BLOCKED: the CPU it left. [`NO_CPU`] when unknown.
-    pub cpu: u32,
-}
-
-impl StateInterval {
-    pub fn duration(&self) -> u64 {
-        self.end.saturating_sub(self.start)
-    }
-}
-
-/// One system call of a thread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SyscallInterval {
-    pub start: u64,
-    pub end: u64,
-    /// Syscall number, -1 when only the name is known.
-    pub id: i32,
-    /// Interned name, read with [`KernelModel::syscall_name`]; 0 = none
-    /// (also for names past the 65 535th distinct one, which no kernel
-    /// has). Two bytes, so the interval is 48 bytes, not 56: a model has
-    /// millions of them.
-    pub name: u16,
-    /// First two arguments: futex `uaddr`/`op`, the fd of read/recvfrom/…
-    pub arg0: u64,
-    pub arg1: u64,
-    /// Return value (valid when `exit_seen`).
-    pub ret: i64,
-    /// False when the entry was not seen (before the trace or lost): `start`
-    /// is then only the earliest possible time. A call the recorder saw
-    /// only at a sleep inside it (see [`StateBuilder::blocked_syscall`])
-    /// has its arguments, so this is true, but `start` is the sleep's.
-    pub entry_seen: bool,
-    pub exit_seen: bool,
 }
 
 /// Initial thread facts that are not events of their own: LTTng statedump
@@ -319,235 +140,6 @@ impl ThreadInfo {
     }
 }
 
-/// Everything known about one thread over the trace.
-#[derive(Clone, Debug, Default)]
-pub struct ThreadHistory {
-    pub tid: Tid,
-    pub pid: Option<Tid>,
-    pub ppid: Option<Tid>,
-    /// The thread that forked this one, when the fork was traced.
-    pub parent: Option<Tid>,
-    states: Vec<StateInterval>,
-    syscalls: Vec<SyscallInterval>,
-    names: Vec<(u64, Comm)>,
-    deaths: Vec<u64>,
-}
-
-impl ThreadHistory {
-    /// All state intervals, in time order, never overlapping. Gaps only
-    /// follow a death (see [`ThreadHistory::deaths`]).
-    pub fn states(&self) -> &[StateInterval] {
-        &self.states
-    }
-
-    /// The state intervals that overlap `[start, end]`.
-    pub fn states_in(&self, start: u64, end: u64) -> &[StateInterval] {
-        overlapping(&self.states, start, end, |s| (s.start, s.end))
-    }
-
-    /// The state at `ts` (the later one at a boundary).
-    pub fn state_at(&self, ts: u64) -> Option<&StateInterval> {
-        at(&self.states, ts, |s| (s.start, s.end))
-    }
-
-    /// All system calls, in time order.
-    pub fn syscalls(&self) -> &[SyscallInterval] {
-        &self.syscalls
-    }
-
-    /// The system calls that overlap `[start, end]`.
-    pub fn syscalls_in(&self, start: u64, end: u64) -> &[SyscallInterval] {
-        overlapping(&self.syscalls, start, end, |s| (s.start, s.end))
-    }
-
-    /// The system call the thread was in at `ts`.
-    pub fn syscall_at(&self, ts: u64) -> Option<&SyscallInterval> {
-        at(&self.syscalls, ts, |s| (s.start, s.end))
-    }
-
-    /// Names over time: `(since, name)`, in time order.
-    pub fn names(&self) -> &[(u64, Comm)] {
-        &self.names
-    }
-
-    /// The latest name.
-    pub fn name(&self) -> Option<Comm> {
-        self.names.last().map(|n| n.1)
-    }
-
-    /// The name at `ts` (the first name when `ts` precedes it).
-    pub fn name_at(&self, ts: u64) -> Option<Comm> {
-        let i = self.names.partition_point(|n| n.0 <= ts);
-        self.names.get(i.saturating_sub(1)).map(|n| n.1)
-    }
-
-    /// The names the thread may have had at `ts`: the name at `ts` and,
-    /// when the trace shows a later one, that one too. A rename (`prctl`,
-    /// a runtime naming a thread it has just made) shows only at the
-    /// thread's next event that carries its name, so the new name may have
-    /// been the thread's at any moment after its last event under the old.
-    pub fn names_possible_at(&self, ts: u64) -> impl Iterator<Item = Comm> + '_ {
-        let i = self.names.partition_point(|n| n.0 <= ts);
-        self.names[i.saturating_sub(1)..(i + 1).min(self.names.len())]
-            .iter()
-            .map(|n| n.1)
-    }
-
-    /// When the thread was first seen.
-    pub fn first_seen(&self) -> Option<u64> {
-        let s = self.states.first().map(|s| s.start);
-        let n = self.names.first().map(|n| n.0);
-        s.into_iter().chain(n).min()
-    }
-
-    /// Times at which the thread died (more than one if its tid was reused).
-    pub fn deaths(&self) -> &[u64] {
-        &self.deaths
-    }
-}
-
-/// Items sorted by start with non-overlapping `[start, end]` ranges.
-fn overlapping<T>(items: &[T], start: u64, end: u64, range: impl Fn(&T) -> (u64, u64)) -> &[T] {
-    let a = items.partition_point(|x| range(x).1 < start);
-    let b = items.partition_point(|x| range(x).0 <= end);
-    items.get(a..b.max(a)).unwrap_or(&[])
-}
-
-fn at<T>(items: &[T], ts: u64, range: impl Fn(&T) -> (u64, u64)) -> Option<&T> {
-    let i = items.partition_point(|x| range(x).0 <= ts).checked_sub(1)?;
-    let x = items.get(i)?;
-    (ts <= range(x).1).then_some(x)
-}
-
-/// A thread on a CPU over `[start, end]` (tid 0 is the idle task).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CpuInterval {
-    pub start: u64,
-    pub end: u64,
-    pub tid: Tid,
-}
-
-/// An interrupt context on a CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Interrupt {
-    Irq(i32),
-    Softirq(u32),
-    Hrtimer,
-    Ipi,
-}
-
-/// An interrupt handler's run on a CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InterruptInterval {
-    pub start: u64,
-    pub end: u64,
-    pub kind: Interrupt,
-    /// Nesting depth, 0 = interrupted a thread.
-    pub depth: u8,
-}
-
-/// What one CPU did.
-#[derive(Clone, Debug, Default)]
-pub struct CpuHistory {
-    pub cpu: u32,
-    timeline: Vec<CpuInterval>,
-    interrupts: Vec<InterruptInterval>,
-}
-
-impl CpuHistory {
-    /// Which thread ran, in time order (from `sched_switch`).
-    pub fn timeline(&self) -> &[CpuInterval] {
-        &self.timeline
-    }
-
-    /// The threads that ran over `[start, end]`.
-    pub fn running_in(&self, start: u64, end: u64) -> &[CpuInterval] {
-        overlapping(&self.timeline, start, end, |c| (c.start, c.end))
-    }
-
-    /// The thread running at `ts`.
-    pub fn running_at(&self, ts: u64) -> Option<Tid> {
-        at(&self.timeline, ts, |c| (c.start, c.end)).map(|c| c.tid)
-    }
-
-    /// Interrupt handler runs, ordered by their end.
-    pub fn interrupts(&self) -> &[InterruptInterval] {
-        &self.interrupts
-    }
-}
-
-/// Which step of a block request's life a [`BlockIo`] is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BlockPhase {
-    /// Put in the I/O scheduler's queue (`block_rq_insert`).
-    Insert,
-    /// Sent to the device driver (`block_rq_issue`).
-    Issue,
-    /// Done by the device (`block_rq_complete`).
-    Complete,
-}
-
-/// One block-layer request event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockIo {
-    pub ts: u64,
-    pub phase: BlockPhase,
-    /// Kernel `dev_t` (major << 20 | minor).
-    pub dev: u32,
-    pub sector: u64,
-    pub nr_sector: u32,
-    /// `rwbs` has `W`.
-    pub write: bool,
-    /// The thread current when the event fired: for insert and issue of
-    /// synchronous I/O, the thread the request was made for (or a kernel
-    /// worker: writeback, kblockd); for completion, whatever was
-    /// interrupted.
-    pub tid: Tid,
-}
-
-/// A time range in which events were lost on one CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LostRange {
-    pub start: u64,
-    pub end: u64,
-    pub cpu: u32,
-}
-
-/// Counters of what the model saw and what it had to guess or ignore.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ModelStats {
-    pub events: u64,
-    /// Wake-ups of running or runnable threads.
-    pub spurious_wakeups: u64,
-    /// `sched_wakeup` events ignored because the trace has `sched_waking`.
-    pub wakeups_superseded: u64,
-    /// `sched_waking` of a still-running thread that then blocked right away.
-    pub early_wakings_used: u64,
-    /// Events whose timestamp went backwards (treated as the latest time).
-    pub out_of_order: u64,
-    /// Events on a CPU number above [`MAX_CPUS`].
-    pub bad_cpu: u64,
-    /// Scheduling events contradicting the model (a switch-out of a thread
-    /// that was not the CPU's current one, …): signs of lost events.
-    pub inconsistencies: u64,
-    /// Interrupt exits without a matching entry.
-    pub unmatched_exits: u64,
-    /// Lost-event markers.
-    pub lost_markers: u64,
-    /// Switches that were not in the trace but that an event proved: an
-    /// event of thread T on a CPU the model thought ran another thread (T
-    /// is taken as running there from that event on).
-    pub inferred_switches: u64,
-    /// Wake-ups by an interrupt that ran while a recorder thread was
-    /// current (see [`StateBuilder::recorder_threads`]).
-    pub wakeups_under_recorder: u64,
-    /// Wake-ups recorded on one host's CPU in the context of another
-    /// host's thread (see [`StateBuilder::hosts`]).
-    pub wakeups_from_other_hosts: u64,
-    /// Other events of that kind, left out.
-    pub other_host_events: u64,
-}
-
 /// Builds a [`KernelModel`] from events pushed in time order.
 ///
 /// ```
@@ -558,19 +150,19 @@ pub struct ModelStats {
 /// assert!(model.threads().next().is_none());
 /// ```
 pub struct StateBuilder {
-    threads: Vec<ThreadRec>,
-    index: TidIndex,
-    cpus: Vec<CpuRec>,
-    graph: Graph,
+    pub(super) threads: Vec<ThreadRec>,
+    pub(super) index: TidIndex,
+    pub(super) cpus: Vec<CpuRec>,
+    pub(super) graph: Graph,
     lost: Vec<LostRange>,
-    irq_names: FastMap<i32, Name>,
-    syscall_names: SyscallNames,
+    pub(super) irq_names: FastMap<i32, Name>,
+    pub(super) syscall_names: SyscallNames,
     waking_seen: bool,
     start: Option<u64>,
     last_ts: u64,
-    stats: ModelStats,
+    pub(super) stats: ModelStats,
     /// False: no execution graph (see [`StateBuilder::without_graph`]).
-    graph_on: bool,
+    pub(super) graph_on: bool,
     /// False: interrupt handler runs are not kept (see
     /// [`StateBuilder::without_interrupt_history`]).
     interrupts_on: bool,
@@ -578,22 +170,22 @@ pub struct StateBuilder {
     /// end of the trace (see [`StateBuilder::open_ended`]).
     close_rows: bool,
     block_io: Vec<BlockIo>,
-    packets: NetworkEnds,
+    pub(super) packets: NetworkEnds,
     /// See [`StateBuilder::recorder_threads`].
-    recorder_tids: Vec<Tid>,
+    pub(super) recorder_tids: Vec<Tid>,
     /// Names syscall numbers for traces without syscall names.
-    arch: Arch,
+    pub(super) arch: Arch,
     /// Packets a thread queued on a device, by skb address: who queued it,
     /// when, and on which device. A packet of the loopback device, or of
     /// a virtual pair (veth: the peer receives the very skb the other end
     /// queued), is received with the same address.
-    local_in_flight: FastMap<u64, LocalPacket>,
+    pub(super) local_in_flight: FastMap<u64, LocalPacket>,
     /// The host of each CPU, in a model of several hosts (empty: one).
-    cpu_hosts: Vec<u32>,
+    pub(super) cpu_hosts: Vec<u32>,
     /// Recorded TCP segments sent and not yet received, by key: the
     /// sending context's vertex at the send, and when (see
     /// [`StateBuilder::segment`]).
-    segments_in_flight: FastMap<u64, (VertexId, u64)>,
+    pub(super) segments_in_flight: FastMap<u64, (VertexId, u64)>,
     /// True once the input has had a sleep in a system call (see
     /// [`StateBuilder::blocked_syscall`]): a thread's open call then ends
     /// when the thread runs again.
@@ -603,74 +195,10 @@ pub struct StateBuilder {
     socket_call_names: Option<[u16; 2]>,
 }
 
-/// A packet a thread queued, until its address is queued again.
-#[derive(Clone)]
-struct LocalPacket {
-    sender: Tid,
-    queued: u64,
-    dev: Name,
-}
-
-impl LocalPacket {
-    /// Whether the packet received on `dev` at `ts` with this packet's
-    /// skb address is this packet. A loopback packet comes back on `lo`;
-    /// one crossing a virtual pair arrives on the other end, so on a
-    /// different device. The same device but `lo` means a real NIC that
-    /// freed the sent skb and allocated a received one at its address.
-    fn delivered_as(&self, dev: &str, ts: u64) -> bool {
-        let same_device = *self.dev == *dev;
-        ts.saturating_sub(self.queued) <= LOOPBACK_IN_FLIGHT_NS && (same_device == (dev == "lo"))
-    }
-}
-
-/// A segment received outside an interrupt frame explains wake-ups on its
-/// CPU for this long: the kernel wakes the socket's reader within
-/// microseconds of the segment's arrival, and the frame's end, which would
-/// close the window, may be missing from the trace (ksoftirqd, pid filters).
-pub const SEGMENT_WAKE_NS: u64 = 100_000;
-
-/// The key of the segment received on CPU `c` outside a frame, if within
-/// [`SEGMENT_WAKE_NS`] of `ts`.
-fn fresh_segment(c: &CpuRec, ts: u64) -> Option<u64> {
-    c.thread_segment
-        .filter(|&(_, at)| ts.saturating_sub(at) <= SEGMENT_WAKE_NS)
-        .map(|(key, _)| key)
-}
-
-/// A local packet is received within microseconds of being queued; an
-/// skb address not received for this long was reused or its reception lost.
-const LOOPBACK_IN_FLIGHT_NS: u64 = 1_000_000_000;
-
-/// Packets in flight on `lo` kept at most (stale ones are dropped first).
-const MAX_LOOPBACK_IN_FLIGHT: usize = 1 << 16;
-
-/// Where network messages leave and arrive in the execution graph, by
-/// message key, for joining the graphs of several hosts
-/// ([`crate::distributed_graph`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NetworkEnds {
-    /// (key, vertex of the sending context at the send), in time order.
-    pub sent: Vec<(u64, VertexId)>,
-    /// (key, vertex of the thread a received message woke, at the
-    /// wake-up), in time order.
-    pub received: Vec<(u64, VertexId)>,
-}
-
-/// The direction of a message given to [`StateBuilder::packet`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PacketDirection {
-    Sent,
-    Received,
-}
-
-/// The tid of a host's kernel worker: the graph row of the work done in
-/// interrupt context (Trace Compass' kernel worker).
-pub const KERNEL_WORKER: Tid = -1;
-
-struct ThreadRec {
-    hist: ThreadHistory,
+pub(super) struct ThreadRec {
+    pub(super) hist: ThreadHistory,
     open: Option<Open>,
-    open_syscall: Option<SyscallInterval>,
+    pub(super) open_syscall: Option<SyscallInterval>,
     exiting: bool,
     /// Forked and not yet `sched_wakeup_new`: that wake-up is expected.
     forked: bool,
@@ -686,54 +214,54 @@ struct Open {
 }
 
 #[derive(Default)]
-struct CpuRec {
-    current: Option<Tid>,
+pub(super) struct CpuRec {
+    pub(super) current: Option<Tid>,
     since: u64,
     seen: bool,
     last_ts: u64,
     timeline: Vec<CpuInterval>,
     interrupts: Vec<InterruptInterval>,
-    stack: Vec<Frame>,
+    pub(super) stack: Vec<Frame>,
     /// A block request completed / a packet arrived in thread context since
     /// the last switch: that thread's wake-ups are I/O completions.
-    thread_block: bool,
-    thread_packet: bool,
+    pub(super) thread_block: bool,
+    pub(super) thread_packet: bool,
     /// The key of the last message given to [`StateBuilder::packet`] as
     /// received in thread context since the last switch.
-    thread_message: Option<u64>,
+    pub(super) thread_message: Option<u64>,
     /// The last recorded TCP segment received in thread context since the
     /// last switch (see [`StateBuilder::segment`]): key and time.
-    thread_segment: Option<(u64, u64)>,
+    pub(super) thread_segment: Option<(u64, u64)>,
     /// The thread that queued a packet on the loopback device since the
     /// last switch (in thread context): a NET_RX softirq run in its
     /// context then delivers its packets.
-    loopback_sender: Option<Tid>,
+    pub(super) loopback_sender: Option<Tid>,
 }
 
 #[derive(Clone, Copy)]
-struct Frame {
-    kind: Interrupt,
-    timer_ipi: bool,
-    start: u64,
-    block: bool,
-    packet: bool,
+pub(super) struct Frame {
+    pub(super) kind: Interrupt,
+    pub(super) timer_ipi: bool,
+    pub(super) start: u64,
+    pub(super) block: bool,
+    pub(super) packet: bool,
     /// A packet of the loopback device, or one a local thread sent over a
     /// virtual pair, was received in this frame.
-    loopback: bool,
+    pub(super) loopback: bool,
     /// The thread that queued the last local packet received in this
     /// frame, matched by skb address: the frame's wake-ups deliver its
     /// data, whatever thread the softirq runs on (the sender's own,
     /// ksoftirqd's, or one whose events were filtered out).
-    loopback_from: Option<Tid>,
+    pub(super) loopback_from: Option<Tid>,
     /// The key of the last message received in this frame.
-    message: Option<u64>,
+    pub(super) message: Option<u64>,
 }
 
 const NO_WORKER: u32 = u32::MAX;
 
 /// Thread index lookup: a flat table for ordinary tids, a map for the rest.
 #[derive(Default)]
-struct TidIndex {
+pub(super) struct TidIndex {
     flat: Vec<u32>,
     other: FastMap<Tid, u32>,
 }
@@ -742,7 +270,7 @@ const FLAT_TIDS: usize = 1 << 22;
 
 impl TidIndex {
     #[inline]
-    fn get(&self, tid: Tid) -> Option<u32> {
+    pub(super) fn get(&self, tid: Tid) -> Option<u32> {
         match usize::try_from(tid) {
             Ok(i) if i < FLAT_TIDS => self.flat.get(i).copied().filter(|&x| x != u32::MAX),
             _ => self.other.get(&tid).copied(),
@@ -769,8 +297,8 @@ impl TidIndex {
 /// the text's address is a cheap first key; every name seen is kept alive
 /// so an address can never be reused for another name.
 #[derive(Default)]
-struct SyscallNames {
-    names: Vec<Name>,
+pub(super) struct SyscallNames {
+    pub(super) names: Vec<Name>,
     by_text: FastMap<Name, u16>,
     by_ptr: FastMap<usize, u16>,
     keep: Vec<Name>,
@@ -815,11 +343,6 @@ impl SyscallNames {
     }
 }
 
-enum Waker {
-    Thread(Tid),
-    Context(BlockReason),
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum WakeKind {
     Waking,
@@ -862,30 +385,6 @@ impl StateBuilder {
         }
     }
 
-    /// A model of several hosts: `cpu_hosts[cpu]` is the host of each CPU
-    /// (each host's CPUs numbered apart), and thread ids carry their host
-    /// ([`host_tid`]).
-    ///
-    /// An event on one host's CPU whose current thread is another host's
-    /// happens only when the hosts share a kernel (network namespaces, each
-    /// recorded with its own pid filter): the kernel delivers a packet
-    /// across a virtual pair in the sender's context, and the pid filter
-    /// keeps the wake-up for the woken thread's run. Such a wake-up is a
-    /// packet from that thread (NETWORK with an edge from the sender, as
-    /// a packet matched across hosts); any other such event is left out,
-    /// as the sender's own run has it.
-    pub fn hosts(self, cpu_hosts: Vec<u32>) -> StateBuilder {
-        StateBuilder { cpu_hosts, ..self }
-    }
-
-    /// Whether `tid` is current on `cpu` of another host (see
-    /// [`StateBuilder::hosts`]).
-    fn is_on_other_host(&self, cpu: u32, tid: Tid) -> bool {
-        !self.cpu_hosts.is_empty()
-            && tid > 0
-            && self.cpu_hosts.get(cpu as usize) != Some(&split_host_tid(tid).0)
-    }
-
     /// The threads whose events the recording filtered out (a deepspan
     /// recorder's own, `Manifest::recorder_tids`), and the architecture that
     /// numbers the trace's system calls.
@@ -913,42 +412,6 @@ impl StateBuilder {
         StateBuilder {
             close_rows: false,
             ..self
-        }
-    }
-
-    /// A network message sent or received now on `cpu`, identified by
-    /// `key` (what matches its two ends: a TCP (seq, ack_seq, flags)
-    /// digest, a test stub's message id). The context doing it gets a
-    /// graph vertex: the current thread, or the host's kernel worker
-    /// ([`KERNEL_WORKER`]) in interrupt context, running since the
-    /// interrupt began. A send is kept as an end of the message; a
-    /// reception makes the context's next wake-ups network wake-ups (no
-    /// link from the waker), whose woken vertices are kept as the other
-    /// end ([`KernelModel::network_ends`]).
-    pub fn packet(&mut self, ts: u64, cpu: u32, key: u64, direction: PacketDirection) {
-        if cpu >= MAX_CPUS {
-            self.stats.bad_cpu += 1;
-            return;
-        }
-        let ts = self.clock(ts);
-        let vertex = self.context_vertex(cpu, ts);
-        let c = self.cpu_mut(cpu);
-        match direction {
-            PacketDirection::Sent => {
-                if let Some(v) = vertex {
-                    self.packets.sent.push((key, v));
-                }
-            }
-            PacketDirection::Received => match c.stack.last_mut() {
-                Some(f) => {
-                    f.packet = true;
-                    f.message = Some(key);
-                }
-                None => {
-                    c.thread_packet = true;
-                    c.thread_message = Some(key);
-                }
-            },
         }
     }
 
@@ -1031,141 +494,6 @@ impl StateBuilder {
             entry_seen: false,
             exit_seen: !sent,
         });
-    }
-
-    /// A TCP segment recorded (`record --tcp-keys`) leaving (`Sent`) or
-    /// entering (`Received`) a device now on `cpu`, with `tid` current
-    /// there, `key` its (seq, ack_seq, flags) digest. Unlike [`StateBuilder::packet`] (Trace
-    /// Compass's stubs, whose hosts are joined afterwards), the two ends
-    /// meet in this model: a thread woken by a received segment gets a
-    /// NETWORK edge from the context that sent it, at the send, when no
-    /// other rule names the sender (loopback and veth packets are matched
-    /// by skb address; a wake-up in another host's thread is that
-    /// thread's). So a request waiting for another host's reply continues,
-    /// on its critical path, into that host's thread that sent it.
-    ///
-    /// A received segment outside an interrupt frame (a softirq run by
-    /// ksoftirqd, or whose events a pid filter left out) makes the CPU's
-    /// next wake-ups within [`SEGMENT_WAKE_NS`], of threads blocked in a
-    /// system call that waits for I/O, network wake-ups.
-    pub fn segment(&mut self, ts: u64, cpu: u32, tid: Tid, key: u64, direction: PacketDirection) {
-        if cpu >= MAX_CPUS {
-            self.stats.bad_cpu += 1;
-            return;
-        }
-        let ts = self.clock(ts);
-        match direction {
-            PacketDirection::Sent => {
-                // The recording names the thread current at the send: more
-                // certain than the model's current thread when the trace
-                // lacks that CPU's switches (pid filters), unless the send
-                // is in an interrupt frame (the kernel's, not that thread's).
-                let in_frame = self
-                    .cpus
-                    .get(cpu as usize)
-                    .is_some_and(|c| !c.stack.is_empty());
-                let vertex = if tid > 0 && !in_frame && self.graph_on {
-                    let t = self.thread(tid);
-                    Some(self.vertex_now(t, ts))
-                } else {
-                    self.context_vertex(cpu, ts)
-                };
-                if let Some(v) = vertex {
-                    if self.segments_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
-                        let oldest = ts.saturating_sub(LOOPBACK_IN_FLIGHT_NS);
-                        self.segments_in_flight
-                            .retain(|_, &mut (_, sent)| sent >= oldest);
-                        if self.segments_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
-                            self.segments_in_flight.clear();
-                        }
-                    }
-                    self.segments_in_flight.insert(key, (v, ts));
-                }
-            }
-            PacketDirection::Received => {
-                let c = self.cpu_mut(cpu);
-                match c.stack.last_mut() {
-                    Some(f) => {
-                        f.packet = true;
-                        f.message = Some(key);
-                    }
-                    None => c.thread_segment = Some((key, ts)),
-                }
-            }
-        }
-    }
-
-    /// The NETWORK edge of thread `t`, woken at `ts` by the message `key`,
-    /// from the context that sent it (see [`StateBuilder::segment`]).
-    fn link_segment(&mut self, t: usize, ts: u64, key: u64) -> bool {
-        let Some(&(from, sent)) = self.segments_in_flight.get(&key) else {
-            return false;
-        };
-        if sent > ts || ts - sent > LOOPBACK_IN_FLIGHT_NS {
-            return false;
-        }
-        let to = self.vertex_now(t, ts);
-        if from.worker == to.worker {
-            return false;
-        }
-        self.segments_in_flight.remove(&key);
-        self.graph.link(from, to, EdgeType::Network, None)
-    }
-
-    /// A network wake-up of thread `t` by a thread that received packets
-    /// (a threaded interrupt handler, threaded NAPI) names that thread on
-    /// the NETWORK edge, as Trace Compass does: the edge ends here, before
-    /// the wake-up's own transition (which then finds the vertex made).
-    fn name_network_edge(&mut self, t: usize, ts: u64, cpu: u32) {
-        let Some(c) = self.cpus.get(cpu as usize) else {
-            return;
-        };
-        if !self.graph_on || !c.stack.is_empty() || !c.thread_packet {
-            return;
-        }
-        let Some(receiver) = c.current.filter(|&x| x > 0) else {
-            return;
-        };
-        let name = self
-            .index
-            .get(receiver)
-            .and_then(|i| self.threads[i as usize].hist.name())
-            .map(|comm| comm.to_string_lossy());
-        let worker = self.worker(t);
-        self.graph
-            .append(worker, ts, EdgeType::Network, name.as_deref());
-    }
-
-    /// The key of the message the context running on `cpu` received last
-    /// (a segment received in thread context only until [`SEGMENT_WAKE_NS`]
-    /// after it, `ts`).
-    fn context_message(&self, cpu: u32, ts: u64) -> Option<u64> {
-        let c = self.cpus.get(cpu as usize)?;
-        match c.stack.last() {
-            Some(f) => f.message,
-            None => c.thread_message.or(fresh_segment(c, ts)),
-        }
-    }
-
-    /// A vertex at `ts` of whatever runs on `cpu`: the kernel worker in
-    /// interrupt context (from the interrupt's start), else the current
-    /// thread.
-    fn context_vertex(&mut self, cpu: u32, ts: u64) -> Option<VertexId> {
-        if !self.graph_on {
-            return None;
-        }
-        let c = self.cpu_mut(cpu);
-        if let Some(start) = c.stack.last().map(|f| f.start) {
-            let worker = self.graph.worker(KERNEL_WORKER);
-            let since = self.graph.tail(worker).map(|v| self.graph.ts(v));
-            if since.is_none_or(|t| t < start) {
-                self.graph.add(worker, start);
-            }
-            return Some(self.graph.append(worker, ts, EdgeType::Running, None));
-        }
-        let tid = self.current(cpu).filter(|&t| t > 0)?;
-        let t = self.thread(tid);
-        Some(self.vertex_now(t, ts))
     }
 
     /// A builder that keeps no execution graph: the model then has thread,
@@ -1290,60 +618,8 @@ impl StateBuilder {
                     None => c.thread_block = true,
                 }
             }
-            EventKind::NetifReceiveSkb(p) => {
-                let on_lo = &*p.dev == "lo";
-                let from = match self.local_in_flight.get(&p.skbaddr) {
-                    Some(local) if local.delivered_as(&p.dev, ts) => Some(local.sender),
-                    _ => None,
-                };
-                // A loopback skb is received once; one crossing virtual
-                // devices (veth, a bridge, the peer) is received on each.
-                if on_lo {
-                    self.local_in_flight.remove(&p.skbaddr);
-                }
-                let loopback = on_lo || from.is_some();
-                let c = self.cpu_mut(cpu);
-                match c.stack.last_mut() {
-                    Some(f) => {
-                        f.packet = true;
-                        if loopback {
-                            f.loopback = true;
-                            f.loopback_from = from;
-                        }
-                    }
-                    None => c.thread_packet = true,
-                }
-            }
-            EventKind::NetDevQueue(p) => {
-                let c = self.cpu_mut(cpu);
-                if !c.stack.is_empty() {
-                    // Forwarded in a softirq (a veth peer into a bridge):
-                    // still the packet its thread sent.
-                    if let Some(local) = self.local_in_flight.get_mut(&p.skbaddr) {
-                        local.queued = ts;
-                    }
-                    return;
-                }
-                let sender = c.current.filter(|&t| t > 0);
-                if &*p.dev == "lo" {
-                    c.loopback_sender = sender;
-                }
-                if let Some(sender) = sender {
-                    if self.local_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
-                        let oldest = ts.saturating_sub(LOOPBACK_IN_FLIGHT_NS);
-                        self.local_in_flight.retain(|_, p| p.queued >= oldest);
-                        if self.local_in_flight.len() >= MAX_LOOPBACK_IN_FLIGHT {
-                            self.local_in_flight.clear();
-                        }
-                    }
-                    let local = LocalPacket {
-                        sender,
-                        queued: ts,
-                        dev: p.dev.clone(),
-                    };
-                    self.local_in_flight.insert(p.skbaddr, local);
-                }
-            }
+            EventKind::NetifReceiveSkb(p) => self.netif_receive_skb(ts, cpu, p),
+            EventKind::NetDevQueue(p) => self.net_dev_queue(ts, cpu, p),
             _ => {}
         }
     }
@@ -1508,7 +784,7 @@ impl StateBuilder {
         });
     }
 
-    fn clock(&mut self, ts: u64) -> u64 {
+    pub(super) fn clock(&mut self, ts: u64) -> u64 {
         if self.start.is_none() {
             self.start = Some(ts);
         }
@@ -1520,7 +796,7 @@ impl StateBuilder {
         ts
     }
 
-    fn cpu_mut(&mut self, cpu: u32) -> &mut CpuRec {
+    pub(super) fn cpu_mut(&mut self, cpu: u32) -> &mut CpuRec {
         let i = cpu as usize;
         if self.cpus.len() <= i {
             self.cpus.resize_with(i + 1, CpuRec::default);
@@ -1530,13 +806,13 @@ impl StateBuilder {
         c
     }
 
-    fn current(&self, cpu: u32) -> Option<Tid> {
+    pub(super) fn current(&self, cpu: u32) -> Option<Tid> {
         self.cpus.get(cpu as usize).and_then(|c| c.current)
     }
 
     /// Index of `tid`'s record, created on first sight.
     #[inline]
-    fn thread(&mut self, tid: Tid) -> usize {
+    pub(super) fn thread(&mut self, tid: Tid) -> usize {
         match self.index.get(tid) {
             Some(i) => i as usize,
             None => self.new_thread(tid),
@@ -1683,7 +959,7 @@ impl StateBuilder {
     }
 
     /// The graph row of thread `t`.
-    fn worker(&mut self, t: usize) -> u32 {
+    pub(super) fn worker(&mut self, t: usize) -> u32 {
         let th = &mut self.threads[t];
         if th.worker == NO_WORKER {
             th.worker = self.graph.worker(th.hist.tid);
@@ -1693,7 +969,7 @@ impl StateBuilder {
 
     /// A vertex of thread `t` at `ts`, splitting its current graph edge
     /// (the state interval stays whole).
-    fn vertex_now(&mut self, t: usize, ts: u64) -> VertexId {
+    pub(super) fn vertex_now(&mut self, t: usize, ts: u64) -> VertexId {
         let worker = self.worker(t);
         match self.threads[t].open {
             Some(o) => {
@@ -1816,138 +1092,6 @@ impl StateBuilder {
         c.loopback_sender = None;
     }
 
-    /// The thread whose loopback packet wakes a thread from `cpu` now: in
-    /// a NET_RX softirq that received a loopback packet, the thread that
-    /// queued that packet (matched by skb address), else the thread the
-    /// softirq interrupted right after it queued packets on `lo`.
-    fn loopback_sender(&self, cpu: u32) -> Option<Tid> {
-        let c = self.cpus.get(cpu as usize)?;
-        match c.stack.as_slice() {
-            [f] if f.kind == Interrupt::Softirq(softirq::NET_RX) && f.loopback => {
-                f.loopback_from.or(c
-                    .loopback_sender
-                    .filter(|&sender| c.current == Some(sender)))
-            }
-            _ => None,
-        }
-    }
-
-    /// Who (or what) wakes a thread from `cpu` now.
-    fn waker(&self, cpu: u32, ev_tid: Tid) -> Waker {
-        if self.is_on_other_host(cpu, ev_tid) {
-            return Waker::Context(BlockReason::PacketFrom(ev_tid));
-        }
-        let Some(c) = self.cpus.get(cpu as usize) else {
-            return Waker::Context(BlockReason::Unexplained);
-        };
-        if let Some(f) = c.stack.last() {
-            return Waker::Context(self.frame_reason(f));
-        }
-        if c.thread_block {
-            return Waker::Context(BlockReason::BlockDevice);
-        }
-        if c.thread_packet {
-            return Waker::Context(BlockReason::Network);
-        }
-        match c.current.or((ev_tid >= 0).then_some(ev_tid)) {
-            Some(tid) if tid > 0 => Waker::Thread(tid),
-            _ => Waker::Context(BlockReason::Unexplained),
-        }
-    }
-
-    /// Whether thread `t` may be waiting for a packet: blocked in a system
-    /// call that waits on sockets or file descriptors (or in one the trace
-    /// does not show). A sleep, a futex or a child's exit is not ended by
-    /// a segment that arrived on the CPU meanwhile.
-    fn may_wait_for_network(&self, t: usize) -> bool {
-        let Some(call) = &self.threads[t].open_syscall else {
-            return true;
-        };
-        let name = match call.name {
-            0 => syscall_name(self.arch, call.id),
-            n => self.syscall_names.names.get(n as usize).map(|n| &**n),
-        };
-        match name {
-            None => true,
-            Some(name) => matches!(
-                name,
-                "read"
-                    | "readv"
-                    | "recvfrom"
-                    | "recvmsg"
-                    | "recvmmsg"
-                    | "write"
-                    | "writev"
-                    | "sendto"
-                    | "sendmsg"
-                    | "sendmmsg"
-                    | "accept"
-                    | "accept4"
-                    | "connect"
-                    | "poll"
-                    | "ppoll"
-                    | "select"
-                    | "pselect6"
-                    | "epoll_wait"
-                    | "epoll_pwait"
-                    | "epoll_pwait2"
-                    | "io_uring_enter"
-                    | "splice"
-                    | "sendfile"
-                    | "sendfile64"
-            ),
-        }
-    }
-
-    /// Why an interrupt whose events the trace lacks woke thread `t`: see
-    /// [`StateBuilder::recorder_threads`].
-    fn hidden_interrupt_reason(&self, t: usize) -> BlockReason {
-        let Some(call) = &self.threads[t].open_syscall else {
-            return BlockReason::Unexplained;
-        };
-        let name = match call.name {
-            0 => syscall_name(self.arch, call.id),
-            n => self.syscall_names.names.get(n as usize).map(|n| &**n),
-        };
-        match name {
-            Some("nanosleep" | "clock_nanosleep" | "clock_nanosleep_time64") => BlockReason::Timer,
-            _ => BlockReason::Unexplained,
-        }
-    }
-
-    fn frame_reason(&self, f: &Frame) -> BlockReason {
-        let by_flags = || {
-            if f.block {
-                Some(BlockReason::BlockDevice)
-            } else if f.packet {
-                Some(BlockReason::Network)
-            } else {
-                None
-            }
-        };
-        match f.kind {
-            Interrupt::Hrtimer => BlockReason::Timer,
-            Interrupt::Ipi if f.timer_ipi => BlockReason::Timer,
-            Interrupt::Ipi => BlockReason::Ipi,
-            Interrupt::Softirq(v) => match v {
-                softirq::TIMER | softirq::HRTIMER => BlockReason::Timer,
-                softirq::BLOCK | softirq::IRQ_POLL => BlockReason::BlockDevice,
-                softirq::NET_RX | softirq::NET_TX => BlockReason::Network,
-                softirq::SCHED => BlockReason::Interrupted,
-                _ => by_flags().unwrap_or(BlockReason::Softirq(v)),
-            },
-            Interrupt::Irq(irq) => by_flags().unwrap_or_else(|| {
-                if irq == 0 {
-                    BlockReason::Interrupted
-                } else if self.irq_names.get(&irq).is_some_and(|n| is_input_device(n)) {
-                    BlockReason::UserInput
-                } else {
-                    BlockReason::Irq(irq)
-                }
-            }),
-        }
-    }
-
     fn wakeup(&mut self, ts: u64, cpu: u32, ev_tid: Tid, w: &Wakeup, kind: WakeKind) {
         match kind {
             WakeKind::Waking => self.waking_seen = true,
@@ -1974,39 +1118,10 @@ impl StateBuilder {
             .ok()
             .filter(|&c| c < MAX_CPUS)
             .unwrap_or(NO_CPU);
-        let mut waker = self.waker(cpu, ev_tid);
-        // A segment received on this CPU outside a frame just before, and
-        // a thread waiting for I/O: the segment's wake-up (see `segment`).
-        if matches!(
-            waker,
-            Waker::Thread(_) | Waker::Context(BlockReason::Unexplained)
-        ) && self
-            .cpus
-            .get(cpu as usize)
-            .and_then(|c| fresh_segment(c, ts))
-            .is_some()
-            && self.may_wait_for_network(t)
-        {
-            waker = Waker::Context(BlockReason::Network);
-        }
-        if matches!(waker, Waker::Context(BlockReason::PacketFrom(x)) if x == ev_tid)
-            && self.is_on_other_host(cpu, ev_tid)
-        {
-            self.stats.wakeups_from_other_hosts += 1;
-        }
-        if matches!(waker, Waker::Thread(x) if self.recorder_tids.contains(&x)) {
-            self.stats.wakeups_under_recorder += 1;
-            waker = Waker::Context(self.hidden_interrupt_reason(t));
-        }
-        if matches!(waker, Waker::Context(BlockReason::Network)) {
-            if let Some(sender) = self.loopback_sender(cpu).filter(|&x| x != w.tid) {
-                waker = Waker::Context(BlockReason::PacketFrom(sender));
-            }
-        }
-        if matches!(waker, Waker::Thread(x) if x == w.tid) {
-            self.stats.spurious_wakeups += 1;
+        let Some(waker) = self.waker_of(ts, cpu, ev_tid, t) else {
+            // The target ran its own wake-up: spurious, counted there.
             return;
-        }
+        };
         if self.threads[t].open.is_none() && kind != WakeKind::New && self.close_rows {
             // First sight at a wake-up: the kernel wakes only sleeping
             // tasks, so it slept since the trace began (or since its tid's
@@ -2259,239 +1374,6 @@ impl StateBuilder {
     }
 }
 
-fn is_input_device(name: &str) -> bool {
-    const INPUT: [&str; 10] = [
-        "i8042", "keyboard", "kbd", "mouse", "evdev", "input", "hid", "tty", "serial", "touch",
-    ];
-    let lower = name.to_ascii_lowercase();
-    INPUT.iter().any(|k| lower.contains(k))
-}
-
-/// The result of the state model: per-thread and per-CPU histories, the
-/// execution graph, and what was lost.
-#[derive(Clone, Debug)]
-pub struct KernelModel {
-    threads: Vec<ThreadHistory>,
-    index: FastMap<Tid, usize>,
-    cpus: Vec<CpuHistory>,
-    graph: Graph,
-    lost: Vec<LostRange>,
-    irq_names: FastMap<i32, Name>,
-    syscall_names: Vec<Name>,
-    stats: ModelStats,
-    start: u64,
-    end: u64,
-    block_io: Vec<BlockIo>,
-    packets: NetworkEnds,
-    held_back: HeldBack,
-}
-
-/// A call between hosts, from its spans: a CLIENT span on one host and
-/// its SERVER child on another, on one clock (see
-/// [`KernelModel::link_replies`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RemoteCall {
-    pub client_tid: Tid,
-    pub server_tid: Tid,
-    /// When the server span ended (its reply was sent by then).
-    pub server_end: u64,
-    /// When the client span ended.
-    pub client_end: u64,
-}
-
-impl KernelModel {
-    /// Joins calls between hosts whose reply no message links (no TCP
-    /// segment recorded, no shared kernel): the caller's wait for the
-    /// reply, a NETWORK wait without a sender ended between the server
-    /// span's end and the client span's, gets a NETWORK edge from the
-    /// server's thread at its first vertex after the span ended (before
-    /// the wake-up), else at its last before.
-    /// So the request's critical path continues into the server's path.
-    /// Returns the calls linked.
-    pub fn link_replies(&mut self, calls: &[RemoteCall]) -> usize {
-        let mut linked = 0;
-        for call in calls {
-            let Some(client) = self.thread(call.client_tid) else {
-                continue;
-            };
-            // The caller's first network wait that ends in the window.
-            let from = client.states().partition_point(|s| s.end < call.server_end);
-            let wait = client.states()[from..]
-                .iter()
-                .take_while(|s| s.end <= call.client_end)
-                .find(|s| s.state == ThreadState::Blocked(BlockReason::Network));
-            let Some(wake) = wait.map(|s| s.end) else {
-                continue;
-            };
-            let g = &self.graph;
-            let (Some(wc), Some(ws)) = (g.worker_of(call.client_tid), g.worker_of(call.server_tid))
-            else {
-                continue;
-            };
-            let Some(to) = g.vertex_at(wc, wake) else {
-                continue;
-            };
-            if g.edge(to, Direction::IncomingVertical).is_some() {
-                continue;
-            }
-            // The server thread's first vertex from the span's end (it
-            // blocks for the next call, say) when it comes before the
-            // wake-up: its run until then stays on the path; else its last
-            // vertex before.
-            let last = g.tail(ws).map_or(0, |v| v.index);
-            let next = match g.vertex_at_or_before(ws, call.server_end.saturating_sub(1)) {
-                Some(v) if v.index < last => Some(VertexId {
-                    worker: ws,
-                    index: v.index + 1,
-                }),
-                Some(_) => None,
-                None => g.tail(ws).map(|_| VertexId {
-                    worker: ws,
-                    index: 0,
-                }),
-            };
-            let from = match next.filter(|&v| g.ts(v) <= wake) {
-                Some(v) => v,
-                None => match g.vertex_at_or_before(ws, call.server_end) {
-                    Some(v) => v,
-                    None => continue,
-                },
-            };
-            if self.graph.link(from, to, EdgeType::Network, None) {
-                linked += 1;
-            }
-        }
-        linked
-    }
-
-    /// The graph vertices where messages given to
-    /// [`StateBuilder::packet`] left and woke threads.
-    pub fn network_ends(&self) -> &NetworkEnds {
-        &self.packets
-    }
-
-    /// Block-layer request events (`block_rq_insert`/`issue`/`complete`),
-    /// in time order.
-    pub fn block_io(&self) -> &[BlockIo] {
-        &self.block_io
-    }
-
-    /// First and last event timestamps.
-    pub fn time_range(&self) -> (u64, u64) {
-        (self.start, self.end)
-    }
-
-    /// Takes the intervals the recorder saw CPU cgroup quotas hold
-    /// threads back (see [`HeldBack`]).
-    pub fn set_held_back(&mut self, held_back: HeldBack) {
-        self.held_back = held_back;
-    }
-
-    /// When CPU cgroup quotas held threads back, as recorded (empty when
-    /// the recording could not say).
-    pub fn held_back(&self) -> &HeldBack {
-        &self.held_back
-    }
-
-    /// One thread's history.
-    pub fn thread(&self, tid: Tid) -> Option<&ThreadHistory> {
-        self.index.get(&tid).and_then(|&i| self.threads.get(i))
-    }
-
-    /// All threads, in order of first sight (tid 0, the idle task, is not a
-    /// thread here: see the CPU timelines).
-    pub fn threads(&self) -> impl Iterator<Item = &ThreadHistory> {
-        self.threads.iter()
-    }
-
-    /// One CPU's history.
-    pub fn cpu(&self, cpu: u32) -> Option<&CpuHistory> {
-        self.cpus.get(cpu as usize)
-    }
-
-    pub fn cpus(&self) -> &[CpuHistory] {
-        &self.cpus
-    }
-
-    /// The execution graph.
-    pub fn graph(&self) -> &Graph {
-        &self.graph
-    }
-
-    /// The name of a hardware interrupt (from `irq_handler_entry`).
-    pub fn irq_name(&self, irq: i32) -> Option<&str> {
-        self.irq_names.get(&irq).map(|s| &**s)
-    }
-
-    /// The name of a system call, when the trace gave one.
-    pub fn syscall_name(&self, s: &SyscallInterval) -> Option<&str> {
-        (s.name != 0)
-            .then(|| self.syscall_names.get(s.name as usize).map(|n| &**n))
-            .flatten()
-    }
-
-    /// Ranges in which events were lost, sorted by start.
-    pub fn lost_ranges(&self) -> &[LostRange] {
-        &self.lost
-    }
-
-    /// True when events were lost (on any CPU) during `[start, end)`, so
-    /// states over that range may be wrong. A lost range holds the events
-    /// after its start (the CPU's last event) up to its end.
-    pub fn overlaps_lost(&self, start: u64, end: u64) -> bool {
-        // Ranges are few; a linear scan over those starting before `end`.
-        let n = self
-            .lost
-            .partition_point(|r| r.start < end.max(start.saturating_add(1)));
-        self.lost[..n]
-            .iter()
-            .any(|r| start < r.end.max(r.start.saturating_add(1)))
-    }
-
-    pub fn stats(&self) -> &ModelStats {
-        &self.stats
-    }
-
-    /// Threads that ran on `cpu` during `[start, end]`, with how long each,
-    /// longest first (tid 0 = idle).
-    pub fn cpu_occupants(&self, cpu: u32, start: u64, end: u64) -> Vec<(Tid, u64)> {
-        let mut by_tid: HashMap<Tid, u64> = HashMap::new();
-        if let Some(c) = self.cpu(cpu) {
-            for i in c.running_in(start, end) {
-                let d = i.end.min(end).saturating_sub(i.start.max(start));
-                if d > 0 {
-                    *by_tid.entry(i.tid).or_default() += d;
-                }
-            }
-        }
-        let mut v: Vec<_> = by_tid.into_iter().collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        v
-    }
-
-    /// Who held the CPU while `tid` was runnable (PREEMPTED or WAIT_CPU)
-    /// during `[start, end]`: the run-queue holders, longest first.
-    pub fn preempted_by(&self, tid: Tid, start: u64, end: u64) -> Vec<(Tid, u64)> {
-        let mut by_tid: HashMap<Tid, u64> = HashMap::new();
-        if let Some(th) = self.thread(tid) {
-            for s in th
-                .states_in(start, end)
-                .iter()
-                .filter(|s| s.state.is_runnable() && s.cpu != NO_CPU)
-            {
-                for (holder, d) in self.cpu_occupants(s.cpu, s.start.max(start), s.end.min(end)) {
-                    if holder != tid {
-                        *by_tid.entry(holder).or_default() += d;
-                    }
-                }
-            }
-        }
-        let mut v: Vec<_> = by_tid.into_iter().collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        v
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2506,14 +1388,5 @@ mod tests {
         assert_eq!(switch_out(0x80, false), SwitchOut::Blocked); // idle kthread ("I")
         assert_eq!(switch_out(0x20, false), SwitchOut::Dead); // zombie
         assert_eq!(switch_out(64, true), SwitchOut::Dead);
-    }
-
-    #[test]
-    fn query_helpers_use_closed_ranges() {
-        let v = [(0u64, 10u64), (10, 20), (25, 30)];
-        assert_eq!(overlapping(&v, 10, 10, |x| *x), &v[0..2]);
-        assert_eq!(overlapping(&v, 21, 24, |x| *x), &[] as &[(u64, u64)]);
-        assert_eq!(at(&v, 10, |x| *x), Some(&(10, 20)));
-        assert_eq!(at(&v, 22, |x| *x), None);
     }
 }
