@@ -10,7 +10,7 @@ use deepspan_run::analysis::{CRITICAL_PATH, SYSCALLS};
 use deepspan_run::Run;
 use deepspan_spans::{SpanId, TraceId};
 use deepspan_store::rows::for_each_row;
-use deepspan_store::tables::{CriticalPathRow, SyscallRow};
+use deepspan_store::tables::{CriticalPathRow, SYSCALLS_COLUMNS};
 
 use crate::Error;
 
@@ -86,6 +86,20 @@ pub struct Syscall {
     pub nr: i64,
     pub name: Option<String>,
     pub ret: Option<i64>,
+}
+
+deepspan_store::table_view! {
+    /// What export reads of a system call (the table has many rows: only
+    /// these columns are decoded).
+    pub struct SyscallOfThread of SYSCALLS_COLUMNS {
+        tid: i32,
+        pid: Option<i32>,
+        start_ns: i64,
+        end_ns: i64,
+        nr: i32,
+        name: Option<String>,
+        ret: Option<i64>,
+    }
 }
 
 /// The analysis of a run, as export uses it.
@@ -217,7 +231,7 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
     let mut pids = HashMap::new();
     let syscalls_file = dir.join(SYSCALLS);
     if syscalls_file.is_file() {
-        for_each_row(&syscalls_file, |row: SyscallRow| {
+        for_each_row(&syscalls_file, |row: SyscallOfThread| {
             let tid = i64::from(row.tid);
             if let Some(pid) = row.pid {
                 pids.entry(tid).or_insert(i64::from(pid));

@@ -18,7 +18,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use parquet::file::reader::{FileReader, SerializedFileReader};
-use parquet::record::Field;
+#[doc(hidden)]
+pub use parquet::record::Field;
 use parquet::schema::types::Type;
 
 use crate::table::{Column, Kind};
@@ -29,67 +30,67 @@ use crate::Error;
 pub trait CellType: Sized {
     const KIND: Kind;
     const NULLABLE: bool = false;
-    /// The value of one cell; `None` when the cell holds another type.
-    /// A null reaches only the nullable types.
-    fn from_field(field: Field) -> Option<Self>;
+    /// The value of one cell; the cell back when it holds another type
+    /// (a null fits only the nullable types).
+    fn from_field(field: Field) -> Result<Self, Field>;
 }
 
 impl CellType for i32 {
     const KIND: Kind = Kind::I32;
-    fn from_field(field: Field) -> Option<i32> {
+    fn from_field(field: Field) -> Result<i32, Field> {
         match field {
-            Field::Int(v) => Some(v),
-            _ => None,
+            Field::Int(v) => Ok(v),
+            other => Err(other),
         }
     }
 }
 
 impl CellType for i64 {
     const KIND: Kind = Kind::I64;
-    fn from_field(field: Field) -> Option<i64> {
+    fn from_field(field: Field) -> Result<i64, Field> {
         match field {
-            Field::Long(v) => Some(v),
-            _ => None,
+            Field::Long(v) => Ok(v),
+            other => Err(other),
         }
     }
 }
 
 impl CellType for u64 {
     const KIND: Kind = Kind::U64;
-    fn from_field(field: Field) -> Option<u64> {
+    fn from_field(field: Field) -> Result<u64, Field> {
         match field {
-            Field::ULong(v) => Some(v),
-            _ => None,
+            Field::ULong(v) => Ok(v),
+            other => Err(other),
         }
     }
 }
 
 impl CellType for f64 {
     const KIND: Kind = Kind::F64;
-    fn from_field(field: Field) -> Option<f64> {
+    fn from_field(field: Field) -> Result<f64, Field> {
         match field {
-            Field::Double(v) => Some(v),
-            _ => None,
+            Field::Double(v) => Ok(v),
+            other => Err(other),
         }
     }
 }
 
 impl CellType for bool {
     const KIND: Kind = Kind::Bool;
-    fn from_field(field: Field) -> Option<bool> {
+    fn from_field(field: Field) -> Result<bool, Field> {
         match field {
-            Field::Bool(v) => Some(v),
-            _ => None,
+            Field::Bool(v) => Ok(v),
+            other => Err(other),
         }
     }
 }
 
 impl CellType for String {
     const KIND: Kind = Kind::Str;
-    fn from_field(field: Field) -> Option<String> {
+    fn from_field(field: Field) -> Result<String, Field> {
         match field {
-            Field::Str(v) => Some(v),
-            _ => None,
+            Field::Str(v) => Ok(v),
+            other => Err(other),
         }
     }
 }
@@ -97,9 +98,9 @@ impl CellType for String {
 impl<T: CellType> CellType for Option<T> {
     const KIND: Kind = T::KIND;
     const NULLABLE: bool = true;
-    fn from_field(field: Field) -> Option<Option<T>> {
+    fn from_field(field: Field) -> Result<Option<T>, Field> {
         match field {
-            Field::Null => Some(None),
+            Field::Null => Ok(None),
             other => T::from_field(other).map(Some),
         }
     }
@@ -129,11 +130,13 @@ pub fn take_cell<T: CellType>(
     column: &'static str,
 ) -> Result<T, CellError> {
     let field = cell.and_then(Option::take).unwrap_or(Field::Null);
-    let found = match &field {
-        Field::Null => "null".to_string(),
-        other => format!("{other:?}"),
-    };
-    T::from_field(field).ok_or(CellError { column, found })
+    T::from_field(field).map_err(|field| CellError {
+        column,
+        found: match field {
+            Field::Null => "null".to_string(),
+            other => format!("{other:?}"),
+        },
+    })
 }
 
 /// Declares a table: its row struct, whose fields are its columns in file
@@ -156,6 +159,39 @@ macro_rules! table {
             }
         ),*];
 
+        $crate::table_view! {
+            $(#[$doc])*
+            pub struct $row of $columns {
+                $( $(#[$field_doc])* $name: $ty, )*
+            }
+        }
+    };
+}
+pub(crate) use table;
+
+/// Declares some columns of a table as a row struct of their own, for a
+/// reader that needs only those: a file is then decoded only in them.
+/// Each field must be a column of `$columns` (a table's `*_COLUMNS`) with
+/// the same name, kind and nullability, or the crate does not compile.
+///
+/// ```ignore
+/// deepspan_store::table_view! {
+///     /// What export reads of a system call.
+///     pub struct CallTimes of deepspan_store::tables::SYSCALLS_COLUMNS {
+///         tid: i32,
+///         start_ns: i64,
+///         end_ns: i64,
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! table_view {
+    (
+        $(#[$doc:meta])*
+        pub struct $row:ident of $columns:path {
+            $( $(#[$field_doc:meta])* $name:ident : $ty:ty ),* $(,)?
+        }
+    ) => {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq)]
         pub struct $row {
@@ -163,10 +199,16 @@ macro_rules! table {
         }
 
         impl $crate::rows::TableRow for $row {
-            const COLUMNS: &'static [$crate::table::Column] = $columns;
+            const COLUMNS: &'static [$crate::table::Column] = &[$(
+                $crate::table::Column {
+                    name: stringify!($name),
+                    kind: <$ty as $crate::rows::CellType>::KIND,
+                    nullable: <$ty as $crate::rows::CellType>::NULLABLE,
+                }
+            ),*];
 
             fn from_cells(
-                cells: &mut [Option<parquet::record::Field>],
+                cells: &mut [Option<$crate::rows::Field>],
             ) -> Result<$row, $crate::rows::CellError> {
                 let mut cells = cells.iter_mut();
                 Ok($row {
@@ -174,9 +216,55 @@ macro_rules! table {
                 })
             }
         }
+
+        const _: () = assert!(
+            $crate::rows::columns_of(
+                <$row as $crate::rows::TableRow>::COLUMNS,
+                $columns,
+            ),
+            concat!(stringify!($row), " has a field that is not a column of ", stringify!($columns)),
+        );
     };
 }
-pub(crate) use table;
+
+/// Whether every column of `view` is a column of `table`, with the same
+/// kind and nullability (checked at compile time by [`table_view!`]).
+#[doc(hidden)]
+pub const fn columns_of(view: &[Column], table: &[Column]) -> bool {
+    let mut i = 0;
+    while i < view.len() {
+        let mut found = false;
+        let mut j = 0;
+        while j < table.len() {
+            let (v, t) = (&view[i], &table[j]);
+            if same_text(v.name, t.name) && v.kind as u8 == t.kind as u8 && v.nullable == t.nullable
+            {
+                found = true;
+            }
+            j += 1;
+        }
+        if !found {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const fn same_text(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 
 /// Calls `each` with every row of the table at `path`, in file order,
 /// without holding the table in memory.
@@ -307,6 +395,38 @@ mod tests {
             flag: i % 3 == 0,
             extra: (i % 5 == 0).then_some(i64::from(i) * 7),
         }
+    }
+
+    crate::table_view! {
+        /// Two columns of the sample, in another order.
+        pub struct SampleIds of SAMPLE_COLUMNS {
+            label: Option<String>,
+            id: i32,
+        }
+    }
+
+    #[test]
+    fn a_view_reads_only_its_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let rows: Vec<SampleRow> = (0..9).map(sample).collect();
+        write(&path, SAMPLE_COLUMNS, &rows);
+        let back: Vec<SampleIds> = read_table(&path, |_| true).unwrap();
+        let expected: Vec<SampleIds> = rows
+            .iter()
+            .map(|r| SampleIds {
+                label: r.label.clone(),
+                id: r.id,
+            })
+            .collect();
+        assert_eq!(back, expected);
+        let retyped = [Column::nullable("id", Kind::I32)];
+        assert!(columns_of(&SAMPLE_COLUMNS[..2], SAMPLE_COLUMNS));
+        assert!(!columns_of(&retyped, SAMPLE_COLUMNS));
+        assert!(!columns_of(
+            &[Column::new("idx", Kind::I32)],
+            SAMPLE_COLUMNS
+        ));
     }
 
     #[test]
