@@ -96,8 +96,10 @@ pub struct AgentArgs {
     /// Pages kept in memory per CPU, KiB: how far back a snapshot reaches.
     #[arg(long, value_name = "KB", default_value_t = 32 << 10)]
     history_kb: u64,
-    /// Kernel events: a preset or a comma list (see `deepspan record --help`).
-    #[arg(long, default_value = "analysis")]
+    /// Kernel events: a preset or a comma list (see `deepspan record
+    /// --help`). `lean` by default: an agent stays on, and the system-call
+    /// events were most of its cost (`--events analysis` for every call).
+    #[arg(long, default_value = "lean")]
     events: String,
     /// Forward uncompressed (default: gzip, as OTLP exporters do; on
     /// loopback the compression only costs CPU).
