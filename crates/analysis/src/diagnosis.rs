@@ -34,7 +34,10 @@ use deepspan_model::{Comm, Tid};
 
 use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
-use crate::request::{home_segments, RequestPath, RequestPiece, SpanIdx, SpanInput, ThreadWork};
+use crate::request::{
+    home_segments, HomeSegment, RequestPath, RequestPiece, SpanIdx, SpanInput, ThreadWork,
+    WorkInterval,
+};
 use crate::root_cause::RootCause;
 use crate::state::{BlockPhase, BlockReason, KernelModel, SyscallInterval, ThreadState};
 use crate::syscalls::{syscall_name, Arch};
@@ -272,7 +275,7 @@ pub struct DiagnosisContext<'a> {
     downstream: FastMap<SpanIdx, SpanIdx>,
     disk: OnceLock<DiskIndex>,
     /// Reused by [`DiagnosisContext::has_span_at`].
-    work_buf: RefCell<Vec<(u64, u64, SpanIdx)>>,
+    work_buf: RefCell<Vec<WorkInterval>>,
 }
 
 impl<'a> DiagnosisContext<'a> {
@@ -388,8 +391,8 @@ impl<'a> DiagnosisContext<'a> {
     /// in another process, that ends the request's thread's next wait on a
     /// thread from `t` on (its database backend, which holds its locks
     /// while the request's thread does something else).
-    fn server_of(&self, home: &[(u64, u64, Tid)], t: u64) -> Option<Tid> {
-        let &(_, end, tid) = home.iter().find(|h| h.1 > t)?;
+    fn server_of(&self, home: &[HomeSegment], t: u64) -> Option<Tid> {
+        let &HomeSegment { end, tid, .. } = home.iter().find(|h| h.end > t)?;
         let th = self.model.thread(tid)?;
         let pid = self.pid(tid).unwrap_or(tid);
         // The next wait on a thread only: a scan to the request's end would
@@ -412,8 +415,8 @@ impl<'a> DiagnosisContext<'a> {
     }
 }
 
-/// A request's threads over time: `(start, end, tid)`.
-type HomeSegments = Vec<(u64, u64, Tid)>;
+/// A request's threads over time.
+type HomeSegments = Vec<HomeSegment>;
 
 /// The buckets of a path's time (module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -480,9 +483,9 @@ pub fn diagnose(ctx: &DiagnosisContext, path: &RequestPath) -> Option<Diagnosis>
 pub(crate) fn home_at(path: &RequestPath, t: u64) -> Option<Tid> {
     path.home
         .iter()
-        .find(|h| h.0 <= t && t < h.1)
-        .or(path.home.last().filter(|h| h.1 == t))
-        .map(|h| h.2)
+        .find(|h| h.start <= t && t < h.end)
+        .or(path.home.last().filter(|h| h.end == t))
+        .map(|h| h.tid)
 }
 
 pub(crate) fn bucket(ctx: &DiagnosisContext, path: &RequestPath, p: &RequestPiece) -> Bucket {
@@ -547,8 +550,8 @@ pub(crate) fn polled_lock_holder(
     let mid = p.start + p.duration() / 2;
     let holder = home_segments(other)
         .into_iter()
-        .find(|h| h.0 <= mid && mid < h.1)
-        .map(|h| h.2)?;
+        .find(|h| h.start <= mid && mid < h.end)
+        .map(|h| h.tid)?;
     let home_pid = ctx.pid(home)?;
     (holder != home && ctx.pid(holder) == Some(home_pid)).then_some(holder)
 }
@@ -1146,7 +1149,7 @@ pub(crate) fn disk<'p>(
 ) -> Diagnosis {
     let index = ctx.disk();
     let homes: Vec<Tid> = {
-        let mut v: Vec<Tid> = path.home.iter().map(|h| h.2).collect();
+        let mut v: Vec<Tid> = path.home.iter().map(|h| h.tid).collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -1158,13 +1161,16 @@ pub(crate) fn disk<'p>(
     // given rather than a miss ratio of 100 %.
     let mut read_bytes = 0u64;
     let mut returns_seen = false;
-    for &(a, b, tid) in &path.home {
+    for &HomeSegment { start, end, tid } in &path.home {
         let Some(th) = ctx.model.thread(tid) else {
             continue;
         };
-        for s in th.syscalls_in(a, b) {
+        for s in th.syscalls_in(start, end) {
             returns_seen |= s.exit_seen;
-            if s.start >= a && s.exit_seen && s.ret > 0 && ctx.syscall_base(s).is_some_and(is_read)
+            if s.start >= start
+                && s.exit_seen
+                && s.ret > 0
+                && ctx.syscall_base(s).is_some_and(is_read)
             {
                 read_bytes += s.ret as u64;
             }

@@ -58,9 +58,9 @@ pub use placement::{
 pub use record::{RequestRecord, RequestTotals};
 pub use request::{
     analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait,
-    InferredPlace, RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource,
-    SyscallLabelKey, ThreadWork, FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS, RESUME_GAP_NS,
-    WAKEUP_GRACE_NS,
+    HomeSegment, InferredPlace, RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput,
+    SyncSource, SyscallLabelKey, ThreadWork, WorkInterval, FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS,
+    RESUME_GAP_NS, WAKEUP_GRACE_NS,
 };
 pub use root_cause::{ChainIndex, RootCause, MAX_CHAIN_DEPTH};
 pub use state::{

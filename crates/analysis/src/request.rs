@@ -132,13 +132,23 @@ pub enum InferredPlace {
     Process(Vec<Tid>),
 }
 
+/// A thread working for span `span` during `[start, end)`.
+///
+/// Ordered by `start`, then `end`, then `span`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WorkInterval {
+    pub start: u64,
+    pub end: u64,
+    pub span: SpanIdx,
+}
+
 /// Which span a thread works for over time: the span active on it
 /// (Gelle et al. 2021, Alg. 1; `deepspan_spans::ThreadActivity` answers
 /// it).
 pub trait ThreadWork {
     /// Appends to `out`, in time order and clipped to `[start, end)`, the
     /// intervals in which thread `tid` works for a span.
-    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<(u64, u64, SpanIdx)>);
+    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<WorkInterval>);
 }
 
 /// Who had the CPU while a thread of the path was runnable.
@@ -198,6 +208,14 @@ impl RequestPiece {
     }
 }
 
+/// Thread `tid` carrying a request during `[start, end)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HomeSegment {
+    pub start: u64,
+    pub end: u64,
+    pub tid: Tid,
+}
+
 /// The kernel critical path of one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestPath {
@@ -206,8 +224,8 @@ pub struct RequestPath {
     pub start: u64,
     pub end: u64,
     pub sync: SyncSource,
-    /// The threads that carried the request: `(start, end, tid)`.
-    pub home: Vec<(u64, u64, Tid)>,
+    /// The threads that carried the request, in time order.
+    pub home: Vec<HomeSegment>,
     /// Time-ordered, non-overlapping, covering `[start, end)` (empty when
     /// the request has no kernel path).
     pub pieces: Vec<RequestPiece>,
@@ -273,11 +291,15 @@ pub fn analyze_requests(
     on_path: &mut dyn FnMut(RequestPath),
 ) -> RequestAnalysis {
     let request_of = requests_of(spans);
-    let mut requests: Vec<(u64, u64, SpanIdx)> = (0..spans.len() as SpanIdx)
+    let mut requests: Vec<RequestTimes> = (0..spans.len() as SpanIdx)
         .filter(|&i| request_of[i as usize] == i)
         .map(|i| {
-            let (a, b) = spans[i as usize].times.unwrap_or((0, 0));
-            (a, b, i)
+            let (start, end) = spans[i as usize].times.unwrap_or((0, 0));
+            RequestTimes {
+                start,
+                end,
+                request: i,
+            }
         })
         .collect();
     requests.sort_unstable();
@@ -293,12 +315,12 @@ pub fn analyze_requests(
     while first < requests.len() {
         // The group: requests chained by time overlap.
         let mut last = first + 1;
-        let mut reach = requests[first].1;
-        while last < requests.len() && requests[last].0 < reach {
-            reach = reach.max(requests[last].1);
+        let mut reach = requests[first].end;
+        while last < requests.len() && requests[last].start < reach {
+            reach = reach.max(requests[last].end);
             last += 1;
         }
-        let mut group: Vec<SpanIdx> = requests[first..last].iter().map(|r| r.2).collect();
+        let mut group: Vec<SpanIdx> = requests[first..last].iter().map(|r| r.request).collect();
         group.sort_unstable();
         analyze_group(model, spans, work, &group, &mut out, &mut scratch, on_path);
         done += group.len();
@@ -306,6 +328,15 @@ pub fn analyze_requests(
         first = last;
     }
     out
+}
+
+/// A request's span and its time on the kernel clock (`[0, 0)` when
+/// unknown). Ordered by `start`, then `end`, then `request`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct RequestTimes {
+    start: u64,
+    end: u64,
+    request: SpanIdx,
 }
 
 /// One group of requests overlapping in time: thread paths, merge,
@@ -321,14 +352,17 @@ fn analyze_group(
 ) {
     // Where each request runs, then each home thread's critical path once
     // per time range where requests overlap on it.
-    let homes: Vec<Vec<(u64, u64, Tid)>> = group
+    let homes: Vec<Vec<HomeSegment>> = group
         .iter()
         .map(|&r| home_segments(&spans[r as usize]))
         .collect();
     let served = served_by(model, group, &homes);
     let mut ranges: HashMap<Tid, Vec<(u64, u64)>> = HashMap::new();
     for seg in homes.iter().flatten() {
-        ranges.entry(seg.2).or_default().push((seg.0, seg.1));
+        ranges
+            .entry(seg.tid)
+            .or_default()
+            .push((seg.start, seg.end));
     }
     let mut thread_paths: HashMap<Tid, Vec<ThreadPath>> = HashMap::new();
     for (tid, mut rs) in ranges {
@@ -367,17 +401,17 @@ fn analyze_group(
     let mut truncated = vec![false; group.len()];
     for (n, home) in homes.iter().enumerate() {
         let mut pieces = Vec::new();
-        for &(a, b, tid) in home {
+        for &HomeSegment { start, end, tid } in home {
             let Some(tp) = thread_paths
                 .get(&tid)
-                .and_then(|v| v.iter().find(|p| p.start <= a && b <= p.end))
+                .and_then(|v| v.iter().find(|p| p.start <= start && end <= p.end))
             else {
                 continue;
             };
             truncated[n] |= tp.truncated;
-            let first = tp.pieces.partition_point(|p| p.end <= a);
-            for p in tp.pieces[first..].iter().take_while(|p| p.start < b) {
-                let (s, e) = (p.start.max(a), p.end.min(b));
+            let first = tp.pieces.partition_point(|p| p.end <= start);
+            for p in tp.pieces[first..].iter().take_while(|p| p.start < end) {
+                let (s, e) = (p.start.max(start), p.end.min(end));
                 if e > s {
                     pieces.push(Piece {
                         start: s,
@@ -474,8 +508,8 @@ fn analyze_group(
                 if base.end > base.start {
                     let home = homes[n]
                         .iter()
-                        .find(|h| h.0 <= base.start && base.start < h.1)
-                        .map(|h| h.2);
+                        .find(|h| h.start <= base.start && base.start < h.end)
+                        .map(|h| h.tid);
                     attribute(
                         model,
                         spans,
@@ -546,7 +580,7 @@ fn process_pieces(model: &KernelModel, threads: &[Tid], start: u64, end: u64) ->
     let mut shown: Option<Tid> = None;
     for w in cuts.windows(2) {
         let (a, b) = (w[0], w[1]);
-        let mut best: Option<(u8, bool, u8, Tid, ThreadState)> = None;
+        let mut best: Option<(Standing, ThreadState)> = None;
         for (k, (tid, states)) in histories.iter().enumerate() {
             while next[k] < states.len() && states[next[k]].end <= a {
                 next[k] += 1;
@@ -559,12 +593,17 @@ fn process_pieces(model: &KernelModel, threads: &[Tid], start: u64, end: u64) ->
             // is the process's, not that of a thread idle all along), then
             // the rank of the wait, then tid.
             let rank = progress_rank(st.state);
-            let key = (rank.min(2), shown != Some(*tid), rank, *tid, st.state);
-            if best.is_none_or(|b| (key.0, key.1, key.2, key.3) < (b.0, b.1, b.2, b.3)) {
-                best = Some(key);
+            let standing = Standing {
+                activity: rank.min(2),
+                not_shown: shown != Some(*tid),
+                rank,
+                tid: *tid,
+            };
+            if best.is_none_or(|(b, _)| standing < b) {
+                best = Some((standing, st.state));
             }
         }
-        let Some((_, _, _, tid, state)) = best else {
+        let Some((Standing { tid, .. }, state)) = best else {
             continue;
         };
         shown = Some(tid);
@@ -595,6 +634,20 @@ fn process_pieces(model: &KernelModel, threads: &[Tid], start: u64, end: u64) ->
     out
 }
 
+/// How well a thread of a process-level request stands for its process at
+/// an instant, for [`process_pieces`]: smaller is better, compared field by
+/// field in this order.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Standing {
+    /// Running (0), runnable (1) or waiting (2).
+    activity: u8,
+    /// False for the thread shown last.
+    not_shown: bool,
+    /// [`progress_rank`] of its state.
+    rank: u8,
+    tid: Tid,
+}
+
 struct ThreadPath {
     start: u64,
     end: u64,
@@ -611,7 +664,7 @@ struct Owner {
 
 #[derive(Default)]
 struct Scratch {
-    work: Vec<(u64, u64, SpanIdx)>,
+    work: Vec<WorkInterval>,
     cuts: Vec<u64>,
     /// Where the last lookup in each sorted history ended: pieces come in
     /// time order, so the next lookup is usually close by.
@@ -731,9 +784,9 @@ fn within(spans: &[SpanInput], mut span: SpanIdx, request: SpanIdx) -> bool {
     false
 }
 
-/// The threads carrying a request over its lifetime, as `(start, end, tid)`
-/// in time order, non-overlapping.
-pub(crate) fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
+/// The threads carrying a request over its lifetime, in time order,
+/// non-overlapping.
+pub(crate) fn home_segments(span: &SpanInput) -> Vec<HomeSegment> {
     let Some((start, end)) = span.times else {
         return Vec::new();
     };
@@ -744,46 +797,61 @@ pub(crate) fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
     let mut acts = span.activations.clone();
     acts.sort_by_key(|a| a.ts);
     let mut open: HashMap<Tid, u64> = HashMap::new();
-    let mut active: Vec<(u64, u64, Tid)> = Vec::new();
+    let mut active: Vec<HomeSegment> = Vec::new();
     for a in &acts {
         if a.on {
             open.entry(a.tid).or_insert(a.ts);
         } else if let Some(t) = open.remove(&a.tid) {
-            active.push((t, a.ts, a.tid));
+            active.push(HomeSegment {
+                start: t,
+                end: a.ts,
+                tid: a.tid,
+            });
         }
     }
-    active.extend(open.into_iter().map(|(tid, t)| (t, end, tid)));
+    active.extend(
+        open.into_iter()
+            .map(|(tid, t)| HomeSegment { start: t, end, tid }),
+    );
     active.retain_mut(|x| {
-        x.0 = x.0.max(start);
-        x.1 = x.1.min(end);
-        x.1 > x.0
+        x.start = x.start.max(start);
+        x.end = x.end.min(end);
+        x.end > x.start
     });
     if active.is_empty() {
         return span
             .holder
-            .map(|tid| vec![(start, end, tid)])
+            .map(|tid| vec![HomeSegment { start, end, tid }])
             .unwrap_or_default();
     }
     // Elementary intervals between every boundary; in each, the holder if
     // active there, else the latest activated thread, else the holder.
     let mut cuts: Vec<u64> = vec![start, end];
     for x in &active {
-        cuts.extend([x.0, x.1]);
+        cuts.extend([x.start, x.end]);
     }
     cuts.sort_unstable();
     cuts.dedup();
-    let mut out: Vec<(u64, u64, Tid)> = Vec::new();
+    let mut out: Vec<HomeSegment> = Vec::new();
     for w in cuts.windows(2) {
         let (a, b) = (w[0], w[1]);
-        let here = active.iter().filter(|x| x.0 <= a && b <= x.1);
+        let covers = |x: &HomeSegment| x.start <= a && b <= x.end;
+        let here = active.iter().filter(|x| covers(x));
         let chosen = match span.holder {
-            Some(h) if active.iter().any(|x| x.2 == h && x.0 <= a && b <= x.1) => Some(h),
-            _ => here.max_by_key(|x| (x.0, x.2)).map(|x| x.2).or(span.holder),
+            Some(h) if active.iter().any(|x| x.tid == h && covers(x)) => Some(h),
+            _ => here
+                .max_by_key(|x| (x.start, x.tid))
+                .map(|x| x.tid)
+                .or(span.holder),
         };
         let Some(tid) = chosen else { continue };
         match out.last_mut() {
-            Some(last) if last.2 == tid && last.1 == a => last.1 = b,
-            _ => out.push((a, b, tid)),
+            Some(last) if last.tid == tid && last.end == a => last.end = b,
+            _ => out.push(HomeSegment {
+                start: a,
+                end: b,
+                tid,
+            }),
         }
     }
     out
@@ -795,28 +863,33 @@ pub(crate) fn home_segments(span: &SpanInput) -> Vec<(u64, u64, Tid)> {
 /// without spans of their own.
 #[derive(Default)]
 struct Served {
-    /// Per thread: `(start, end, request)` sorted by start (may overlap).
-    by_tid: FastMap<Tid, Vec<(u64, u64, SpanIdx)>>,
+    /// Per thread: when it worked for which request (`span` is the
+    /// request's), sorted by start (may overlap).
+    by_tid: FastMap<Tid, Vec<WorkInterval>>,
     /// Longest interval, to bound the lookups.
     longest: u64,
 }
 
-fn served_by(model: &KernelModel, group: &[SpanIdx], homes: &[Vec<(u64, u64, Tid)>]) -> Served {
+fn served_by(model: &KernelModel, group: &[SpanIdx], homes: &[Vec<HomeSegment>]) -> Served {
     let mut out = Served::default();
     for (n, home) in homes.iter().enumerate() {
-        for &(a, b, tid) in home {
+        for &HomeSegment { start, end, tid } in home {
             let Some(th) = model.thread(tid) else {
                 continue;
             };
-            for st in th.states_in(a, b) {
+            for st in th.states_in(start, end) {
                 let waker = match st.state {
                     ThreadState::Blocked(BlockReason::Thread(w))
                     | ThreadState::Blocked(BlockReason::PacketFrom(w)) => w,
                     _ => continue,
                 };
-                let (x, y) = (st.start.max(a), st.end.min(b));
+                let (x, y) = (st.start.max(start), st.end.min(end));
                 if waker != tid && y > x {
-                    out.by_tid.entry(waker).or_default().push((x, y, group[n]));
+                    out.by_tid.entry(waker).or_default().push(WorkInterval {
+                        start: x,
+                        end: y,
+                        span: group[n],
+                    });
                     out.longest = out.longest.max(y - x);
                 }
             }
@@ -838,45 +911,55 @@ impl Served {
         start: u64,
         end: u64,
         request: SpanIdx,
-        out: &mut Vec<(u64, u64, SpanIdx)>,
+        out: &mut Vec<WorkInterval>,
     ) {
         let Some(v) = self.by_tid.get(&tid) else {
             return;
         };
-        let first = v.partition_point(|x| x.0.saturating_add(self.longest) <= start);
+        let first = v.partition_point(|x| x.start.saturating_add(self.longest) <= start);
         let overlapping = v[first..]
             .iter()
-            .take_while(|x| x.0 < end)
-            .filter(|x| x.1 > start)
-            .map(|&(a, b, r)| (a.max(start), b.min(end), r));
+            .take_while(|x| x.start < end)
+            .filter(|x| x.end > start)
+            .map(|x| WorkInterval {
+                start: x.start.max(start),
+                end: x.end.min(end),
+                span: x.span,
+            });
         // Mostly one wait overlaps the piece: no choice to make.
         let mut probe = overlapping.clone();
-        if let (Some((a, b, r)), None) = (probe.next(), probe.next()) {
+        if let (Some(w), None) = (probe.next(), probe.next()) {
             match out.last_mut() {
-                Some(last) if last.1 == a && last.2 == r => last.1 = b,
-                _ => out.push((a, b, r)),
+                Some(last) if last.end == w.start && last.span == w.span => last.end = w.end,
+                _ => out.push(w),
             }
             return;
         }
-        let hits: Vec<(u64, u64, SpanIdx)> = overlapping.collect();
+        let hits: Vec<WorkInterval> = overlapping.collect();
         if hits.is_empty() {
             return;
         }
-        let mut cuts: Vec<u64> = hits.iter().flat_map(|h| [h.0, h.1]).collect();
+        let mut cuts: Vec<u64> = hits.iter().flat_map(|h| [h.start, h.end]).collect();
         cuts.sort_unstable();
         cuts.dedup();
         for w in cuts.windows(2) {
             let (a, b) = (w[0], w[1]);
-            let here = |h: &&(u64, u64, SpanIdx)| h.0 <= a && b <= h.1;
+            let here = |h: &&WorkInterval| h.start <= a && b <= h.end;
             let chosen = hits
                 .iter()
                 .filter(here)
-                .find(|h| h.2 == request)
+                .find(|h| h.span == request)
                 .or_else(|| hits.iter().find(here));
-            let Some(&(_, _, r)) = chosen else { continue };
+            let Some(&WorkInterval { span: r, .. }) = chosen else {
+                continue;
+            };
             match out.last_mut() {
-                Some(last) if last.1 == a && last.2 == r => last.1 = b,
-                _ => out.push((a, b, r)),
+                Some(last) if last.end == a && last.span == r => last.end = b,
+                _ => out.push(WorkInterval {
+                    start: a,
+                    end: b,
+                    span: r,
+                }),
             }
         }
     }
@@ -933,7 +1016,7 @@ fn attribute(
     cuts.clear();
     cuts.extend([base.start, base.end]);
     for w in &scratch.work {
-        cuts.extend([w.0, w.1]);
+        cuts.extend([w.start, w.end]);
     }
     // Waiting states are split by what the thread waited in; a RUNNING
     // stretch stays whole (it is in and out of many calls), and says its
@@ -951,7 +1034,7 @@ fn attribute(
     let (mut wi, mut si, mut hi) = (0, 0, 0);
     for w in cuts.windows(2) {
         let (a, b) = (w[0], w[1]);
-        while wi < work_list.len() && work_list[wi].1 <= a {
+        while wi < work_list.len() && work_list[wi].end <= a {
             wi += 1;
         }
         while si < syscalls.len() && syscalls[si].end <= a {
@@ -963,8 +1046,8 @@ fn attribute(
         let waiting_in = waiting.get(hi).filter(|s| s.start <= a).copied();
         let span = work_list
             .get(wi)
-            .filter(|x| x.0 <= a)
-            .map(|x| x.2)
+            .filter(|x| x.start <= a)
+            .map(|x| x.span)
             .filter(|&s| (s as usize) < spans.len());
         let syscall = syscalls
             .get(si)
@@ -1028,6 +1111,7 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
     let Some(th) = model.thread(tid) else {
         return wait;
     };
+    // The other threads that ran meanwhile, and for how long (ns).
     let mut others: Vec<(Tid, u64)> = Vec::new();
     let mut free: Vec<(u64, u64)> = Vec::new();
     // Part of [x, y) after `limit`.
@@ -1061,10 +1145,10 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
             if run.end.saturating_sub(run.start) < MIN_TURN_NS {
                 continue;
             }
-            let n = match turns.iter_mut().find(|t| t.0 == run.tid) {
-                Some(t) => {
-                    t.1 += 1;
-                    t.1
+            let n = match turns.iter_mut().find(|(t, _)| *t == run.tid) {
+                Some((_, count)) => {
+                    *count += 1;
+                    *count
                 }
                 None => {
                     turns.push((run.tid, 1));
@@ -1104,8 +1188,8 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
                     let late = beyond(x, y, fair_until);
                     wait.throttled_ns += late;
                     wait.contended_ns += d - late;
-                    match others.iter_mut().find(|o| o.0 == run.tid) {
-                        Some(o) => o.1 += d,
+                    match others.iter_mut().find(|(t, _)| *t == run.tid) {
+                        Some((_, ns)) => *ns += d,
                         None => others.push((run.tid, d)),
                     }
                 }
@@ -1189,7 +1273,7 @@ fn resume_timeouts(model: &KernelModel, pieces: &mut [RequestPiece]) {
 /// Adds UNKNOWN pieces for the time of `[start, end)` no piece covers.
 fn fill_gaps(
     model: &KernelModel,
-    home: &[(u64, u64, Tid)],
+    home: &[HomeSegment],
     start: u64,
     end: u64,
     pieces: &mut Vec<RequestPiece>,
@@ -1209,7 +1293,10 @@ fn fill_gaps(
     let mut t = start;
     let gap = |a: u64, b: u64, out: &mut Vec<RequestPiece>| {
         // The home thread at the gap, when one is known.
-        let tid = home.iter().find(|h| h.0 <= a && a < h.1).map(|h| h.2);
+        let tid = home
+            .iter()
+            .find(|h| h.start <= a && a < h.end)
+            .map(|h| h.tid);
         let comm = tid
             .and_then(|t| model.thread(t))
             .and_then(|th| th.name_at(a));
@@ -1401,16 +1488,17 @@ mod tests {
             ],
             ..SpanInput::default()
         };
+        let seg = |start, end, tid| HomeSegment { start, end, tid };
         assert_eq!(
             home_segments(&s),
-            vec![(100, 120, 7), (120, 140, 8), (140, 200, 7)]
+            vec![seg(100, 120, 7), seg(120, 140, 8), seg(140, 200, 7)]
         );
         let paper = SpanInput {
             times: Some((10, 20)),
             holder: Some(3),
             ..SpanInput::default()
         };
-        assert_eq!(home_segments(&paper), vec![(10, 20, 3)]);
+        assert_eq!(home_segments(&paper), vec![seg(10, 20, 3)]);
         assert!(home_segments(&SpanInput::default()).is_empty());
     }
 }

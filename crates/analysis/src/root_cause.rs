@@ -640,14 +640,14 @@ mod tests {
     use deepspan_model::Tid;
 
     use super::*;
-    use crate::request::{SpanInput, SyncSource, ThreadWork};
+    use crate::request::{HomeSegment, SpanInput, SyncSource, ThreadWork, WorkInterval};
     use crate::state::StateBuilder;
     use crate::syscalls::Arch;
     use crate::{diagnose, KernelModel};
 
     struct NoWork;
     impl ThreadWork for NoWork {
-        fn work_during(&self, _: Tid, _: u64, _: u64, _: &mut Vec<(u64, u64, SpanIdx)>) {}
+        fn work_during(&self, _: Tid, _: u64, _: u64, _: &mut Vec<WorkInterval>) {}
     }
 
     const LABELS: [&str; 4] = [
@@ -706,7 +706,7 @@ mod tests {
             start,
             end,
             sync: SyncSource::Exact,
-            home: vec![(start, end, tid)],
+            home: vec![HomeSegment { start, end, tid }],
             pieces,
             truncated: false,
         }

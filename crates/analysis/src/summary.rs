@@ -75,7 +75,7 @@ pub fn summarize(model: &KernelModel, arch: Arch, path: &RequestPath) -> Request
         }
         let own = match p.waiting_in {
             Some(w) => Some(w),
-            None if path.home.iter().any(|h| Some(h.2) == p.tid) => p.syscall,
+            None if path.home.iter().any(|h| Some(h.tid) == p.tid) => p.syscall,
             None => None,
         };
         if let Some(s) = own {

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use deepspan_analysis::{
     ActivationInput, FastMap, PlacementSpan, ScannedProcess, SpanIdx, SpanInput, ThreadWork,
+    WorkInterval,
 };
 use deepspan_model::Tid;
 use deepspan_spans::activity::ActivityOptions;
@@ -184,7 +185,7 @@ pub(crate) fn span_meta(s: &Span) -> SpanMeta {
 /// The span active on each thread, as span indices, read once from the
 /// activity index (queries then cost a binary search, no hashing).
 pub(crate) struct Work {
-    by_tid: FastMap<Tid, Vec<(u64, u64, SpanIdx)>>,
+    by_tid: FastMap<Tid, Vec<WorkInterval>>,
 }
 
 impl Work {
@@ -193,10 +194,16 @@ impl Work {
             .threads()
             .into_iter()
             .filter_map(|t| {
-                let intervals: Vec<(u64, u64, SpanIdx)> = activity
+                let intervals: Vec<WorkInterval> = activity
                     .active_during(t, 0, u64::MAX)
                     .into_iter()
-                    .filter_map(|(a, b, r)| Some((a, b, *index.get(&r)?)))
+                    .filter_map(|(a, b, r)| {
+                        Some(WorkInterval {
+                            start: a,
+                            end: b,
+                            span: *index.get(&r)?,
+                        })
+                    })
                     .collect();
                 Some((Tid::try_from(t).ok()?, intervals))
             })
@@ -206,13 +213,17 @@ impl Work {
 }
 
 impl ThreadWork for Work {
-    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<(u64, u64, SpanIdx)>) {
+    fn work_during(&self, tid: Tid, start: u64, end: u64, out: &mut Vec<WorkInterval>) {
         let Some(v) = self.by_tid.get(&tid) else {
             return;
         };
-        let first = v.partition_point(|x| x.1 <= start);
-        for &(a, b, i) in v[first..].iter().take_while(|x| x.0 < end) {
-            out.push((a.max(start), b.min(end), i));
+        let first = v.partition_point(|x| x.end <= start);
+        for w in v[first..].iter().take_while(|x| x.start < end) {
+            out.push(WorkInterval {
+                start: w.start.max(start),
+                end: w.end.min(end),
+                span: w.span,
+            });
         }
     }
 }

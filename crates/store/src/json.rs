@@ -339,7 +339,7 @@ fn request_entry(r: &AnalysisResults, i: usize) -> Option<RequestEntry> {
         end_ns: p.end,
         duration_ns: p.duration(),
         sync: p.sync.name().into(),
-        tid: p.home.first().map(|h| h.2),
+        tid: p.home.first().map(|h| h.tid),
         lost_events: rec.lost_events,
         truncated: p.truncated,
         totals: rec.totals.clone().into(),

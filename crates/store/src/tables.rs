@@ -459,7 +459,7 @@ pub fn write_requests(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
         w.u64(p.end);
         w.u64(p.duration());
         w.static_str(p.sync.name());
-        w.opt_i32(p.home.first().map(|h| h.2));
+        w.opt_i32(p.home.first().map(|h| h.tid));
         w.u64(t.pieces);
         w.u64(t.running_ns);
         w.u64(t.preempted_ns);
