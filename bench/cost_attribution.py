@@ -22,8 +22,10 @@ Cases (each beside B's services and Jaeger, nothing else of deepspan):
   rec:lean     the `lean` preset: `analysis` without raw_syscalls
   agent:pass   `deepspan agent`, snapshots off, recording one rare event
                (sched_process_exec): the OTLP pass-through alone
-  agent:flight the agent with snapshots off and the `analysis` preset: the
-               pass-through and the flight recorder's reading
+  agent:flight the agent with snapshots off and its default preset
+               (`lean`): the pass-through and the flight recorder's reading
+  agent:flight-all
+               the same with the `analysis` preset (every system call)
   agent        the agent as it ships (snapshots on)
 
 The load is the shop's load generator at a fixed pace (`--rate`, requests
@@ -101,6 +103,7 @@ def cases():
     out["rec:lean"] = ("record", ["--events", "lean"])
     out["agent:pass"] = ("agent", ["--max-snapshots-per-minute", "0", "--events", RARE_EVENT])
     out["agent:flight"] = ("agent", ["--max-snapshots-per-minute", "0"])
+    out["agent:flight-all"] = ("agent", ["--max-snapshots-per-minute", "0", "--events", "analysis"])
     out["agent"] = ("agent", [])
     return out
 
