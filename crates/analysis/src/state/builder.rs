@@ -213,6 +213,18 @@ struct Open {
     cpu: u32,
 }
 
+impl Open {
+    /// The interval this state makes once it ends at `end`.
+    fn ended_at(self, end: u64) -> StateInterval {
+        StateInterval {
+            start: self.start,
+            end,
+            state: self.state,
+            cpu: self.cpu,
+        }
+    }
+}
+
 #[derive(Default)]
 pub(super) struct CpuRec {
     pub(super) current: Option<Tid>,
@@ -701,12 +713,7 @@ impl StateBuilder {
             if let Some(open) = th.open.take() {
                 // The last state is kept even when it just began: it is
                 // what the thread is doing at the end.
-                th.hist.states.push(StateInterval {
-                    start: open.start,
-                    end: end.max(open.start),
-                    state: open.state,
-                    cpu: open.cpu,
-                });
+                th.hist.states.push(open.ended_at(end.max(open.start)));
                 if th.worker != NO_WORKER && self.close_rows {
                     let q = self.qualifier(open.state);
                     let q = q.as_deref();
@@ -926,12 +933,7 @@ impl StateBuilder {
                 return;
             }
             if ts > o.start {
-                self.threads[t].hist.states.push(StateInterval {
-                    start: o.start,
-                    end: ts,
-                    state: o.state,
-                    cpu: o.cpu,
-                });
+                self.threads[t].hist.states.push(o.ended_at(ts));
             }
         }
         if self.graph_on {
@@ -1005,12 +1007,7 @@ impl StateBuilder {
     fn die(&mut self, t: usize, ts: u64) {
         if let Some(o) = self.threads[t].open.take() {
             if ts > o.start {
-                self.threads[t].hist.states.push(StateInterval {
-                    start: o.start,
-                    end: ts,
-                    state: o.state,
-                    cpu: o.cpu,
-                });
+                self.threads[t].hist.states.push(o.ended_at(ts));
             }
             if self.graph_on {
                 let q = self.qualifier(o.state);
