@@ -202,6 +202,17 @@ impl Run {
         self.file(layout::SPANS_DIR)
     }
 
+    /// The `number`th span file, `spans/otlp-NNN.pb`: a span store's
+    /// files, read in name order.
+    pub fn span_file(&self, number: u32) -> PathBuf {
+        self.spans_dir().join(format!("otlp-{number:03}.pb"))
+    }
+
+    /// Whether `name` is a span file's name (see [`Run::span_file`]).
+    pub fn is_span_file(name: &str) -> bool {
+        name.starts_with("otlp-") && name.ends_with(".pb")
+    }
+
     pub fn profile_dir(&self) -> PathBuf {
         self.file(layout::PROFILE_DIR)
     }

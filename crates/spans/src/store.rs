@@ -37,11 +37,12 @@ impl SpanWriter {
     /// Creates `RUN/spans/otlp-NNN.pb` with the first unused `NNN` (creating
     /// `spans/` if needed).
     pub fn create(run_dir: &Path) -> Result<SpanWriter, Error> {
-        let dir = Run::new(run_dir).spans_dir();
+        let run = Run::new(run_dir);
+        let dir = run.spans_dir();
         fs::create_dir_all(&dir)
             .map_err(|e| Error::io(&dir, "cannot create the spans folder", e))?;
         for n in 0..100_000u32 {
-            let path = dir.join(format!("otlp-{n:03}.pb"));
+            let path = run.span_file(n);
             // create_new: two writers racing for a number never share a file.
             match OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(f) => {
@@ -128,9 +129,8 @@ pub fn span_files(run_dir: &Path) -> Result<Vec<PathBuf>, Error> {
         .map_err(|e| Error::io(&dir, "cannot list the spans folder", e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.extension().is_some_and(|x| x == "pb")
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("otlp-"))
+            p.file_name()
+                .is_some_and(|n| Run::is_span_file(&n.to_string_lossy()))
         })
         .collect();
     files.sort();
