@@ -22,8 +22,9 @@ use perf_event::data::Record;
 use perf_event::events::Software;
 use perf_event::{Builder, Clock, SampleFlag, Sampler as PerfSampler};
 
-use crate::samples::{append_line, save_kallsyms, Sample, SampleWriter, MAPS_DIR};
+use crate::samples::{append_line, save_kallsyms, Sample, SampleWriter};
 use crate::Error;
+use deepspan_run::profile::{perf_map, MAPS_DIR};
 
 /// Default sampling rate: 99 Hz, off the 100 Hz of periodic kernel work.
 pub const DEFAULT_HZ: u64 = 99;
@@ -213,6 +214,6 @@ fn copy_maps(dir: &Path, pid: i32) {
 
 /// A JIT's `/tmp/perf-PID.map`, copied at the end (it grows as code is compiled).
 fn copy_perf_map(dir: &Path, pid: i32) {
-    let name = format!("perf-{pid}.map");
+    let name = perf_map(pid);
     let _ = std::fs::copy(Path::new("/tmp").join(&name), dir.join(name));
 }

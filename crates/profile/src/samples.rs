@@ -18,10 +18,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::Error;
-
-pub const SAMPLES_FILE: &str = "samples.zst";
-pub const MAPS_DIR: &str = "maps";
-pub const KALLSYMS_FILE: &str = "kallsyms.zst";
+use deepspan_run::profile::{KALLSYMS, SAMPLES};
 
 /// Callchain entries above this mark the context of the frames after them
 /// (`PERF_CONTEXT_KERNEL`, `PERF_CONTEXT_USER`, …), not addresses.
@@ -68,7 +65,7 @@ pub struct SampleWriter {
 
 impl SampleWriter {
     pub fn create(dir: &Path) -> Result<SampleWriter, Error> {
-        let path = dir.join(SAMPLES_FILE);
+        let path = dir.join(SAMPLES);
         let file = File::create(&path).map_err(|e| Error::io("create", &path, e))?;
         let encoder = zstd::Encoder::new(BufWriter::new(file), 3)
             .map_err(|e| Error::io("compress", &path, e))?;
@@ -121,7 +118,7 @@ pub struct Samples {
 
 /// Reads `dir/samples.zst` whole.
 pub fn read_samples(dir: &Path) -> Result<Samples, Error> {
-    let path = dir.join(SAMPLES_FILE);
+    let path = dir.join(SAMPLES);
     let file = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
     let mut decoder = zstd::Decoder::new(file).map_err(|e| Error::io("read", &path, e))?;
     let mut bytes = Vec::new();
@@ -176,7 +173,7 @@ pub fn read_samples(dir: &Path) -> Result<Samples, Error> {
 pub fn save_kallsyms(dir: &Path) -> Result<(), Error> {
     let source = Path::new("/proc/kallsyms");
     let text = std::fs::read(source).map_err(|e| Error::io("read", source, e))?;
-    let path = dir.join(KALLSYMS_FILE);
+    let path = dir.join(KALLSYMS);
     let packed = zstd::encode_all(&text[..], 3).map_err(|e| Error::io("compress", &path, e))?;
     std::fs::write(&path, packed).map_err(|e| Error::io("write", &path, e))
 }
@@ -184,7 +181,7 @@ pub fn save_kallsyms(dir: &Path) -> Result<(), Error> {
 /// The kernel symbols saved with the run, unpacked into `into` (blazesym
 /// reads kallsyms from a file).
 pub fn unpack_kallsyms(dir: &Path, into: &Path) -> Result<(), Error> {
-    let path = dir.join(KALLSYMS_FILE);
+    let path = dir.join(KALLSYMS);
     let packed = std::fs::read(&path).map_err(|e| Error::io("read", &path, e))?;
     let text = zstd::decode_all(&packed[..]).map_err(|e| Error::io("decompress", &path, e))?;
     std::fs::write(into, text).map_err(|e| Error::io("write", into, e))
@@ -240,7 +237,7 @@ mod tests {
         );
 
         // Cut inside the compressed stream: a prefix of whole samples.
-        let path = dir.path().join(SAMPLES_FILE);
+        let path = dir.path().join(SAMPLES);
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 7]).unwrap();
         let cut = read_samples(dir.path()).unwrap();

@@ -11,7 +11,8 @@ use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use blazesym::MaybeDefault;
 
-use crate::samples::{unpack_kallsyms, MAPS_DIR};
+use crate::samples::unpack_kallsyms;
+use deepspan_run::profile::{perf_map, MAPS_DIR};
 
 /// One executable mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,7 +189,7 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 
 /// `START SIZE name` lines (hex), sorted by start.
 fn read_perf_map(dir: &Path, pid: i32) -> Vec<(u64, u64, String)> {
-    let Ok(text) = std::fs::read_to_string(dir.join(format!("perf-{pid}.map"))) else {
+    let Ok(text) = std::fs::read_to_string(dir.join(perf_map(pid))) else {
         return Vec::new();
     };
     let mut entries: Vec<(u64, u64, String)> = text

@@ -26,9 +26,10 @@
 //!   demo/                       a demo scenario's expectations and log
 //! ```
 //!
-//! The insides of `spans/`, `profile/` and `kernel/journal/` belong to the
-//! crate whose format they are; `Run` names the folder. The manifest records
-//! the relative paths in [`layout`], so a run folder can be moved.
+//! The insides of `spans/`, `profile/` and `kernel/journal/` are named here
+//! too ([`Run::span_file`], [`profile`], [`journal`]); what each file holds
+//! belongs to the crate whose format it is. The manifest records the
+//! relative paths in [`layout`], so a run folder can be moved.
 //!
 //! Invariant: no other crate of the workspace spells a run-folder file
 //! name; tests, `bench/`, the UI and `docs/tables.md` (the public contract)
@@ -90,6 +91,20 @@ pub mod journal {
     pub const CLOCK_SAMPLES: &str = "clock_samples";
     pub const SNAPSHOTS: &str = "snapshots";
     pub const TASKS: &str = "tasks";
+}
+
+/// Names inside `RUN/profile/`, the CPU samples of `record --profile`
+/// (what each holds: `deepspan_profile`'s samples module).
+pub mod profile {
+    pub const SAMPLES: &str = "samples.zst";
+    /// One file per sampled process, named by its pid.
+    pub const MAPS_DIR: &str = "maps";
+    pub const KALLSYMS: &str = "kallsyms.zst";
+
+    /// A JIT runtime's perf map, kept under the name it has in /tmp.
+    pub fn perf_map(pid: i32) -> String {
+        format!("perf-{pid}.map")
+    }
 }
 
 /// File names inside `RUN/demo/`: what a demo scenario expects, and the
