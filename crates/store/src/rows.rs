@@ -15,82 +15,100 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::Arc;
 
-use parquet::file::reader::{FileReader, SerializedFileReader};
-#[doc(hidden)]
-pub use parquet::record::Field;
-use parquet::schema::types::Type;
+use parquet::basic::{ConvertedType, IntType, LogicalType, Type as Physical};
+use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
+use parquet::data_type::{
+    BoolType, ByteArray, ByteArrayType, DataType, DoubleType, Int32Type, Int64Type,
+};
+use parquet::file::reader::{FileReader, RowGroupReader, SerializedFileReader};
+use parquet::schema::types::ColumnDescriptor;
 
 use crate::table::{Column, Kind};
 use crate::Error;
 
+/// One cell of a column, as decoded: borrowed from its batch.
+#[derive(Clone, Copy, Debug)]
+pub enum Cell<'a> {
+    Null,
+    Bool(bool),
+    I32(i32),
+    /// An INT64 column's value, signed or not (`Kind::U64` reads it as
+    /// the same 64 bits).
+    I64(i64),
+    F64(f64),
+    Bytes(&'a [u8]),
+}
+
 /// A Rust type a column is read into: its column kind, whether it may be
-/// null, and how a Parquet value becomes it.
+/// null, and how a decoded cell becomes it. The file's columns are checked
+/// against the kinds before any row is read, so a cell is always of its
+/// column's kind; it may still be a null, or text that is not UTF-8.
 pub trait CellType: Sized {
     const KIND: Kind;
     const NULLABLE: bool = false;
-    /// The value of one cell; the cell back when it holds another type
-    /// (a null fits only the nullable types).
-    fn from_field(field: Field) -> Result<Self, Field>;
+    /// The value of one cell; `None` when it does not fit (a null for a
+    /// type that cannot be null, text that is not UTF-8).
+    fn from_cell(cell: Cell<'_>) -> Option<Self>;
 }
 
 impl CellType for i32 {
     const KIND: Kind = Kind::I32;
-    fn from_field(field: Field) -> Result<i32, Field> {
-        match field {
-            Field::Int(v) => Ok(v),
-            other => Err(other),
+    fn from_cell(cell: Cell<'_>) -> Option<i32> {
+        match cell {
+            Cell::I32(v) => Some(v),
+            _ => None,
         }
     }
 }
 
 impl CellType for i64 {
     const KIND: Kind = Kind::I64;
-    fn from_field(field: Field) -> Result<i64, Field> {
-        match field {
-            Field::Long(v) => Ok(v),
-            other => Err(other),
+    fn from_cell(cell: Cell<'_>) -> Option<i64> {
+        match cell {
+            Cell::I64(v) => Some(v),
+            _ => None,
         }
     }
 }
 
 impl CellType for u64 {
     const KIND: Kind = Kind::U64;
-    fn from_field(field: Field) -> Result<u64, Field> {
-        match field {
-            Field::ULong(v) => Ok(v),
-            other => Err(other),
+    fn from_cell(cell: Cell<'_>) -> Option<u64> {
+        match cell {
+            // The column holds the unsigned value's bits.
+            Cell::I64(v) => Some(v as u64),
+            _ => None,
         }
     }
 }
 
 impl CellType for f64 {
     const KIND: Kind = Kind::F64;
-    fn from_field(field: Field) -> Result<f64, Field> {
-        match field {
-            Field::Double(v) => Ok(v),
-            other => Err(other),
+    fn from_cell(cell: Cell<'_>) -> Option<f64> {
+        match cell {
+            Cell::F64(v) => Some(v),
+            _ => None,
         }
     }
 }
 
 impl CellType for bool {
     const KIND: Kind = Kind::Bool;
-    fn from_field(field: Field) -> Result<bool, Field> {
-        match field {
-            Field::Bool(v) => Ok(v),
-            other => Err(other),
+    fn from_cell(cell: Cell<'_>) -> Option<bool> {
+        match cell {
+            Cell::Bool(v) => Some(v),
+            _ => None,
         }
     }
 }
 
 impl CellType for String {
     const KIND: Kind = Kind::Str;
-    fn from_field(field: Field) -> Result<String, Field> {
-        match field {
-            Field::Str(v) => Ok(v),
-            other => Err(other),
+    fn from_cell(cell: Cell<'_>) -> Option<String> {
+        match cell {
+            Cell::Bytes(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+            _ => None,
         }
     }
 }
@@ -98,10 +116,10 @@ impl CellType for String {
 impl<T: CellType> CellType for Option<T> {
     const KIND: Kind = T::KIND;
     const NULLABLE: bool = true;
-    fn from_field(field: Field) -> Result<Option<T>, Field> {
-        match field {
-            Field::Null => Ok(None),
-            other => T::from_field(other).map(Some),
+    fn from_cell(cell: Cell<'_>) -> Option<Option<T>> {
+        match cell {
+            Cell::Null => Some(None),
+            other => T::from_cell(other).map(Some),
         }
     }
 }
@@ -110,10 +128,10 @@ impl<T: CellType> CellType for Option<T> {
 pub trait TableRow: Sized {
     /// The table's schema, in file order.
     const COLUMNS: &'static [Column];
-    /// A row from its cells, one per column of [`TableRow::COLUMNS`] in
-    /// that order (`None` for a nullable column the file lacks). `Err`
-    /// names the first column whose cell does not fit.
-    fn from_cells(cells: &mut [Option<Field>]) -> Result<Self, CellError>;
+    /// A row from its cells: `cells` gives the next row's cell of each
+    /// column of [`TableRow::COLUMNS`], in that order. `Err` names the
+    /// first column whose cell does not fit.
+    fn from_cells(cells: &mut RowCells<'_>) -> Result<Self, CellError>;
 }
 
 /// Why a cell could not be read as its column's type.
@@ -126,14 +144,15 @@ pub struct CellError {
 /// The value of the next cell (see [`TableRow::from_cells`]).
 #[doc(hidden)]
 pub fn take_cell<T: CellType>(
-    cell: Option<&mut Option<Field>>,
+    cells: &mut RowCells<'_>,
     column: &'static str,
 ) -> Result<T, CellError> {
-    let field = cell.and_then(Option::take).unwrap_or(Field::Null);
-    T::from_field(field).map_err(|field| CellError {
+    let cell = cells.next();
+    T::from_cell(cell).ok_or_else(|| CellError {
         column,
-        found: match field {
-            Field::Null => "null".to_string(),
+        found: match cell {
+            Cell::Null => "null".to_string(),
+            Cell::Bytes(b) => format!("{} bytes that are not UTF-8", b.len()),
             other => format!("{other:?}"),
         },
     })
@@ -208,11 +227,10 @@ macro_rules! table_view {
             ),*];
 
             fn from_cells(
-                cells: &mut [Option<$crate::rows::Field>],
+                cells: &mut $crate::rows::RowCells<'_>,
             ) -> Result<$row, $crate::rows::CellError> {
-                let mut cells = cells.iter_mut();
                 Ok($row {
-                    $( $name: $crate::rows::take_cell(cells.next(), stringify!($name))?, )*
+                    $( $name: $crate::rows::take_cell(cells, stringify!($name))?, )*
                 })
             }
         }
@@ -266,28 +284,60 @@ const fn same_text(a: &str, b: &str) -> bool {
     true
 }
 
+/// Rows decoded at a time: each column is read this many values at once
+/// through Parquet's column readers (not its row API, which makes a value
+/// object per cell).
+const BATCH: usize = 4096;
+
 /// Calls `each` with every row of the table at `path`, in file order,
 /// without holding the table in memory.
 pub fn for_each_row<R: TableRow>(path: &Path, mut each: impl FnMut(R)) -> Result<(), Error> {
     let reader = open(path)?;
-    let (projection, slot_of) = projection::<R>(path, &reader)?;
-    let rows = reader
-        .get_row_iter(Some(projection))
-        .map_err(|e| Error::parquet(path, "reading rows", e))?;
-    let mut cells: Vec<Option<Field>> = vec![None; R::COLUMNS.len()];
-    for (n, row) in rows.enumerate() {
-        let row = row.map_err(|e| Error::parquet(path, "reading a row", e))?;
-        for (position, (_, field)) in row.into_columns().into_iter().enumerate() {
-            cells[slot_of[position]] = Some(field);
+    let sources = column_sources::<R>(path, &reader)?;
+    let mut n = 0usize;
+    for group in 0..reader.num_row_groups() {
+        let group = reader
+            .get_row_group(group)
+            .map_err(|e| Error::parquet(path, "reading a row group", e))?;
+        let mut columns = sources
+            .iter()
+            .map(|source| {
+                source
+                    .map(|i| Batch::open(path, group.as_ref(), i))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        loop {
+            let mut rows = None;
+            for column in columns.iter_mut().flatten() {
+                let read = column.fill(path)?;
+                if *rows.get_or_insert(read) != read {
+                    return Err(Error::Schema {
+                        path: path.to_path_buf(),
+                        what: format!("row {n}: columns of one row group differ in length"),
+                    });
+                }
+            }
+            // A table of only missing nullable columns has no rows to give.
+            let Some(rows) = rows.filter(|&r| r > 0) else {
+                break;
+            };
+            for _ in 0..rows {
+                let mut cells = RowCells {
+                    columns: &mut columns,
+                    next: 0,
+                };
+                let row = R::from_cells(&mut cells).map_err(|e| Error::Schema {
+                    path: path.to_path_buf(),
+                    what: format!(
+                        "row {n}: column {:?} holds {}, not a value of its type",
+                        e.column, e.found
+                    ),
+                })?;
+                each(row);
+                n += 1;
+            }
         }
-        let row = R::from_cells(&mut cells).map_err(|e| Error::Schema {
-            path: path.to_path_buf(),
-            what: format!(
-                "row {n}: column {:?} holds {}, not a value of its type",
-                e.column, e.found
-            ),
-        })?;
-        each(row);
     }
     Ok(())
 }
@@ -312,37 +362,178 @@ fn open(path: &Path) -> Result<SerializedFileReader<File>, Error> {
     SerializedFileReader::new(file).map_err(|e| Error::parquet(path, "reading the footer", e))
 }
 
-/// The file's columns that `R` has, in file order, and for each the index
-/// of its field in `R::COLUMNS`.
-fn projection<R: TableRow>(
+/// For each column of `R`, the index of the file's column it is read from
+/// (`None`: a nullable column the file lacks, read as null). Checks the
+/// file's columns against `R`'s kinds.
+fn column_sources<R: TableRow>(
     path: &Path,
     reader: &SerializedFileReader<File>,
-) -> Result<(Type, Vec<usize>), Error> {
-    let schema = reader.metadata().file_metadata().schema();
-    let in_file = schema.get_fields();
-    for column in R::COLUMNS {
-        if !column.nullable && !in_file.iter().any(|f| f.name() == column.name) {
-            return Err(Error::Schema {
-                path: path.to_path_buf(),
-                what: format!(
-                    "no column {:?}: not a table of this layout (written by another deepspan?)",
-                    column.name
-                ),
-            });
+) -> Result<Vec<Option<usize>>, Error> {
+    let schema = reader.metadata().file_metadata().schema_descr();
+    let bad = |what: String| Error::Schema {
+        path: path.to_path_buf(),
+        what,
+    };
+    R::COLUMNS
+        .iter()
+        .map(|column| {
+            let found = schema
+                .columns()
+                .iter()
+                .position(|c| c.path().parts().len() == 1 && c.path().parts()[0] == column.name);
+            let Some(i) = found else {
+                return if column.nullable {
+                    Ok(None)
+                } else {
+                    Err(bad(format!(
+                        "no column {:?}: not a table of this layout (written by another deepspan?)",
+                        column.name
+                    )))
+                };
+            };
+            match kind_in_file(schema.column(i).as_ref()) {
+                Some(kind) if kind == column.kind => Ok(Some(i)),
+                in_file => Err(bad(format!(
+                    "column {:?} holds {} values, not {:?} (written by another deepspan?)",
+                    column.name,
+                    in_file.map_or_else(
+                        || format!("{:?}", schema.column(i).physical_type()),
+                        |k| format!("{k:?}")
+                    ),
+                    column.kind
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// The kind a file's column holds, as `table.rs` writes each kind.
+fn kind_in_file(column: &ColumnDescriptor) -> Option<Kind> {
+    let unsigned = matches!(
+        column.logical_type_ref(),
+        Some(LogicalType::Integer(IntType {
+            is_signed: false,
+            ..
+        }))
+    ) || column.converted_type() == ConvertedType::UINT_64;
+    Some(match column.physical_type() {
+        Physical::INT32 => Kind::I32,
+        Physical::INT64 if unsigned => Kind::U64,
+        Physical::INT64 => Kind::I64,
+        Physical::DOUBLE => Kind::F64,
+        Physical::BOOLEAN => Kind::Bool,
+        Physical::BYTE_ARRAY => Kind::Str,
+        _ => return None,
+    })
+}
+
+/// One column of a row group, read [`BATCH`] values at a time.
+struct Batch {
+    values: Values,
+    /// Definition levels of a nullable column (0: null); empty otherwise.
+    levels: Vec<i16>,
+    nullable: bool,
+    /// The next row's position in `levels` and in `values`.
+    next_row: usize,
+    next_value: usize,
+}
+
+/// A column's reader and its decoded values, by physical type.
+enum Values {
+    Bool(ColumnReaderImpl<BoolType>, Vec<bool>),
+    I32(ColumnReaderImpl<Int32Type>, Vec<i32>),
+    I64(ColumnReaderImpl<Int64Type>, Vec<i64>),
+    F64(ColumnReaderImpl<DoubleType>, Vec<f64>),
+    Bytes(ColumnReaderImpl<ByteArrayType>, Vec<ByteArray>),
+}
+
+impl Batch {
+    fn open(path: &Path, group: &dyn RowGroupReader, i: usize) -> Result<Batch, Error> {
+        let nullable = group.metadata().column(i).column_descr().max_def_level() > 0;
+        let reader = group
+            .get_column_reader(i)
+            .map_err(|e| Error::parquet(path, "reading a column", e))?;
+        let values = match reader {
+            ColumnReader::BoolColumnReader(r) => Values::Bool(r, Vec::new()),
+            ColumnReader::Int32ColumnReader(r) => Values::I32(r, Vec::new()),
+            ColumnReader::Int64ColumnReader(r) => Values::I64(r, Vec::new()),
+            ColumnReader::DoubleColumnReader(r) => Values::F64(r, Vec::new()),
+            ColumnReader::ByteArrayColumnReader(r) => Values::Bytes(r, Vec::new()),
+            // column_sources let only the kinds above through.
+            _ => unreachable!("a column of a kind deepspan does not write"),
+        };
+        Ok(Batch {
+            values,
+            levels: Vec::new(),
+            nullable,
+            next_row: 0,
+            next_value: 0,
+        })
+    }
+
+    /// Decodes the next rows of the column; how many (0 at its end).
+    fn fill(&mut self, path: &Path) -> Result<usize, Error> {
+        fn read<T: DataType>(
+            reader: &mut ColumnReaderImpl<T>,
+            values: &mut Vec<T::T>,
+            levels: Option<&mut Vec<i16>>,
+        ) -> parquet::errors::Result<usize> {
+            values.clear();
+            reader
+                .read_records(BATCH, levels, None, values)
+                .map(|(rows, _, _)| rows)
+        }
+        self.levels.clear();
+        let levels = self.nullable.then_some(&mut self.levels);
+        let rows = match &mut self.values {
+            Values::Bool(r, v) => read(r, v, levels),
+            Values::I32(r, v) => read(r, v, levels),
+            Values::I64(r, v) => read(r, v, levels),
+            Values::F64(r, v) => read(r, v, levels),
+            Values::Bytes(r, v) => read(r, v, levels),
+        }
+        .map_err(|e| Error::parquet(path, "decoding a column", e))?;
+        self.next_row = 0;
+        self.next_value = 0;
+        Ok(rows)
+    }
+
+    /// The next row's cell.
+    fn next(&mut self) -> Cell<'_> {
+        let row = self.next_row;
+        self.next_row += 1;
+        if self.nullable && self.levels.get(row).is_none_or(|&level| level == 0) {
+            return Cell::Null;
+        }
+        let i = self.next_value;
+        self.next_value += 1;
+        let cell = match &self.values {
+            Values::Bool(_, v) => v.get(i).map(|&v| Cell::Bool(v)),
+            Values::I32(_, v) => v.get(i).map(|&v| Cell::I32(v)),
+            Values::I64(_, v) => v.get(i).map(|&v| Cell::I64(v)),
+            Values::F64(_, v) => v.get(i).map(|&v| Cell::F64(v)),
+            Values::Bytes(_, v) => v.get(i).map(|v| Cell::Bytes(v.data())),
+        };
+        cell.unwrap_or(Cell::Null)
+    }
+}
+
+/// One row's cells, column after column (see [`TableRow::from_cells`]).
+pub struct RowCells<'a> {
+    columns: &'a mut [Option<Batch>],
+    next: usize,
+}
+
+impl RowCells<'_> {
+    fn next(&mut self) -> Cell<'_> {
+        let column = self.next;
+        self.next += 1;
+        match self.columns.get_mut(column) {
+            Some(Some(batch)) => batch.next(),
+            // A nullable column the file lacks.
+            _ => Cell::Null,
         }
     }
-    let (fields, slot_of): (Vec<Arc<Type>>, Vec<usize>) = in_file
-        .iter()
-        .filter_map(|f| {
-            let slot = R::COLUMNS.iter().position(|c| c.name == f.name())?;
-            Some((f.clone(), slot))
-        })
-        .unzip();
-    let projection = Type::group_type_builder(schema.name())
-        .with_fields(fields)
-        .build()
-        .map_err(|e| Error::parquet(path, "selecting columns", e))?;
-    Ok((projection, slot_of))
 }
 
 #[cfg(test)]
@@ -494,7 +685,7 @@ mod tests {
     }
 
     #[test]
-    fn a_column_of_another_type_is_an_error_with_its_row() {
+    fn a_column_of_another_type_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.parquet");
         let mut retyped: Vec<Column> = SAMPLE_COLUMNS.to_vec();
@@ -513,6 +704,37 @@ mod tests {
         let err = read_table::<SampleRow>(&path, |_| true)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("row 0") && err.contains("\"at\""), "{err}");
+        assert!(
+            err.contains("t.parquet") && err.contains("\"at\" holds Str values, not I64"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_null_where_the_row_wants_a_value_is_an_error_with_its_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let mut nullable: Vec<Column> = SAMPLE_COLUMNS.to_vec();
+        nullable[2] = Column::nullable("at", Kind::I64);
+        let mut w = TableWriter::create(&path, &nullable).unwrap();
+        for (i, at) in [Some(5), None].into_iter().enumerate() {
+            let r = sample(i as i32);
+            w.i32(r.id);
+            w.u64(r.big);
+            w.opt_i64(at);
+            w.opt_str(r.label.as_deref());
+            w.f64(r.share);
+            w.bool(r.flag);
+            w.opt_i64(r.extra);
+            w.end_row().unwrap();
+        }
+        w.finish().unwrap();
+        let err = read_table::<SampleRow>(&path, |_| true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("row 1") && err.contains("\"at\" holds null"),
+            "{err}"
+        );
     }
 }
