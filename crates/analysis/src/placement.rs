@@ -169,6 +169,24 @@ pub struct Placement {
 
 /// Places every span that has no deepspan fields: `result[i]` is span `i`'s
 /// placement (`None`: SDK-placed, no times, or nothing credible).
+///
+/// The passes, in order (each function's doc says its rule):
+/// 1. [`Finder::candidates`]: every request's process(es) and the threads
+///    of them that fit it, best first;
+/// 2. [`name_processes_by_vote`]: a service that names no process is
+///    served by the one most of its requests fit best;
+/// 3. [`pass_over_acceptors`]: threads that hand requests to others serve
+///    none;
+/// 4. [`on_processes`]: requests of runtimes that move them between
+///    threads, and those an event loop fits best, go to their process;
+/// 5. [`surest_first`]: the others take threads, surest first, each its
+///    best one not already carrying an overlapping request;
+/// 6. [`uncross`]: two overlapping requests swap threads when that fits
+///    both better;
+/// 7. [`shared_threads_to_processes`]: requests left sharing a thread (an
+///    event loop pass 4 did not see) go to their process;
+/// 8. [`children_follow_their_requests`]: the spans inside a request go
+///    where it went.
 pub fn infer_placements(
     model: &KernelModel,
     arch: Arch,
@@ -176,9 +194,7 @@ pub fn infer_placements(
     processes: &Processes,
 ) -> Vec<Option<Placement>> {
     let finder = Finder::new(model, arch, processes);
-    let mut out: Vec<Option<Placement>> = vec![None; spans.len()];
     let request_of = requests_of(spans);
-    // Requests first.
     let mut requests: Vec<(usize, Candidates)> = spans
         .iter()
         .enumerate()
@@ -187,8 +203,21 @@ pub fn infer_placements(
         .collect();
     name_processes_by_vote(spans, &mut requests);
     pass_over_acceptors(&finder, &mut requests);
-    assign(requests, &mut out);
-    // Spans inside a request go where it went.
+    let mut out: Vec<Option<Placement>> = vec![None; spans.len()];
+    let on_threads = on_processes(&requests, &mut out);
+    let mut threads = surest_first(&requests, on_threads, &mut out);
+    uncross(&requests, &mut threads.taken, &mut out);
+    shared_threads_to_processes(&requests, &threads, &mut out);
+    children_follow_their_requests(spans, &request_of, &mut out);
+    out
+}
+
+/// Spans inside a request (internal, client) go where their request went.
+fn children_follow_their_requests(
+    spans: &[PlacementSpan],
+    request_of: &[usize],
+    out: &mut [Option<Placement>],
+) {
     for (i, span) in spans.iter().enumerate() {
         let r = request_of[i];
         if r == i || span.sdk_placed || span.times.is_none() {
@@ -201,7 +230,6 @@ pub fn infer_placements(
             });
         }
     }
-    out
 }
 
 /// The request (index) of every span: itself when it is a root or an entry,
@@ -741,57 +769,74 @@ const GOOD_ALTERNATIVE_NS: u64 = 200_000;
 /// (the mapping error is µs).
 const OVERLAP_SLACK_NS: u64 = 100_000;
 
-/// Gives each request a thread: the surest first (lowest cost), each taking
-/// its best credible thread not already carrying an overlapping request. A
-/// request whose best thread is taken and that has no other credible one
-/// shares a thread with overlapping requests (an event loop): all of those
-/// go to their process as a whole.
-fn assign(requests: Vec<(usize, Candidates)>, out: &mut [Option<Placement>]) {
+/// Requests that no single thread can be said to have served go to their
+/// process: those of a runtime that moves requests between threads
+/// ([`runs_requests_on_any_thread`]), and those whose best thread is an
+/// event loop ([`event_loops`]). The others, by index in `requests`,
+/// surest first (lowest cost), are left for the threads.
+fn on_processes(requests: &[(usize, Candidates)], out: &mut [Option<Placement>]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by_key(|&k| {
         let c = &requests[k].1;
         (c.fits.first().map_or(u64::MAX, Fit::cost), requests[k].0)
     });
-    let loops = event_loops(&requests);
-    // Per thread: (start, end, request index in `requests`).
-    let mut taken: HashMap<Tid, Vec<(u64, u64, usize)>> = HashMap::new();
-    let overlapping = |taken: &HashMap<Tid, Vec<(u64, u64, usize)>>, tid: Tid, s: u64, e: u64| {
-        taken.get(&tid).and_then(|v| {
-            v.iter()
-                .find(|x| s + OVERLAP_SLACK_NS < x.1 && x.0 + OVERLAP_SLACK_NS < e)
-                .map(|x| x.2)
-        })
-    };
-    let mut shared: Vec<(usize, Tid)> = Vec::new();
-    for k in order {
-        let (i, c) = (&requests[k].0, &requests[k].1);
-        let mut passed_over = Vec::new();
-        let mut placed = None;
+    let loops = event_loops(requests);
+    order.retain(|&k| {
+        let (i, c) = (requests[k].0, &requests[k].1);
         if let Some(language) = &c.any_thread_runtime {
-            out[*i] = c.on_any_thread_process(language);
-            continue;
+            out[i] = c.on_any_thread_process(language);
+            return false;
         }
-        if let Some(&(tid, overlapping, of)) = c
+        let best_loop = c
             .fits
             .first()
             .filter(|f| c.credible(f))
-            .and_then(|f| loops.iter().find(|l| l.0 == f.tid))
-        {
-            out[*i] = c.on_process(format!(
+            .and_then(|f| loops.iter().find(|l| l.0 == f.tid));
+        if let Some(&(tid, overlapping, of)) = best_loop {
+            out[i] = c.on_process(format!(
                 "thread {tid} serves requests interleaved (an event loop: {overlapping} of the {of} requests it fits best overlap another)"
             ));
-            continue;
+            return false;
         }
+        true
+    });
+    order
+}
+
+/// Requests placed on threads, per thread.
+#[derive(Default)]
+struct Threads {
+    /// Per thread: (start, end, request index in `requests`).
+    taken: HashMap<Tid, Vec<(u64, u64, usize)>>,
+    /// Requests that found their best thread carrying an overlapping
+    /// request and no other credible thread free: (request, that thread).
+    shared: Vec<(usize, Tid)>,
+}
+
+/// Gives each request of `order` (surest first) its best credible thread
+/// not already carrying an overlapping request: another thread of the same
+/// process (a pool), never of another. A request with no credible thread
+/// goes to its process; one whose credible threads are all taken is left
+/// in [`Threads::shared`].
+fn surest_first(
+    requests: &[(usize, Candidates)],
+    order: Vec<usize>,
+    out: &mut [Option<Placement>],
+) -> Threads {
+    let mut threads = Threads::default();
+    for k in order {
+        let (i, c) = (requests[k].0, &requests[k].1);
+        let mut passed_over = Vec::new();
+        let mut placed = None;
         let first_pid = c.fits.first().map(|f| f.pid);
         for (n, f) in c.fits.iter().enumerate() {
-            // Another thread of the same process (a pool), never of another.
             if !c.credible(f) || Some(f.pid) != first_pid {
                 break;
             }
-            match overlapping(&taken, f.tid, c.start, c.end) {
+            match overlapping(&threads.taken, f.tid, c.start, c.end) {
                 Some(other) => {
                     if passed_over.is_empty() {
-                        shared.push((k, f.tid));
+                        threads.shared.push((k, f.tid));
                     }
                     passed_over.push(format!(
                         "thread {} fits but carried request span #{} at the same time",
@@ -807,12 +852,16 @@ fn assign(requests: Vec<(usize, Candidates)>, out: &mut [Option<Placement>]) {
         match placed {
             Some(p) => {
                 let tid = p.tid.expect("placed on a thread");
-                taken.entry(tid).or_default().push((c.start, c.end, k));
-                shared.retain(|x| x.0 != k);
-                out[*i] = Some(p);
+                threads
+                    .taken
+                    .entry(tid)
+                    .or_default()
+                    .push((c.start, c.end, k));
+                threads.shared.retain(|x| x.0 != k);
+                out[i] = Some(p);
             }
             None if passed_over.is_empty() => {
-                out[*i] = c.on_process(
+                out[i] = c.on_process(
                     "no single thread ran at both the start and the end with the request's I/O"
                         .into(),
                 );
@@ -820,14 +869,36 @@ fn assign(requests: Vec<(usize, Candidates)>, out: &mut [Option<Placement>]) {
             None => {}
         }
     }
-    uncross(&requests, &mut taken, out);
-    // Event loops: the requests that found their thread taken, and those
-    // holding it over the same time, go to the process.
-    for (k, tid) in shared {
+    threads
+}
+
+/// The request placed on `tid` over a time overlapping `[start, end]`.
+fn overlapping(
+    taken: &HashMap<Tid, Vec<(u64, u64, usize)>>,
+    tid: Tid,
+    start: u64,
+    end: u64,
+) -> Option<usize> {
+    taken.get(&tid).and_then(|v| {
+        v.iter()
+            .find(|x| start + OVERLAP_SLACK_NS < x.1 && x.0 + OVERLAP_SLACK_NS < end)
+            .map(|x| x.2)
+    })
+}
+
+/// Event loops the scores did not show: a request left sharing a thread
+/// with overlapping requests goes to its process, and so do the requests
+/// placed on that thread over the same time.
+fn shared_threads_to_processes(
+    requests: &[(usize, Candidates)],
+    threads: &Threads,
+    out: &mut [Option<Placement>],
+) {
+    for &(k, tid) in &threads.shared {
         let c = &requests[k].1;
         let why = format!("thread {tid} carried requests overlapping in time (an event loop)");
         out[requests[k].0] = c.on_process(why.clone());
-        for &(s, e, holder) in taken.get(&tid).into_iter().flatten() {
+        for &(s, e, holder) in threads.taken.get(&tid).into_iter().flatten() {
             if s + OVERLAP_SLACK_NS < c.end && c.start + OVERLAP_SLACK_NS < e {
                 let i = requests[holder].0;
                 if out[i]
