@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use deepspan_model::Tid;
 
-use crate::fxhash::FastSet;
 use crate::graph::{Direction, Edge, EdgeType, Graph, VertexId};
+use rustc_hash::FxHashSet;
 
 /// One piece of a critical path: a thread in a state over a time range.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,7 +139,7 @@ pub fn pieces_of(path: &Graph, worker: u32) -> Vec<Piece> {
     let Some(mut v) = path.head(worker) else {
         return pieces;
     };
-    let mut taken_vertical: FastSet<VertexId> = FastSet::default();
+    let mut taken_vertical: FxHashSet<VertexId> = FxHashSet::default();
     let mut came_from: Option<Tid> = None;
     // Each step consumes an edge, and each edge is taken once.
     let budget = path.vertex_count() + path.vertical_count() + 1;

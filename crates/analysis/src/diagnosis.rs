@@ -32,7 +32,6 @@ use std::sync::OnceLock;
 
 use deepspan_model::{Comm, Tid};
 
-use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
 use crate::request::{
     home_segments, HomeSegment, RequestPath, RequestPiece, SpanIdx, SpanInput, ThreadWork,
@@ -41,6 +40,7 @@ use crate::request::{
 use crate::root_cause::RootCause;
 use crate::state::{BlockPhase, BlockReason, KernelModel, SyscallInterval, ThreadState};
 use crate::syscalls::{syscall_name, Arch};
+use rustc_hash::FxHashMap;
 
 /// Requests an operation needs before it has a baseline.
 pub const MIN_BASELINE_REQUESTS: usize = 3;
@@ -265,14 +265,14 @@ pub struct DiagnosisContext<'a> {
     pub spans: &'a [SpanInput],
     /// Thread → process: the model's, else the recorder's `saved_tgids`
     /// (given to [`DiagnosisContext::new`]), merged once.
-    pids: FastMap<Tid, Tid>,
+    pids: FxHashMap<Tid, Tid>,
     /// `[service] operation` of a span, for headlines.
     pub label: &'a (dyn Fn(SpanIdx) -> String + Sync),
     /// Which span each thread works for (threads without spans are the
     /// servers of other processes: a database backend …).
     pub work: &'a dyn ThreadWork,
     /// Client span → its downstream entry span.
-    downstream: FastMap<SpanIdx, SpanIdx>,
+    downstream: FxHashMap<SpanIdx, SpanIdx>,
     disk: OnceLock<DiskIndex>,
     /// Reused by [`DiagnosisContext::has_span_at`].
     work_buf: RefCell<Vec<WorkInterval>>,
@@ -287,7 +287,7 @@ impl<'a> DiagnosisContext<'a> {
         label: &'a (dyn Fn(SpanIdx) -> String + Sync),
         work: &'a dyn ThreadWork,
     ) -> DiagnosisContext<'a> {
-        let mut downstream: FastMap<SpanIdx, SpanIdx> = FastMap::default();
+        let mut downstream: FxHashMap<SpanIdx, SpanIdx> = FxHashMap::default();
         for (i, s) in spans.iter().enumerate() {
             if let (true, Some(p)) = (s.entry, s.parent) {
                 // The longest entry child stands for the call.
@@ -302,7 +302,7 @@ impl<'a> DiagnosisContext<'a> {
                 }
             }
         }
-        let mut all: FastMap<Tid, Tid> = pids.iter().map(|(&t, &p)| (t, p)).collect();
+        let mut all: FxHashMap<Tid, Tid> = pids.iter().map(|(&t, &p)| (t, p)).collect();
         for th in model.threads() {
             if let Some(p) = th.pid {
                 all.insert(th.tid, p);
@@ -1000,7 +1000,7 @@ struct DiskIndex {
     /// Sorted by start.
     rqs: Vec<Rq>,
     /// Per device: (ts, requests in flight from then on), in time order.
-    depth: FastMap<u32, Vec<(u64, u32)>>,
+    depth: FxHashMap<u32, Vec<(u64, u32)>>,
     /// Longest time a completed request was in flight (bounds the
     /// lookups).
     longest: u64,
@@ -1023,7 +1023,7 @@ struct Rq {
 impl DiskIndex {
     fn new(model: &KernelModel) -> DiskIndex {
         let (_, trace_end) = model.time_range();
-        let mut open: FastMap<(u32, u64), usize> = FastMap::default();
+        let mut open: FxHashMap<(u32, u64), usize> = FxHashMap::default();
         let mut rqs: Vec<Rq> = Vec::new();
         let mut done: Vec<bool> = Vec::new();
         for e in model.block_io() {
@@ -1054,7 +1054,7 @@ impl DiskIndex {
         }
         // Requests never completed within the trace are counted in flight
         // to its end (they were).
-        let mut depth: FastMap<u32, Vec<(u64, i32)>> = FastMap::default();
+        let mut depth: FxHashMap<u32, Vec<(u64, i32)>> = FxHashMap::default();
         let mut longest = 0;
         for (r, &done) in rqs.iter().zip(&done) {
             let v = depth.entry(r.dev).or_default();

@@ -3,9 +3,9 @@
 //! sent to the thread its arrival woke (Trace Compass' distributed
 //! critical path, Giraldeau & Dagenais).
 
-use crate::fxhash::FastMap;
 use crate::graph::{EdgeType, Graph, VertexId};
 use crate::state::KernelModel;
+use rustc_hash::FxHashMap;
 
 /// One graph of `hosts` (host `i` is `hosts[i]`, its rows are
 /// [`Graph::worker_on`]`(i, tid)`), with a NETWORK edge for every received
@@ -25,7 +25,7 @@ pub fn distributed_graph(hosts: &[&KernelModel]) -> Graph {
         worker: v.worker + offsets[host],
         index: v.index,
     };
-    let mut sent: FastMap<u64, Vec<(usize, VertexId)>> = FastMap::default();
+    let mut sent: FxHashMap<u64, Vec<(usize, VertexId)>> = FxHashMap::default();
     for (host, model) in hosts.iter().enumerate() {
         for &(key, v) in &model.network_ends().sent {
             sent.entry(key).or_default().push((host, moved(host, v)));

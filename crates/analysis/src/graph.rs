@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use deepspan_model::Tid;
 
-use crate::fxhash::FastMap;
+use rustc_hash::FxHashMap;
 
 /// What an edge means: the state of the thread along a horizontal edge, or
 /// the kind of dependency along a vertical one (Trace Compass'
@@ -202,14 +202,14 @@ pub struct GraphAnomalies {
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
     workers: Vec<Worker>,
-    by_tid: FastMap<(u32, Tid), u32>,
+    by_tid: FxHashMap<(u32, Tid), u32>,
     vertical: Vec<VerticalEdge>,
     /// `[incoming, outgoing]` vertical edge ids of the vertices that have
     /// one ([`NONE`] for an empty slot).
     links: Vec<[u32; 2]>,
     /// Interned qualifiers; index 0 is "none".
     qualifiers: Vec<Arc<str>>,
-    qualifier_ids: FastMap<Arc<str>, Qualifier>,
+    qualifier_ids: FxHashMap<Arc<str>, Qualifier>,
     anomalies: GraphAnomalies,
 }
 

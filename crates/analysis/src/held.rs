@@ -17,14 +17,14 @@
 
 use deepspan_model::Tid;
 
-use crate::fxhash::FastMap;
 use crate::state::{KernelModel, ThreadState};
+use rustc_hash::FxHashMap;
 
 /// Per thread, the sorted, disjoint intervals `[start, end)` it was held
 /// back by its cgroup's quota.
 #[derive(Clone, Debug, Default)]
 pub struct HeldBack {
-    by_thread: FastMap<Tid, Vec<(u64, u64)>>,
+    by_thread: FxHashMap<Tid, Vec<(u64, u64)>>,
 }
 
 impl HeldBack {
@@ -36,7 +36,7 @@ impl HeldBack {
         model: &KernelModel,
     ) -> HeldBack {
         let (model_start, model_end) = model.time_range();
-        let mut by_thread: FastMap<Tid, Vec<(u64, u64)>> = FastMap::default();
+        let mut by_thread: FxHashMap<Tid, Vec<(u64, u64)>> = FxHashMap::default();
         // A switch-out before the trace begins is left out: the thread may
         // have run since, unseen (a flight window's history holds switches
         // from minutes before, of threads that ran many times since).
@@ -103,7 +103,7 @@ mod tests {
     use super::*;
 
     fn held(intervals: &[(Tid, u64, u64)]) -> HeldBack {
-        let mut by_thread: FastMap<Tid, Vec<(u64, u64)>> = FastMap::default();
+        let mut by_thread: FxHashMap<Tid, Vec<(u64, u64)>> = FxHashMap::default();
         for &(tid, s, e) in intervals {
             by_thread.entry(tid).or_default().push((s, e));
         }

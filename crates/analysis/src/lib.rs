@@ -25,7 +25,6 @@
 mod critical;
 mod diagnosis;
 mod distributed;
-mod fxhash;
 mod graph;
 mod held;
 mod input;
@@ -38,37 +37,33 @@ mod state;
 mod summary;
 mod syscalls;
 
-pub use critical::{critical_path_of, pieces_of, CriticalPath, Piece};
+pub use critical::{critical_path_of, CriticalPath, Piece};
 pub use diagnosis::{
     baselines, diagnose, is_anomalous, usual_durations, Cause, Culprit, CulpritKind, Diagnosis,
-    DiagnosisContext, ANOMALY_FACTOR, ANOMALY_MIN_EXCESS_NS, HEADLINE_MAX, MAX_CULPRITS,
-    MIN_BASELINE_REQUESTS,
+    DiagnosisContext, HEADLINE_MAX,
 };
 pub use distributed::distributed_graph;
-pub use fxhash::{FastMap, FastSet, FxHasher};
 pub use graph::{Direction, Edge, EdgeType, Graph, GraphAnomalies, VertexId, Worker};
 pub use held::HeldBack;
 pub use input::{build_model, Input, LostEvents};
 pub use merge::{join_adjacent, merge_paths, MergedGraph, MergedNode};
 pub use placement::{
-    clock_offset_bound, infer_placements, runs_requests_on_any_thread, OffsetBound, Placement,
-    PlacementMethod, PlacementSpan, Processes, ScannedProcess, IO_WINDOW_NS, MISSING_IO_COST_NS,
-    RUN_LIMIT_NS,
+    clock_offset_bound, infer_placements, OffsetBound, Placement, PlacementMethod, PlacementSpan,
+    Processes, ScannedProcess,
 };
 pub use record::{RequestRecord, RequestTotals};
 pub use request::{
-    analyze_requests, is_request, sync_source, syscall_label, ActivationInput, CpuWait,
-    HomeSegment, InferredPlace, RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput,
-    SyncSource, SyscallLabelKey, ThreadWork, WorkInterval, FAIR_SLICE_NS, FAIR_TURNS, MIN_TURN_NS,
-    RESUME_GAP_NS, WAKEUP_GRACE_NS,
+    analyze_requests, is_request, syscall_label, ActivationInput, CpuWait, HomeSegment,
+    InferredPlace, RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource,
+    SyscallLabelKey, ThreadWork, WorkInterval,
 };
-pub use root_cause::{ChainIndex, RootCause, MAX_CHAIN_DEPTH};
+pub use root_cause::{ChainIndex, RootCause};
 pub use state::{
-    host_tid, softirq_name, split_host_tid, switch_out, tid_label, BlockIo, BlockPhase,
-    BlockReason, CpuHistory, CpuInterval, InitialStatus, Interrupt, InterruptInterval, KernelModel,
-    LostRange, ModelStats, NetworkEnds, PacketDirection, RemoteCall, StateBuilder, StateInterval,
-    SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, HOST_TID_SHIFT,
-    KERNEL_WORKER, MAX_CPUS, NO_CPU, PENDING_WAKING_WINDOW_NS, SEGMENT_WAKE_NS,
+    host_tid, softirq_name, split_host_tid, tid_label, BlockIo, BlockPhase, BlockReason,
+    CpuHistory, CpuInterval, InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange,
+    ModelStats, NetworkEnds, PacketDirection, RemoteCall, StateBuilder, StateInterval, SwitchOut,
+    SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, HOST_TID_SHIFT, MAX_CPUS, NO_CPU,
+    SEGMENT_WAKE_NS,
 };
 pub use summary::{
     aggregate, group_causes, summarize, CauseGroup, OperationRow, OperationSummary, RequestSummary,

@@ -24,7 +24,7 @@ pub struct RequestRecord {
     /// What the request mostly waited for (`None` without a kernel path).
     pub diagnosis: Option<Diagnosis>,
     /// Median duration of its `[service] operation` (at least
-    /// [`crate::MIN_BASELINE_REQUESTS`] requests).
+    /// [`MIN_BASELINE_REQUESTS`](crate::diagnosis::MIN_BASELINE_REQUESTS) requests).
     pub baseline_ns: Option<u64>,
     /// Well above the baseline ([`crate::is_anomalous`]).
     pub anomalous: bool,

@@ -45,11 +45,11 @@ use std::sync::Arc;
 use deepspan_model::{Comm, Tid};
 
 use crate::critical::Piece;
-use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
 use crate::merge::{join_adjacent, merge_paths};
 use crate::state::{BlockReason, KernelModel, SyscallInterval, ThreadState, NO_CPU};
 use crate::syscalls::{syscall_name, Arch};
+use rustc_hash::FxHashMap;
 
 /// Index of a span in the slice given to [`analyze_requests`].
 pub type SpanIdx = u32;
@@ -668,7 +668,7 @@ struct Scratch {
     cuts: Vec<u64>,
     /// Where the last lookup in each sorted history ended: pieces come in
     /// time order, so the next lookup is usually close by.
-    hints: FastMap<(Hint, i64), usize>,
+    hints: FxHashMap<(Hint, i64), usize>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -865,7 +865,7 @@ pub(crate) fn home_segments(span: &SpanInput) -> Vec<HomeSegment> {
 struct Served {
     /// Per thread: when it worked for which request (`span` is the
     /// request's), sorted by start (may overlap).
-    by_tid: FastMap<Tid, Vec<WorkInterval>>,
+    by_tid: FxHashMap<Tid, Vec<WorkInterval>>,
     /// Longest interval, to bound the lookups.
     longest: u64,
 }

@@ -41,9 +41,9 @@ use crate::diagnosis::{
     process_culprit, request_culprit, sort_culprits, who, Bucket, Cause, Culprit, CulpritKind,
     DiagnosisContext, HEADLINE_MAX, MAX_CULPRITS,
 };
-use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
 use crate::request::{CpuWait, RequestPath, RequestPiece, SpanIdx};
+use rustc_hash::FxHashMap;
 
 /// Most requests followed below the one diagnosed.
 pub const MAX_CHAIN_DEPTH: usize = 8;
@@ -82,10 +82,10 @@ struct ChainPath {
 /// path comes later).
 #[derive(Default)]
 pub struct ChainIndex {
-    paths: FastMap<SpanIdx, ChainPath>,
+    paths: FxHashMap<SpanIdx, ChainPath>,
     /// Each request's sub-requests (the requests among its descendants
     /// whose nearest request ancestor it is), made on first use.
-    children: OnceLock<FastMap<SpanIdx, Vec<SpanIdx>>>,
+    children: OnceLock<FxHashMap<SpanIdx, Vec<SpanIdx>>>,
 }
 
 /// A piece of blocked time at the end of its chain.
@@ -155,9 +155,9 @@ impl ChainIndex {
         self.paths.is_empty()
     }
 
-    fn children(&self, ctx: &DiagnosisContext) -> &FastMap<SpanIdx, Vec<SpanIdx>> {
+    fn children(&self, ctx: &DiagnosisContext) -> &FxHashMap<SpanIdx, Vec<SpanIdx>> {
         self.children.get_or_init(|| {
-            let mut out: FastMap<SpanIdx, Vec<SpanIdx>> = FastMap::default();
+            let mut out: FxHashMap<SpanIdx, Vec<SpanIdx>> = FxHashMap::default();
             for &r in self.paths.keys() {
                 let mut s = ctx.spans.get(r as usize).and_then(|s| s.parent);
                 for _ in 0..64 {

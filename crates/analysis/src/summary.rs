@@ -8,11 +8,11 @@ use std::hash::Hash;
 
 use deepspan_model::{Comm, Tid};
 
-use crate::fxhash::FastMap;
 use crate::graph::EdgeType;
 use crate::request::{syscall_label, RequestPath, SpanIdx, SyscallLabelKey};
 use crate::state::{KernelModel, SyscallInterval};
 use crate::syscalls::Arch;
+use rustc_hash::FxHashMap;
 
 /// Time of a request's path in one (state, thread, blocking request).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,11 +51,11 @@ pub struct RequestSummary {
 /// Summarizes one request's path.
 pub fn summarize(model: &KernelModel, arch: Arch, path: &RequestPath) -> RequestSummary {
     type Key = (EdgeType, Option<Tid>, Option<Comm>, Option<SpanIdx>);
-    let mut by_state: FastMap<Key, (u64, u64, u64, u64)> = FastMap::default();
-    let mut by_blocking: FastMap<SpanIdx, u64> = FastMap::default();
+    let mut by_state: FxHashMap<Key, (u64, u64, u64, u64)> = FxHashMap::default();
+    let mut by_blocking: FxHashMap<SpanIdx, u64> = FxHashMap::default();
     // Summed per label key first: a label is made once per distinct call,
     // not once per piece.
-    let mut by_call: FastMap<SyscallLabelKey, (SyscallInterval, u64)> = FastMap::default();
+    let mut by_call: FxHashMap<SyscallLabelKey, (SyscallInterval, u64)> = FxHashMap::default();
     let mut out = RequestSummary::default();
     for p in &path.pieces {
         let d = p.duration();

@@ -7,14 +7,14 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use deepspan_analysis::{
-    ActivationInput, FastMap, PlacementSpan, ScannedProcess, SpanIdx, SpanInput, ThreadWork,
-    WorkInterval,
+    ActivationInput, PlacementSpan, ScannedProcess, SpanIdx, SpanInput, ThreadWork, WorkInterval,
 };
 use deepspan_model::Tid;
 use deepspan_spans::activity::ActivityOptions;
 use deepspan_spans::clock::span_mono_exact;
 use deepspan_spans::{ClockMap, Span, SpanKind, SpanRef, ThreadActivity};
 use deepspan_store::SpanMeta;
+use rustc_hash::FxHashMap;
 
 use crate::Error;
 
@@ -185,7 +185,7 @@ pub(crate) fn span_meta(s: &Span) -> SpanMeta {
 /// The span active on each thread, as span indices, read once from the
 /// activity index (queries then cost a binary search, no hashing).
 pub(crate) struct Work {
-    by_tid: FastMap<Tid, Vec<WorkInterval>>,
+    by_tid: FxHashMap<Tid, Vec<WorkInterval>>,
 }
 
 impl Work {

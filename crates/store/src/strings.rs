@@ -15,7 +15,7 @@ use bytes::Bytes;
 use parquet::basic::{Compression, Encoding};
 use parquet::errors::{ParquetError, Result};
 
-use deepspan_analysis::FastMap;
+use rustc_hash::FxHashMap;
 
 use crate::chunk::{page_body, Chunk};
 use crate::rle;
@@ -33,7 +33,7 @@ pub struct StringColumn {
     /// The distinct values, in the order first seen.
     values: Vec<Bytes>,
     value_bytes: usize,
-    by_address: FastMap<(usize, usize), u32>,
+    by_address: FxHashMap<(usize, usize), u32>,
     by_content: HashMap<Bytes, u32>,
     /// Values whose bytes were already in `values` at another address: kept
     /// so that, while `by_address` names their address, no other value can

@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use deepspan_analysis::{
-    softirq_name, syscall_label, Arch, BlockReason, EdgeType, FastMap, KernelModel, RequestPath,
-    SpanIdx, SyscallInterval, SyscallLabelKey, ThreadState,
+    softirq_name, syscall_label, Arch, BlockReason, EdgeType, KernelModel, RequestPath, SpanIdx,
+    SyscallInterval, SyscallLabelKey, ThreadState,
 };
 use deepspan_model::{Comm, Tid};
+use rustc_hash::FxHashMap;
 
 use crate::columns::{columns, ColumnarTable, Optional, OptionalText, Required, Text};
 use crate::rows::table;
@@ -209,7 +210,7 @@ pub fn path_state_name(s: EdgeType) -> &'static str {
 struct StringCache<K> {
     last_key: Option<K>,
     last: Bytes,
-    all: FastMap<K, Bytes>,
+    all: FxHashMap<K, Bytes>,
 }
 
 impl<K> Default for StringCache<K> {
@@ -217,7 +218,7 @@ impl<K> Default for StringCache<K> {
         StringCache {
             last_key: None,
             last: Bytes::new(),
-            all: FastMap::default(),
+            all: FxHashMap::default(),
         }
     }
 }
@@ -408,7 +409,7 @@ pub fn write_syscalls(path: &Path, r: &KernelContext) -> Result<u64, Error> {
 #[derive(Default)]
 struct NameCache {
     /// By number, for the names of the number table.
-    by_id: FastMap<i32, Option<Bytes>>,
+    by_id: FxHashMap<i32, Option<Bytes>>,
     /// By the model's name index, for names the trace gave.
     by_name: Vec<Option<Bytes>>,
     last_id: Option<i32>,

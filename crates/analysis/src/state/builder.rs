@@ -16,10 +16,10 @@ use deepspan_model::{
     softirq, BlockRq, Comm, Event, EventKind, Fields, Name, SchedSwitch, Tid, Value, Wakeup,
 };
 
-use crate::fxhash::FastMap;
 use crate::graph::{EdgeType, Graph, VertexId};
 use crate::held::HeldBack;
 use crate::syscalls::Arch;
+use rustc_hash::FxHashMap;
 
 use super::network::LocalPacket;
 use super::waker::Waker;
@@ -155,7 +155,7 @@ pub struct StateBuilder {
     pub(super) cpus: Vec<CpuRec>,
     pub(super) graph: Graph,
     lost: Vec<LostRange>,
-    pub(super) irq_names: FastMap<i32, Name>,
+    pub(super) irq_names: FxHashMap<i32, Name>,
     pub(super) syscall_names: SyscallNames,
     waking_seen: bool,
     start: Option<u64>,
@@ -179,13 +179,13 @@ pub struct StateBuilder {
     /// when, and on which device. A packet of the loopback device, or of
     /// a virtual pair (veth: the peer receives the very skb the other end
     /// queued), is received with the same address.
-    pub(super) local_in_flight: FastMap<u64, LocalPacket>,
+    pub(super) local_in_flight: FxHashMap<u64, LocalPacket>,
     /// The host of each CPU, in a model of several hosts (empty: one).
     pub(super) cpu_hosts: Vec<u32>,
     /// Recorded TCP segments sent and not yet received, by key: the
     /// sending context's vertex at the send, and when (see
     /// [`StateBuilder::segment`]).
-    pub(super) segments_in_flight: FastMap<u64, (VertexId, u64)>,
+    pub(super) segments_in_flight: FxHashMap<u64, (VertexId, u64)>,
     /// True once the input has had a sleep in a system call (see
     /// [`StateBuilder::blocked_syscall`]): a thread's open call then ends
     /// when the thread runs again.
@@ -275,7 +275,7 @@ const NO_WORKER: u32 = u32::MAX;
 #[derive(Default)]
 pub(super) struct TidIndex {
     flat: Vec<u32>,
-    other: FastMap<Tid, u32>,
+    other: FxHashMap<Tid, u32>,
 }
 
 const FLAT_TIDS: usize = 1 << 22;
@@ -311,8 +311,8 @@ impl TidIndex {
 #[derive(Default)]
 pub(super) struct SyscallNames {
     pub(super) names: Vec<Name>,
-    by_text: FastMap<Name, u16>,
-    by_ptr: FastMap<usize, u16>,
+    by_text: FxHashMap<Name, u16>,
+    by_ptr: FxHashMap<usize, u16>,
     keep: Vec<Name>,
     /// Entry and exit of one call share a name: a one-entry cache first.
     last: (usize, u16),
@@ -376,7 +376,7 @@ impl StateBuilder {
             cpus: Vec::new(),
             graph: Graph::new(),
             lost: Vec::new(),
-            irq_names: FastMap::default(),
+            irq_names: FxHashMap::default(),
             syscall_names: SyscallNames::default(),
             waking_seen: false,
             start: None,
@@ -389,9 +389,9 @@ impl StateBuilder {
             packets: NetworkEnds::default(),
             recorder_tids: Vec::new(),
             arch: Arch::default(),
-            local_in_flight: FastMap::default(),
+            local_in_flight: FxHashMap::default(),
             cpu_hosts: Vec::new(),
-            segments_in_flight: FastMap::default(),
+            segments_in_flight: FxHashMap::default(),
             switch_out_calls: false,
             socket_call_names: None,
         }
@@ -746,7 +746,7 @@ impl StateBuilder {
                 interrupts: c.interrupts,
             });
         }
-        let mut index = FastMap::default();
+        let mut index = FxHashMap::default();
         let threads: Vec<ThreadHistory> = self
             .threads
             .into_iter()

@@ -39,10 +39,7 @@ mod model;
 mod network;
 mod waker;
 
-pub use builder::{
-    switch_out, InitialStatus, StateBuilder, SwitchOut, ThreadInfo, MAX_CPUS,
-    PENDING_WAKING_WINDOW_NS,
-};
+pub use builder::{InitialStatus, StateBuilder, SwitchOut, ThreadInfo, MAX_CPUS};
 pub use hosts::{host_tid, split_host_tid, tid_label, RemoteCall, HOST_TID_SHIFT};
 pub use model::{
     softirq_name, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval, Interrupt,

@@ -11,9 +11,9 @@ use std::collections::HashMap;
 
 use deepspan_model::{softirq, Comm, Name, Tid};
 
-use crate::fxhash::FastMap;
 use crate::graph::{EdgeType, Graph};
 use crate::held::HeldBack;
+use rustc_hash::FxHashMap;
 
 use super::NetworkEnds;
 
@@ -396,11 +396,11 @@ pub const KERNEL_WORKER: Tid = -1;
 #[derive(Clone, Debug)]
 pub struct KernelModel {
     pub(super) threads: Vec<ThreadHistory>,
-    pub(super) index: FastMap<Tid, usize>,
+    pub(super) index: FxHashMap<Tid, usize>,
     pub(super) cpus: Vec<CpuHistory>,
     pub(super) graph: Graph,
     pub(super) lost: Vec<LostRange>,
-    pub(super) irq_names: FastMap<i32, Name>,
+    pub(super) irq_names: FxHashMap<i32, Name>,
     pub(super) syscall_names: Vec<Name>,
     pub(super) stats: ModelStats,
     pub(super) start: u64,
