@@ -6,9 +6,13 @@
 //! behind most of the anomalous targets' excess time (duration over their
 //! operation's baseline): a fault that slows a few requests by a second
 //! outweighs the load's CPU contention that slows more of them by
-//! milliseconds, as it does for the engineer reading the diagnoses. Every
-//! expected culprit must match a culprit of one of those with the expected
-//! cause.
+//! milliseconds, as it does for the engineer reading the diagnoses. A
+//! target that waited for another request counts with its root cause, the
+//! cause that wait leads to: a server that queued a request behind one the
+//! fault slowed shows the fault, not the queue (a request blocked by a
+//! request that was itself only running keeps `blocked_by_request`). Every
+//! expected culprit must match a culprit of one of the targets whose own
+//! cause is the expected one.
 //!
 //! Independently, the *path check* looks at the kernel critical path
 //! itself (the `causes` of each request, which exist without diagnoses):
@@ -194,6 +198,15 @@ impl<'a> Req<'a> {
         Some(self.diagnosis()?.root_cause().name())
     }
 
+    /// The cause a target is judged by: its own, or for a wait on another
+    /// request, the root cause that wait leads to (see the module doc).
+    fn judged_cause(&self) -> Option<&'a str> {
+        match self.cause()? {
+            "blocked_by_request" => self.root_cause(),
+            own => Some(own),
+        }
+    }
+
     fn root_chain(&self) -> Option<&'a str> {
         self.diagnosis()?.root_cause.as_ref()?.chain.as_deref()
     }
@@ -243,7 +256,7 @@ pub fn check(expected: &Expected, requests: &RequestsDoc) -> Verdict {
             target_label(t)
         ));
     } else {
-        found_cause = dominant_cause(&anomalous);
+        found_cause = dominant(&anomalous, |r| r.judged_cause());
         let with_cause: Vec<&&Req> = anomalous
             .iter()
             .filter(|r| r.cause() == Some(expected.cause.as_str()))
@@ -383,14 +396,9 @@ fn target_label(t: &Target) -> String {
     }
 }
 
-/// The cause with the most excess time (duration over the request's
-/// baseline, the whole duration without one); ties go to the cause of more
-/// requests, then by name.
-fn dominant_cause(reqs: &[&Req]) -> Option<String> {
-    dominant(reqs, |r| r.cause())
-}
-
-/// [`dominant_cause`] of any cause of a request (the root cause …).
+/// The cause, as `cause` gives it for each request, with the most excess
+/// time (duration over the request's baseline, the whole duration without
+/// one); ties go to the cause of more requests, then by name.
 fn dominant<'a>(reqs: &[&Req<'a>], cause: impl Fn(&Req<'a>) -> Option<&'a str>) -> Option<String> {
     let mut by: HashMap<&str, (u64, usize)> = HashMap::new();
     for r in reqs {

@@ -189,6 +189,51 @@ fn the_cause_of_most_excess_time_wins_over_the_most_frequent() {
     assert!(v.ok, "{v:?}");
 }
 
+/// The cpu-hog run of a quiet CI run: the server queued two of its four
+/// slow requests behind requests the hogs preempted. Their own cause is
+/// the wait (`blocked_by_request`), and they held more of the excess; their
+/// root cause is the hogs'. A wait on a request that was only running keeps
+/// its own cause (the row lock's).
+#[test]
+fn a_target_that_waited_for_another_request_counts_with_its_root_cause() {
+    let diagnosis = |cause: &str, root: &str| {
+        Some(
+            json!({"cause": cause, "headline": "", "evidence": {}, "culprits": [],
+            "root_cause": {"cause": root, "headline": "", "chain": null, "evidence": {}, "culprits": []}}),
+        )
+    };
+    let mut e = expected();
+    e.cause = "cpu_contention".into();
+    e.culprits = vec![];
+    e.path = Default::default();
+    let slow = |span, dur, cause, root| {
+        let mut r = req(span, 1500, dur, diagnosis(cause, root), running());
+        r["baseline_ns"] = json!(24_000_000);
+        r
+    };
+    let queued = vec![
+        slow(1, 64_000_000, "blocked_by_request", "cpu_contention"),
+        slow(2, 49_000_000, "blocked_by_request", "cpu_contention"),
+        slow(3, 56_000_000, "cpu_contention", "cpu_contention"),
+        slow(4, 52_000_000, "cpu_contention", "cpu_contention"),
+    ];
+    let v = check(&e, &run(queued.clone(), true));
+    assert_eq!(v.found_cause.as_deref(), Some("cpu_contention"), "{v:?}");
+    assert!(v.ok, "{v:?}");
+
+    let mut row_lock = queued;
+    for r in &mut row_lock[..2] {
+        r["diagnosis"]["root_cause"]["cause"] = json!("blocked_by_request");
+    }
+    let v = check(&e, &run(row_lock, true));
+    assert_eq!(
+        v.found_cause.as_deref(),
+        Some("blocked_by_request"),
+        "{v:?}"
+    );
+    assert!(!v.ok);
+}
+
 #[test]
 fn requests_outside_the_window_or_of_other_operations_are_not_targets() {
     let mut other = req(
