@@ -689,6 +689,19 @@ mod tests {
         );
     }
 
+    /// Writes `r` with its third column, `at`, written by `at` (of another
+    /// kind or nullness than the sample's).
+    fn push_with_at(w: &mut TableWriter, r: &SampleRow, at: impl FnOnce(&mut TableWriter)) {
+        w.i32(r.id);
+        w.u64(r.big);
+        at(w);
+        w.opt_str(r.label.as_deref());
+        w.f64(r.share);
+        w.bool(r.flag);
+        w.opt_i64(r.extra);
+        w.end_row().unwrap();
+    }
+
     #[test]
     fn a_column_of_another_type_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -696,15 +709,7 @@ mod tests {
         let mut retyped: Vec<Column> = SAMPLE_COLUMNS.to_vec();
         retyped[2] = Column::new("at", Kind::Str);
         let mut w = TableWriter::create(&path, &retyped).unwrap();
-        let r = sample(2);
-        w.i32(r.id);
-        w.u64(r.big);
-        w.str("not a time");
-        w.opt_str(r.label.as_deref());
-        w.f64(r.share);
-        w.bool(r.flag);
-        w.opt_i64(r.extra);
-        w.end_row().unwrap();
+        push_with_at(&mut w, &sample(2), |w| w.str("not a time"));
         w.finish().unwrap();
         let err = read_table::<SampleRow>(&path, |_| true)
             .unwrap_err()
@@ -723,15 +728,7 @@ mod tests {
         nullable[2] = Column::nullable("at", Kind::I64);
         let mut w = TableWriter::create(&path, &nullable).unwrap();
         for (i, at) in [Some(5), None].into_iter().enumerate() {
-            let r = sample(i as i32);
-            w.i32(r.id);
-            w.u64(r.big);
-            w.opt_i64(at);
-            w.opt_str(r.label.as_deref());
-            w.f64(r.share);
-            w.bool(r.flag);
-            w.opt_i64(r.extra);
-            w.end_row().unwrap();
+            push_with_at(&mut w, &sample(i as i32), |w| w.opt_i64(at));
         }
         w.finish().unwrap();
         let err = read_table::<SampleRow>(&path, |_| true)
