@@ -7,12 +7,13 @@
 //! operation's baseline): a fault that slows a few requests by a second
 //! outweighs the load's CPU contention that slows more of them by
 //! milliseconds, as it does for the engineer reading the diagnoses. A
-//! target that waited for another request counts with its root cause, the
-//! cause that wait leads to: a server that queued a request behind one the
-//! fault slowed shows the fault, not the queue (a request blocked by a
-//! request that was itself only running keeps `blocked_by_request`). Every
-//! expected culprit must match a culprit of one of the targets whose own
-//! cause is the expected one.
+//! target that waited for another request, and whose wait leads to the
+//! expected root cause, counts with that cause: a server that queued a
+//! request behind one the fault slowed shows the fault, not the queue.
+//! Any other target counts with its own cause (the row lock's waits stay
+//! `blocked_by_request`, whatever the holder did). Every expected culprit
+//! must match a culprit of one of the targets whose own cause is the
+//! expected one.
 //!
 //! Independently, the *path check* looks at the kernel critical path
 //! itself (the `causes` of each request, which exist without diagnoses):
@@ -198,11 +199,12 @@ impl<'a> Req<'a> {
         Some(self.diagnosis()?.root_cause().name())
     }
 
-    /// The cause a target is judged by: its own, or for a wait on another
-    /// request, the root cause that wait leads to (see the module doc).
-    fn judged_cause(&self) -> Option<&'a str> {
+    /// The cause a target is judged by: its own, but for a wait on another
+    /// request that leads to the `expected` root cause, that one (see the
+    /// module doc).
+    fn judged_cause(&self, expected: &'a str) -> Option<&'a str> {
         match self.cause()? {
-            "blocked_by_request" => self.root_cause(),
+            "blocked_by_request" if self.root_cause() == Some(expected) => Some(expected),
             own => Some(own),
         }
     }
@@ -256,7 +258,7 @@ pub fn check(expected: &Expected, requests: &RequestsDoc) -> Verdict {
             target_label(t)
         ));
     } else {
-        found_cause = dominant(&anomalous, |r| r.judged_cause());
+        found_cause = dominant(&anomalous, |r| r.judged_cause(&expected.cause));
         let with_cause: Vec<&&Req> = anomalous
             .iter()
             .filter(|r| r.cause() == Some(expected.cause.as_str()))

@@ -270,7 +270,8 @@ fn run_shop(scenario: &str, out: &Path, otlp_http: u16) {
 
 /// An anomalous target span's diagnosis as Jaeger shows it.
 struct Diagnosed {
-    /// Its cause, or for a wait on another request its root cause.
+    /// Its cause, or the expected one for a wait on another request that
+    /// leads to it.
     cause: String,
     headline: String,
     snapshot: String,
@@ -289,6 +290,7 @@ struct Seen {
 }
 
 fn look_in_jaeger(jaeger: &Jaeger, expected: &Value) -> Seen {
+    let expected_cause = expected["cause"].as_str().unwrap();
     let [w0, w1] = [
         expected["window_ns"][0].as_i64().unwrap(),
         expected["window_ns"][1].as_i64().unwrap(),
@@ -358,10 +360,12 @@ fn look_in_jaeger(jaeger: &Jaeger, expected: &Value) -> Seen {
             };
             if let Some(c) = carrier {
                 // Judged as `deepspan demo` judges a target: a wait on
-                // another request counts with the root cause it leads to.
+                // another request that leads to the expected root cause
+                // counts with it.
                 let own = tag(c, "deepspan.cause").as_str().unwrap_or("none");
-                let cause = match (own, tag(c, "deepspan.root_cause").as_str()) {
-                    ("blocked_by_request", Some(root)) => root,
+                let root = tag(c, "deepspan.root_cause").as_str();
+                let cause = match own {
+                    "blocked_by_request" if root == Some(expected_cause) => expected_cause,
                     _ => own,
                 }
                 .to_string();
