@@ -14,8 +14,9 @@
 //! 3. the spans of the requests received around the window go in
 //!    `spans/otlp-000.pb`, as received;
 //! 4. the run is analysed by `deepspan_pipeline::analyze_run`, the code of
-//!    `deepspan analyze`, and its diagnoses are read back as
-//!    `deepspan export` would put them on spans;
+//!    `deepspan analyze`, which also keeps what export needs in memory,
+//!    and its diagnoses go on spans as `deepspan export` would put them
+//!    (without reading the tables it just wrote);
 //! 5. the folder is renamed into place with its `snapshot.json`, and the
 //!    oldest snapshots go while the folder holds more than its budget.
 //!
@@ -800,14 +801,18 @@ fn analyse_window(
     group: &[Trigger],
     dir: &Path,
 ) -> Result<Vec<Option<(Vec<KeyValue>, Option<ExportTraceServiceRequest>)>>, String> {
-    deepspan_pipeline::analyze_run(
-        dir,
-        &deepspan_pipeline::AnalyzeOptions::default(),
-        &deepspan_pipeline::NoProgress,
-    )
-    .map_err(|e| format!("analysis: {e}"))?;
-    let export = deepspan_export::export_run(dir, &deepspan_export::ExportOptions::default())
-        .map_err(|e| format!("reading the diagnoses back: {e}"))?;
+    let options = deepspan_pipeline::AnalyzeOptions {
+        keep: Some(deepspan_export::analysis::KEEP),
+        ..Default::default()
+    };
+    let outcome = deepspan_pipeline::analyze_run(dir, &options, &deepspan_pipeline::NoProgress)
+        .map_err(|e| format!("analysis: {e}"))?;
+    let kept = outcome
+        .kept
+        .ok_or("analysis: the results asked to be kept in memory were not")?;
+    let export =
+        deepspan_export::export_kept(dir, &kept, &deepspan_export::ExportOptions::default())
+            .map_err(|e| format!("export of the diagnoses: {e}"))?;
     Ok(group
         .iter()
         .map(|t| diagnosed_attributes(&export.traces, t))

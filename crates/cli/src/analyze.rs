@@ -213,6 +213,7 @@ pub fn run(args: AnalyzeArgs) -> Result<()> {
             PlacementMode::Sdk => deepspan_pipeline::PlacementMode::Sdk,
             PlacementMode::Inferred => deepspan_pipeline::PlacementMode::Inferred,
         },
+        keep: None,
     };
     let outcome = deepspan_pipeline::analyze_run(run, &options, &Bars::new())?;
 

@@ -9,7 +9,9 @@ use std::path::Path;
 use deepspan_run::analysis::{CRITICAL_PATH, SYSCALLS};
 use deepspan_run::Run;
 use deepspan_spans::{SpanId, TraceId};
-use deepspan_store::rows::for_each_row;
+use deepspan_store::json::RequestEntry;
+use deepspan_store::kept::{KeepColumns, KeptAnalysis};
+use deepspan_store::rows::{for_each_row, TableRow};
 use deepspan_store::tables::{CriticalPathRow, SYSCALLS_COLUMNS};
 
 use crate::Error;
@@ -125,6 +127,13 @@ fn bad(path: &Path, what: String) -> Error {
     }
 }
 
+/// The columns export reads of the analysis tables: what an analysis
+/// keeps in memory for [`from_kept`] (`AnalyzeOptions::keep`).
+pub const KEEP: KeepColumns = KeepColumns {
+    critical_path: <CriticalPathRow as TableRow>::COLUMNS,
+    syscalls: <SyscallOfThread as TableRow>::COLUMNS,
+};
+
 /// Reads `RUN/analysis/`. System calls shorter than `min_syscall_ns` are
 /// not kept (nor those of threads no request started on).
 pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
@@ -138,12 +147,65 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
     }
     let doc = deepspan_store::json::read_requests_json(run_dir)
         .map_err(|e| bad(&json_path, e.to_string()))?;
-    let mut requests = Vec::with_capacity(doc.requests.len());
-    for (i, r) in doc.requests.into_iter().enumerate() {
+    let path_file = dir.join(CRITICAL_PATH);
+    let syscalls_file = dir.join(SYSCALLS);
+    assemble(
+        doc.requests,
+        &json_path,
+        (&path_file, &mut |each| {
+            if path_file.is_file() {
+                for_each_row(&path_file, each)?;
+            }
+            Ok(())
+        }),
+        &mut |each| {
+            if syscalls_file.is_file() {
+                for_each_row(&syscalls_file, each)?;
+            }
+            Ok(())
+        },
+        min_syscall_ns,
+    )
+}
+
+/// [`read`] of an analysis kept in memory as it was written to `run_dir`
+/// (`AnalyzeOptions::keep` with [`KEEP`]): the same rows, not decoded
+/// again.
+pub fn from_kept(
+    run_dir: &Path,
+    kept: &KeptAnalysis,
+    min_syscall_ns: u64,
+) -> Result<RunAnalysis, Error> {
+    assemble(
+        kept.requests.clone(),
+        &Run::new(run_dir).requests_json(),
+        (kept.critical_path.path(), &mut |each| {
+            kept.critical_path.for_each_row(each)
+        }),
+        &mut |each| kept.syscalls.for_each_row(each),
+        min_syscall_ns,
+    )
+}
+
+/// Calls its argument with each row of a table.
+type Rows<'a, R> = &'a mut dyn FnMut(&mut dyn FnMut(R)) -> Result<(), deepspan_store::Error>;
+
+/// The analysis from `requests.json`'s requests (read from
+/// `json_path`), the `critical_path` table (read from its path) and the
+/// `syscalls` table.
+fn assemble(
+    entries: Vec<RequestEntry>,
+    json_path: &Path,
+    (path_file, critical_path): (&Path, Rows<CriticalPathRow>),
+    syscall_rows: Rows<SyscallOfThread>,
+    min_syscall_ns: u64,
+) -> Result<RunAnalysis, Error> {
+    let mut requests = Vec::with_capacity(entries.len());
+    for (i, r) in entries.into_iter().enumerate() {
         let trace_id = TraceId::from_hex(&r.trace_id)
-            .ok_or_else(|| bad(&json_path, format!("requests[{i}].trace_id is not hex")))?;
+            .ok_or_else(|| bad(json_path, format!("requests[{i}].trace_id is not hex")))?;
         let span_id = SpanId::from_hex(&r.span_id)
-            .ok_or_else(|| bad(&json_path, format!("requests[{i}].span_id is not hex")))?;
+            .ok_or_else(|| bad(json_path, format!("requests[{i}].span_id is not hex")))?;
         requests.push(Request {
             trace_id,
             span_id,
@@ -168,58 +230,55 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
         .enumerate()
         .map(|(i, r)| ((r.trace_id, r.span_id), i))
         .collect();
-    let path_file = dir.join(CRITICAL_PATH);
     let mut ordered: Vec<Vec<(i64, Piece)>> = vec![Vec::new(); requests.len()];
-    if path_file.is_file() {
-        let mut problem = None;
-        for_each_row(&path_file, |row: CriticalPathRow| {
-            let ids = (
-                TraceId::from_hex(&row.trace_id),
-                SpanId::from_hex(&row.span_id),
-            );
-            let (Some(trace_id), Some(span_id)) = ids else {
-                problem.get_or_insert_with(|| "a row without hex trace_id/span_id".to_string());
-                return;
-            };
-            let Some(&i) = index.get(&(trace_id, span_id)) else {
-                return;
-            };
-            let blocked_by = row
-                .blocked_by_request
-                .as_deref()
-                .and_then(SpanId::from_hex)
-                .map(|span| {
-                    let trace = row
-                        .blocked_by_trace_id
-                        .as_deref()
-                        .and_then(TraceId::from_hex)
-                        .unwrap_or(trace_id);
-                    (trace, span)
-                });
-            let piece = Piece {
-                start_ns: ns(row.start_ns),
-                end_ns: ns(row.end_ns),
-                state: row.state,
-                tid: row.tid.map(i64::from),
-                comm: row.comm,
-                syscall: row.syscall,
-                waiting_in: row.waiting_in,
-                detail: row.detail,
-                blocked_by,
-                lost: row.lost,
-                preempted_by: row
-                    .preempted_by_tid
-                    .map(|t| (i64::from(t), row.preempted_by_comm)),
-                throttled_ns: row.throttled_ns.map_or(0, ns),
-                contended_ns: row.contended_ns.map_or(0, ns),
-                wakeup_ns: row.wakeup_ns.map_or(0, ns),
-            };
-            ordered[i].push((i64::from(row.seq), piece));
-        })
-        .map_err(Error::Store)?;
-        if let Some(p) = problem {
-            return Err(bad(&path_file, p));
-        }
+    let mut problem = None;
+    critical_path(&mut |row: CriticalPathRow| {
+        let ids = (
+            TraceId::from_hex(&row.trace_id),
+            SpanId::from_hex(&row.span_id),
+        );
+        let (Some(trace_id), Some(span_id)) = ids else {
+            problem.get_or_insert_with(|| "a row without hex trace_id/span_id".to_string());
+            return;
+        };
+        let Some(&i) = index.get(&(trace_id, span_id)) else {
+            return;
+        };
+        let blocked_by = row
+            .blocked_by_request
+            .as_deref()
+            .and_then(SpanId::from_hex)
+            .map(|span| {
+                let trace = row
+                    .blocked_by_trace_id
+                    .as_deref()
+                    .and_then(TraceId::from_hex)
+                    .unwrap_or(trace_id);
+                (trace, span)
+            });
+        let piece = Piece {
+            start_ns: ns(row.start_ns),
+            end_ns: ns(row.end_ns),
+            state: row.state,
+            tid: row.tid.map(i64::from),
+            comm: row.comm,
+            syscall: row.syscall,
+            waiting_in: row.waiting_in,
+            detail: row.detail,
+            blocked_by,
+            lost: row.lost,
+            preempted_by: row
+                .preempted_by_tid
+                .map(|t| (i64::from(t), row.preempted_by_comm)),
+            throttled_ns: row.throttled_ns.map_or(0, ns),
+            contended_ns: row.contended_ns.map_or(0, ns),
+            wakeup_ns: row.wakeup_ns.map_or(0, ns),
+        };
+        ordered[i].push((i64::from(row.seq), piece));
+    })
+    .map_err(Error::Store)?;
+    if let Some(p) = problem {
+        return Err(bad(path_file, p));
     }
     for (request, mut pieces) in requests.iter_mut().zip(ordered) {
         pieces.sort_by_key(|(seq, _)| *seq);
@@ -229,28 +288,25 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
     let home_threads: HashSet<i64> = requests.iter().filter_map(|r| r.tid).collect();
     let mut syscalls: HashMap<i64, Vec<Syscall>> = HashMap::new();
     let mut pids = HashMap::new();
-    let syscalls_file = dir.join(SYSCALLS);
-    if syscalls_file.is_file() {
-        for_each_row(&syscalls_file, |row: SyscallOfThread| {
-            let tid = i64::from(row.tid);
-            if let Some(pid) = row.pid {
-                pids.entry(tid).or_insert(i64::from(pid));
-            }
-            if row.end_ns.saturating_sub(row.start_ns) >= min_syscall_ns as i64
-                && home_threads.contains(&tid)
-            {
-                syscalls.entry(tid).or_default().push(Syscall {
-                    tid,
-                    start_ns: ns(row.start_ns),
-                    end_ns: ns(row.end_ns),
-                    nr: i64::from(row.nr),
-                    name: row.name,
-                    ret: row.ret,
-                });
-            }
-        })
-        .map_err(Error::Store)?;
-    }
+    syscall_rows(&mut |row: SyscallOfThread| {
+        let tid = i64::from(row.tid);
+        if let Some(pid) = row.pid {
+            pids.entry(tid).or_insert(i64::from(pid));
+        }
+        if row.end_ns.saturating_sub(row.start_ns) >= min_syscall_ns as i64
+            && home_threads.contains(&tid)
+        {
+            syscalls.entry(tid).or_default().push(Syscall {
+                tid,
+                start_ns: ns(row.start_ns),
+                end_ns: ns(row.end_ns),
+                nr: i64::from(row.nr),
+                name: row.name,
+                ret: row.ret,
+            });
+        }
+    })
+    .map_err(Error::Store)?;
     for list in syscalls.values_mut() {
         list.sort_by_key(|s| s.start_ns);
     }

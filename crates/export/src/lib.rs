@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use deepspan_spans::model::Scope;
 use deepspan_spans::{read_run_spans, request_from_spans, Span, SpanId, TraceId};
+use deepspan_store::kept::KeptAnalysis;
 use prost::Message;
 
 pub use kernel::{RequestCounts, Thresholds};
@@ -143,13 +144,33 @@ impl Export {
 /// Reads a run (its spans and `analysis/`) and builds what `export` sends.
 pub fn export_run(run_dir: &Path, options: &ExportOptions) -> Result<Export, Error> {
     let analysis = analysis::read(run_dir, options.thresholds.min_ns)?;
+    export_analysed(run_dir, &analysis, options)
+}
+
+/// [`export_run`] of a run just analysed with its results kept in memory
+/// (`AnalyzeOptions::keep` = [`analysis::KEEP`]): they are not read back.
+pub fn export_kept(
+    run_dir: &Path,
+    kept: &KeptAnalysis,
+    options: &ExportOptions,
+) -> Result<Export, Error> {
+    let analysis = analysis::from_kept(run_dir, kept, options.thresholds.min_ns)?;
+    export_analysed(run_dir, &analysis, options)
+}
+
+/// The run's spans exported with `analysis`.
+fn export_analysed(
+    run_dir: &Path,
+    analysis: &analysis::RunAnalysis,
+    options: &ExportOptions,
+) -> Result<Export, Error> {
     let mut reader = read_run_spans(run_dir)?;
     let mut spans = Vec::new();
     for s in reader.by_ref() {
         spans.push(s?);
     }
     let mut notes = reader.warnings;
-    let mut export = export_spans(spans, &analysis, options);
+    let mut export = export_spans(spans, analysis, options);
     notes.append(&mut export.notes);
     export.notes = notes;
     Ok(export)

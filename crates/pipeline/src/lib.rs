@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use deepspan_analysis::RequestRecord;
+use deepspan_store::kept::{KeepColumns, KeptAnalysis};
 use deepspan_store::{SpanMeta, Staging};
 
 pub use deepspan_store::placements::PlacementRecord;
@@ -60,6 +61,12 @@ pub struct AnalyzeOptions {
     pub thread_id_is_os_tid: bool,
     /// How spans are placed on threads.
     pub placement: PlacementMode,
+    /// Also keep the results in memory, these columns of the critical-path
+    /// and system-call tables with `requests.json`'s requests
+    /// ([`AnalysisOutcome::kept`]), for a caller that exports them at once
+    /// (the agent): reading the files back would decode what was just
+    /// encoded.
+    pub keep: Option<KeepColumns>,
 }
 
 /// A long step of the analysis that [`Progress`] hears about.
@@ -160,6 +167,8 @@ pub struct AnalysisOutcome {
     /// How long each phase took, in order (the diagnoses are measured
     /// within the critical paths, so not added to the total).
     pub phases: Vec<(&'static str, Duration)>,
+    /// The results kept in memory, when [`AnalyzeOptions::keep`] asked.
+    pub kept: Option<KeptAnalysis>,
 }
 
 impl AnalysisOutcome {
@@ -251,7 +260,7 @@ pub fn analyze_run(
     phases.done(phase::SPANS);
 
     let staging = Staging::new(run)?;
-    let mut paths = stages::critical_paths(&staging, &kernel, &placed, progress)?;
+    let mut paths = stages::critical_paths(&staging, &kernel, &placed, options.keep, progress)?;
     phases.record(phase::DIAGNOSES_WITHIN_PATHS, paths.diagnosing);
     phases.done(phase::PATHS);
     stages::rank_and_baseline(&mut paths.records, &placed.metas);
@@ -265,7 +274,14 @@ pub fn analyze_run(
         options.thread_id_is_os_tid,
         &mut notes,
     );
-    let analysis_dir = stages::write_tables(staging, &kernel, &placed, &paths.records, &notes)?;
+    let (analysis_dir, kept) = stages::write_tables(
+        staging,
+        &kernel,
+        &placed,
+        &paths.records,
+        &notes,
+        paths.kept.take(),
+    )?;
     phases.done(phase::TABLES);
 
     Ok(AnalysisOutcome {
@@ -276,5 +292,6 @@ pub fn analyze_run(
         requests: paths.records,
         notes,
         phases: phases.done,
+        kept,
     })
 }

@@ -55,6 +55,8 @@ use deepspan_model::Tid;
 use deepspan_run::analysis;
 use deepspan_spans::activity::ActivityOptions;
 use deepspan_spans::{ClockMap, Span, SpanRef, ThreadActivity};
+use deepspan_store::kept::{KeepColumns, KeptAnalysis, KeptTable};
+use deepspan_store::table::Column;
 use deepspan_store::tables::{self, CriticalPathWriter, KernelContext, PathContext};
 use deepspan_store::{json, AnalysisResults, SpanMeta, Staging};
 
@@ -432,6 +434,9 @@ pub(crate) struct Paths {
     pub chains: ChainIndex,
     /// Time spent diagnosing, within the paths' time.
     pub diagnosing: Duration,
+    /// The critical-path and system-call tables' kept columns, when asked
+    /// for.
+    pub kept: Option<(KeptTable, KeptTable)>,
 }
 
 /// Computes every request's critical path on this thread and hands each to
@@ -443,6 +448,7 @@ pub(crate) fn critical_paths(
     staging: &Staging,
     kernel: &Kernel,
     placed: &Placed,
+    keep: Option<KeepColumns>,
     progress: &dyn Progress,
 ) -> Result<Paths, Error> {
     let kernel_tables = KernelContext {
@@ -455,12 +461,26 @@ pub(crate) fn critical_paths(
         let states = scope.spawn(|| {
             tables::write_thread_states(&staging.file(analysis::THREAD_STATES), &kernel_tables)
         });
-        let syscalls = scope
-            .spawn(|| tables::write_syscalls(&staging.file(analysis::SYSCALLS), &kernel_tables));
+        let syscalls = scope.spawn(|| {
+            tables::write_syscalls(
+                &staging.file(analysis::SYSCALLS),
+                &kernel_tables,
+                keep.map(|k| k.syscalls),
+            )
+        });
         // A few paths in flight at most: a path of a long request is
         // megabytes.
         let (path_tx, path_rx) = std::sync::mpsc::sync_channel::<RequestPath>(4);
-        let writer = scope.spawn(|| write_paths(path_rx, staging, kernel, placed, &work));
+        let writer = scope.spawn(|| {
+            write_paths(
+                path_rx,
+                staging,
+                kernel,
+                placed,
+                &work,
+                keep.map(|k| k.critical_path),
+            )
+        });
         let analysis = compute_paths(kernel, placed, &work, progress, path_tx);
         let requests = match writer.join() {
             Ok(written) => written.map(|w| (analysis, w)),
@@ -471,7 +491,7 @@ pub(crate) fn critical_paths(
         (states.join(), syscalls.join(), requests)
     });
     table_written(states)?;
-    table_written(syscalls)?;
+    let (_, kept_syscalls) = table_written(syscalls)?;
     let (analysis, written) = requests?;
     Ok(Paths {
         work,
@@ -479,13 +499,14 @@ pub(crate) fn critical_paths(
         records: written.records,
         chains: written.chains,
         diagnosing: written.diagnosing,
+        kept: written.kept.zip(kept_syscalls),
     })
 }
 
 /// A kernel table writer's result, its panic an error.
-fn table_written(
-    joined: std::thread::Result<Result<u64, deepspan_store::Error>>,
-) -> Result<u64, Error> {
+fn table_written<T>(
+    joined: std::thread::Result<Result<T, deepspan_store::Error>>,
+) -> Result<T, Error> {
     match joined {
         Ok(r) => r.map_err(Error::from),
         Err(_) => Err(Error::WorkerPanicked {
@@ -533,6 +554,8 @@ struct Written {
     records: Vec<RequestRecord>,
     chains: ChainIndex,
     diagnosing: Duration,
+    /// The table's kept columns, when asked for.
+    kept: Option<KeptTable>,
 }
 
 /// The critical-path writer: writes each path that comes to the
@@ -544,6 +567,7 @@ fn write_paths(
     kernel: &Kernel,
     placed: &Placed,
     work: &Work,
+    keep: Option<&[Column]>,
 ) -> Result<Written, Error> {
     let label = span_label(&placed.metas);
     let diagnosis = DiagnosisContext::new(
@@ -560,6 +584,9 @@ fn write_paths(
         spans: &placed.metas,
     };
     let mut table = CriticalPathWriter::create(&staging.file(analysis::CRITICAL_PATH))?;
+    if let Some(columns) = keep {
+        table.keep(columns);
+    }
     let mut records = Vec::new();
     // Every path, for the root causes through chains of requests (a
     // request's blockers may come later).
@@ -575,11 +602,12 @@ fn write_paths(
         rec.diagnosis = d;
         records.push(rec);
     }
-    table.finish()?;
+    let (_, kept) = table.finish()?;
     Ok(Written {
         records,
         chains,
         diagnosing,
+        kept,
     })
 }
 
@@ -658,14 +686,16 @@ pub(crate) fn root_causes(paths: &mut Paths, kernel: &Kernel, placed: &Placed) {
 
 /// Writes the request tables, `requests.json` and `placements.json` into
 /// the staging folder (beside the kernel and critical-path tables) and
-/// swaps it in as `RUN/analysis/`, which it returns.
+/// swaps it in as `RUN/analysis/`, which it returns; with the tables kept
+/// by [`critical_paths`], also the results kept in memory.
 pub(crate) fn write_tables(
     staging: Staging,
     kernel: &Kernel,
     placed: &Placed,
     records: &[RequestRecord],
     notes: &[String],
-) -> Result<PathBuf, Error> {
+    kept: Option<(KeptTable, KeptTable)>,
+) -> Result<(PathBuf, Option<KeptAnalysis>), Error> {
     let operations: Vec<OperationSummary<(String, String)>> =
         aggregate(records.iter().map(|r| (&r.path, &r.summary)), |r| {
             let m = &placed.metas[r as usize];
@@ -689,7 +719,12 @@ pub(crate) fn write_tables(
         &placed.spans,
         &placed.placements,
     )?;
-    Ok(staging.commit()?)
+    let kept = kept.map(|(critical_path, syscalls)| KeptAnalysis {
+        requests: json::request_entries(&results),
+        critical_path,
+        syscalls,
+    });
+    Ok((staging.commit()?, kept))
 }
 
 /// The tables of the requests. `requests.json` (the largest) and the

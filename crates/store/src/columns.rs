@@ -13,6 +13,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 
+use crate::kept::KeptTable;
 use crate::table::{Buffer, Column, Kind, TableFile, Values, ROW_GROUP};
 use crate::Error;
 
@@ -331,11 +332,22 @@ impl<C: Columns> ColumnarTable<C> {
         Ok(())
     }
 
+    /// Keeps a copy of `columns` (those of them in the table) in memory
+    /// as they are written, for [`ColumnarTable::finish_kept`].
+    pub fn keep(&mut self, columns: &[Column]) {
+        self.file.keep(columns);
+    }
+
     /// Writes what is buffered and the footer; returns the rows written.
-    pub fn finish(mut self) -> Result<u64, Error> {
+    pub fn finish(self) -> Result<u64, Error> {
+        self.finish_kept().map(|(rows, _)| rows)
+    }
+
+    /// [`ColumnarTable::finish`], and the copy kept if asked for.
+    pub fn finish_kept(mut self) -> Result<(u64, Option<KeptTable>), Error> {
         self.flush()?;
-        self.file.finish()?;
-        Ok(self.rows)
+        let kept = self.file.finish()?;
+        Ok((self.rows, kept))
     }
 }
 

@@ -260,13 +260,28 @@ pub(crate) fn parse_json_file<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Writes `requests.json` at `path`.
-pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error> {
+/// The requests' indices in `requests.json`'s order: slowest first.
+fn request_order(r: &AnalysisResults) -> Vec<usize> {
     let mut order: Vec<usize> = (0..r.requests.len()).collect();
     order.sort_by_key(|&i| {
         let p = &r.requests[i].path;
         (std::cmp::Reverse(p.duration()), p.start, p.request)
     });
+    order
+}
+
+/// The entries of `requests.json`'s `requests`, as [`write_requests_json`]
+/// writes them, in memory.
+pub fn request_entries(r: &AnalysisResults) -> Vec<RequestEntry> {
+    request_order(r)
+        .into_iter()
+        .filter_map(|i| request_entry(r, i))
+        .collect()
+}
+
+/// Writes `requests.json` at `path`.
+pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error> {
+    let order = request_order(r);
     let operations = r
         .operations
         .iter()

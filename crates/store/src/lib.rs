@@ -22,6 +22,7 @@ mod delta;
 pub mod diagnosis;
 mod error;
 pub mod json;
+pub mod kept;
 pub mod placements;
 pub mod report;
 mod rle;

@@ -29,6 +29,7 @@ use parquet::data_type::{
 use parquet::file::reader::{FileReader, RowGroupReader, SerializedFileReader};
 use parquet::schema::types::ColumnDescriptor;
 
+use crate::kept::{KeptColumn, KeptTable};
 use crate::table::{Column, Kind};
 use crate::Error;
 
@@ -329,22 +330,75 @@ pub fn for_each_row<R: TableRow>(path: &Path, mut each: impl FnMut(R)) -> Result
             };
             for _ in 0..rows {
                 let mut cells = RowCells {
-                    columns: &mut columns,
+                    from: CellSource::File(&mut columns),
                     next: 0,
                 };
-                let row = R::from_cells(&mut cells).map_err(|e| Error::Schema {
-                    path: path.to_path_buf(),
-                    what: format!(
-                        "row {n}: column {:?} holds {}, not a value of its type",
-                        e.column, e.found
-                    ),
-                })?;
+                let row = R::from_cells(&mut cells).map_err(|e| cell_error(path, n, e))?;
                 each(row);
                 n += 1;
             }
         }
     }
     Ok(())
+}
+
+/// A cell that does not fit its row type's field, as an error.
+fn cell_error(path: &Path, row: usize, e: CellError) -> Error {
+    Error::Schema {
+        path: path.to_path_buf(),
+        what: format!(
+            "row {row}: column {:?} holds {}, not a value of its type",
+            e.column, e.found
+        ),
+    }
+}
+
+impl KeptTable {
+    /// Calls `each` with every row of the table, in file order: the rows
+    /// [`for_each_row`] reads from its file, with the same checks.
+    pub fn for_each_row<R: TableRow>(&self, mut each: impl FnMut(R)) -> Result<(), Error> {
+        let sources = R::COLUMNS
+            .iter()
+            .map(|column| {
+                let found = self.schema.iter().position(|c| c.name == column.name);
+                match found.map(|i| (i, self.schema[i])) {
+                    None if column.nullable => Ok(None),
+                    None => Err(format!("no column {:?} kept", column.name)),
+                    Some((i, kept)) if kept.kind == column.kind => Ok(Some(i)),
+                    Some((_, kept)) => Err(format!(
+                        "column {:?} holds {:?} values, not {:?}",
+                        column.name, kept.kind, column.kind
+                    )),
+                }
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|what| Error::Schema {
+                path: self.path.clone(),
+                what,
+            })?;
+        let mut n = 0usize;
+        for group in &self.groups {
+            let columns: Vec<Option<&KeptColumn>> = sources
+                .iter()
+                .map(|s| s.and_then(|i| group.columns.get(i)))
+                .collect();
+            let mut next_values = vec![0usize; columns.len()];
+            for row in 0..group.rows {
+                let mut cells = RowCells {
+                    from: CellSource::Kept {
+                        columns: &columns,
+                        row,
+                        next_values: &mut next_values,
+                    },
+                    next: 0,
+                };
+                let r = R::from_cells(&mut cells).map_err(|e| cell_error(&self.path, n, e))?;
+                each(r);
+                n += 1;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The rows of the table at `path` for which `keep` is true, in file
@@ -525,18 +579,41 @@ impl Batch {
 
 /// One row's cells, column after column (see [`TableRow::from_cells`]).
 pub struct RowCells<'a> {
-    columns: &'a mut [Option<Batch>],
+    from: CellSource<'a>,
     next: usize,
+}
+
+/// Where a row's cells come from.
+enum CellSource<'a> {
+    /// Batches decoded from the file.
+    File(&'a mut [Option<Batch>]),
+    /// A row group kept in memory; `next_values`: each column's next
+    /// non-null value.
+    Kept {
+        columns: &'a [Option<&'a KeptColumn>],
+        row: usize,
+        next_values: &'a mut [usize],
+    },
 }
 
 impl RowCells<'_> {
     fn next(&mut self) -> Cell<'_> {
         let column = self.next;
         self.next += 1;
-        match self.columns.get_mut(column) {
-            Some(Some(batch)) => batch.next(),
-            // A nullable column the file lacks.
-            _ => Cell::Null,
+        // A nullable column the file lacks reads as null.
+        match &mut self.from {
+            CellSource::File(columns) => match columns.get_mut(column) {
+                Some(Some(batch)) => batch.next(),
+                _ => Cell::Null,
+            },
+            CellSource::Kept {
+                columns,
+                row,
+                next_values,
+            } => match (columns.get(column), next_values.get_mut(column)) {
+                (Some(Some(kept)), Some(next_value)) => kept.cell(*row, next_value),
+                _ => Cell::Null,
+            },
         }
     }
 }

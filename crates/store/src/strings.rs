@@ -120,6 +120,12 @@ impl StringColumn {
         self.ids.iter().map(|&i| &self.values[i as usize])
     }
 
+    /// Per non-null value its index in the distinct values, and those
+    /// values (for a copy kept in memory, [`crate::kept`]).
+    pub(crate) fn parts(&self) -> (&[u32], &[Bytes]) {
+        (&self.ids, &self.values)
+    }
+
     /// Values (not nulls) pushed in this row group.
     pub fn len(&self) -> usize {
         self.ids.len()

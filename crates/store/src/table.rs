@@ -27,6 +27,7 @@ use parquet::schema::types::ColumnDescriptor;
 use parquet::schema::types::{ColumnPath, Type};
 
 use crate::chunk::{assemble, bool_chunk, int32_chunk, int64_chunk, Order};
+use crate::kept::KeptTable;
 use crate::strings::{string_chunk, StringColumn};
 use crate::Error;
 
@@ -243,6 +244,10 @@ type RowGroup<'a> = SerializedRowGroupWriter<'a, BufWriter<File>>;
 pub(crate) struct TableFile {
     path: PathBuf,
     writer: SerializedFileWriter<BufWriter<File>>,
+    schema: Vec<Column>,
+    /// A copy of some columns of every row group written, when asked for
+    /// ([`TableFile::keep`]).
+    kept: Option<KeptTable>,
 }
 
 /// Writes one Parquet file row by row.
@@ -384,6 +389,8 @@ impl TableFile {
         let file = TableFile {
             path: path.to_path_buf(),
             writer,
+            schema: columns.to_vec(),
+            kept: None,
         };
         Ok((file, buffers))
     }
@@ -415,6 +422,9 @@ impl TableFile {
         if rows == 0 {
             return Ok(());
         }
+        if let Some(kept) = &mut self.kept {
+            kept.add_group(&buffers, rows);
+        }
         let err = |e| Error::parquet(path, "writing a row group", e);
         let mut group = self.writer.next_row_group().map_err(err)?;
         for b in &mut buffers {
@@ -424,8 +434,14 @@ impl TableFile {
         Ok(())
     }
 
-    /// Writes the footer and syncs the file.
-    pub(crate) fn finish(self) -> Result<(), Error> {
+    /// Keeps a copy of `columns` (those of them in the file) of every row
+    /// group written from now on, which [`TableFile::finish`] returns.
+    pub(crate) fn keep(&mut self, columns: &[Column]) {
+        self.kept = Some(KeptTable::new(&self.path, &self.schema, columns));
+    }
+
+    /// Writes the footer and syncs the file; returns what was kept.
+    pub(crate) fn finish(self) -> Result<Option<KeptTable>, Error> {
         let path = self.path;
         let inner = self
             .writer
@@ -435,7 +451,8 @@ impl TableFile {
             .into_inner()
             .map_err(|e| Error::io(&path, "cannot write", e.into_error()))?
             .sync_all()
-            .map_err(|e| Error::io(&path, "cannot sync", e))
+            .map_err(|e| Error::io(&path, "cannot sync", e))?;
+        Ok(self.kept)
     }
 }
 

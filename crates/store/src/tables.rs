@@ -17,8 +17,9 @@ use deepspan_model::{Comm, Tid};
 use rustc_hash::FxHashMap;
 
 use crate::columns::{columns, ColumnarTable, Optional, OptionalText, Required, Text};
+use crate::kept::KeptTable;
 use crate::rows::table;
-use crate::table::{interned, TableWriter};
+use crate::table::{interned, Column, TableWriter};
 use crate::{span_hex, trace_hex, AnalysisResults, Error};
 
 table! {
@@ -378,9 +379,17 @@ columns! {
     }
 }
 
-/// All system calls of the model.
-pub fn write_syscalls(path: &Path, r: &KernelContext) -> Result<u64, Error> {
+/// All system calls of the model; the rows written, and a copy of the
+/// `keep` columns in memory when asked for.
+pub fn write_syscalls(
+    path: &Path,
+    r: &KernelContext,
+    keep: Option<&[Column]>,
+) -> Result<(u64, Option<KeptTable>), Error> {
     let mut table = ColumnarTable::<SyscallColumns>::create(path, SYSCALLS_COLUMNS)?;
+    if let Some(columns) = keep {
+        table.keep(columns);
+    }
     let mut names = NameCache::default();
     for th in r.model.threads() {
         let pid = r.pid(th.tid);
@@ -401,7 +410,7 @@ pub fn write_syscalls(path: &Path, r: &KernelContext) -> Result<u64, Error> {
             table.end_row()?;
         }
     }
-    table.finish()
+    table.finish_kept()
 }
 
 /// Syscall names as Parquet strings, made once per name: from the number
@@ -612,8 +621,16 @@ impl CriticalPathWriter {
         Ok(())
     }
 
-    pub fn finish(self) -> Result<u64, Error> {
-        self.table.finish()
+    /// Keeps a copy of `columns` in memory as they are written, for
+    /// [`CriticalPathWriter::finish`].
+    pub fn keep(&mut self, columns: &[Column]) {
+        self.table.keep(columns);
+    }
+
+    /// Writes the rest and the footer; the rows written, and the copy kept
+    /// if asked for.
+    pub fn finish(self) -> Result<(u64, Option<KeptTable>), Error> {
+        self.table.finish_kept()
     }
 }
 

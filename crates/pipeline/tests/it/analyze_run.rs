@@ -1,6 +1,7 @@
 //! `analyze_run` on a real recording: the requests it returns are those
 //! `RUN/analysis/requests.json` holds, in the same order with the same
-//! diagnoses, and its progress calls pair up. Also its errors on folders
+//! diagnoses, and its progress calls pair up; what it keeps in memory for
+//! the agent's export is what the files hold. Also its errors on folders
 //! that are no run.
 
 use std::cell::RefCell;
@@ -8,9 +9,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use deepspan_export::{export_kept, export_run, ExportOptions};
 use deepspan_pipeline::{
     analyze_run, AnalyzeOptions, Error, NoProgress, PlacementMode, Progress, Step,
 };
+use deepspan_run::analysis::{CRITICAL_PATH, SYSCALLS};
+use deepspan_run::Run;
+use deepspan_store::json::read_requests_json;
+use deepspan_store::kept::KeepColumns;
+use deepspan_store::rows::{read_table, TableRow};
+use deepspan_store::tables::{CriticalPathRow, SyscallRow};
 use serde_json::Value;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -246,6 +254,7 @@ fn the_outcome_is_what_requests_json_says() {
     };
     assert_eq!(key(&small), key(&outcome));
     assert!(minimal.join("analysis/requests.json").is_file());
+    the_kept_results_are_the_files(&minimal);
 
     // Analysed again, without the SDK fields: every request placed from
     // the kernel trace, and the folder rewritten whole.
@@ -272,6 +281,56 @@ fn the_outcome_is_what_requests_json_says() {
         .collect();
     assert_eq!(syncs, expected);
     assert!(syncs.iter().all(|s| *s != "exact"), "{syncs:?}");
+}
+
+/// What the agent keeps in memory of a snapshot's analysis reads as the
+/// files written beside it, and exports the same spans.
+fn the_kept_results_are_the_files(run: &Path) {
+    let every_column = KeepColumns {
+        critical_path: <CriticalPathRow as TableRow>::COLUMNS,
+        syscalls: <SyscallRow as TableRow>::COLUMNS,
+    };
+    let options = AnalyzeOptions {
+        keep: Some(every_column),
+        ..AnalyzeOptions::default()
+    };
+    let outcome = analyze_run(run, &options, &NoProgress).expect("analysis");
+    let kept = outcome.kept.as_ref().expect("kept in memory");
+    let tables = Run::new(run).analysis_dir();
+    assert_eq!(
+        kept.requests,
+        read_requests_json(run).expect("requests.json").requests
+    );
+    let mut kept_rows = Vec::new();
+    kept.critical_path
+        .for_each_row(|r: CriticalPathRow| kept_rows.push(r))
+        .unwrap();
+    assert!(!kept_rows.is_empty());
+    let path_rows: Vec<CriticalPathRow> =
+        read_table(&tables.join(CRITICAL_PATH), |_| true).expect("table");
+    assert_eq!(kept_rows, path_rows);
+    let mut kept_calls = Vec::new();
+    kept.syscalls
+        .for_each_row(|r: SyscallRow| kept_calls.push(r))
+        .unwrap();
+    assert!(!kept_calls.is_empty());
+    let calls: Vec<SyscallRow> = read_table(&tables.join(SYSCALLS), |_| true).expect("table");
+    assert_eq!(kept_calls, calls);
+
+    // Export from memory, with every column or only those it reads.
+    let export_options = ExportOptions::default();
+    let from_files = export_run(run, &export_options).expect("export");
+    assert!(from_files.stats.requests_enriched > 0);
+    let from_memory = export_kept(run, kept, &export_options).expect("export");
+    assert_eq!(from_memory.traces, from_files.traces);
+    let options = AnalyzeOptions {
+        keep: Some(deepspan_export::analysis::KEEP),
+        ..AnalyzeOptions::default()
+    };
+    let lean = analyze_run(run, &options, &NoProgress).expect("analysis");
+    let kept = lean.kept.as_ref().expect("kept in memory");
+    let from_memory = export_kept(run, kept, &export_options).expect("export");
+    assert_eq!(from_memory.traces, from_files.traces);
 }
 
 #[test]
