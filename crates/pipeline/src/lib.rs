@@ -235,16 +235,6 @@ pub fn analyze_run(
     options: &AnalyzeOptions,
     progress: &dyn Progress,
 ) -> Result<AnalysisOutcome, Error> {
-    if !run.is_dir() {
-        return Err(Error::NotARunFolder {
-            run: run.to_path_buf(),
-        });
-    }
-    if deepspan_record::needs_recovery(run) {
-        return Err(Error::UnfinishedRecording {
-            run: run.to_path_buf(),
-        });
-    }
     let mut phases = Phases {
         progress,
         last: Instant::now(),

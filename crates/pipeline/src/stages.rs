@@ -85,12 +85,23 @@ pub(crate) struct Inputs {
 /// Opens the kernel trace and reads the hosts' alignment notes, the spans
 /// and the manifest's clock mapping. Under [`PlacementMode::Inferred`] the
 /// spans lose their SDK fields here, so every later stage sees them as
-/// spans without the SDK.
+/// spans without the SDK. A folder that is no run, or a recording that
+/// must be recovered first, is refused.
 pub(crate) fn open_inputs(
     run: &Path,
     options: &AnalyzeOptions,
     notes: &mut Vec<String>,
 ) -> Result<Inputs, Error> {
+    if !run.is_dir() {
+        return Err(Error::NotARunFolder {
+            run: run.to_path_buf(),
+        });
+    }
+    if deepspan_record::needs_recovery(run) {
+        return Err(Error::UnfinishedRecording {
+            run: run.to_path_buf(),
+        });
+    }
     let trace = KernelTrace::open_run(run)?;
     if let Some(hosts) = hosts::read_hosts(run)? {
         notes.extend(hosts::alignment_notes(&hosts));
