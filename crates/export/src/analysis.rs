@@ -4,13 +4,13 @@
 //! (`syscalls.parquet`), each read as its typed rows (`deepspan_store::rows`).
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use deepspan_run::analysis::{CRITICAL_PATH, SYSCALLS};
 use deepspan_run::Run;
 use deepspan_spans::{SpanId, TraceId};
 use deepspan_store::json::RequestEntry;
-use deepspan_store::kept::{KeepColumns, KeptAnalysis};
+use deepspan_store::kept::{KeepColumns, KeptAnalysis, KeptTable};
 use deepspan_store::rows::{for_each_row, TableRow};
 use deepspan_store::tables::{CriticalPathRow, SYSCALLS_COLUMNS};
 
@@ -147,23 +147,11 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
     }
     let doc = deepspan_store::json::read_requests_json(run_dir)
         .map_err(|e| bad(&json_path, e.to_string()))?;
-    let path_file = dir.join(CRITICAL_PATH);
-    let syscalls_file = dir.join(SYSCALLS);
     assemble(
         doc.requests,
         &json_path,
-        (&path_file, &mut |each| {
-            if path_file.is_file() {
-                for_each_row(&path_file, each)?;
-            }
-            Ok(())
-        }),
-        &mut |each| {
-            if syscalls_file.is_file() {
-                for_each_row(&syscalls_file, each)?;
-            }
-            Ok(())
-        },
+        Rows::File(dir.join(CRITICAL_PATH)),
+        Rows::File(dir.join(SYSCALLS)),
         min_syscall_ns,
     )
 }
@@ -179,25 +167,44 @@ pub fn from_kept(
     assemble(
         kept.requests.clone(),
         &Run::new(run_dir).requests_json(),
-        (kept.critical_path.path(), &mut |each| {
-            kept.critical_path.for_each_row(each)
-        }),
-        &mut |each| kept.syscalls.for_each_row(each),
+        Rows::Kept(&kept.critical_path),
+        Rows::Kept(&kept.syscalls),
         min_syscall_ns,
     )
 }
 
-/// Calls its argument with each row of a table.
-type Rows<'a, R> = &'a mut dyn FnMut(&mut dyn FnMut(R)) -> Result<(), deepspan_store::Error>;
+/// Where a table's rows come from.
+enum Rows<'a> {
+    /// A table file; none: no rows.
+    File(PathBuf),
+    Kept(&'a KeptTable),
+}
+
+impl Rows<'_> {
+    fn path(&self) -> &Path {
+        match self {
+            Rows::File(path) => path,
+            Rows::Kept(table) => table.path(),
+        }
+    }
+
+    fn for_each<R: TableRow>(&self, each: impl FnMut(R)) -> Result<(), Error> {
+        match self {
+            Rows::File(path) if !path.is_file() => Ok(()),
+            Rows::File(path) => for_each_row(path, each),
+            Rows::Kept(table) => table.for_each_row(each),
+        }
+        .map_err(Error::Store)
+    }
+}
 
 /// The analysis from `requests.json`'s requests (read from
-/// `json_path`), the `critical_path` table (read from its path) and the
-/// `syscalls` table.
+/// `json_path`) and the rows of the `critical_path` and `syscalls` tables.
 fn assemble(
     entries: Vec<RequestEntry>,
     json_path: &Path,
-    (path_file, critical_path): (&Path, Rows<CriticalPathRow>),
-    syscall_rows: Rows<SyscallOfThread>,
+    critical_path: Rows,
+    syscall_rows: Rows,
     min_syscall_ns: u64,
 ) -> Result<RunAnalysis, Error> {
     let mut requests = Vec::with_capacity(entries.len());
@@ -232,7 +239,7 @@ fn assemble(
         .collect();
     let mut ordered: Vec<Vec<(i64, Piece)>> = vec![Vec::new(); requests.len()];
     let mut problem = None;
-    critical_path(&mut |row: CriticalPathRow| {
+    critical_path.for_each(|row: CriticalPathRow| {
         let ids = (
             TraceId::from_hex(&row.trace_id),
             SpanId::from_hex(&row.span_id),
@@ -275,10 +282,9 @@ fn assemble(
             wakeup_ns: row.wakeup_ns.map_or(0, ns),
         };
         ordered[i].push((i64::from(row.seq), piece));
-    })
-    .map_err(Error::Store)?;
+    })?;
     if let Some(p) = problem {
-        return Err(bad(path_file, p));
+        return Err(bad(critical_path.path(), p));
     }
     for (request, mut pieces) in requests.iter_mut().zip(ordered) {
         pieces.sort_by_key(|(seq, _)| *seq);
@@ -288,7 +294,7 @@ fn assemble(
     let home_threads: HashSet<i64> = requests.iter().filter_map(|r| r.tid).collect();
     let mut syscalls: HashMap<i64, Vec<Syscall>> = HashMap::new();
     let mut pids = HashMap::new();
-    syscall_rows(&mut |row: SyscallOfThread| {
+    syscall_rows.for_each(|row: SyscallOfThread| {
         let tid = i64::from(row.tid);
         if let Some(pid) = row.pid {
             pids.entry(tid).or_insert(i64::from(pid));
@@ -305,8 +311,7 @@ fn assemble(
                 ret: row.ret,
             });
         }
-    })
-    .map_err(Error::Store)?;
+    })?;
     for list in syscalls.values_mut() {
         list.sort_by_key(|s| s.start_ns);
     }

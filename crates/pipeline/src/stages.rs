@@ -803,6 +803,65 @@ pub(crate) fn stats(kernel: &Kernel, placed: &Placed, paths: &Paths) -> Analysis
 mod tests {
     use super::*;
 
+    fn record(request: SpanIdx, start: u64, duration_ms: u64) -> RequestRecord {
+        RequestRecord {
+            path: deepspan_analysis::RequestPath {
+                request,
+                start,
+                end: start + duration_ms * 1_000_000,
+                sync: deepspan_analysis::SyncSource::Exact,
+                home: Vec::new(),
+                pieces: Vec::new(),
+                truncated: false,
+            },
+            summary: deepspan_analysis::RequestSummary::default(),
+            totals: deepspan_analysis::RequestTotals::default(),
+            lost_events: 0,
+            diagnosis: None,
+            baseline_ns: None,
+            anomalous: false,
+        }
+    }
+
+    #[test]
+    fn requests_are_ranked_slowest_first_and_judged_against_their_operation() {
+        let meta = |operation: &str| SpanMeta {
+            service: "shop".into(),
+            operation: operation.into(),
+            ..SpanMeta::default()
+        };
+        // Five requests of one operation (a baseline: their median, 30
+        // ms), two of another (too few for one).
+        let mut metas = vec![meta("GET /a"); 5];
+        metas.extend(vec![meta("GET /b"); 2]);
+        let mut records = vec![
+            record(0, 0, 10),
+            record(1, 5, 200),
+            record(2, 9, 30),
+            record(3, 20, 40),
+            record(4, 30, 20),
+            record(5, 0, 500),
+            record(6, 1, 1),
+        ];
+        rank_and_baseline(&mut records, &metas);
+        let order: Vec<SpanIdx> = records.iter().map(|r| r.path.request).collect();
+        assert_eq!(order, [5, 1, 3, 2, 4, 0, 6]);
+        for r in &records {
+            // Only the 200 ms one is over twice its baseline; the 500 ms
+            // one has none to be judged against.
+            let expected = match r.path.request {
+                0..=4 => (Some(30_000_000), r.path.request == 1),
+                _ => (None, false),
+            };
+            assert_eq!(
+                (r.baseline_ns, r.anomalous),
+                expected,
+                "request {}",
+                r.path.request
+            );
+        }
+    }
+
     fn placed(method: PlacementMethod, pid: Tid, tid: Option<Tid>) -> Option<Placement> {
         Some(Placement {
             method,
