@@ -35,7 +35,7 @@ use serde::Serialize;
 
 use deepspan_record::{FlightRecorder, WindowOutcome};
 use deepspan_run::Run;
-use deepspan_spans::{request_from_spans, ExportTraceServiceRequest, Span, SpanWriter};
+use deepspan_spans::{request_from_spans, ExportTraceServiceRequest, Span, SpanWriter, TraceId};
 
 use crate::spans::{mono_times, DetachedSpan, RecentRequests};
 
@@ -810,9 +810,19 @@ fn analyse_window(
     let kept = outcome
         .kept
         .ok_or("analysis: the results asked to be kept in memory were not")?;
-    let export =
-        deepspan_export::export_kept(dir, &kept, &deepspan_export::ExportOptions::default())
-            .map_err(|e| format!("export of the diagnoses: {e}"))?;
+    // Only the triggers' traces: the snapshot holds every request around
+    // them, and the rest would be enriched for nothing.
+    let traces = group
+        .iter()
+        .filter_map(|t| <[u8; 16]>::try_from(t.span.trace_id()).ok())
+        .map(|id| TraceId(u128::from_be_bytes(id)))
+        .collect();
+    let options = deepspan_export::ExportOptions {
+        traces: Some(traces),
+        ..Default::default()
+    };
+    let export = deepspan_export::export_kept(dir, &kept, &options)
+        .map_err(|e| format!("export of the diagnoses: {e}"))?;
     Ok(group
         .iter()
         .map(|t| diagnosed_attributes(&export.traces, t))

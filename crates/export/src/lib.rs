@@ -25,7 +25,7 @@ pub mod attributes;
 pub mod kernel;
 pub mod send;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -78,6 +78,9 @@ pub struct ExportOptions {
     pub max_spans_per_trace: usize,
     /// Most bytes of a trace, as OTLP protobuf.
     pub max_bytes_per_trace: usize,
+    /// Only the spans of these traces (`None`: every trace). The agent
+    /// wants the traces of its slow spans, not all those of the snapshot.
+    pub traces: Option<HashSet<TraceId>>,
 }
 
 /// Jaeger UI slows down past a few thousand spans in one trace.
@@ -97,6 +100,7 @@ impl Default for ExportOptions {
             },
             max_spans_per_trace: DEFAULT_MAX_SPANS_PER_TRACE,
             max_bytes_per_trace: DEFAULT_MAX_BYTES_PER_TRACE,
+            traces: None,
         }
     }
 }
@@ -104,10 +108,11 @@ impl Default for ExportOptions {
 /// Counts of what an export made.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExportStats {
-    /// Spans of the run, all exported.
+    /// Spans of the run (of the traces asked for), all exported.
     pub run_spans: usize,
     pub traces: usize,
-    /// Requests of the analysis, and of them those whose span was found.
+    /// Requests of the analysis (in the traces asked for), and of them
+    /// those whose span was found.
     pub requests: usize,
     pub requests_enriched: usize,
     /// Rows of `critical_path` of the enriched requests.
@@ -182,9 +187,15 @@ pub fn export_spans(
     analysis: &analysis::RunAnalysis,
     options: &ExportOptions,
 ) -> Export {
+    let asked = |trace: &TraceId| options.traces.as_ref().is_none_or(|t| t.contains(trace));
+    let spans: Vec<Span> = spans.into_iter().filter(|s| asked(&s.trace_id)).collect();
     let mut stats = ExportStats {
         run_spans: spans.len(),
-        requests: analysis.requests.len(),
+        requests: analysis
+            .requests
+            .iter()
+            .filter(|r| asked(&r.trace_id))
+            .count(),
         ..ExportStats::default()
     };
     let mut notes = Vec::new();

@@ -3,7 +3,7 @@
 //! trip through `--out` and the importer; sending to deepspan's own OTLP
 //! receiver over gRPC and HTTP; retries; the per-trace budget.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -541,6 +541,30 @@ fn a_server_that_refuses_is_an_error_after_the_tries() {
     };
     let e = send_otlp(&exported(), &format!("http://127.0.0.1:{port}"), &options).unwrap_err();
     assert!(e.to_string().contains("after 2 tries"), "{e}");
+}
+
+#[test]
+fn only_the_traces_asked_for_are_exported_and_counted() {
+    let (spans, analysis) = fixture();
+    let options = ExportOptions {
+        traces: Some(HashSet::from([RESTOCK_TRACE])),
+        ..ExportOptions::default()
+    };
+    let export = export_spans(spans, &analysis, &options);
+    assert_eq!(export.traces.len(), 1);
+    assert!(export.spans().all(|s| s.trace_id == RESTOCK_TRACE));
+    assert_eq!(export.stats.run_spans, 1);
+    assert_eq!(export.stats.requests, 1);
+    assert_eq!(export.stats.requests_enriched, 1);
+    // The other trace's request is not missing, only not asked for.
+    assert!(export.notes.is_empty(), "{:?}", export.notes);
+    // Its spans are those of an export of every trace.
+    let all: Vec<Span> = exported()
+        .spans()
+        .filter(|s| s.trace_id == RESTOCK_TRACE)
+        .cloned()
+        .collect();
+    assert_eq!(export.traces[0], all);
 }
 
 #[test]
