@@ -821,7 +821,7 @@ fn analyse_window(
         traces: Some(traces),
         ..Default::default()
     };
-    let export = deepspan_export::export_kept(dir, &kept, &options)
+    let export = deepspan_export::export_kept(dir, kept, &options)
         .map_err(|e| format!("export of the diagnoses: {e}"))?;
     Ok(group
         .iter()

@@ -161,14 +161,19 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
 /// again.
 pub fn from_kept(
     run_dir: &Path,
-    kept: &KeptAnalysis,
+    kept: KeptAnalysis,
     min_syscall_ns: u64,
 ) -> Result<RunAnalysis, Error> {
+    let KeptAnalysis {
+        requests,
+        critical_path,
+        syscalls,
+    } = kept;
     assemble(
-        kept.requests.clone(),
+        requests,
         &Run::new(run_dir).requests_json(),
-        Rows::Kept(&kept.critical_path),
-        Rows::Kept(&kept.syscalls),
+        Rows::Kept(&critical_path),
+        Rows::Kept(&syscalls),
         min_syscall_ns,
     )
 }

@@ -156,7 +156,7 @@ pub fn export_run(run_dir: &Path, options: &ExportOptions) -> Result<Export, Err
 /// (`AnalyzeOptions::keep` = [`analysis::KEEP`]): they are not read back.
 pub fn export_kept(
     run_dir: &Path,
-    kept: &KeptAnalysis,
+    kept: KeptAnalysis,
     options: &ExportOptions,
 ) -> Result<Export, Error> {
     let analysis = analysis::from_kept(run_dir, kept, options.thresholds.min_ns)?;

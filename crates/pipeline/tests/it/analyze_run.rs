@@ -321,14 +321,14 @@ fn the_kept_results_are_the_files(run: &Path) {
     let export_options = ExportOptions::default();
     let from_files = export_run(run, &export_options).expect("export");
     assert!(from_files.stats.requests_enriched > 0);
-    let from_memory = export_kept(run, kept, &export_options).expect("export");
+    let from_memory = export_kept(run, kept.clone(), &export_options).expect("export");
     assert_eq!(from_memory.traces, from_files.traces);
     let options = AnalyzeOptions {
         keep: Some(deepspan_export::analysis::KEEP),
         ..AnalyzeOptions::default()
     };
     let lean = analyze_run(run, &options, &NoProgress).expect("analysis");
-    let kept = lean.kept.as_ref().expect("kept in memory");
+    let kept = lean.kept.expect("kept in memory");
     let from_memory = export_kept(run, kept, &export_options).expect("export");
     assert_eq!(from_memory.traces, from_files.traces);
 }
