@@ -800,6 +800,9 @@ pub(crate) fn stats(kernel: &Kernel, placed: &Placed, paths: &Paths) -> Analysis
 }
 
 #[cfg(test)]
+mod on_a_real_trace;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

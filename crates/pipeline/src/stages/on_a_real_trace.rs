@@ -1,0 +1,442 @@
+//! Each stage of [`analyze_run`](crate::analyze_run) called alone, on a
+//! real LTTng kernel trace: Trace Compass's `bug446190` test trace (an ARM
+//! board running weston, 31 556 events over 6 s), imported as
+//! `deepspan import --ctf` would (`kernel/ctf/`), with spans laid by hand
+//! on what its threads did, carrying the SDK's fields in the trace's clock.
+//!
+//! What the trace shows (`deepspan decode` of it), 1 412 670 963 s plus:
+//! - weston-desktop- (tid 340) sleeps, is woken at 786.280 ms, runs from
+//!   786.302 ms, wakes weston (tid 338) at 786.955 ms and sleeps again at
+//!   786.985 ms;
+//! - weston, asleep until then, waits for a CPU until 786.974 ms and runs
+//!   until 787.149 ms;
+//! - weston-desktop- runs again for 0.1 to 0.6 ms at 797.58, 821.18 and
+//!   833.34 ms.
+//!
+//! The spans: a weston `frame` over 786.000-787.149 ms, whose first 0.95 ms
+//! weston waits for weston-desktop-; four weston-desktop- `compose` spans,
+//! one over that wake-up (its start chosen by [`Fixture::new`]) and three
+//! around the later runs; a span without the SDK's fields (the run has no
+//! clock mapping, so it cannot be placed); and the `frame` span twice.
+
+use std::path::{Path, PathBuf};
+
+use deepspan_analysis::{Cause, CulpritKind, EdgeType, RootCause, SyncSource, ThreadState};
+use deepspan_spans::model::{
+    Attributes, Event, Resource, Value, ATTR_MONO_END, ATTR_MONO_NS, ATTR_MONO_START, ATTR_TID,
+    EVENT_OFF, EVENT_ON,
+};
+use deepspan_spans::{Span, SpanId, SpanWriter, TraceId};
+use deepspan_store::table::{read_rows, Cell};
+
+use super::*;
+use crate::NoProgress;
+
+/// The second of the trace the spans are in, in ns.
+const SECOND: u64 = 1_412_670_963_000_000_000;
+const MS: u64 = 1_000_000;
+const WESTON: Tid = 338;
+const DESKTOP: Tid = 340;
+/// weston-desktop- wakes weston.
+const WAKE: u64 = SECOND + 786_954_939;
+/// weston, woken, gets a CPU.
+const WESTON_RUNS: u64 = SECOND + 786_973_939;
+/// weston-desktop-, woken by a timer, gets a CPU.
+const DESKTOP_RUNS: u64 = SECOND + 786_302_039;
+
+const FRAME: u64 = 1;
+const COMPOSE: u64 = 2;
+const UNPLACED: u64 = 9;
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/kernel/ctf/bug446190")
+}
+
+/// A run folder holding the trace and the spans.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    run: PathBuf,
+}
+
+impl Fixture {
+    /// The spans described above, the `compose` span over the wake-up
+    /// starting `compose_start_ms` into the second.
+    fn new(compose_start_ms: u64) -> Fixture {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let run = dir.path().join("run");
+        let files = deepspan_run::Run::new(&run);
+        std::fs::create_dir_all(files.kernel_dir()).expect("kernel folder");
+        std::os::unix::fs::symlink(corpus().join("trace"), files.ctf_dir())
+            .expect("link the CTF trace");
+        let at = |ms_in_second: f64| SECOND + (ms_in_second * MS as f64) as u64;
+        let spans = vec![
+            on_thread(FRAME, "weston", "frame", WESTON, at(786.0), at(787.149_339)),
+            on_thread(
+                COMPOSE,
+                "desktop",
+                "compose",
+                DESKTOP,
+                SECOND + compose_start_ms * MS,
+                at(786.99),
+            ),
+            on_thread(3, "desktop", "compose", DESKTOP, at(797.57), at(797.67)),
+            on_thread(4, "desktop", "compose", DESKTOP, at(821.18), at(821.77)),
+            on_thread(5, "desktop", "compose", DESKTOP, at(833.335), at(833.42)),
+            Span::new(
+                TraceId(UNPLACED as u128),
+                SpanId(UNPLACED),
+                None,
+                "elsewhere",
+                1,
+                2,
+            ),
+            on_thread(FRAME, "weston", "frame", WESTON, at(786.0), at(787.149_339)),
+        ];
+        let mut writer = SpanWriter::create(&run).expect("span file");
+        writer.append(&spans).expect("write spans");
+        writer.flush().expect("flush spans");
+        Fixture { _dir: dir, run }
+    }
+}
+
+/// A root span of its own trace (`id`), started by `tid` and current on
+/// it from start to end, with the SDK's fields (times in the trace's
+/// clock), as deepspan's span processor reports them.
+fn on_thread(id: u64, service: &str, name: &str, tid: Tid, start: u64, end: u64) -> Span {
+    let mut span = Span::new(TraceId(id as u128), SpanId(id), None, name, start, end);
+    span.resource = std::sync::Arc::new(Resource::with_service(service, Attributes::default()));
+    span.attributes.insert(ATTR_TID, Value::Int(tid.into()));
+    span.attributes
+        .insert(ATTR_MONO_START, Value::Int(start as i64));
+    span.attributes
+        .insert(ATTR_MONO_END, Value::Int(end as i64));
+    for (event, at) in [(EVENT_ON, start), (EVENT_OFF, end)] {
+        let mut attributes = Attributes::default();
+        attributes.insert(ATTR_TID, Value::Int(tid.into()));
+        attributes.insert(ATTR_MONO_NS, Value::Int(at as i64));
+        span.events.push(Event {
+            name: event.into(),
+            time_ns: at,
+            attributes,
+        });
+    }
+    span.refresh_sync();
+    span
+}
+
+fn opened(run: &Path, options: &AnalyzeOptions) -> (Inputs, Vec<String>) {
+    let mut notes = Vec::new();
+    let inputs = open_inputs(run, options, &mut notes).expect("open the run");
+    (inputs, notes)
+}
+
+/// The stages up to [`place_spans`].
+fn placed(run: &Path) -> (Kernel, Placed) {
+    let options = AnalyzeOptions::default();
+    let (inputs, mut notes) = opened(run, &options);
+    let kernel = build_kernel(run, &inputs, &NoProgress, &mut notes).expect("model");
+    let placed = place_spans(run, &options, inputs, &kernel, &mut notes);
+    (kernel, placed)
+}
+
+/// The stages up to [`critical_paths`], with the staging folder.
+fn up_to_paths(run: &Path) -> (Kernel, Placed, Staging, Paths) {
+    let (kernel, placed) = placed(run);
+    let staging = Staging::new(run).expect("staging folder");
+    let paths = critical_paths(&staging, &kernel, &placed, None, &NoProgress).expect("paths");
+    (kernel, placed, staging, paths)
+}
+
+fn span_idx(placed: &Placed, id: u64) -> SpanIdx {
+    placed.index[&SpanRef {
+        trace_id: TraceId(id as u128),
+        span_id: SpanId(id),
+    }]
+}
+
+fn record<'r>(records: &'r [RequestRecord], placed: &Placed, id: u64) -> &'r RequestRecord {
+    let idx = span_idx(placed, id);
+    records
+        .iter()
+        .find(|r| r.path.request == idx)
+        .unwrap_or_else(|| panic!("no request of span {id}"))
+}
+
+#[test]
+fn open_inputs_reads_each_span_once_and_opens_the_ctf_trace() {
+    let fixture = Fixture::new(785);
+    let (inputs, notes) = opened(&fixture.run, &AnalyzeOptions::default());
+    assert_eq!(inputs.spans.len(), 6, "the frame span is written twice");
+    assert!(
+        notes.iter().any(|n| n.starts_with("1 duplicate span(s)")),
+        "{notes:?}"
+    );
+    assert!(
+        notes.iter().any(|n| n.starts_with("no clock mapping")),
+        "{notes:?}"
+    );
+    assert!(inputs.clock.is_none());
+    assert!(inputs.recorder_tids.is_empty(), "no manifest, no recorder");
+    assert!(matches!(inputs.trace, KernelTrace::Ctf { .. }));
+    assert_eq!(
+        inputs.trace.path(),
+        deepspan_run::Run::new(&fixture.run).ctf_dir()
+    );
+    let frame = &inputs.spans[0];
+    assert_eq!(frame.sync.tid, Some(WESTON as u32));
+
+    // Placement from the trace alone: the spans lose the SDK's fields here.
+    let inferred = AnalyzeOptions {
+        placement: PlacementMode::Inferred,
+        ..AnalyzeOptions::default()
+    };
+    let (inputs, _) = opened(&fixture.run, &inferred);
+    assert!(inputs.spans.iter().all(|s| s.sync == Default::default()));
+}
+
+#[test]
+fn open_inputs_refuses_a_folder_without_a_kernel_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut notes = Vec::new();
+    let err = open_inputs(dir.path(), &AnalyzeOptions::default(), &mut notes)
+        .err()
+        .expect("no kernel trace");
+    assert!(err.to_string().contains("kernel"), "{err}");
+    let err = open_inputs(
+        &dir.path().join("none"),
+        &AnalyzeOptions::default(),
+        &mut notes,
+    )
+    .err()
+    .expect("no folder");
+    assert!(matches!(err, Error::NotARunFolder { .. }), "{err}");
+}
+
+#[test]
+fn build_kernel_models_every_event_and_the_threads_of_the_trace() {
+    let fixture = Fixture::new(785);
+    let options = AnalyzeOptions::default();
+    let (inputs, mut notes) = opened(&fixture.run, &options);
+    let kernel = build_kernel(&fixture.run, &inputs, &NoProgress, &mut notes).expect("model");
+
+    // The upstream oracle's event count (CtfTestTrace.ARM_64_BIT_HEADER).
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(corpus().join("expected.json")).unwrap()).unwrap();
+    let events = expected["oracle"]["event_count"].as_u64().unwrap();
+    assert_eq!(kernel.model.stats().events, events);
+    assert_eq!(kernel.lost.total(), 0);
+    assert_eq!(kernel.trace_file, "kernel/ctf");
+
+    // The upstream critical-path test's threads, by name.
+    let name = |tid: Tid| {
+        kernel
+            .model
+            .thread(tid)
+            .and_then(|t| t.name_at(WAKE))
+            .map(|c| c.to_string_lossy())
+    };
+    assert_eq!(name(WESTON).as_deref(), Some("weston"));
+    assert_eq!(name(DESKTOP).as_deref(), Some("weston-desktop-"));
+
+    // Between its wake-up and its switch-in weston waits for a CPU; it is
+    // blocked before and running after.
+    let weston = kernel.model.thread(WESTON).unwrap();
+    let state = |ts: u64| weston.state_at(ts).map(|s| s.state);
+    assert!(matches!(state(WAKE - 1), Some(ThreadState::Blocked(_))));
+    assert_eq!(state(WAKE + 1), Some(ThreadState::WaitCpu));
+    assert_eq!(state(WESTON_RUNS + 1), Some(ThreadState::Running));
+}
+
+#[test]
+fn place_spans_puts_each_span_with_the_sdk_fields_on_its_thread() {
+    let fixture = Fixture::new(785);
+    let (_, placed) = placed(&fixture.run);
+    assert_eq!(placed.spans.len(), 6);
+    assert_eq!(placed.metas.len(), 6);
+    let input = |id| &placed.span_inputs[span_idx(&placed, id) as usize];
+    let frame = input(FRAME);
+    assert_eq!(frame.holder, Some(WESTON));
+    assert_eq!(frame.times, Some((SECOND + 786 * MS, SECOND + 787_149_339)));
+    assert!(frame.exact_times);
+    assert_eq!(input(COMPOSE).holder, Some(DESKTOP));
+    // No SDK fields and no clock mapping: no time on the kernel clock, and
+    // a thread is never invented.
+    let unplaced = input(UNPLACED);
+    assert_eq!(unplaced.times, None);
+    assert!(unplaced.holder.is_none() || unplaced.inferred.is_some());
+    assert!(placed.clock.is_none());
+    assert_eq!(
+        placed.metas[span_idx(&placed, FRAME) as usize].service,
+        "weston"
+    );
+}
+
+#[test]
+fn critical_paths_cover_each_request_and_name_the_request_it_waited_for() {
+    let fixture = Fixture::new(785);
+    let (_, placed, staging, paths) = up_to_paths(&fixture.run);
+    assert_eq!(paths.records.len(), 6, "every request has a record");
+    let frame = record(&paths.records, &placed, FRAME);
+    let compose = span_idx(&placed, COMPOSE);
+    let d = frame.diagnosis.as_ref().expect("frame diagnosed");
+    assert_eq!(d.cause, Cause::BlockedByRequest, "{d:?}");
+    assert!(
+        d.culprits
+            .iter()
+            .any(|c| c.kind == CulpritKind::Request && c.span == Some(compose)),
+        "{d:?}"
+    );
+    assert_eq!(
+        record(&paths.records, &placed, UNPLACED).path.sync,
+        SyncSource::None
+    );
+
+    // The frame's pieces in the table tile its span; until the wake-up
+    // they are weston-desktop-'s, working for the compose request.
+    let rows = read_rows(&staging.file(analysis::CRITICAL_PATH), |row| {
+        row.iter()
+            .any(|(k, c)| k == "span_id" && *c == Cell::Str(deepspan_store::span_hex(FRAME)))
+    })
+    .expect("critical_path table");
+    let get = |row: &[(String, Cell)], key: &str| {
+        row.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, c)| c.clone())
+            .unwrap_or_else(|| panic!("no column {key}"))
+    };
+    let mut at = frame.path.start;
+    for row in &rows {
+        assert_eq!(get(row, "start_ns").as_u64(), Some(at), "{rows:?}");
+        at = get(row, "end_ns").as_u64().unwrap();
+    }
+    assert_eq!(at, frame.path.end, "{rows:?}");
+    let before_wake = rows
+        .iter()
+        .filter(|r| get(r, "end_ns").as_u64().unwrap() <= WAKE)
+        .collect::<Vec<_>>();
+    assert!(!before_wake.is_empty());
+    for row in before_wake {
+        assert_eq!(get(row, "tid").as_i64(), Some(DESKTOP.into()), "{row:?}");
+        assert_eq!(
+            get(row, "blocked_by_request"),
+            Cell::Str(deepspan_store::span_hex(COMPOSE)),
+            "{row:?}"
+        );
+    }
+    let last = rows.last().unwrap();
+    assert_eq!(get(last, "tid").as_i64(), Some(WESTON.into()));
+    assert_eq!(
+        get(last, "state"),
+        Cell::Str(EdgeType::Running.name().into())
+    );
+}
+
+/// The frame's root cause, with the number of `key` in its evidence.
+fn frame_root(compose_start_ms: u64) -> (RootCause, impl Fn(&str) -> f64) {
+    let fixture = Fixture::new(compose_start_ms);
+    let (kernel, placed, _staging, mut paths) = up_to_paths(&fixture.run);
+    rank_and_baseline(&mut paths.records, &placed.metas);
+    root_causes(&mut paths, &kernel, &placed);
+    let compose = record(&paths.records, &placed, COMPOSE);
+    let compose_diagnosis = compose.diagnosis.as_ref().unwrap();
+    assert!(
+        compose_diagnosis.root.is_none(),
+        "compose waited for no request"
+    );
+    assert_eq!(compose.anomalous, compose_start_ms < 786);
+    let frame = record(&paths.records, &placed, FRAME);
+    let d = frame.diagnosis.as_ref().unwrap();
+    assert_eq!(d.cause, Cause::BlockedByRequest, "{d:?}");
+    let root = *d.root.clone().expect("the frame waited for a request");
+    assert!(
+        root.chain
+            .starts_with("[weston] frame → behind [desktop] compose → "),
+        "{root:?}"
+    );
+    let evidence = root.evidence.clone();
+    let number = move |key: &str| {
+        evidence
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("no {key} in {evidence:?}"))
+    };
+    (root, number)
+}
+
+#[test]
+fn root_causes_look_into_a_held_up_blocker_only() {
+    // The frame waited from 786.0 ms until weston-desktop- woke it.
+    let waited = (WAKE - (SECOND + 786 * MS)) as f64;
+
+    // The compose span over the wake-up lasts 2 ms where the others last
+    // 0.1-0.6 ms: it was held up, so what it did while the frame waited
+    // is looked into: a timer until 786.280 ms, a CPU from 786.302 ms, and
+    // the root cause is its running, from then to the wake-up.
+    let (root, number) = frame_root(785);
+    assert_eq!(number("blocked_ns"), waited, "{root:?}");
+    assert_eq!(number("ns"), (WAKE - DESKTOP_RUNS) as f64, "{root:?}");
+    assert!(root.chain.contains("→ RUNNING"), "{root:?}");
+    let culprit = root.culprits[0].comm.map(|c| c.to_string_lossy());
+    assert_eq!(culprit.as_deref(), Some("weston-desktop-"), "{root:?}");
+
+    // Over the same wake-up but of a usual length (0.99 ms is not well
+    // above 0.085 ms + 1 ms), it held nobody up: all the frame's wait was
+    // work it had to wait for.
+    let (root, number) = frame_root(786);
+    assert_eq!(number("blocked_ns"), waited, "{root:?}");
+    assert_eq!(number("ns"), waited, "{root:?}");
+}
+
+#[test]
+fn write_tables_swaps_in_the_analysis_that_reads_back_as_written() {
+    let fixture = Fixture::new(785);
+    let (kernel, placed, staging, mut paths) = up_to_paths(&fixture.run);
+    rank_and_baseline(&mut paths.records, &placed.metas);
+    root_causes(&mut paths, &kernel, &placed);
+    let notes = vec!["a note".to_string()];
+    let (dir, kept) = write_tables(staging, &kernel, &placed, &paths.records, &notes, None)
+        .expect("tables written");
+    assert!(kept.is_none(), "nothing asked to be kept");
+    let files = deepspan_run::Run::new(&fixture.run);
+    assert_eq!(dir, files.analysis_dir());
+    for table in [
+        analysis::REQUESTS_JSON,
+        analysis::PLACEMENTS_JSON,
+        analysis::THREAD_STATES,
+        analysis::SYSCALLS,
+        analysis::REQUESTS,
+        analysis::CRITICAL_PATH,
+        analysis::REQUEST_SUMMARY,
+        analysis::REQUEST_SYSCALLS,
+        analysis::OPERATION_SUMMARY,
+        analysis::DIAGNOSES,
+    ] {
+        assert!(dir.join(table).is_file(), "no {table}");
+    }
+    let doc = deepspan_store::json::read_requests_json(&fixture.run).expect("requests.json");
+    assert_eq!(doc.notes, notes);
+    let read: Vec<(String, u64, Option<Cause>)> = doc
+        .requests
+        .iter()
+        .map(|r| {
+            (
+                r.span_id.clone(),
+                r.duration_ns,
+                r.diagnosis.as_ref().map(|d| d.cause),
+            )
+        })
+        .collect();
+    let written: Vec<(String, u64, Option<Cause>)> = paths
+        .records
+        .iter()
+        .map(|r| {
+            (
+                deepspan_store::span_hex(placed.metas[r.path.request as usize].span_id),
+                r.path.duration(),
+                r.diagnosis.as_ref().map(|d| d.cause),
+            )
+        })
+        .collect();
+    assert_eq!(read, written);
+}
