@@ -222,10 +222,10 @@ fn run_case(
             let folder = arrival.snapshot.as_ref().map(|id| agent.snapshots.join(id));
             let kernel = folder
                 .as_ref()
-                .and_then(|f| mtime_ns(&f.join("manifest.json")));
+                .and_then(|f| mtime_ns(&deepspan_run::Run::new(f).manifest()));
             let analysed = folder
                 .as_ref()
-                .and_then(|f| newest_mtime_ns(&f.join("analysis")));
+                .and_then(|f| newest_mtime_ns(&deepspan_run::Run::new(f).analysis_dir()));
             let sample = Sample {
                 total: (arrival.at - sent).as_secs_f64() * 1e3,
                 diagnosis: arrival.diagnosis.clone(),

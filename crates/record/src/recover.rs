@@ -666,7 +666,7 @@ mod tests {
             std::fs::write(&state, serde_json::to_vec(&json).unwrap()).unwrap();
             let err = recover_from_files(dir.path()).unwrap_err().to_string();
             assert!(err.contains(expected), "{cpus} {instance}: {err}");
-            assert!(!dir.path().join("manifest.json").exists());
+            assert!(!deepspan_run::Run::new(dir.path()).manifest().exists());
         }
     }
 

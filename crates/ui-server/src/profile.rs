@@ -196,11 +196,12 @@ mod tests {
     fn run_with_manifest(manifest: &str) -> (tempfile::TempDir, RunDir) {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().join("run");
-        std::fs::create_dir_all(run.join("analysis")).unwrap();
-        std::fs::write(run.join("analysis/requests.json"), "{\"requests\": []}").unwrap();
-        std::fs::write(run.join("manifest.json"), manifest).unwrap();
+        let files = deepspan_run::Run::new(&run);
+        std::fs::create_dir_all(files.analysis_dir()).unwrap();
+        std::fs::write(files.requests_json(), "{\"requests\": []}").unwrap();
+        std::fs::write(files.manifest(), manifest).unwrap();
         std::fs::create_dir_all(dir.path().join("elsewhere")).unwrap();
-        std::fs::create_dir_all(run.join("profile")).unwrap();
+        std::fs::create_dir_all(files.profile_dir()).unwrap();
         let run_dir = RunDir::open(&run).unwrap();
         (dir, run_dir)
     }

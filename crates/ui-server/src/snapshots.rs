@@ -372,7 +372,7 @@ mod tests {
         std::fs::create_dir(&snap).unwrap();
         std::fs::write(snap.join(SNAPSHOT), "{}").unwrap();
         assert!(is_snapshot_folder(dir.path()));
-        std::fs::write(dir.path().join("manifest.json"), "{}").unwrap();
+        std::fs::write(Run::new(dir.path()).manifest(), "{}").unwrap();
         assert!(!is_snapshot_folder(dir.path()));
     }
 
