@@ -31,7 +31,9 @@ Cases (each beside B's services and Jaeger, nothing else of deepspan):
 The load is the shop's load generator at a fixed pace (`--rate`, requests
 per second over all clients, about half what the shop serves flat out on
 two cores) or, with `--rate 0`, a closed loop (each client sends as soon as
-its last answer came). Per run: throughput, client p50 and p99, and the
+its last answer came). With `--workload hotrod` the workload is HotROD
+instead (bench/hotrod.py, seed 000's own workload), in an open loop at
+`--rate` dispatches per second. Per run: throughput, client p50 and p99, and the
 whole machine's CPU time per request from /proc/stat (the kernel's tracing
 work and deepspan's threads included; this is the figure that matters at a
 fixed rate, where throughput does not move). The table gives each case's
@@ -39,9 +41,20 @@ median over rounds of its ratio to B of the same round, with the spread
 (min .. max) of those ratios: where the spread is wider than a figure, the
 figure is noise.
 
+Beside the ratios, what needs no baseline: for each case with a process
+beside the workload (deepspan, or the Collector of B'), its own CPU time
+(all its threads, over the measured load) and that of its eBPF programs
+(their `run_time_ns`, which the kernel keeps while
+`kernel.bpf_stats_enabled` is 1: the benchmark sets it for the run and
+puts the old value back), each in ms per request. These
+are exact where the ratios are noisy; what neither shows is the kernel's
+own tracing work in the traced threads (writing ring-buffer events), which
+only the ratios measure.
+
 Timings only: this is never a test. Needs root (tracefs), the release
 `deepspan` (CARGO_TARGET_DIR or target/), PostgreSQL and the demo's Python
-packages (`make demo`), and Jaeger (scripts/build-jaeger.sh).
+packages (`make demo`), and Jaeger (scripts/build-jaeger.sh; for HotROD
+also scripts/build-jaeger.sh hotrod, which the benchmark runs).
 """
 
 import argparse
@@ -56,7 +69,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_overhead as common  # noqa: E402  (the shop, Jaeger and agent plumbing)
-from agent_overhead import TARGET, driver, Cleanup, cleanup_stale  # noqa: E402
+import hotrod  # noqa: E402
+from agent_overhead import TARGET, driver, procs, Cleanup, cleanup_stale  # noqa: E402
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -108,6 +122,32 @@ def cases():
     return out
 
 
+def process_cpu_ms(pid):
+    """CPU time of process `pid` so far (all threads, user and system), ms."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # utime and stime: fields 14 and 15 of proc(5), 12 and 13 after the comm.
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def bpf_run_ms(pid):
+    """Run time so far of the eBPF programs process `pid` holds open, ms
+    (0 unless kernel.bpf_stats_enabled was 1 while they ran)."""
+    total_ns = 0
+    fds = Path(f"/proc/{pid}/fdinfo")
+    for info in fds.iterdir():
+        try:
+            text = info.read_text()
+        except OSError:
+            continue  # closed meanwhile
+        if "prog_type:" not in text:
+            continue
+        for line in text.splitlines():
+            if line.startswith("run_time_ns:"):
+                total_ns += int(line.split()[1])
+    return total_ns / 1e6
+
+
 def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
     env = dict(base_env)
     env["DEEPSPAN_DEMO_NO_SDK"] = "1"
@@ -123,8 +163,17 @@ def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
         extra, run = common.start_record(shop.cleanup, work, i, flags)
     shop.env = env
     shop.start_services()
-    interval = args.clients / args.rate if args.rate > 0 else 0
-    stats = common.measure(shop, args.seconds, args.clients, interval)
+    own = extra is not None
+    if own:
+        own_before = (process_cpu_ms(extra.pid), bpf_run_ms(extra.pid))
+    if isinstance(shop, hotrod.Hotrod):
+        stats = shop.measure(args.seconds, args.rate)
+    else:
+        interval = args.clients / args.rate if args.rate > 0 else 0
+        stats = common.measure(shop, args.seconds, args.clients, interval)
+    if own:
+        stats["own_ms"] = (process_cpu_ms(extra.pid) - own_before[0]) / stats["requests"]
+        stats["bpf_ms"] = (bpf_run_ms(extra.pid) - own_before[1]) / stats["requests"]
     shop.stop_services()
     if extra is not None:
         status = extra.stop(signal.SIGINT if kind == "record" else signal.SIGTERM, timeout=120)
@@ -135,6 +184,12 @@ def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
             # Events read from each CPU's buffer, and any left in it.
             stats["events"] = sum(c.get("read_events", 0) + c.get("entries", 0)
                                   for c in manifest.get("per_cpu", [])) or None
+            # What the eBPF captures wrote and what their rings had no room
+            # for (the drain waits as long as the fill rate allows).
+            captures = [manifest.get(k) or {} for k in
+                        ("socket_calls", "blocked_syscalls", "cfs_throttle", "tcp_keys")]
+            stats["captured"] = sum(c.get("records", 0) for c in captures)
+            stats["capture_lost"] = sum(c.get("lost", 0) for c in captures)
             shutil.rmtree(run, ignore_errors=True)
         elif kind == "agent":
             stats["agent"] = extra.log_tail(1).strip()
@@ -157,11 +212,17 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=15.0, help="load per run")
     p.add_argument("--clients", type=int, default=6)
-    p.add_argument("--rate", type=float, default=60.0,
-                   help="requests per second over all clients; 0 = closed loop")
+    p.add_argument("--workload", choices=["shop", "hotrod"], default="shop")
+    p.add_argument("--rate", type=float,
+                   help="requests per second over all clients; 0 = closed loop (the shop only); "
+                        "default 60 for the shop, 100 for HotROD")
     p.add_argument("--cases", help="comma list of cases to run (B always runs); default: all")
     p.add_argument("--work-root", default="/var/tmp")
     args = p.parse_args()
+    if args.rate is None:
+        args.rate = 100.0 if args.workload == "hotrod" else 60.0
+    if args.workload == "hotrod" and args.rate <= 0:
+        sys.exit("HotROD runs in an open loop: --rate must be above 0")
     if not (TARGET / "deepspan").exists():
         sys.exit(f"{TARGET / 'deepspan'} is missing: cargo build --release -p deepspan")
     all_cases = cases()
@@ -178,12 +239,21 @@ def main():
     work = tempfile.mkdtemp(prefix="deepspan-cost-", dir=args.work_root)
     cleanup.push(f"remove {work}", lambda: shutil.rmtree(work, ignore_errors=True))
     os.chmod(work, 0o755)
+    stats_sysctl = Path("/proc/sys/kernel/bpf_stats_enabled")
+    stats_before = stats_sysctl.read_text().strip()
+    if stats_before != "1":
+        stats_sysctl.write_text("1")
+        cleanup.push("put kernel.bpf_stats_enabled back",
+                     lambda: stats_sysctl.write_text(stats_before))
     results = {c: [] for c in chosen}
     try:
         _, jaeger = common.start_jaeger(cleanup, work)
-        shop = driver.Shop(cleanup, work, work)
+        if args.workload == "hotrod":
+            shop = hotrod.Hotrod(cleanup, work, procs)
+        else:
+            shop = driver.Shop(cleanup, work, work)
+            shop.start_database()
         base_env = dict(shop.env)
-        shop.start_database()
         for r in range(args.rounds):
             for case in chosen:
                 kind, flags = all_cases[case]
@@ -192,13 +262,18 @@ def main():
                 log(f"round {r} {case:16}: {stats['throughput']:.1f} req/s, p50 {stats['p50_ms']} ms, "
                     f"p99 {stats['p99_ms']} ms, {stats['cpu_ms']:.2f} CPU ms/request, "
                     f"{stats['errors']} errors" + (f", {stats['events']} events" if stats.get("events") else "")
+                    + (f", beside {stats['own_ms']:.2f} + eBPF {stats['bpf_ms']:.2f} CPU ms/request"
+                       if "own_ms" in stats else "")
+                    + (f", {stats['captured']} eBPF records ({stats['capture_lost']} lost)"
+                       if "captured" in stats else "")
                     + (f"; {stats['agent']}" if stats.get("agent") else ""))
                 results[case].append(stats)
     finally:
         cleanup.undo()
 
-    load = f"a fixed {args.rate:.0f} requests/s" if args.rate > 0 else "a closed loop"
-    print(f"\nDemo shop, {load}, {args.clients} clients, {args.seconds:.0f} s per run, "
+    load = f"a fixed {args.rate:g} requests/s" if args.rate > 0 else "a closed loop"
+    workload = "HotROD" if args.workload == "hotrod" else f"Demo shop, {args.clients} clients"
+    print(f"\n{workload}, {load}, {args.seconds:.0f} s per run, "
           f"{args.rounds} rounds; each case against B of the same round: median (min .. max)\n")
     keys = ["throughput", "p50_ms", "p99_ms", "cpu_ms"]
     print("| case | events/s | requests/s | p50 | p99 | CPU per request |")
@@ -223,6 +298,18 @@ def main():
             for case in agents:
                 cells = ratio_cells(results[case], results["B'"], keys)
                 print(f"| {case} | {' | '.join(cells)} |")
+    own = [c for c in chosen if results[c] and "own_ms" in results[c][0]]
+    if own:
+        b_cpu = statistics.median(s["cpu_ms"] for s in results["B"])
+        print("\nWhat the process beside the workload (deepspan, or the Collector of B') and its "
+              "eBPF programs used, CPU ms per request "
+              f"(median over rounds; in % of B's whole-machine {b_cpu:.2f} ms):\n")
+        print("| case | its threads | its eBPF programs |")
+        print("|---|---:|---:|")
+        for case in own:
+            d = statistics.median(s["own_ms"] for s in results[case])
+            e = statistics.median(s["bpf_ms"] for s in results[case])
+            print(f"| {case} | {d:.3f} ({d / b_cpu * 100:.1f} %) | {e:.3f} ({e / b_cpu * 100:.1f} %) |")
     b = [s["cpu_ms"] for s in results["B"]]
     if len(b) > 1:
         print(f"\nnoise: B's CPU per request over the rounds {min(b):.2f} .. {max(b):.2f} ms "
