@@ -33,7 +33,6 @@ use std::collections::HashMap;
 
 use deepspan_store::json::{Cause, CulpritDoc, DiagnosisDoc, RequestEntry, RequestsDoc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// `demo/expected.json`, written by the scenario's driver.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -47,7 +46,7 @@ pub struct Expected {
     /// CLOCK_MONOTONIC ns while the fault was active.
     pub window_ns: [u64; 2],
     /// Each must match (all its fields equal) a culprit of the diagnosis.
-    pub culprits: Vec<serde_json::Map<String, Value>>,
+    pub culprits: Vec<CulpritMatcher>,
     /// What the kernel critical path of the slow targets must show.
     pub path: PathExpectation,
     /// Where the fault is felt besides its target: the user-facing
@@ -123,7 +122,7 @@ pub struct Verdict {
     /// Target requests in the fault window, and how many were anomalous.
     pub targets: usize,
     pub anomalous: usize,
-    pub expected_culprits: Vec<serde_json::Map<String, Value>>,
+    pub expected_culprits: Vec<CulpritMatcher>,
     pub culprits_found: bool,
     pub path_check: PathCheck,
     /// The root causes where the fault is felt (when expected.json says
@@ -269,10 +268,10 @@ pub fn check(expected: &Expected, requests: &RequestsDoc) -> Verdict {
             .filter(|m| {
                 !with_cause.iter().any(|r| {
                     r.diagnosis()
-                        .is_some_and(|d| d.culprits.iter().any(|c| matches(c, m)))
+                        .is_some_and(|d| d.culprits.iter().any(|c| m.matches(c)))
                 })
             })
-            .map(|m| Value::Object(m.clone()).to_string())
+            .map(CulpritMatcher::to_string)
             .collect();
         culprits_found = missing.is_empty();
         if found_cause.as_deref() != Some(expected.cause.as_str()) {
@@ -415,20 +414,59 @@ fn dominant<'a>(reqs: &[&Req<'a>], cause: impl Fn(&Req<'a>) -> Option<&'a str>) 
     v.first().map(|(c, _)| c.to_string())
 }
 
-/// True when every field of `matcher` equals the culprit's as written in
-/// requests.json (numbers by value, so `pid: 42` matches `42` and `42.0`).
-fn matches(culprit: &CulpritDoc, matcher: &serde_json::Map<String, Value>) -> bool {
-    // expected.json names the fields as the file does, whatever the kind.
-    let Ok(Value::Object(culprit)) = serde_json::to_value(culprit) else {
-        return false;
-    };
-    matcher
-        .iter()
-        .all(|(k, want)| match (culprit.get(k), want) {
-            (Some(Value::Number(a)), Value::Number(b)) => a.as_f64() == b.as_f64(),
-            (Some(got), want) => got == want,
-            (None, _) => false,
-        })
+/// A culprit as expected.json describes it: some of the fields of a
+/// [`CulpritDoc`], named as requests.json names them; a culprit matches
+/// when every field given is equal. A field requests.json does not have is
+/// an error when expected.json is read, not a culprit that never matches.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CulpritMatcher {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tid: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns: Option<u64>,
+}
+
+impl CulpritMatcher {
+    /// True when every field given equals the culprit's.
+    pub fn matches(&self, culprit: &CulpritDoc) -> bool {
+        fn same<T: PartialEq>(want: &Option<T>, got: Option<&T>) -> bool {
+            want.as_ref().is_none_or(|w| got == Some(w))
+        }
+        same(&self.kind, Some(&culprit.kind.name().to_string()))
+            && same(&self.comm, culprit.comm.as_ref())
+            && same(&self.pid, culprit.pid.as_ref())
+            && same(&self.tid, culprit.tid.as_ref())
+            && same(&self.name, culprit.name.as_ref())
+            && same(&self.service, culprit.service.as_ref())
+            && same(&self.operation, culprit.operation.as_ref())
+            && same(&self.span_id, culprit.span_id.as_ref())
+            && same(&self.trace_id, culprit.trace_id.as_ref())
+            && same(&self.ns, Some(&culprit.ns))
+    }
+}
+
+impl std::fmt::Display for CulpritMatcher {
+    /// As expected.json writes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&serde_json::to_string(self).map_err(|_| std::fmt::Error)?)
+    }
 }
 
 /// Targets more than twice their operation's median and 1 ms over it.

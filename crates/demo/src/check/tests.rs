@@ -1,4 +1,4 @@
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::*;
 
@@ -329,26 +329,20 @@ fn path_check_fails_when_the_fault_does_not_show() {
 #[test]
 fn culprit_numbers_match_by_value() {
     let culprit = |v: Value| -> CulpritDoc { serde_json::from_value(v).unwrap() };
-    let m: serde_json::Map<String, Value> =
-        serde_json::from_value(json!({"comm": "backup", "pid": 42})).unwrap();
-    assert!(matches(
-        &culprit(json!({"kind": "process", "comm": "backup", "pid": 42, "ns": 1})),
-        &m
-    ));
-    assert!(!matches(
-        &culprit(json!({"kind": "process", "comm": "backup", "pid": 43, "ns": 1})),
-        &m
-    ));
-    assert!(!matches(
-        &culprit(json!({"kind": "process", "comm": "backup", "ns": 1})),
-        &m
-    ));
-    let m: serde_json::Map<String, Value> =
-        serde_json::from_value(json!({"kind": "process", "pid": 42.0})).unwrap();
-    assert!(matches(
-        &culprit(json!({"kind": "process", "comm": "backup", "pid": 42, "ns": 1})),
-        &m
-    ));
+    let m: CulpritMatcher = serde_json::from_value(json!({"comm": "backup", "pid": 42})).unwrap();
+    assert!(m.matches(&culprit(
+        json!({"kind": "process", "comm": "backup", "pid": 42, "ns": 1})
+    )));
+    assert!(!m.matches(&culprit(
+        json!({"kind": "process", "comm": "backup", "pid": 43, "ns": 1})
+    )));
+    assert!(!m.matches(&culprit(
+        json!({"kind": "process", "comm": "backup", "ns": 1})
+    )));
+    // A pid is a whole number: 42.0 is refused where expected.json is
+    // read, not compared.
+    let err = serde_json::from_value::<CulpritMatcher>(json!({"pid": 42.0})).unwrap_err();
+    assert!(err.to_string().contains("42"), "{err}");
 }
 
 /// `expected()` felt on front, with root cause `cpu_throttled`.
@@ -477,4 +471,23 @@ fn analyses_without_root_causes_count_the_cause_as_root() {
         v.root.unwrap().found_root_cause.as_deref(),
         Some("cpu_throttled")
     );
+}
+
+#[test]
+fn a_culprit_matches_when_every_field_given_is_equal() {
+    let culprit: CulpritDoc = serde_json::from_value(json!(
+        {"kind": "process", "comm": "encoder", "pid": 42, "ns": 7}))
+    .unwrap();
+    let matcher = |v: Value| serde_json::from_value::<CulpritMatcher>(v).unwrap();
+    assert!(matcher(json!({"comm": "encoder"})).matches(&culprit));
+    assert!(matcher(json!({"kind": "process", "pid": 42})).matches(&culprit));
+    assert!(!matcher(json!({"kind": "thread", "pid": 42})).matches(&culprit));
+    assert!(!matcher(json!({"span_id": "00000000000000aa"})).matches(&culprit));
+    assert_eq!(
+        matcher(json!({"comm": "encoder", "pid": 42})).to_string(),
+        r#"{"comm":"encoder","pid":42}"#
+    );
+    // A field requests.json does not write is refused, not never matched.
+    let err = serde_json::from_value::<CulpritMatcher>(json!({"command": "encoder"})).unwrap_err();
+    assert!(err.to_string().contains("command"), "{err}");
 }
