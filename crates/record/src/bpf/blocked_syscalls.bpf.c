@@ -78,8 +78,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	// Every sleep of every thread in a call: far more than the throttled
 	// switch-outs. 2 MiB holds 37 000 records (48 bytes and the ring's
-	// 8-byte header): 3.7 million a second at the reader's shortest wait
-	// (10 ms).
+	// 8-byte header), 3.7 million a second at the reader's 10 ms.
 	__uint(max_entries, 1 << 21);
 } BLOCKED SEC(".maps");
 

@@ -75,7 +75,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	// A busy server makes a few hundred thousand socket calls a second.
 	// 2 MiB holds 52 000 records (32 bytes and the ring's 8-byte header),
-	// 5 million a second at the reader's shortest wait (10 ms).
+	// 5 million a second at the reader's 10 ms.
 	__uint(max_entries, 1 << 21);
 } CALLS SEC(".maps");
 
