@@ -70,7 +70,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_overhead as common  # noqa: E402  (the shop, Jaeger and agent plumbing)
 import hotrod  # noqa: E402
-from agent_overhead import TARGET, driver, procs, Cleanup, cleanup_stale  # noqa: E402
+from agent_overhead import TARGET, driver, Cleanup, cleanup_stale  # noqa: E402
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -249,7 +249,7 @@ def main():
     try:
         _, jaeger = common.start_jaeger(cleanup, work)
         if args.workload == "hotrod":
-            shop = hotrod.Hotrod(cleanup, work, procs)
+            shop = hotrod.Hotrod(cleanup, work)
         else:
             shop = driver.Shop(cleanup, work, work)
             shop.start_database()

@@ -27,7 +27,6 @@ as errors, not in the latencies.
 """
 
 import os
-import socket
 import statistics
 import subprocess
 import threading
@@ -35,6 +34,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from agent_overhead import busy_jiffies, free_port, procs
 
 ROOT = Path(__file__).resolve().parent.parent
 CUSTOMERS = [123, 392, 731, 567]
@@ -52,28 +53,14 @@ def binary():
     return out.stdout.strip().splitlines()[-1]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def busy_jiffies():
-    """The whole machine's busy time so far (all but idle and iowait)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return sum(fields) - fields[3] - fields[4]
-
-
 class Hotrod:
     """The workload, with the interface of the demo shop's driver that the
     benchmarks use: `env`, `cleanup`, `start_services`, `stop_services`,
     and `measure` for one run's figures."""
 
-    def __init__(self, cleanup, logs, procs):
+    def __init__(self, cleanup, logs):
         self.cleanup = cleanup
         self.logs = logs
-        self.procs = procs
         self.binary = binary()
         self.env = dict(os.environ)
         self.proc = None
@@ -86,7 +73,7 @@ class Hotrod:
                 "-f", str(ports["frontend"]), "-r", str(ports["route"])]
         for name in ports:
             argv += [f"--{name}-service-hostname", "127.0.0.1"]
-        self.proc = self.procs.spawn("hotrod", argv, self.cleanup, self.logs, env=self.env)
+        self.proc = procs.spawn("hotrod", argv, self.cleanup, self.logs, env=self.env)
         self.url = f"http://127.0.0.1:{ports['frontend']}"
         deadline = time.monotonic() + 60
         while True:
