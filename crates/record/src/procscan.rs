@@ -106,11 +106,7 @@ impl ProcessScan {
 /// TIME_WAIT, 120 ms of kernel time per read with 32 000 of them, for a scan
 /// each second while a recording starts.
 fn listening_inodes() -> HashMap<u64, u16> {
-    let diag = sock_diag::listening(libc::AF_INET).and_then(|mut found| {
-        found.extend(sock_diag::listening(libc::AF_INET6)?);
-        Ok(found)
-    });
-    diag.unwrap_or_else(|_| proc_net_listening())
+    sock_diag::listening_tcp().unwrap_or_else(|_| proc_net_listening())
 }
 
 /// [`listening_inodes`] from /proc/net/tcp and tcp6.
@@ -150,13 +146,16 @@ mod sock_diag {
     const REPLY_PORT: usize = 4;
     const REPLY_INODE: usize = 68;
 
-    fn last_error() -> io::Error {
-        io::Error::last_os_error()
+    /// Socket inode → port of the listening TCP sockets, IPv4 and IPv6.
+    pub(super) fn listening_tcp() -> io::Result<HashMap<u64, u16>> {
+        let mut found = listening(libc::AF_INET)?;
+        found.extend(listening(libc::AF_INET6)?);
+        Ok(found)
     }
 
     /// Socket inode → port of the listening TCP sockets of `family`
     /// (`AF_INET` or `AF_INET6`).
-    pub(super) fn listening(family: i32) -> io::Result<HashMap<u64, u16>> {
+    fn listening(family: i32) -> io::Result<HashMap<u64, u16>> {
         // SAFETY: socket(2) with constant arguments; the fd is owned below.
         let fd = unsafe {
             libc::socket(
@@ -166,7 +165,7 @@ mod sock_diag {
             )
         };
         if fd < 0 {
-            return Err(last_error());
+            return Err(io::Error::last_os_error());
         }
         // SAFETY: a fresh fd that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -196,7 +195,7 @@ mod sock_diag {
             )
         };
         if sent < 0 {
-            return Err(last_error());
+            return Err(io::Error::last_os_error());
         }
         let mut found = HashMap::new();
         let mut buf = vec![0u8; 64 << 10];
@@ -204,7 +203,7 @@ mod sock_diag {
             // SAFETY: recv(2) into a buffer of the length given.
             let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
             if n < 0 {
-                let e = last_error();
+                let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -283,8 +282,7 @@ mod tests {
         let v4 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let v6 = std::net::TcpListener::bind("[::1]:0").ok();
         let from_proc = proc_net_listening();
-        let mut from_diag = sock_diag::listening(libc::AF_INET).unwrap();
-        from_diag.extend(sock_diag::listening(libc::AF_INET6).unwrap());
+        let from_diag = sock_diag::listening_tcp().unwrap();
         for listener in std::iter::once(&v4).chain(v6.as_ref()) {
             let port = listener.local_addr().unwrap().port();
             let inode = from_proc
@@ -297,8 +295,7 @@ mod tests {
         // Connected sockets are no listeners.
         let client = std::net::TcpStream::connect(v4.local_addr().unwrap()).unwrap();
         let (_server, _) = v4.accept().unwrap();
-        let mut again = sock_diag::listening(libc::AF_INET).unwrap();
-        again.extend(sock_diag::listening(libc::AF_INET6).unwrap());
+        let again = sock_diag::listening_tcp().unwrap();
         let client_port = client.local_addr().unwrap().port();
         assert!(again.values().all(|&p| p != client_port), "{again:?}");
         assert_eq!(
