@@ -185,7 +185,7 @@ def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
             stats["events"] = sum(c.get("read_events", 0) + c.get("entries", 0)
                                   for c in manifest.get("per_cpu", [])) or None
             # What the eBPF captures wrote and what their rings had no room
-            # for (the drain waits as long as the fill rate allows).
+            # for.
             captures = [manifest.get(k) or {} for k in
                         ("socket_calls", "blocked_syscalls", "cfs_throttle", "tcp_keys")]
             stats["captured"] = sum(c.get("records", 0) for c in captures)
