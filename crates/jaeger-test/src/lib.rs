@@ -44,6 +44,36 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A loopback port nobody listens on now, below the kernel's ephemeral
+/// range (`net.ipv4.ip_local_port_range`), for a server started later.
+///
+/// A port from [`free_port`] is in that range, where any outgoing
+/// connection may take it as its local port before the server binds it.
+/// A client retrying that very port takes it too, now and then: given the
+/// destination port as its own, it connects to itself (TCP's simultaneous
+/// open), and the server then finds it in use (seen once in CI). Below the
+/// range only an explicit bind takes a port; the start is random, so that
+/// tests running at once seldom try the same ports.
+pub fn free_fixed_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    const LOWEST: u16 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_low <= LOWEST + 1_000 {
+        return free_port();
+    }
+    let span = u64::from(ephemeral_low - LOWEST);
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (0..span)
+        .map(|n| LOWEST + ((random + n) % span) as u16)
+        .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .unwrap_or_else(free_port)
+}
+
 /// A plain HTTP/1.1 GET on loopback: (status, body).
 pub fn get(port: u16, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
@@ -102,9 +132,10 @@ pub struct Ports {
 }
 
 impl Ports {
-    /// Five ports nobody listened on a moment ago.
+    /// Five ports nobody listened on a moment ago, below the kernel's
+    /// ephemeral range ([`free_fixed_port`]).
     pub fn free() -> Ports {
-        let [otlp_grpc, otlp_http, query, query_grpc, health] = [(); 5].map(|_| free_port());
+        let [otlp_grpc, otlp_http, query, query_grpc, health] = [(); 5].map(|_| free_fixed_port());
         Ports {
             otlp_grpc,
             otlp_http,
@@ -128,8 +159,8 @@ impl Jaeger {
     /// On free ports; returns once its health check and query API answer
     /// (panics after 60 s, with its log).
     /// Free ports are picked, closed, then handed to Jaeger, so another
-    /// process may bind one in between (seen once in CI): Jaeger then
-    /// exits at once, and is started again on new ports.
+    /// process may bind one in between: Jaeger then exits at once, and is
+    /// started again on new ports.
     pub fn start() -> Jaeger {
         let mut tries = 0;
         loop {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use deepspan_agent::forward::{EncodedRequest, ForwardConfig, ForwardStats, Forwarder};
-use deepspan_jaeger_test::{free_port, tag, Jaeger, Ports};
+use deepspan_jaeger_test::{free_fixed_port, tag, Jaeger, Ports};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -286,7 +286,7 @@ fn over_grpc_with_jaeger_down_the_oldest_go_and_the_newest_arrive_later() {
 
 #[test]
 fn a_request_over_the_whole_budget_is_dropped_at_once() {
-    let url = format!("http://127.0.0.1:{}", free_port());
+    let url = format!("http://127.0.0.1:{}", free_fixed_port());
     let (_, r) = request(5, 0);
     let forwarder = Forwarder::start(
         &url,
@@ -313,7 +313,7 @@ fn a_request_over_the_whole_budget_is_dropped_at_once() {
 fn what_the_deadline_leaves_unsent_is_counted_at_shutdown() {
     // Nobody listens: every try fails, and shutdown gives up at its
     // deadline, counting the request being tried with the rest.
-    let url = format!("http://127.0.0.1:{}", free_port());
+    let url = format!("http://127.0.0.1:{}", free_fixed_port());
     let forwarder = Forwarder::start(&url, quick_retries()).unwrap();
     for n in 0..3 {
         forwarder.send(request(6, n).1);

@@ -31,7 +31,7 @@ use crate::common::{
     ahead_of_other_load, check, deepspan, instances_of, kernel_or_skip, one_at_a_time, poll,
     read_json, repo, wait_exit,
 };
-use deepspan_jaeger_test::{free_port, get, tag, Jaeger, Ports};
+use deepspan_jaeger_test::{free_fixed_port, get, tag, Jaeger, Ports};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, ArrayValue, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
@@ -906,7 +906,7 @@ fn after_sigkill_record_cleanup_leaves_nothing() {
     let _one = one_at_a_time();
     let snapshots = tempfile::tempdir().unwrap();
     let agent = AgentProcess::start(
-        &format!("http://127.0.0.1:{}", free_port()),
+        &format!("http://127.0.0.1:{}", free_fixed_port()),
         snapshots.path(),
         &[],
     );
@@ -980,7 +980,7 @@ fn sigterm_with_nobody_reading_stderr_still_removes_the_instance() {
     }
     let _one = one_at_a_time();
     let snapshots = tempfile::tempdir().unwrap();
-    let unused = free_port();
+    let unused = free_fixed_port();
     let mut child = deepspan()
         .args(["agent", "--forward", &format!("http://127.0.0.1:{unused}")])
         .args([
@@ -1042,7 +1042,7 @@ fn with_jaeger_down_the_oldest_are_dropped_counted_and_memory_stays_bounded() {
     let _one = one_at_a_time();
     let snapshots = tempfile::tempdir().unwrap();
     let agent = AgentProcess::start(
-        &format!("http://127.0.0.1:{}", free_port()),
+        &format!("http://127.0.0.1:{}", free_fixed_port()),
         snapshots.path(),
         &[
             "--queue-mb",
