@@ -20,7 +20,9 @@
 //!    just before the start, and whose send went out nearest the end. Each
 //!    of the four is a distance in nanoseconds (the run distances weigh
 //!    [`RUN_WEIGHT`] times more: a span's times are taken while its thread
-//!    runs); the thread with the smallest sum wins. A thread that hands
+//!    runs; the I/O distances leave out time the thread waited for a CPU,
+//!    which delays a request on its own thread under a quota or load); the
+//!    thread with the smallest sum wins. A thread that hands
 //!    many requests over is an acceptor and serves none; a pool thread that
 //!    took a queued request without a wake-up has the acceptor's receive. A `thread.name`
 //!    attribute must equal the thread's comm (cut to 15 bytes) at the
@@ -274,6 +276,55 @@ fn io_kind(name: &str) -> Io {
     }
 }
 
+/// Time between a request's I/O and its span's start (or end) on a thread.
+///
+/// Only the part the thread was not waiting for a CPU counts against it: a
+/// request read, then held off the CPU by a quota (90 ms a period) or other
+/// load, starts its span that much later on the very thread that read it,
+/// while another thread's I/O may happen to lie nearer. Time blocked counts:
+/// a request may wait for a lock, but so may another thread's.
+#[derive(Clone, Copy, Debug)]
+struct Gap {
+    wall: u64,
+    /// Of `wall`, time the thread was runnable but off the CPU.
+    cpu_wait: u64,
+}
+
+impl Gap {
+    /// The gap `[a, b]` on thread `th` (in either order).
+    fn on(th: &ThreadHistory, a: u64, b: u64) -> Gap {
+        let (a, b) = (a.min(b), a.max(b));
+        let cpu_wait = th
+            .states_in(a, b)
+            .iter()
+            .filter(|s| s.state.is_runnable())
+            .map(|s| s.end.min(b).saturating_sub(s.start.max(a)))
+            .sum::<u64>();
+        Gap {
+            wall: b - a,
+            cpu_wait: cpu_wait.min(b - a),
+        }
+    }
+
+    /// What counts against the thread.
+    fn counted(self) -> u64 {
+        self.wall - self.cpu_wait
+    }
+
+    /// "1.2 ms", or "91.0 ms (90.0 ms of it waiting for a CPU)".
+    fn describe(self) -> String {
+        if self.cpu_wait < 1_000 {
+            human::duration(self.wall)
+        } else {
+            format!(
+                "{} ({} of it waiting for a CPU)",
+                human::duration(self.wall),
+                human::duration(self.cpu_wait)
+            )
+        }
+    }
+}
+
 /// A candidate thread's fit to a request.
 #[derive(Clone, Debug)]
 struct Fit {
@@ -283,9 +334,9 @@ struct Fit {
     run_start: u64,
     run_end: u64,
     /// Receive before the start: (gap, by the thread that woke it).
-    receive: Option<(u64, Option<Tid>, &'static str)>,
+    receive: Option<(Gap, Option<Tid>, &'static str)>,
     /// Send nearest the end: gap.
-    send: Option<(u64, &'static str)>,
+    send: Option<(Gap, &'static str)>,
     name_matched: bool,
     /// The receive is an acceptor's, taken from its queue by this thread
     /// without a wake-up (it was busy when the request was queued).
@@ -295,12 +346,12 @@ struct Fit {
 impl Fit {
     fn cost(&self) -> u64 {
         RUN_WEIGHT * (self.run_start + self.run_end)
-            + self
-                .receive
-                .map_or(MISSING_IO_COST_NS, |r| r.0.min(MISSING_IO_COST_NS))
-            + self
-                .send
-                .map_or(MISSING_IO_COST_NS, |s| s.0.min(MISSING_IO_COST_NS))
+            + self.receive.map_or(MISSING_IO_COST_NS, |r| {
+                r.0.counted().min(MISSING_IO_COST_NS)
+            })
+            + self.send.map_or(MISSING_IO_COST_NS, |s| {
+                s.0.counted().min(MISSING_IO_COST_NS)
+            })
     }
 }
 
@@ -552,17 +603,17 @@ impl Candidates {
             match waker {
                 Some(w) if best.queued => evidence.push(format!(
                     "{call} returned {} before the start on acceptor thread {w}; no wake-up: it took the request from the queue",
-                    human::duration(gap)
+                    gap.describe()
                 )),
                 Some(w) => evidence.push(format!(
                     "{call} returned {} before the start on thread {w}, which then woke it (hand-off)",
-                    human::duration(gap)
+                    gap.describe()
                 )),
-                None => evidence.push(format!("{call} returned {} before the start", human::duration(gap))),
+                None => evidence.push(format!("{call} returned {} before the start", gap.describe())),
             }
         }
         if let Some((gap, call)) = best.send {
-            evidence.push(format!("{call} {} from the end", human::duration(gap)));
+            evidence.push(format!("{call} {} from the end", gap.describe()));
         }
         if best.name_matched {
             evidence.push("thread.name is its comm".into());
@@ -680,11 +731,18 @@ fn pass_over_acceptors(finder: &Finder, requests: &mut [(usize, Candidates)]) {
                     let th = finder.model.thread(a)?;
                     (pid_of(th, finder.processes) == Some(f.pid)).then_some(())?;
                     let (gap, call) = finder.receive_before(th, c.start)?;
-                    Some((gap, Some(a), call))
+                    Some((gap, a, call))
                 })
                 .min_by_key(|r| r.0);
-            if queued.is_some() {
-                f.receive = queued;
+            // Between the acceptor's receive and the start, the request
+            // waited in the queue while this thread finished another.
+            let pool_thread = finder.model.thread(f.tid);
+            if let (Some((gap, a, call)), Some(th)) = (queued, pool_thread) {
+                f.receive = Some((
+                    Gap::on(th, c.start.saturating_sub(gap), c.start),
+                    Some(a),
+                    call,
+                ));
                 f.queued = true;
             }
         }
@@ -1028,7 +1086,7 @@ impl<'a> Finder<'a> {
         let run_end = self.run_distance(th, end)?;
         let receive = self
             .receive_before(th, start)
-            .map(|(g, c)| (g, None, c))
+            .map(|(g, c)| (Gap::on(th, start.saturating_sub(g), start), None, c))
             .or_else(|| self.handed_over(th, pid, start));
         let send = self.send_near(th, start, end);
         Some(Fit {
@@ -1046,8 +1104,8 @@ impl<'a> Finder<'a> {
     /// The receive of a request handed to `th` by another thread of its
     /// process (an acceptor or event loop reading the request, then waking a
     /// pool thread through a queue's condition variable) before `start`:
-    /// its gap to the start (receive to wake-up, plus wake-up to start), the
-    /// thread that handed it over, and the call.
+    /// its gap to the start (receive to wake-up on the waker, plus wake-up
+    /// to start on `th`), the thread that handed it over, and the call.
     ///
     /// The wake-ups are walked back from the start (one a little after it:
     /// the clock mapping's error), since `th`'s last socket
@@ -1061,7 +1119,7 @@ impl<'a> Finder<'a> {
         th: &ThreadHistory,
         pid: Tid,
         start: u64,
-    ) -> Option<(u64, Option<Tid>, &'static str)> {
+    ) -> Option<(Gap, Option<Tid>, &'static str)> {
         let window_start = start.saturating_sub(IO_WINDOW_NS);
         let since = th
             .syscalls_in(window_start, start)
@@ -1084,7 +1142,13 @@ impl<'a> Finder<'a> {
                 let (gap, call) = self
                     .receive_before(waker, s.end)
                     .filter(|r| r.0 <= HANDOFF_RECEIVE_NS)?;
-                Some((gap + start.abs_diff(s.end), Some(w), call))
+                let on_waker = Gap::on(waker, s.end.saturating_sub(gap), s.end);
+                let on_th = Gap::on(th, s.end, start);
+                let gap = Gap {
+                    wall: on_waker.wall + on_th.wall,
+                    cpu_wait: on_waker.cpu_wait + on_th.cpu_wait,
+                };
+                Some((gap, Some(w), call))
             })
     }
 
@@ -1119,8 +1183,9 @@ impl<'a> Finder<'a> {
             })
     }
 
-    /// The send nearest the end (inside the span or after it).
-    fn send_near(&self, th: &ThreadHistory, start: u64, end: u64) -> Option<(u64, &'static str)> {
+    /// The send nearest the end (inside the span or after it), nearest by
+    /// the gap's [`Gap::counted`] time.
+    fn send_near(&self, th: &ThreadHistory, start: u64, end: u64) -> Option<(Gap, &'static str)> {
         let calls = th.syscalls_in(start, end + IO_WINDOW_NS);
         // A send after the thread received again past the end belongs to
         // the next exchange: a client receives its answer after the
@@ -1134,14 +1199,17 @@ impl<'a> Finder<'a> {
             .iter()
             .filter(|s| s.start >= start && s.start < next_receive)
             .filter_map(|s| {
-                let gap = s.start.abs_diff(end);
-                match self.io(s) {
-                    Io::Send => Some((gap, "socket send")),
-                    Io::Write => Some((gap + 1_000, "write")),
-                    _ => None,
-                }
+                // A write may be to a file or a pipe: dearer by 1 µs.
+                let (call, dearer) = match self.io(s) {
+                    Io::Send => ("socket send", 0),
+                    Io::Write => ("write", 1_000),
+                    _ => return None,
+                };
+                let gap = Gap::on(th, s.start, end);
+                Some((gap.counted() + dearer, gap, call))
             })
             .min_by_key(|x| x.0)
+            .map(|(_, gap, call)| (gap, call))
     }
 }
 

@@ -16,6 +16,7 @@ use deepspan_model::Tid;
 const RECVFROM: i64 = 45;
 const SENDTO: i64 = 44;
 const FUTEX: i64 = 202;
+const WRITE: i64 = 1;
 const SLEEPING: i64 = 1;
 
 fn server_span(service: &str, start: u64, end: u64) -> PlacementSpan {
@@ -191,6 +192,47 @@ fn a_request_handed_over_by_an_acceptor_is_placed_on_the_pool_thread() {
     let text = placed.evidence.join("\n");
     assert!(
         text.contains("on thread 301, which then woke it (hand-off)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn time_off_the_cpu_between_the_io_and_the_span_does_not_count_against_a_thread() {
+    // Under a CPU quota, 401 reads the request and is held off the CPU
+    // for 90 ms before its span starts; it sends the answer, then waits
+    // 100 ms more before the span ends. 402, an acceptor of the same
+    // process, ran 2.8 ms before the start and wrote to a wake-up fd
+    // 0.5 ms before the end (a Jetty acceptor, seen in a WireMock run under
+    // a quota, where it took the request from its own reader).
+    let mut s = Script::named(&[(401, "srv"), (402, "srv"), (900, "hog")]);
+    s.switch(0, 0, 0, 0, 401)
+        .switch(0, 1, 0, 0, 402)
+        .switch(20, 1, 402, SLEEPING, 0)
+        .call(100, 1_000, 0, RECVFROM, 120)
+        .switch(2_000, 0, 401, 0, 900)
+        .switch(89_000_000, 1, 0, 0, 402)
+        .switch(89_200_000, 1, 402, SLEEPING, 0)
+        .switch(92_000_000, 0, 900, 0, 401)
+        .call(100_000_000, 100_001_000, 0, SENDTO, 300)
+        .switch(100_002_000, 0, 401, 0, 900)
+        .switch(199_400_000, 1, 0, 0, 402)
+        .call(199_410_000, 199_420_000, 1, WRITE, 8)
+        .switch(199_500_000, 1, 402, SLEEPING, 0)
+        .switch(199_999_000, 0, 900, 0, 401)
+        .switch(200_001_000, 0, 401, SLEEPING, 0);
+    let model = s.model_in_time_order();
+    let p = place(
+        &model,
+        &[server_span("srv", 92_000_100, 200_000_000)],
+        &processes(&[(401, 400), (402, 400), (900, 900)]),
+    );
+    let placed = p[0].as_ref().expect("placed");
+    let text = placed.evidence.join("\n");
+    assert_eq!(placed.tid, Some(401), "{text}");
+    assert!(
+        text.contains(
+            "socket receive returned 92.0 ms (92.0 ms of it waiting for a CPU) before the start"
+        ),
         "{text}"
     );
 }
