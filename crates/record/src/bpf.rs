@@ -5,19 +5,39 @@
 //! eBPF is not tracefs: no tracing setting is touched, and the programs are
 //! detached when their [`Ring`] is dropped, however the recorder exits.
 //! Programs write with `BPF_RB_NO_WAKEUP` (a wake-up per record costs
-//! microseconds in a VM) and the thread polls every [`DRAIN_EVERY`].
+//! microseconds in a VM) and the thread polls, as often as the ring's fill
+//! rate needs ([`next_wait`]), and at once when its owner asks
+//! ([`Capture::flush`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::Error;
 
-/// How often a ring buffer is drained. The smallest ring (1 MiB, 24-byte
-/// records with the ring's 8-byte header) holds 32 000 records: 10 ms
-/// leaves room for 3 million a second.
-pub(crate) const DRAIN_EVERY: Duration = Duration::from_millis(10);
+/// The shortest wait between two drains of a ring. The smallest ring (1
+/// MiB, 24-byte records with the ring's 8-byte header) holds 32 000
+/// records: 10 ms leaves room for 3 million a second.
+const DRAIN_AT_LEAST_EVERY: Duration = Duration::from_millis(10);
+/// The longest: after an idle stretch, a burst of up to 330 000 records a
+/// second (the smallest ring) fits until the next drain.
+const DRAIN_AT_MOST_EVERY: Duration = Duration::from_millis(100);
+
+/// How long to wait before the next drain, from the last one: `drained`
+/// bytes of a ring of `capacity` bytes came in over `since`. The wait lets
+/// the ring fill to a quarter at that rate (a burst of four times the rate
+/// still fits), within [`DRAIN_AT_LEAST_EVERY`] ..
+/// [`DRAIN_AT_MOST_EVERY`]. A fixed 10 ms was 100 wake-ups a second per
+/// capture whatever came in: on HotROD at 100 requests/s the three drain
+/// threads were a sixth of the agent's own CPU time.
+fn next_wait(drained: usize, capacity: usize, since: Duration) -> Duration {
+    if drained == 0 {
+        return DRAIN_AT_MOST_EVERY;
+    }
+    let quarter = capacity / 4;
+    let wait = since.mul_f64(quarter as f64 / drained as f64);
+    wait.clamp(DRAIN_AT_LEAST_EVERY, DRAIN_AT_MOST_EVERY)
+}
 
 /// Where a capture's records go: one call per record, then one at the end
 /// with the ring's count of lost records.
@@ -27,38 +47,99 @@ pub(crate) trait RecordSink: Send + 'static {
     fn finish(self, lost: u64) -> Result<Self::Summary, String>;
 }
 
+/// What a capture's thread drains: an eBPF ring buffer ([`Ring`]).
+pub(crate) trait RingSource: Send + 'static {
+    /// Size in bytes.
+    fn capacity(&self) -> usize;
+    /// Hands every record written so far to `each`, oldest first.
+    fn drain(&mut self, each: &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), String>;
+    /// Records the ring had no room for.
+    fn lost(&self) -> u64;
+}
+
 /// A running capture: the attached program and the thread writing its
 /// records.
 pub(crate) struct Capture<T> {
-    stop: Arc<AtomicBool>,
+    control: Arc<Control>,
     writer: JoinHandle<Result<T, String>>,
 }
+
+/// What the owner of a capture asks of its thread, and how far the thread
+/// got.
+struct Control {
+    asks: Mutex<Asks>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Asks {
+    stop: bool,
+    /// Drains asked for by [`Capture::flush`], numbered from 1.
+    flush_asked: u64,
+    /// The last of them that a finished drain started after.
+    flushed: u64,
+}
+
+impl Control {
+    fn asks(&self) -> std::sync::MutexGuard<'_, Asks> {
+        self.asks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Longest [`Capture::flush`] waits for the thread's drain.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl<T: Send + 'static> Capture<T> {
     /// Drains `ring` into `sink` on a thread named `name` until
     /// [`Capture::stop`] (or until the capture is dropped).
-    pub(crate) fn start<S>(name: &str, ring: Ring, mut sink: S) -> Result<Capture<T>, Error>
+    pub(crate) fn start<S, R>(name: &str, ring: R, mut sink: S) -> Result<Capture<T>, Error>
     where
         S: RecordSink<Summary = T>,
+        R: RingSource,
     {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
+        let control = Arc::new(Control {
+            asks: Mutex::new(Asks::default()),
+            changed: Condvar::new(),
+        });
+        let shared = control.clone();
         let writer = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                let control = shared;
                 let mut ring = ring;
+                let capacity = ring.capacity();
+                let mut last_drain = Instant::now();
                 loop {
-                    // The flag is read before the drain: records of the
-                    // last moments are drained after it is set. A capture
+                    // The asks are read before the drain: records of the
+                    // moments before them are drained after. A capture
                     // dropped without `stop` (the recording failed) ends
                     // the thread too.
-                    let last =
-                        stopping.load(Ordering::Acquire) || Arc::strong_count(&stopping) == 1;
-                    ring.drain(&mut |record| sink.push(record))?;
+                    let (last, flush) = {
+                        let asks = control.asks();
+                        (
+                            asks.stop || Arc::strong_count(&control) == 1,
+                            asks.flush_asked,
+                        )
+                    };
+                    let mut drained = 0;
+                    ring.drain(&mut |record| {
+                        // The ring's 8-byte header, the record padded to 8.
+                        drained += 8 + record.len().next_multiple_of(8);
+                        sink.push(record)
+                    })?;
+                    control.asks().flushed = flush;
+                    control.changed.notify_all();
                     if last {
                         break;
                     }
-                    std::thread::sleep(DRAIN_EVERY);
+                    let now = Instant::now();
+                    let wait = next_wait(drained, capacity, now - last_drain);
+                    last_drain = now;
+                    // Until the wait is over, or a stop or a flush is asked.
+                    let asks = control.asks();
+                    let _ = control
+                        .changed
+                        .wait_timeout_while(asks, wait, |a| !a.stop && a.flush_asked == flush);
                 }
                 sink.finish(ring.lost())
             })
@@ -67,13 +148,44 @@ impl<T: Send + 'static> Capture<T> {
                 path: name.into(),
                 source,
             })?;
-        Ok(Capture { stop, writer })
+        Ok(Capture { control, writer })
+    }
+
+    /// Has the thread drain the ring now, and returns once the records
+    /// written before the call are in the sink: a flight recorder's window
+    /// must hold its last moments, which a drain every 100 ms of a quiet
+    /// ring would leave out. Err when the thread did not drain within
+    /// [`FLUSH_TIMEOUT`] (it ended on an error, or the machine is stalled).
+    pub(crate) fn flush(&self) -> Result<(), String> {
+        let mut asks = self.control.asks();
+        asks.flush_asked += 1;
+        let want = asks.flush_asked;
+        self.control.changed.notify_all();
+        let deadline = Instant::now() + FLUSH_TIMEOUT;
+        while asks.flushed < want {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.writer.is_finished() {
+                return Err(format!(
+                    "the capture's thread did not drain its ring within {} s",
+                    FLUSH_TIMEOUT.as_secs()
+                ));
+            }
+            // Woken by the drain; the period covers a thread that ended.
+            asks = self
+                .control
+                .changed
+                .wait_timeout(asks, left.min(DRAIN_AT_MOST_EVERY))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
     }
 
     /// Drains the ring a last time, detaches the program and returns what
     /// the sink made of it.
     pub(crate) fn stop(self) -> Result<T, String> {
-        self.stop.store(true, Ordering::Release);
+        self.control.asks().stop = true;
+        self.control.changed.notify_all();
         self.writer
             .join()
             .map_err(|_| "the writer thread panicked".to_string())?
@@ -95,6 +207,8 @@ mod loaded {
     /// links alive: dropping it detaches the programs.
     pub(crate) struct Ring {
         ring: RingBuf<MapData>,
+        /// The ring's size in bytes.
+        capacity: usize,
         lost: PerCpuArray<MapData, u64>,
         _ebpf: Ebpf,
     }
@@ -113,6 +227,13 @@ mod loaded {
         let map = ebpf
             .take_map(ring)
             .ok_or_else(|| format!("{what} has no map {ring}"))?;
+        let capacity = match &map {
+            aya::maps::Map::RingBuf(data) => data
+                .info()
+                .map(|info| info.max_entries() as usize)
+                .map_err(|e| format!("cannot read {what}'s ring size: {e}"))?,
+            _ => return Err(format!("{what}'s map {ring} is no ring buffer")),
+        };
         let ring = RingBuf::try_from(map).map_err(|e| format!("cannot open {what}'s ring: {e}"))?;
         let lost = ebpf
             .take_map("LOST")
@@ -121,6 +242,7 @@ mod loaded {
             .map_err(|e| format!("cannot open {what}'s LOST map: {e}"))?;
         Ok(Ring {
             ring,
+            capacity,
             lost,
             _ebpf: ebpf,
         })
@@ -169,8 +291,12 @@ mod loaded {
         })
     }
 
-    impl Ring {
-        pub(super) fn drain(
+    impl super::RingSource for Ring {
+        fn capacity(&self) -> usize {
+            self.capacity
+        }
+
+        fn drain(
             &mut self,
             each: &mut dyn FnMut(&[u8]) -> Result<(), String>,
         ) -> Result<(), String> {
@@ -180,8 +306,8 @@ mod loaded {
             Ok(())
         }
 
-        /// Records the ring had no room for, over all CPUs.
-        pub(super) fn lost(&self) -> u64 {
+        /// Over all CPUs.
+        fn lost(&self) -> u64 {
             self.lost
                 .get(&0, 0)
                 .map(|per_cpu| per_cpu.iter().sum())
@@ -195,7 +321,11 @@ mod loaded {
 pub(crate) enum Ring {}
 
 #[cfg(not(deepspan_bpf))]
-impl Ring {
+impl RingSource for Ring {
+    fn capacity(&self) -> usize {
+        match *self {}
+    }
+
     fn drain(&mut self, _each: &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<(), String> {
         match *self {}
     }
@@ -212,4 +342,87 @@ pub(crate) fn not_built(what: &str) -> String {
         "{what}: this deepspan was built without its eBPF programs (clang was not found at build time): \
          install clang and libbpf-dev (scripts/setup.sh build does) and build again"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_wait_lets_the_ring_fill_to_a_quarter_at_the_last_rate() {
+        // An eighth of the ring in 20 ms: a quarter in 40 ms.
+        assert_eq!(next_wait(MIB / 8, MIB, 20 * MS), 40 * MS);
+        // A quarter in 30 ms: 30 ms again.
+        assert_eq!(next_wait(MIB / 4, MIB, 30 * MS), 30 * MS);
+    }
+
+    #[test]
+    fn the_wait_stays_within_its_bounds() {
+        assert_eq!(next_wait(0, MIB, 10 * MS), DRAIN_AT_MOST_EVERY);
+        assert_eq!(next_wait(1024, MIB, 10 * MS), DRAIN_AT_MOST_EVERY);
+        // The whole ring in 10 ms (records may have been lost): as often as
+        // allowed.
+        assert_eq!(next_wait(MIB, MIB, 10 * MS), DRAIN_AT_LEAST_EVERY);
+    }
+
+    /// A ring fed by the test: records pushed into `pending`.
+    struct FakeRing {
+        pending: Arc<Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl RingSource for FakeRing {
+        fn capacity(&self) -> usize {
+            MIB
+        }
+
+        fn drain(
+            &mut self,
+            each: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+        ) -> Result<(), String> {
+            let records = std::mem::take(&mut *self.pending.lock().unwrap());
+            records.iter().try_for_each(|r| each(r))
+        }
+
+        fn lost(&self) -> u64 {
+            0
+        }
+    }
+
+    /// Keeps what it is given where the test sees it.
+    struct Shared(Arc<Mutex<Vec<Vec<u8>>>>);
+
+    impl RecordSink for Shared {
+        type Summary = usize;
+
+        fn push(&mut self, record: &[u8]) -> Result<(), String> {
+            self.0.lock().unwrap().push(record.to_vec());
+            Ok(())
+        }
+
+        fn finish(self, _lost: u64) -> Result<usize, String> {
+            Ok(self.0.lock().unwrap().len())
+        }
+    }
+
+    #[test]
+    fn a_flush_returns_once_what_the_ring_held_is_in_the_sink() {
+        let pending = Arc::new(Mutex::new(Vec::new()));
+        let sunk = Arc::new(Mutex::new(Vec::new()));
+        let ring = FakeRing {
+            pending: pending.clone(),
+        };
+        let capture = Capture::start("test-flush", ring, Shared(sunk.clone())).unwrap();
+        for n in 0u8..5 {
+            // The thread waits up to 100 ms between drains of a quiet ring;
+            // a flush drains at once, and never returns before that drain.
+            pending.lock().unwrap().push(vec![n]);
+            capture.flush().unwrap();
+            assert_eq!(sunk.lock().unwrap().last(), Some(&vec![n]));
+        }
+        pending.lock().unwrap().push(vec![9]);
+        assert_eq!(capture.stop(), Ok(6), "stop drains what is left");
+    }
 }

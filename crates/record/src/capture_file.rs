@@ -203,7 +203,7 @@ impl FileCapture {
 /// ([`History::write_window`]).
 pub(crate) struct History<L> {
     kept: Arc<Mutex<Kept<L>>>,
-    _capture: Capture<()>,
+    capture: Capture<()>,
 }
 
 /// The history, and how far back it is complete.
@@ -232,16 +232,15 @@ impl<L: CaptureLine> History<L> {
         let kept = Arc::new(Mutex::new(Kept::new(max)));
         let sink = HistorySink(kept.clone());
         let capture = Capture::start(name, ring, sink).map_err(|e| e.to_string())?;
-        Ok(History {
-            kept,
-            _capture: capture,
-        })
+        Ok(History { kept, capture })
     }
 
-    /// Writes the records from `since_ns` to `end_ns` into the file
-    /// `run/file`, and forgets those before `since_ns` (the history of the
-    /// trace no longer reaches them). The second value says when the
-    /// window reaches back before what the history still holds.
+    /// Writes the records from `since_ns` to `end_ns` (at most now) into
+    /// the file `run/file`, and forgets those before `since_ns` (the
+    /// history of the trace no longer reaches them). The ring is drained
+    /// first, so that the window holds its last moments. The second value
+    /// says when the window misses records: it reaches back before what
+    /// the history still holds, or the drain failed.
     pub(crate) fn write_window(
         &self,
         run: &Path,
@@ -249,7 +248,13 @@ impl<L: CaptureLine> History<L> {
         since_ns: u64,
         end_ns: u64,
     ) -> Result<(Written, Option<String>), String> {
-        write_window(&self.kept, &run.join(file), since_ns, end_ns)
+        let flushed = self.capture.flush();
+        let (written, incomplete) = write_window(&self.kept, &run.join(file), since_ns, end_ns)?;
+        let not_flushed = flushed
+            .err()
+            .map(|e| format!("{} may miss the window's last moments: {e}", L::WHAT));
+        let warnings: Vec<String> = incomplete.into_iter().chain(not_flushed).collect();
+        Ok((written, (!warnings.is_empty()).then(|| warnings.join("; "))))
     }
 }
 
