@@ -31,7 +31,9 @@ use opentelemetry_proto::tonic::trace::v1::{span::Link, span::SpanKind, Span};
 use prometheus_client::metrics::counter::Counter;
 use prost::Message as _;
 
-use deepspan_otlp::{Receiver, ReceiverConfig, ReceiverHandle, ReceiverStats, RequestSink};
+use deepspan_otlp::{
+    Receiver, ReceiverConfig, ReceiverHandle, ReceiverStats, RequestDigest, RequestSink,
+};
 use deepspan_record::{FlightOptions, FlightRecorder};
 use deepspan_spans::ExportTraceServiceRequest;
 
@@ -40,8 +42,7 @@ use crate::forward::{EncodedRequest, ForwardConfig, ForwardStats, Forwarder};
 use crate::metrics::{AgentMetrics, MetricsServer};
 use crate::snapshot::{Message, Outcome, SkipReason, SnapshotConfig, Trigger, Worker, WorkerStats};
 use crate::spans::{
-    detach, encode, int, request_spans, set_attribute, span_count, string, DetachedSpan,
-    RecentRequests,
+    detach, encode, int, set_attribute, span_count, string, DetachedSpan, RecentRequests,
 };
 
 /// Attribute names the agent adds (docs/otel-attributes.md, "Live agent").
@@ -373,23 +374,11 @@ struct AgentSink {
 }
 
 impl RequestSink for AgentSink {
-    fn accept(&mut self, encoded: Bytes, spans: u64) -> Result<(), String> {
+    fn accept(&mut self, encoded: Bytes, spans: u64, digest: RequestDigest) -> Result<(), String> {
         let c = &self.shared.counters;
         self.shared.metrics.spans_received.inc_by(spans);
-        let mut request = match ExportTraceServiceRequest::decode(&encoded[..]) {
-            Ok(r) => r,
-            Err(e) => {
-                // The receiver decoded it already; only a bug gets here. Send it on as it is.
-                c.undecodable.inc();
-                self.shared.forwarder.send(EncodedRequest {
-                    bytes: encoded,
-                    spans,
-                });
-                return Err(format!("cannot decode a screened request: {e}"));
-            }
-        };
-        lock(&self.shared.recent).push(encoded.clone(), &request);
-        let judged = request_spans(&request);
+        lock(&self.shared.recent).push(encoded.clone(), spans, digest.time_range);
+        let judged = digest.request_spans;
         c.request_spans_judged.inc_by(judged.len() as u64);
         let mut anomalous = Vec::new();
         for r in judged {
@@ -409,6 +398,20 @@ impl RequestSink for AgentSink {
             });
             return Ok(());
         }
+        // Decoded only to take its anomalous spans out: the digest served
+        // the rest.
+        let mut request = match ExportTraceServiceRequest::decode(&encoded[..]) {
+            Ok(r) => r,
+            Err(e) => {
+                // The receiver decoded it already; only a bug gets here. Send it on as it is.
+                c.undecodable.inc();
+                self.shared.forwarder.send(EncodedRequest {
+                    bytes: encoded,
+                    spans,
+                });
+                return Err(format!("cannot decode a screened request: {e}"));
+            }
+        };
         let places: Vec<_> = anomalous.iter().map(|(r, _)| r.place).collect();
         let detached = detach(&mut request, &places);
         self.shared.forward(request);

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
-use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, ResourceSpans, ScopeSpans, Span};
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
 
 use deepspan_spans::ExportTraceServiceRequest;
@@ -16,64 +16,7 @@ use deepspan_spans::ExportTraceServiceRequest;
 const MONO_START: &str = "deepspan.mono_start_ns";
 const MONO_END: &str = "deepspan.mono_end_ns";
 
-/// Where a span sits in its request: resource, scope, span indexes.
-pub type SpanPlace = (usize, usize, usize);
-
-/// A request span (root, SERVER or CONSUMER): the unit the agent judges,
-/// as the analysis does (client and internal spans belong to a request).
-#[derive(Clone, Debug)]
-pub struct RequestSpan {
-    pub place: SpanPlace,
-    pub service: String,
-    pub operation: String,
-    pub duration_ns: u64,
-}
-
-/// The request spans of an OTLP request, in order.
-pub fn request_spans(request: &ExportTraceServiceRequest) -> Vec<RequestSpan> {
-    let mut out = Vec::new();
-    for (r, rs) in request.resource_spans.iter().enumerate() {
-        let service = rs
-            .resource
-            .as_ref()
-            .and_then(|res| string_attr(&res.attributes, "service.name"))
-            .unwrap_or("unknown_service");
-        for (s, ss) in rs.scope_spans.iter().enumerate() {
-            for (i, span) in ss.spans.iter().enumerate() {
-                if !is_request(span) {
-                    continue;
-                }
-                out.push(RequestSpan {
-                    place: (r, s, i),
-                    service: service.to_string(),
-                    operation: span.name.clone(),
-                    duration_ns: span
-                        .end_time_unix_nano
-                        .saturating_sub(span.start_time_unix_nano),
-                });
-            }
-        }
-    }
-    out
-}
-
-fn is_request(span: &Span) -> bool {
-    span.parent_span_id.is_empty()
-        || span.kind == SpanKind::Server as i32
-        || span.kind == SpanKind::Consumer as i32
-}
-
-fn string_attr<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a str> {
-    attributes
-        .iter()
-        .find(|kv| kv.key == key)
-        .and_then(|kv| match &kv.value {
-            Some(AnyValue {
-                value: Some(any_value::Value::StringValue(s)),
-            }) => Some(s.as_str()),
-            _ => None,
-        })
-}
+pub use deepspan_otlp::{RequestSpan, SpanPlace};
 
 fn int_attr(attributes: &[KeyValue], key: &str) -> Option<u64> {
     attributes
@@ -225,25 +168,16 @@ impl RecentRequests {
         }
     }
 
-    pub fn push(&mut self, encoded: Bytes, request: &ExportTraceServiceRequest) {
-        let spans = request
-            .resource_spans
-            .iter()
-            .flat_map(|r| &r.scope_spans)
-            .flat_map(|s| &s.spans);
-        let (mut first, mut last, mut count) = (u64::MAX, 0, 0);
-        for span in spans {
-            first = first.min(span.start_time_unix_nano);
-            last = last.max(span.end_time_unix_nano);
-            count += 1;
-        }
-        if first > last {
+    /// Keeps a request of `spans` spans over `time_range` (its digest's);
+    /// one without a time range has nothing a window could need.
+    pub fn push(&mut self, encoded: Bytes, spans: u64, time_range: Option<(u64, u64)>) {
+        let Some((first, last)) = time_range else {
             return;
-        }
+        };
         self.bytes += encoded.len();
         self.requests.push_back(RecentRequest {
             encoded,
-            spans: count,
+            spans,
             first_start_unix_ns: first,
             last_end_unix_ns: last,
         });
@@ -332,6 +266,7 @@ pub fn span_count(request: &ExportTraceServiceRequest) -> u64 {
 mod tests {
     use super::*;
     use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 
     fn span(id: u8, parent: Option<u8>, kind: SpanKind, start: u64, end: u64) -> Span {
         Span {
@@ -378,7 +313,8 @@ mod tests {
             span(4, Some(3), SpanKind::Internal, 2, 3),
             span(5, Some(3), SpanKind::Consumer, 3, 9),
         ]);
-        let found: Vec<_> = request_spans(&r)
+        let found: Vec<_> = deepspan_otlp::digest::digest(&r)
+            .request_spans
             .into_iter()
             .map(|s| (s.operation, s.service, s.duration_ns))
             .collect();
@@ -435,7 +371,9 @@ mod tests {
         let mut recent = RecentRequests::new(100);
         for (i, (start, end)) in [(0u64, 10u64), (20, 30), (40, 50)].into_iter().enumerate() {
             let r = request(vec![span(i as u8 + 1, None, SpanKind::Server, start, end)]);
-            recent.push(Bytes::from(vec![i as u8; 40]), &r);
+            let digest = deepspan_otlp::digest::digest(&r);
+            assert_eq!(digest.time_range, Some((start, end)));
+            recent.push(Bytes::from(vec![i as u8; 40]), 1, digest.time_range);
         }
         assert_eq!(
             recent.oldest_unix_ns(),

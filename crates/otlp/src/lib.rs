@@ -28,6 +28,7 @@
 //! recorder that wants an empty run folder can start the receiver first.
 
 pub mod decode;
+pub mod digest;
 mod grpc;
 mod http;
 mod queue;
@@ -45,6 +46,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use crate::queue::Queue;
+pub use digest::{RequestDigest, RequestSpan, SpanPlace};
 
 /// The IANA ports of OTLP.
 pub const DEFAULT_GRPC_PORT: u16 = 4317;
@@ -168,8 +170,9 @@ pub trait RequestSink: Send + 'static {
     /// valid ids), in arrival order. It runs on the receiver's one consumer
     /// thread: a slow sink fills the queue, and senders are then told to
     /// retry (the backpressure). An error counts the request's spans as
-    /// dropped, with the message as the last write error.
-    fn accept(&mut self, encoded: Bytes, spans: u64) -> Result<(), String>;
+    /// dropped, with the message as the last write error. `digest` is what
+    /// the sink reads of it without decoding it ([`digest::digest`]).
+    fn accept(&mut self, encoded: Bytes, spans: u64, digest: RequestDigest) -> Result<(), String>;
 }
 
 /// The consumer at the far end of the queue.
@@ -240,7 +243,9 @@ impl Receiver {
             .build()
             .map_err(Error::Threads)?;
 
-        let (queue, jobs) = Queue::new(config.max_queue_bytes);
+        // A sink reads each request's digest; a run folder only its bytes.
+        let digests = matches!(consumer, Consumer::Sink(_));
+        let (queue, jobs) = Queue::new(config.max_queue_bytes, digests);
         let queue = Arc::new(queue);
         let writer = {
             let queue = queue.clone();

@@ -20,14 +20,17 @@ use bytes::Bytes;
 use deepspan_spans::{ExportTraceServiceRequest, SpanWriter};
 use prost::Message;
 
+use crate::digest::{digest, RequestDigest};
 use crate::screen;
 use crate::ReceiverStats;
 
-/// One accepted request on its way to disk.
+/// One accepted request on its way to disk or to a sink.
 pub(crate) struct Job {
     /// The request in protobuf.
     encoded: Bytes,
     spans: u64,
+    /// For a sink: what it reads of the request.
+    digest: Option<RequestDigest>,
 }
 
 /// What became of a decoded request.
@@ -58,6 +61,8 @@ struct Counters {
 
 pub(crate) struct Queue {
     max_bytes: usize,
+    /// Whether offers digest their requests (for a sink).
+    digests: bool,
     queued_bytes: AtomicUsize,
     peak_queued_bytes: AtomicUsize,
     /// `None` once closed. Pushing under the lock makes "closed" exact: no
@@ -76,10 +81,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Queue {
-    pub(crate) fn new(max_bytes: usize) -> (Queue, mpsc::Receiver<Job>) {
+    pub(crate) fn new(max_bytes: usize, digests: bool) -> (Queue, mpsc::Receiver<Job>) {
         let (tx, rx) = mpsc::channel();
         let queue = Queue {
             max_bytes,
+            digests,
             queued_bytes: AtomicUsize::new(0),
             peak_queued_bytes: AtomicUsize::new(0),
             sender: Mutex::new(Some(tx)),
@@ -125,10 +131,12 @@ impl Queue {
             Some(raw) if screened.rejected == 0 => raw,
             _ => Bytes::from(request.encode_to_vec()),
         };
+        let digest = self.digests.then(|| digest(&request));
         drop(request);
         let outcome = self.push(Job {
             encoded,
             spans: kept,
+            digest,
         });
         match outcome {
             Outcome::Accepted { .. } => {
@@ -357,7 +365,8 @@ pub(crate) fn run_sink(
     while let Ok(job) = jobs.recv() {
         queue.wait_while_paused();
         let bytes = job.encoded.len();
-        match sink.accept(job.encoded, job.spans) {
+        let digest = job.digest.unwrap_or_default();
+        match sink.accept(job.encoded, job.spans, digest) {
             Ok(()) => {
                 queue.counters.spans_written.fetch_add(job.spans, Relaxed);
             }
@@ -406,7 +415,7 @@ mod tests {
     #[test]
     fn an_idle_writer_has_flushed_everything_it_wrote() {
         let run = tempfile::tempdir().unwrap();
-        let (queue, jobs) = Queue::new(1 << 20);
+        let (queue, jobs) = Queue::new(1 << 20, false);
         let request = deepspan_spans::ExportTraceServiceRequest::default();
         let encoded = Bytes::from(request.encode_to_vec());
         std::thread::scope(|scope| {
@@ -416,6 +425,7 @@ mod tests {
                     queue.push(Job {
                         encoded: encoded.clone(),
                         spans: 1,
+                        digest: None,
                     }),
                     Outcome::Accepted { .. }
                 ));
@@ -442,7 +452,12 @@ mod tests {
     fn a_sink_takes_requests_in_order_and_its_refusals_are_counted() {
         struct Collect(std::sync::mpsc::Sender<usize>);
         impl crate::RequestSink for Collect {
-            fn accept(&mut self, encoded: Bytes, _spans: u64) -> Result<(), String> {
+            fn accept(
+                &mut self,
+                encoded: Bytes,
+                _spans: u64,
+                _digest: RequestDigest,
+            ) -> Result<(), String> {
                 if encoded.len() == 2 {
                     return Err("two bytes refused".into());
                 }
@@ -450,7 +465,7 @@ mod tests {
                 Ok(())
             }
         }
-        let (queue, jobs) = Queue::new(1 << 20);
+        let (queue, jobs) = Queue::new(1 << 20, true);
         let (seen_tx, seen) = std::sync::mpsc::channel();
         std::thread::scope(|scope| {
             let consumer = scope.spawn(|| run_sink(Box::new(Collect(seen_tx)), jobs, &queue));
@@ -458,6 +473,7 @@ mod tests {
                 let job = Job {
                     encoded: Bytes::from(vec![0u8; len]),
                     spans: len as u64,
+                    digest: None,
                 };
                 assert!(matches!(queue.push(job), Outcome::Accepted { .. }));
             }

@@ -91,7 +91,12 @@ struct CountingSink {
 }
 
 impl RequestSink for CountingSink {
-    fn accept(&mut self, encoded: Bytes, spans: u64) -> Result<(), String> {
+    fn accept(
+        &mut self,
+        encoded: Bytes,
+        spans: u64,
+        _digest: deepspan_otlp::RequestDigest,
+    ) -> Result<(), String> {
         if let Some(arrivals) = &self.arrivals {
             let at = Instant::now();
             let at_wall_ns = wall_ns();
