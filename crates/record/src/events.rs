@@ -35,14 +35,14 @@ impl fmt::Display for EventId {
 /// state model"), but for the system-call events (see [`SYSCALLS`]).
 /// Events a kernel lacks (IPIs of other architectures) are skipped.
 ///
-/// As the `lean` preset: the system-call events put every thread of
-/// the host on the system-call slow path and are most of a trace's events.
-/// What a blocked thread waits in comes from the recorder's switch-out
-/// capture instead (`kernel/blocked_syscalls.tsv`, see
-/// `blocked_syscalls.rs`). What it cannot give: calls that never sleep
-/// (the system-call table of those), return values (page-cache misses
-/// against bytes read), and the socket receives and sends that place
-/// spans without an SDK (`--placement inferred`).
+/// As the `lean` preset (the agent's default): the system-call events put
+/// every thread of the host on the system-call slow path and are most of
+/// a trace's events. What a blocked thread waits in comes from the
+/// recorder's switch-out capture instead (`kernel/blocked_syscalls.tsv`,
+/// see `blocked_syscalls.rs`), and the socket receives and sends that
+/// place spans without an SDK from its socket capture (`socket_calls.rs`).
+/// What it cannot give: calls that never sleep (the system-call table of
+/// those), and return values (page-cache misses against bytes read).
 const LEAN: &[&str] = &[
     "sched:sched_switch",
     "sched:sched_waking",
