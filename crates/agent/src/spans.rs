@@ -1,6 +1,7 @@
-//! What the agent reads from and writes into OTLP requests: the request
-//! spans it judges, the recent requests kept for snapshots, and the
-//! attributes it puts on an anomalous span.
+//! What the agent reads from and writes into OTLP requests: the recent
+//! requests kept for snapshots, a span's monotonic times, and the
+//! attributes it puts on an anomalous span. The request spans it judges
+//! come with each request's digest (`deepspan_otlp::digest`).
 
 use std::collections::VecDeque;
 
@@ -16,7 +17,7 @@ use deepspan_spans::ExportTraceServiceRequest;
 const MONO_START: &str = "deepspan.mono_start_ns";
 const MONO_END: &str = "deepspan.mono_end_ns";
 
-pub use deepspan_otlp::{RequestSpan, SpanPlace};
+pub use deepspan_otlp::SpanPlace;
 
 fn int_attr(attributes: &[KeyValue], key: &str) -> Option<u64> {
     attributes
