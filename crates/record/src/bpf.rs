@@ -164,7 +164,10 @@ impl<T: Send + 'static> Capture<T> {
         let deadline = Instant::now() + FLUSH_TIMEOUT;
         while asks.flushed < want {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.writer.is_finished() {
+            if self.writer.is_finished() {
+                return Err("the capture's thread ended before it drained its ring".into());
+            }
+            if left.is_zero() {
                 return Err(format!(
                     "the capture's thread did not drain its ring within {} s",
                     FLUSH_TIMEOUT.as_secs()
