@@ -1,6 +1,7 @@
 //! Compiles the recorder's eBPF programs (`src/bpf/NAME.bpf.c`: the TCP
 //! headers of `record --tcp-keys`, the CFS throttling, the sleeps in
-//! system calls and the socket calls of every recording) with clang into `OUT_DIR/NAME.bpf.o`,
+//! system calls, the socket calls and the switches out of idle of every
+//! recording) with clang into `OUT_DIR/NAME.bpf.o`,
 //! which the crate embeds.
 //!
 //! Without clang (or libbpf's headers) the crate still builds, with a
@@ -16,7 +17,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const PROGRAMS: [&str; 3] = ["tcp_keys", "cfs_throttle", "socket_calls"];
+const PROGRAMS: [&str; 4] = ["tcp_keys", "cfs_throttle", "socket_calls", "idle_switches"];
 /// Programs that read one architecture's registers, and that architecture
 /// (as `CARGO_CFG_TARGET_ARCH` spells it).
 const ARCH_PROGRAMS: [(&str, &str); 1] = [("blocked_syscalls", "x86_64")];

@@ -45,6 +45,14 @@ pub enum Input {
         sent: bool,
         bytes: u64,
     },
+    /// The idle task gave `cpu` to `tid` (the recorder's capture of the
+    /// switches out of idle that ftrace loses; see
+    /// [`crate::StateBuilder::idle_switch`]).
+    IdleSwitch {
+        cpu: u32,
+        ts: u64,
+        tid: deepspan_model::Tid,
+    },
 }
 
 impl Timestamped for Input {
@@ -54,7 +62,8 @@ impl Timestamped for Input {
             Input::Lost { ts, .. }
             | Input::Segment { ts, .. }
             | Input::BlockedSyscall { ts, .. }
-            | Input::SocketCall { ts, .. } => *ts,
+            | Input::SocketCall { ts, .. }
+            | Input::IdleSwitch { ts, .. } => *ts,
         }
     }
 }
@@ -124,6 +133,7 @@ where
                 sent,
                 bytes,
             } => builder.socket_call(ts, tid, sent, bytes),
+            Input::IdleSwitch { cpu, ts, tid } => builder.idle_switch(ts, cpu, tid),
         }
         merged += 1;
         if merged.is_multiple_of(65_536) {

@@ -78,6 +78,8 @@ pub enum Error {
     BlockedSyscalls { path: PathBuf, reason: String },
     #[error("cannot read the recorded socket calls {}: {reason}", path.display())]
     SocketCalls { path: PathBuf, reason: String },
+    #[error("cannot read the recorded switches out of idle {}: {reason}", path.display())]
+    IdleSwitches { path: PathBuf, reason: String },
 
     #[error("{}: not a run folder (manifest.json or spans/) nor a CTF trace folder", path.display())]
     NotAnAlignInput { path: PathBuf },

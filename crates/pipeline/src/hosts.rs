@@ -477,11 +477,11 @@ impl HostMap {
     }
 
     /// An item this host's eBPF programs recorded (a TCP segment, a sleep
-    /// in a system call, a socket call), as the merged model takes it. The
+    /// in a system call, a socket call, a switch out of idle), as the merged model takes it. The
     /// trace's own items go through [`HostMap::input`].
     pub(crate) fn recorded(&self, mut item: Input) -> Input {
         match &mut item {
-            Input::Segment { cpu, ts, tid, .. } => {
+            Input::Segment { cpu, ts, tid, .. } | Input::IdleSwitch { cpu, ts, tid } => {
                 *cpu += self.cpu_base;
                 *ts = self.clock.map_ns(*ts);
                 *tid = self.number(*tid);
@@ -510,9 +510,10 @@ impl HostMap {
                 ts: self.clock.map_ns(ts),
                 count,
             }),
-            Input::Segment { .. } | Input::BlockedSyscall { .. } | Input::SocketCall { .. } => {
-                Some(item)
-            }
+            Input::Segment { .. }
+            | Input::BlockedSyscall { .. }
+            | Input::SocketCall { .. }
+            | Input::IdleSwitch { .. } => Some(item),
         }
     }
 }

@@ -368,8 +368,9 @@ fn with_throttling(
 }
 
 /// What a run's eBPF programs recorded, as model input in time order: its
-/// TCP segments (`record --tcp-keys`), and its sleeps in system calls and
-/// socket calls when `trace` lacks the system-call events.
+/// TCP segments (`record --tcp-keys`), its switches out of idle, and its
+/// sleeps in system calls and socket calls when `trace` lacks the
+/// system-call events.
 fn recorded_inputs(run: &Path, trace: &TraceDat) -> Result<Vec<Input>, Error> {
     let files = Run::new(run);
     let mut inputs: Vec<Input> = read_capture(
@@ -380,6 +381,16 @@ fn recorded_inputs(run: &Path, trace: &TraceDat) -> Result<Vec<Input>, Error> {
     .iter()
     .map(segment_input)
     .collect();
+    let idle = read_capture(
+        files.idle_switches(),
+        deepspan_record::read_idle_switches,
+        |path, reason| Error::IdleSwitches { path, reason },
+    )?;
+    inputs.extend(idle.iter().map(|s| Input::IdleSwitch {
+        cpu: s.cpu,
+        ts: s.mono_ns,
+        tid: s.tid,
+    }));
     if !has_syscall_events(trace.schema()) {
         let sleeps = read_capture(
             files.blocked_syscalls(),

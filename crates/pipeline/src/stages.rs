@@ -213,6 +213,12 @@ pub(crate) fn kernel_notes(kernel: &Kernel, notes: &mut Vec<String>) {
             "{inferred} context switches are missing from the trace (some recordings lack switches out of the idle task); each was taken to happen at the thread's next event there, so those runs may start late"
         ));
     }
+    let added = model.stats().idle_switches_added;
+    if added > 0 {
+        notes.push(format!(
+            "{added} switches out of the idle task that the trace lost were taken from the recorder's capture of them (kernel/idle_switches.tsv)"
+        ));
+    }
 }
 
 /// The spans, placed: what the critical paths and the tables read of them.

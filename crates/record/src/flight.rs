@@ -37,6 +37,7 @@ use deepspan_ftrace::TraceDatMeta;
 
 use crate::blocked_syscalls::BlockedSyscallHistory;
 use crate::events::{resolve_events, EventId};
+use crate::idle_switches::IdleSwitchHistory;
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::ProcessScan;
 use crate::session::{clock_point, cpu_manifest, create_instance, instance_page_size};
@@ -158,6 +159,9 @@ pub struct FlightRecorder {
     syscalls: Option<BlockedSyscallHistory>,
     /// Socket receives and sends, when this kernel and build can say.
     sockets: Option<SocketCallHistory>,
+    /// Switches out of idle, which ftrace loses, when this kernel and
+    /// build can say.
+    idle: Option<IdleSwitchHistory>,
 }
 
 /// Clock samples kept: one a second for an hour is more than any window needs.
@@ -229,6 +233,13 @@ impl FlightRecorder {
                 None
             }
         };
+        let idle = match IdleSwitchHistory::start() {
+            Ok(history) => Some(history),
+            Err(e) => {
+                warnings.push(format!("switches out of idle not recorded ({e})"));
+                None
+            }
+        };
         let start = clock_point();
         instance.write("tracing_on", "1")?;
         let cpus = (0..cpu_count)
@@ -253,6 +264,7 @@ impl FlightRecorder {
             throttle,
             syscalls,
             sockets,
+            idle,
         })
     }
 
@@ -385,6 +397,17 @@ impl FlightRecorder {
                         .push(format!("socket calls not written: {e}")),
                 }
             }
+            if let Some(idle) = &self.idle {
+                match idle.write_window(run_dir, complete_since_ns, end_ns) {
+                    Ok((m, incomplete)) => {
+                        manifest.idle_switches = Some(m);
+                        manifest.warnings.extend(incomplete);
+                    }
+                    Err(e) => manifest
+                        .warnings
+                        .push(format!("switches out of idle not written: {e}")),
+                }
+            }
             manifest.save(run_dir)?;
             Ok::<u64, Error>(bytes_per_cpu.iter().sum())
         })();
@@ -502,6 +525,7 @@ impl FlightRecorder {
             cfs_throttle: None,
             blocked_syscalls: None,
             socket_calls: None,
+            idle_switches: None,
             hosts: None,
         }
     }

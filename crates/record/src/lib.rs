@@ -14,6 +14,7 @@
 //!                              (eBPF, x86_64; standard mode)
 //! RUN/kernel/socket_calls.tsv  socket receives and sends that moved data: thread, time, bytes
 //!                              (eBPF; standard mode)
+//! RUN/kernel/idle_switches.tsv idle CPUs' switches to a thread, which ftrace loses (eBPF)
 //! RUN/processes.json           pid, comm, command line, listening ports (/proc scanned at start,
 //!                              each second for 10 s, at 16, 32, 64 … s, and at the end)
 //! ```
@@ -34,6 +35,7 @@ mod capture_file;
 mod error;
 mod events;
 mod flight;
+mod idle_switches;
 mod journal;
 mod meta;
 mod procscan;
@@ -55,6 +57,7 @@ pub use blocked_syscalls::{parse_blocked_syscalls, read_blocked_syscalls, Blocke
 pub use error::Error;
 pub use events::{resolve_events, EventId, PRESETS};
 pub use flight::{FlightOptions, FlightRecorder, WindowOutcome};
+pub use idle_switches::{parse_idle_switches, read_idle_switches, IdleSwitch};
 pub use journal::{owners_dir, InstanceOwner, ProcessId};
 pub use procscan::{ProcessEntry, ProcessScan};
 pub use recover::{needs_recovery, recover, recover_from_files, Recovery};

@@ -459,6 +459,7 @@ mod tests {
             cfs_throttle: None,
             blocked_syscalls: None,
             socket_calls: None,
+            idle_switches: None,
             hosts: None,
         }
     }

@@ -13,6 +13,7 @@ use deepspan_ftrace::{write_trace_dat, TraceDatMeta};
 use crate::blocked_syscalls::BlockedSyscallCapture;
 use crate::capture::{drain_cpu, DrainLimit, Streams};
 use crate::events::{resolve_events, EventId};
+use crate::idle_switches::IdleSwitchCapture;
 use crate::journal::{InstanceOwner, Journal, ProcessId};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::ProcessScan;
@@ -309,6 +310,17 @@ impl Session {
             },
             Mode::Flight => None,
         };
+        let idle = match opts.mode {
+            Mode::Standard => match IdleSwitchCapture::start(&run.path) {
+                Ok(capture) => Some(capture),
+                Err(e) => {
+                    self.warnings
+                        .push(format!("switches out of idle not recorded ({e})"));
+                    None
+                }
+            },
+            Mode::Flight => None,
+        };
         self.instance.write("tracing_on", "1")?;
         let mut sampler = match opts.profile_hz {
             Some(hz) => Some(deepspan_profile::Sampler::start(&run.path, self.cpus, hz)?),
@@ -474,6 +486,14 @@ impl Session {
                 Err(e) => self.warnings.push(format!("socket calls incomplete: {e}")),
             }
         }
+        if let Some(capture) = idle {
+            match capture.stop() {
+                Ok(m) => manifest.idle_switches = Some(m),
+                Err(e) => self
+                    .warnings
+                    .push(format!("switches out of idle incomplete: {e}")),
+            }
+        }
         if let (Some(s), Some(hz)) = (sampler.take(), opts.profile_hz) {
             match s.stop() {
                 Ok(st) => {
@@ -614,6 +634,7 @@ impl Session {
             cfs_throttle: None,
             blocked_syscalls: None,
             socket_calls: None,
+            idle_switches: None,
             hosts: None,
         }
     }

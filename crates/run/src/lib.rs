@@ -20,6 +20,7 @@
 //!   kernel/cfs_throttle.tsv     CPU-quota switch-outs
 //!   kernel/blocked_syscalls.tsv sleeps in system calls: number, first arguments
 //!   kernel/socket_calls.tsv     socket receives' returns and sends' starts, with bytes
+//!   kernel/idle_switches.tsv    idle CPUs' switches to a thread (ftrace loses many)
 //!   spans/                      OTLP span files (deepspan-spans)
 //!   profile/                    CPU samples (deepspan-profile)
 //!   analysis/                   what `deepspan analyze` wrote (see [`analysis`])
@@ -40,8 +41,8 @@ use std::path::{Path, PathBuf};
 mod manifest;
 
 pub use manifest::{
-    BlockedSyscallsManifest, ClockPoint, CpuManifest, Manifest, ManifestError, OtlpPorts,
-    ProfileManifest, Snapshot, SocketCallsManifest, TcpKeysManifest, ThrottleManifest,
+    BlockedSyscallsManifest, CaptureManifest, ClockPoint, CpuManifest, Manifest, ManifestError,
+    OtlpPorts, ProfileManifest, Snapshot, SocketCallsManifest, TcpKeysManifest, ThrottleManifest,
     FORMAT_VERSION,
 };
 
@@ -61,6 +62,7 @@ pub mod layout {
     pub const CFS_THROTTLE: &str = "kernel/cfs_throttle.tsv";
     pub const BLOCKED_SYSCALLS: &str = "kernel/blocked_syscalls.tsv";
     pub const SOCKET_CALLS: &str = "kernel/socket_calls.tsv";
+    pub const IDLE_SWITCHES: &str = "kernel/idle_switches.tsv";
     pub const SPANS_DIR: &str = "spans";
     pub const PROFILE_DIR: &str = "profile";
     pub const ANALYSIS_DIR: &str = "analysis";
@@ -211,6 +213,10 @@ impl Run {
 
     pub fn socket_calls(&self) -> PathBuf {
         self.file(layout::SOCKET_CALLS)
+    }
+
+    pub fn idle_switches(&self) -> PathBuf {
+        self.file(layout::IDLE_SWITCHES)
     }
 
     pub fn spans_dir(&self) -> PathBuf {

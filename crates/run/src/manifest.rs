@@ -116,6 +116,11 @@ pub struct Manifest {
     /// says why), or for runs recorded before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket_calls: Option<SocketCallsManifest>,
+    /// Each switch of an idle CPU to a thread (ftrace loses many of them);
+    /// None when this kernel or build could not say (a warning says why),
+    /// or for runs recorded before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_switches: Option<CaptureManifest>,
     /// A merged run's hosts and clocks (`hosts.json`), relative to the run
     /// folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,28 +233,25 @@ pub struct ThrottleManifest {
     pub lost: u64,
 }
 
-/// What the manifest says of a run's blocked-syscall file
-/// (`blocked_syscalls`).
+/// What the manifest says of a file of one of the recorder's eBPF
+/// captures (`blocked_syscalls`, `socket_calls`, `idle_switches`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct BlockedSyscallsManifest {
-    /// The blocked-syscall file, relative to the run folder.
+pub struct CaptureManifest {
+    /// The file, relative to the run folder.
     pub file: String,
-    /// Sleeps written.
+    /// Records written.
     pub records: u64,
-    /// Sleeps the eBPF ring buffer had no room for.
+    /// Records the eBPF ring buffer had no room for.
     pub lost: u64,
 }
 
-/// What the manifest says of a run's socket-call file (`socket_calls`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SocketCallsManifest {
-    /// The socket-call file, relative to the run folder.
-    pub file: String,
-    /// Calls written.
-    pub records: u64,
-    /// Calls the eBPF ring buffer had no room for.
-    pub lost: u64,
-}
+/// The blocked-syscall file's section (`blocked_syscalls`): its records
+/// are sleeps in system calls.
+pub type BlockedSyscallsManifest = CaptureManifest;
+
+/// The socket-call file's section (`socket_calls`): its records are
+/// calls.
+pub type SocketCallsManifest = CaptureManifest;
 
 impl Manifest {
     /// The manifest of a run that holds spans only (`deepspan receive`):
@@ -445,6 +447,11 @@ mod tests {
                 records: 30,
                 lost: 0,
             }),
+            idle_switches: Some(CaptureManifest {
+                file: "kernel/idle_switches.tsv".into(),
+                records: 7,
+                lost: 0,
+            }),
             hosts: None,
         };
         let dir = tempfile::tempdir().unwrap();
@@ -457,6 +464,7 @@ mod tests {
         assert_eq!(v["boot_id"], "0b1e3c2a-5f7d-4e38-9a51-6c2d8e4f1a07");
         assert_eq!(v["blocked_syscalls"]["records"], 12);
         assert_eq!(v["socket_calls"]["records"], 30);
+        assert_eq!(v["idle_switches"]["records"], 7);
     }
 
     #[test]
@@ -475,12 +483,14 @@ mod tests {
         // Nor the sections added since.
         assert_eq!(m.blocked_syscalls, None);
         assert_eq!(m.socket_calls, None);
+        assert_eq!(m.idle_switches, None);
         m.save(dir.path()).unwrap();
         let back: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join(MANIFEST)).unwrap()).unwrap();
         assert!(back.get("boot_id").is_none(), "{back}");
         assert!(back.get("blocked_syscalls").is_none(), "{back}");
         assert!(back.get("socket_calls").is_none(), "{back}");
+        assert!(back.get("idle_switches").is_none(), "{back}");
         doc["boot_id"] = "b".into();
         std::fs::write(dir.path().join(MANIFEST), doc.to_string()).unwrap();
         assert_eq!(

@@ -508,6 +508,36 @@ impl StateBuilder {
         });
     }
 
+    /// The idle task gave `cpu` to thread `tid` at `ts` (the recorder's
+    /// capture of switches out of idle, `kernel/idle_switches.tsv`; any
+    /// preset). ftrace loses many of these switches on some machines,
+    /// while a BPF program on the same tracepoint sees each one. A switch
+    /// the trace has too is one switch: whichever comes first makes it and
+    /// the other is skipped (here, when `tid` already runs on `cpu`; in
+    /// the trace's `sched_switch`, when its next thread already does). One
+    /// the trace lacks is made here, as the trace's would have been.
+    pub fn idle_switch(&mut self, ts: u64, cpu: u32, tid: Tid) {
+        if tid <= 0 || cpu >= MAX_CPUS || self.current(cpu) == Some(tid) {
+            return;
+        }
+        let ts = self.clock(ts);
+        self.stats.idle_switches_added += 1;
+        let none = Comm::from_bytes(&[]);
+        self.sched_switch(
+            ts,
+            cpu,
+            &SchedSwitch {
+                prev_tid: 0,
+                prev_comm: none,
+                prev_prio: 120,
+                prev_state: 0,
+                next_tid: tid,
+                next_comm: none,
+                next_prio: 120,
+            },
+        );
+    }
+
     /// A builder that keeps no execution graph: the model then has thread,
     /// CPU and system-call histories but no critical paths (they come out
     /// empty). For analyses without requests: a quarter less memory, and
@@ -1028,6 +1058,13 @@ impl StateBuilder {
     }
 
     fn sched_switch(&mut self, ts: u64, cpu: u32, s: &SchedSwitch) {
+        if s.prev_tid == 0 && s.next_tid > 0 && self.current(cpu) == Some(s.next_tid) {
+            // The recorder's capture of this switch out of idle came first
+            // (see `idle_switch`): only the name is new.
+            let t = self.thread(s.next_tid);
+            self.set_name(t, ts, s.next_comm);
+            return;
+        }
         // A different thread than the one switched out was thought to run
         // here: its own switch-out was lost.
         if let Some(cur) = self.current(cpu) {

@@ -376,6 +376,10 @@ pub struct ModelStats {
     /// event of thread T on a CPU the model thought ran another thread (T
     /// is taken as running there from that event on).
     pub inferred_switches: u64,
+    /// Switches out of the idle task the trace lacks, taken from the
+    /// recorder's capture of them (see
+    /// [`StateBuilder::idle_switch`](crate::StateBuilder::idle_switch)).
+    pub idle_switches_added: u64,
     /// Wake-ups by an interrupt that ran while a recorder thread was
     /// current (see
     /// [`StateBuilder::recorder_threads`](crate::StateBuilder::recorder_threads)).

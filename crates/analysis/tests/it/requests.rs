@@ -226,7 +226,8 @@ fn parallel_build_gives_the_sequential_model() {
                 Input::Lost { ts, .. }
                 | Input::Segment { ts, .. }
                 | Input::BlockedSyscall { ts, .. }
-                | Input::SocketCall { ts, .. } => *ts,
+                | Input::SocketCall { ts, .. }
+                | Input::IdleSwitch { ts, .. } => *ts,
             };
             merged.push((ts, cpu, i, x));
         }
@@ -251,6 +252,7 @@ fn parallel_build_gives_the_sequential_model() {
                 sent,
                 bytes,
             } => b.socket_call(*ts, *tid, *sent, *bytes),
+            Input::IdleSwitch { cpu, ts, tid } => b.idle_switch(*ts, *cpu, *tid),
         }
     }
     let sequential = b.finish();

@@ -415,6 +415,74 @@ fn socket_calls_are_receives_and_sends_of_no_length() {
     );
 }
 
+/// The recorder's capture of switches out of idle: a switch the trace
+/// lost is made at the capture's time, and one the trace kept too is one
+/// switch, whichever of the two comes first.
+#[test]
+fn a_switch_out_of_idle_the_trace_lost_is_taken_from_the_capture() {
+    // Thread 1 sleeps on CPU 0, is woken at 20 by thread 2 on CPU 1, runs
+    // from 21 on CPU 0 and sleeps again at 40.
+    let trace = |switch_in_kept: bool| {
+        let mut s = Script::new();
+        s.switch(10, 0, 0, 0, 1)
+            .switch(12, 0, 1, 1, 0)
+            .switch(15, 1, 0, 0, 2)
+            .wake(20, 1, 1, true);
+        if switch_in_kept {
+            s.switch(21, 0, 0, 0, 1);
+        }
+        s.switch(40, 0, 1, 1, 0);
+        s.events
+    };
+    let run = |events: &[Event], idle_switch_at: Option<u64>| {
+        let mut b = StateBuilder::new();
+        let mut pending = idle_switch_at;
+        for e in events {
+            if let Some(at) = pending.filter(|&at| at <= e.ts) {
+                b.idle_switch(at, 0, 1);
+                pending = None;
+            }
+            b.push(e);
+        }
+        b.finish()
+    };
+    let exact = vec![
+        (10, 12, ThreadState::Running),
+        (12, 20, ThreadState::Blocked(BlockReason::Thread(2))),
+        (20, 21, ThreadState::WaitCpu),
+        (21, 40, ThreadState::Running),
+    ];
+    // The trace kept the switch: the model as it always was.
+    let kept = run(&trace(true), None);
+    assert_eq!(states(&kept, 1)[..4], exact[..]);
+    // Lost, and not captured either: its run reads as a wait for a CPU.
+    let lost = run(&trace(false), None);
+    assert_eq!(states(&lost, 1)[2], (20, 40, ThreadState::WaitCpu));
+    // Lost, and captured: the same as kept.
+    let captured = run(&trace(false), Some(21));
+    assert_eq!(states(&captured, 1)[..4], exact[..]);
+    assert_eq!(captured.stats().idle_switches_added, 1);
+    // Kept and captured, the capture a moment before or after the trace's
+    // switch: one switch, at the first of the two, and no contradiction.
+    for (at, first) in [(21, 21), (22, 21)] {
+        let both = run(&trace(true), Some(at));
+        let mut expected = exact.clone();
+        expected[2].1 = first;
+        expected[3].0 = first;
+        assert_eq!(states(&both, 1)[..4], expected[..], "capture at {at}");
+        assert_eq!(both.stats().inconsistencies, 0, "capture at {at}");
+        assert_eq!(
+            both.stats().inconsistencies,
+            kept.stats().inconsistencies,
+            "capture at {at}"
+        );
+        assert_eq!(
+            both.thread(1).unwrap().name(),
+            kept.thread(1).unwrap().name()
+        );
+    }
+}
+
 #[test]
 fn fork_exec_exit_and_names() {
     let mut s = Script::new();

@@ -7,10 +7,12 @@
 //! ([`common::one_at_a_time`]). `blocked_syscalls`: the eBPF capture of
 //! sleeps in system calls against the trace's own syscall events, the same
 //! way; `socket_calls`: the eBPF capture of socket receives and sends,
-//! likewise.
+//! likewise; `idle_switches`: the eBPF capture of switches out of idle
+//! against the trace's own switches.
 
 mod common;
 
 mod blocked_syscalls;
+mod idle_switches;
 mod kernel;
 mod socket_calls;
