@@ -39,7 +39,8 @@
 
 use std::path::Path;
 
-use crate::capture_file::{self, CaptureLine, FileCapture, FileSink, History, Written};
+use crate::bpf::Ring;
+use crate::capture_file::{self, CaptureLine, Recorded, Written};
 use crate::Error;
 use deepspan_run::{layout::BLOCKED_SYSCALLS, BlockedSyscallsManifest};
 
@@ -160,68 +161,25 @@ pub fn read_blocked_syscalls(path: &Path) -> Result<Vec<BlockedSyscall>, Error> 
     capture_file::read_file(path)
 }
 
-/// The manifest's section for what was written.
-fn manifest(written: Written) -> BlockedSyscallsManifest {
-    BlockedSyscallsManifest {
-        file: BLOCKED_SYSCALLS.into(),
-        records: written.records,
-        lost: written.lost,
-    }
-}
+impl Recorded for BlockedSyscall {
+    const FILE: &'static str = BLOCKED_SYSCALLS;
+    const THREAD: &'static str = "deepspan-syscalls";
+    /// 48 bytes each, 24 MB: a host whose threads sleep in calls 10 000
+    /// times a second fills it in 50 s, longer than the trace's own
+    /// history on such a host.
+    const HISTORY: usize = 500_000;
+    type Section = BlockedSyscallsManifest;
 
-/// The running capture of a standard recording.
-pub(crate) struct BlockedSyscallCapture(FileCapture);
-
-impl BlockedSyscallCapture {
-    /// Loads and attaches the program; once this returns, every sleep in
-    /// a system call is captured. An error says why this kernel or build
-    /// cannot.
-    pub(crate) fn start(run: &Path) -> Result<BlockedSyscallCapture, String> {
-        let ring = program::attach()?;
-        let path = run.join(BLOCKED_SYSCALLS);
-        let sink = FileSink::<BlockedSyscall>::create(&path)?;
-        FileCapture::start("deepspan-syscalls", ring, sink, &path)
-            .map(BlockedSyscallCapture)
-            .map_err(|e| e.to_string())
+    fn attach() -> Result<Ring, String> {
+        program::attach()
     }
 
-    /// Detaches the program (once the ring is drained) and returns what
-    /// was written.
-    pub(crate) fn stop(self) -> Result<BlockedSyscallsManifest, String> {
-        self.0.stop().map(manifest)
-    }
-}
-
-/// The flight recorder's sleeps in system calls: kept in memory, the
-/// oldest dropped beyond [`BlockedSyscallHistory::MAX`], and written with
-/// each window ([`BlockedSyscallHistory::write_window`]).
-pub(crate) struct BlockedSyscallHistory(History<BlockedSyscall>);
-
-impl BlockedSyscallHistory {
-    /// Sleeps kept (48 bytes each, 24 MB): a host whose threads sleep in
-    /// calls 10 000 times a second fills it in 50 s, longer than the
-    /// trace's own history on such a host.
-    const MAX: usize = 500_000;
-
-    pub(crate) fn start() -> Result<BlockedSyscallHistory, String> {
-        let ring = program::attach()?;
-        History::start("deepspan-syscalls", ring, Self::MAX).map(BlockedSyscallHistory)
-    }
-
-    /// Writes the sleeps from `since_ns` to `end_ns` into `run`'s
-    /// blocked-syscall file, and forgets those before `since_ns` (the history
-    /// of the trace no longer reaches them). The second value says when the
-    /// window reaches back before what the history still holds.
-    pub(crate) fn write_window(
-        &self,
-        run: &Path,
-        since_ns: u64,
-        end_ns: u64,
-    ) -> Result<(BlockedSyscallsManifest, Option<String>), String> {
-        let (written, incomplete) = self
-            .0
-            .write_window(run, BLOCKED_SYSCALLS, since_ns, end_ns)?;
-        Ok((manifest(written), incomplete))
+    fn section(written: Written) -> BlockedSyscallsManifest {
+        BlockedSyscallsManifest {
+            file: BLOCKED_SYSCALLS.into(),
+            records: written.records,
+            lost: written.lost,
+        }
     }
 }
 
@@ -266,6 +224,7 @@ mod program {
 mod tests {
     use super::*;
     use crate::bpf::RecordSink;
+    use crate::capture_file::FileSink;
 
     fn sleep() -> BlockedSyscall {
         BlockedSyscall {
@@ -332,7 +291,7 @@ mod tests {
         sink.push_line(&sleep()).unwrap();
         // Shorter than a record: not one, skipped.
         sink.push(&[0u8; 12]).unwrap();
-        let m = manifest(sink.finish(2).unwrap());
+        let m = BlockedSyscall::section(sink.finish(2).unwrap());
         assert_eq!((m.records, m.lost), (1, 2));
         assert_eq!(read_blocked_syscalls(&path).unwrap(), vec![sleep()]);
         let text = std::fs::read_to_string(&path).unwrap();

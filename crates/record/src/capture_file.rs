@@ -4,13 +4,17 @@
 //! that writes a window's of it.
 //!
 //! A capture's record type says how it reads from the program's ring and
-//! from a line, and how it writes its line ([`CaptureLine`]); the rest is
-//! here, once: `blocked_syscalls.rs`, `socket_calls.rs`, `throttle.rs` and
-//! `tcpkeys.rs` keep only their record layout and their manifest section.
+//! from a line, and how it writes its line ([`CaptureLine`]); one that
+//! every recording and flight window makes also says which program, file
+//! and manifest section are its ([`Recorded`]). The rest is here, once:
+//! `blocked_syscalls.rs`, `socket_calls.rs`, `idle_switches.rs`,
+//! `throttle.rs` and `tcpkeys.rs` keep only their record layout, their
+//! program and their manifest section.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +36,29 @@ pub(crate) trait CaptureLine: Copy + Send + 'static {
     fn to_line(&self) -> String;
     /// CLOCK_MONOTONIC ns.
     fn mono_ns(&self) -> u64;
+}
+
+/// A capture that every standard recording and every flight window
+/// makes: its program, its file in the run folder and its section of the
+/// manifest. [`RunCapture`] writes it during a recording; [`History`]
+/// keeps it for the flight recorder's windows.
+pub(crate) trait Recorded: CaptureLine {
+    /// The file, relative to the run folder.
+    const FILE: &'static str;
+    /// The name of the thread that drains the program's ring.
+    const THREAD: &'static str;
+    /// Records a flight recorder keeps; beyond, the oldest are dropped.
+    const HISTORY: usize;
+    /// What a recording without the capture does instead, for its warning
+    /// (`": …"`), or nothing.
+    const WITHOUT: &'static str = "";
+    /// The manifest's section.
+    type Section;
+    /// Loads and attaches the program: once this returns, every record is
+    /// captured. An error says why this kernel or build cannot.
+    fn attach() -> Result<Ring, String>;
+    /// The manifest's section for what was written.
+    fn section(written: Written) -> Self::Section;
 }
 
 /// What a sink wrote.
@@ -198,8 +225,49 @@ impl FileCapture {
     }
 }
 
+/// The running capture `C` of a standard recording, into its file.
+pub(crate) struct RunCapture<C> {
+    capture: FileCapture,
+    kind: PhantomData<C>,
+}
+
+impl<C: Recorded> RunCapture<C> {
+    /// Starts the capture into `run`'s file; None, with a warning saying
+    /// why, when this kernel or build cannot.
+    pub(crate) fn start(run: &Path, warnings: &mut Vec<String>) -> Option<RunCapture<C>> {
+        let started = C::attach().and_then(|ring| {
+            let path = run.join(C::FILE);
+            let sink = FileSink::<C>::create(&path)?;
+            FileCapture::start(C::THREAD, ring, sink, &path).map_err(|e| e.to_string())
+        });
+        match started {
+            Ok(capture) => Some(RunCapture {
+                capture,
+                kind: PhantomData,
+            }),
+            Err(e) => {
+                warnings.push(format!("{} not recorded ({e}){}", C::WHAT, C::WITHOUT));
+                None
+            }
+        }
+    }
+
+    /// Detaches the program (once the ring is drained) and returns the
+    /// manifest's section; None, with a warning, when the file may miss
+    /// records.
+    pub(crate) fn stop(self, warnings: &mut Vec<String>) -> Option<C::Section> {
+        match self.capture.stop() {
+            Ok(written) => Some(C::section(written)),
+            Err(e) => {
+                warnings.push(format!("{} incomplete: {e}", C::WHAT));
+                None
+            }
+        }
+    }
+}
+
 /// A flight recorder's records of one capture: kept in memory, the oldest
-/// dropped beyond its maximum, and written with each window
+/// dropped beyond [`Recorded::HISTORY`], and written with each window
 /// ([`History::write_window`]).
 pub(crate) struct History<L> {
     kept: Arc<Mutex<Kept<L>>>,
@@ -225,36 +293,55 @@ impl<L> Kept<L> {
     }
 }
 
-impl<L: CaptureLine> History<L> {
-    /// Keeps `ring`'s records, at most `max` of them, drained on a thread
-    /// named `name`.
-    pub(crate) fn start(name: &str, ring: Ring, max: usize) -> Result<History<L>, String> {
-        let kept = Arc::new(Mutex::new(Kept::new(max)));
+impl<C: Recorded> History<C> {
+    /// Keeps the capture's records; None, with a warning saying why, when
+    /// this kernel or build cannot.
+    pub(crate) fn start(warnings: &mut Vec<String>) -> Option<History<C>> {
+        let kept = Arc::new(Mutex::new(Kept::new(C::HISTORY)));
         let sink = HistorySink(kept.clone());
-        let capture = Capture::start(name, ring, sink).map_err(|e| e.to_string())?;
-        Ok(History { kept, capture })
+        let started = C::attach()
+            .and_then(|ring| Capture::start(C::THREAD, ring, sink).map_err(|e| e.to_string()));
+        match started {
+            Ok(capture) => Some(History { kept, capture }),
+            Err(e) => {
+                warnings.push(format!("{} not recorded ({e}){}", C::WHAT, C::WITHOUT));
+                None
+            }
+        }
     }
 
     /// Writes the records from `since_ns` to `end_ns` (at most now) into
-    /// the file `run/file`, and forgets those before `since_ns` (the
-    /// history of the trace no longer reaches them). The ring is drained
-    /// first, so that the window holds its last moments. The second value
-    /// says when the window misses records: it reaches back before what
-    /// the history still holds, or the drain failed.
+    /// the capture's file in `run`, and forgets those before `since_ns`
+    /// (the history of the trace no longer reaches them). The ring is
+    /// drained first, so that the window holds its last moments. Returns
+    /// the manifest's section, and adds to `warnings` when the window
+    /// misses records (it reaches back before what the history still
+    /// holds, or the drain failed); None, with a warning, when the file
+    /// could not be written.
     pub(crate) fn write_window(
         &self,
         run: &Path,
-        file: &str,
         since_ns: u64,
         end_ns: u64,
-    ) -> Result<(Written, Option<String>), String> {
+        warnings: &mut Vec<String>,
+    ) -> Option<C::Section> {
         let flushed = self.capture.flush();
-        let (written, incomplete) = write_window(&self.kept, &run.join(file), since_ns, end_ns)?;
-        let not_flushed = flushed
-            .err()
-            .map(|e| format!("{} may miss the window's last moments: {e}", L::WHAT));
-        let warnings: Vec<String> = incomplete.into_iter().chain(not_flushed).collect();
-        Ok((written, (!warnings.is_empty()).then(|| warnings.join("; "))))
+        match write_window(&self.kept, &run.join(C::FILE), since_ns, end_ns) {
+            Ok((written, incomplete)) => {
+                warnings.extend(incomplete);
+                if let Err(e) = flushed {
+                    warnings.push(format!(
+                        "{} may miss the window's last moments: {e}",
+                        C::WHAT
+                    ));
+                }
+                Some(C::section(written))
+            }
+            Err(e) => {
+                warnings.push(format!("{} not written: {e}", C::WHAT));
+                None
+            }
+        }
     }
 }
 

@@ -35,16 +35,14 @@ use std::path::Path;
 use deepspan_ftrace::write::write_trace_dat;
 use deepspan_ftrace::TraceDatMeta;
 
-use crate::blocked_syscalls::BlockedSyscallHistory;
+use crate::capture_file::History;
 use crate::events::{resolve_events, EventId};
-use crate::idle_switches::IdleSwitchHistory;
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::ProcessScan;
 use crate::session::{clock_point, cpu_manifest, create_instance, instance_page_size};
-use crate::socket_calls::SocketCallHistory;
-use crate::throttle::ThrottleHistory;
 use crate::tracefs::{Instance, Tracefs};
 use crate::{sys, Error, EventSelection};
+use crate::{BlockedSyscall, IdleSwitch, SocketCall, ThrottledSwitch};
 use deepspan_run::{layout, ClockPoint, Manifest, OtlpPorts, Run, FORMAT_VERSION};
 
 /// How the flight recorder is set up.
@@ -154,14 +152,14 @@ pub struct FlightRecorder {
     /// The boot the recorder started in, for every window's manifest.
     boot_id: Option<String>,
     /// Throttled switch-outs, when this kernel and build can say.
-    throttle: Option<ThrottleHistory>,
+    throttle: Option<History<ThrottledSwitch>>,
     /// Sleeps in system calls, when this kernel and build can say.
-    syscalls: Option<BlockedSyscallHistory>,
+    syscalls: Option<History<BlockedSyscall>>,
     /// Socket receives and sends, when this kernel and build can say.
-    sockets: Option<SocketCallHistory>,
+    sockets: Option<History<SocketCall>>,
     /// Switches out of idle, which ftrace loses, when this kernel and
     /// build can say.
-    idle: Option<IdleSwitchHistory>,
+    idle: Option<History<IdleSwitch>>,
 }
 
 /// Clock samples kept: one a second for an hour is more than any window needs.
@@ -210,36 +208,10 @@ impl FlightRecorder {
         }
         let mut tasks = Tasks::default();
         tasks.scan_proc();
-        let throttle = match ThrottleHistory::start() {
-            Ok(history) => Some(history),
-            Err(e) => {
-                warnings.push(format!(
-                    "CPU throttling not recorded ({e}): the analysis infers it from idle CPUs"
-                ));
-                None
-            }
-        };
-        let syscalls = match BlockedSyscallHistory::start() {
-            Ok(history) => Some(history),
-            Err(e) => {
-                warnings.push(format!("blocked system calls not recorded ({e})"));
-                None
-            }
-        };
-        let sockets = match SocketCallHistory::start() {
-            Ok(history) => Some(history),
-            Err(e) => {
-                warnings.push(format!("socket calls not recorded ({e})"));
-                None
-            }
-        };
-        let idle = match IdleSwitchHistory::start() {
-            Ok(history) => Some(history),
-            Err(e) => {
-                warnings.push(format!("switches out of idle not recorded ({e})"));
-                None
-            }
-        };
+        let throttle = History::start(&mut warnings);
+        let syscalls = History::start(&mut warnings);
+        let sockets = History::start(&mut warnings);
+        let idle = History::start(&mut warnings);
         let start = clock_point();
         instance.write("tracing_on", "1")?;
         let cpus = (0..cpu_count)
@@ -357,57 +329,29 @@ impl FlightRecorder {
             fs::write(&scan, processes.to_json())
                 .map_err(|e| Error::output("write", &scan, run_dir, e))?;
             let mut manifest = self.manifest(start_ns, end_ns, &stats, &bytes_per_cpu);
-            if let Some(throttle) = &self.throttle {
-                // A thread switched out up to a quota period (at most 1 s)
-                // before the trace's history begins may still be held back
-                // in it.
-                let since = complete_since_ns.saturating_sub(1_000_000_000);
-                match throttle.write_window(run_dir, since, end_ns) {
-                    Ok((m, incomplete)) => {
-                        manifest.cfs_throttle = Some(m);
-                        manifest.warnings.extend(incomplete);
-                    }
-                    Err(e) => manifest
-                        .warnings
-                        .push(format!("CPU throttling not written: {e}")),
-                }
-            }
-            if let Some(syscalls) = &self.syscalls {
-                // From where the trace's history begins: a sleep is read
-                // with the trace around it.
-                match syscalls.write_window(run_dir, complete_since_ns, end_ns) {
-                    Ok((m, incomplete)) => {
-                        manifest.blocked_syscalls = Some(m);
-                        manifest.warnings.extend(incomplete);
-                    }
-                    Err(e) => manifest
-                        .warnings
-                        .push(format!("blocked system calls not written: {e}")),
-                }
-            }
-            if let Some(sockets) = &self.sockets {
-                // From where the trace's history begins, as the sleeps.
-                match sockets.write_window(run_dir, complete_since_ns, end_ns) {
-                    Ok((m, incomplete)) => {
-                        manifest.socket_calls = Some(m);
-                        manifest.warnings.extend(incomplete);
-                    }
-                    Err(e) => manifest
-                        .warnings
-                        .push(format!("socket calls not written: {e}")),
-                }
-            }
-            if let Some(idle) = &self.idle {
-                match idle.write_window(run_dir, complete_since_ns, end_ns) {
-                    Ok((m, incomplete)) => {
-                        manifest.idle_switches = Some(m);
-                        manifest.warnings.extend(incomplete);
-                    }
-                    Err(e) => manifest
-                        .warnings
-                        .push(format!("switches out of idle not written: {e}")),
-                }
-            }
+            let warnings = &mut manifest.warnings;
+            // A thread switched out up to a quota period (at most 1 s)
+            // before the trace's history begins may still be held back in
+            // it.
+            let since = complete_since_ns.saturating_sub(1_000_000_000);
+            let throttle = self.throttle.as_ref();
+            let cfs_throttle =
+                throttle.and_then(|h| h.write_window(run_dir, since, end_ns, warnings));
+            // The others from where the trace's history begins: a sleep or
+            // a call is read with the trace around it.
+            let since = complete_since_ns;
+            let syscalls = self.syscalls.as_ref();
+            let blocked_syscalls =
+                syscalls.and_then(|h| h.write_window(run_dir, since, end_ns, warnings));
+            let sockets = self.sockets.as_ref();
+            let socket_calls =
+                sockets.and_then(|h| h.write_window(run_dir, since, end_ns, warnings));
+            let idle = self.idle.as_ref();
+            let idle_switches = idle.and_then(|h| h.write_window(run_dir, since, end_ns, warnings));
+            manifest.cfs_throttle = cfs_throttle;
+            manifest.blocked_syscalls = blocked_syscalls;
+            manifest.socket_calls = socket_calls;
+            manifest.idle_switches = idle_switches;
             manifest.save(run_dir)?;
             Ok::<u64, Error>(bytes_per_cpu.iter().sum())
         })();

@@ -31,7 +31,8 @@
 
 use std::path::Path;
 
-use crate::capture_file::{self, CaptureLine, FileCapture, FileSink, History, Written};
+use crate::bpf::Ring;
+use crate::capture_file::{self, CaptureLine, Recorded, Written};
 use crate::Error;
 use deepspan_run::{layout::IDLE_SWITCHES, CaptureManifest};
 
@@ -128,64 +129,25 @@ pub fn read_idle_switches(path: &Path) -> Result<Vec<IdleSwitch>, Error> {
     capture_file::read_file(path)
 }
 
-fn manifest(written: Written) -> CaptureManifest {
-    CaptureManifest {
-        file: IDLE_SWITCHES.into(),
-        records: written.records,
-        lost: written.lost,
-    }
-}
+impl Recorded for IdleSwitch {
+    const FILE: &'static str = IDLE_SWITCHES;
+    const THREAD: &'static str = "deepspan-idle";
+    /// 24 bytes each, 24 MB: a host whose CPUs wake from idle 20 000 times
+    /// a second fills it in 50 s, longer than the trace's own history on
+    /// such a host.
+    const HISTORY: usize = 1_000_000;
+    type Section = CaptureManifest;
 
-/// The running capture of a standard recording.
-pub(crate) struct IdleSwitchCapture(FileCapture);
-
-impl IdleSwitchCapture {
-    /// Loads and attaches the program; once this returns, every switch out
-    /// of idle is captured. An error says why this kernel or build cannot.
-    pub(crate) fn start(run: &Path) -> Result<IdleSwitchCapture, String> {
-        let ring = program::attach()?;
-        let path = run.join(IDLE_SWITCHES);
-        let sink = FileSink::<IdleSwitch>::create(&path)?;
-        FileCapture::start("deepspan-idle", ring, sink, &path)
-            .map(IdleSwitchCapture)
-            .map_err(|e| e.to_string())
+    fn attach() -> Result<Ring, String> {
+        program::attach()
     }
 
-    /// Detaches the program (once the ring is drained) and returns what
-    /// was written.
-    pub(crate) fn stop(self) -> Result<CaptureManifest, String> {
-        self.0.stop().map(manifest)
-    }
-}
-
-/// The flight recorder's idle switches: kept in memory, the oldest
-/// dropped beyond [`IdleSwitchHistory::MAX`], and written with each
-/// window.
-pub(crate) struct IdleSwitchHistory(History<IdleSwitch>);
-
-impl IdleSwitchHistory {
-    /// Switches kept (24 bytes each, 24 MB): a host whose CPUs wake from
-    /// idle 20 000 times a second fills it in 50 s, longer than the
-    /// trace's own history on such a host.
-    const MAX: usize = 1_000_000;
-
-    pub(crate) fn start() -> Result<IdleSwitchHistory, String> {
-        let ring = program::attach()?;
-        History::start("deepspan-idle", ring, Self::MAX).map(IdleSwitchHistory)
-    }
-
-    /// Writes the switches from `since_ns` to `end_ns` into `run`'s
-    /// idle-switch file, and forgets those before `since_ns`. The second
-    /// value says when the window reaches back before what the history
-    /// still holds.
-    pub(crate) fn write_window(
-        &self,
-        run: &Path,
-        since_ns: u64,
-        end_ns: u64,
-    ) -> Result<(CaptureManifest, Option<String>), String> {
-        let (written, incomplete) = self.0.write_window(run, IDLE_SWITCHES, since_ns, end_ns)?;
-        Ok((manifest(written), incomplete))
+    fn section(written: Written) -> CaptureManifest {
+        CaptureManifest {
+            file: IDLE_SWITCHES.into(),
+            records: written.records,
+            lost: written.lost,
+        }
     }
 }
 
@@ -219,6 +181,7 @@ mod program {
 mod tests {
     use super::*;
     use crate::bpf::RecordSink;
+    use crate::capture_file::FileSink;
 
     fn switch() -> IdleSwitch {
         IdleSwitch {
@@ -270,7 +233,7 @@ mod tests {
         sink.push_line(&switch()).unwrap();
         sink.push(&[0u8; 12]).unwrap();
         assert_eq!(
-            manifest(sink.finish(2).unwrap()),
+            IdleSwitch::section(sink.finish(2).unwrap()),
             CaptureManifest {
                 file: "kernel/idle_switches.tsv".into(),
                 records: 1,

@@ -10,18 +10,16 @@ use std::time::{Duration, Instant};
 
 use deepspan_ftrace::{write_trace_dat, TraceDatMeta};
 
-use crate::blocked_syscalls::BlockedSyscallCapture;
 use crate::capture::{drain_cpu, DrainLimit, Streams};
+use crate::capture_file::RunCapture;
 use crate::events::{resolve_events, EventId};
-use crate::idle_switches::IdleSwitchCapture;
 use crate::journal::{InstanceOwner, Journal, ProcessId};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::ProcessScan;
-use crate::socket_calls::SocketCallCapture;
 use crate::tcpkeys::TcpKeyCapture;
-use crate::throttle::ThrottleCapture;
 use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
 use crate::{sys, Error, EventSelection, Mode, Progress, RecordOptions, RecordSummary};
+use crate::{BlockedSyscall, IdleSwitch, SocketCall, ThrottledSwitch};
 use deepspan_run::{
     layout, ClockPoint, CpuManifest, Manifest, OtlpPorts, ProfileManifest, Run, Snapshot,
     FORMAT_VERSION,
@@ -276,51 +274,22 @@ impl Session {
             true => Some(TcpKeyCapture::start(&run.path, traced_netns(&opts.pids))?),
             false => None,
         };
-        let throttle = match opts.mode {
-            Mode::Standard => match ThrottleCapture::start(&run.path) {
-                Ok(capture) => Some(capture),
-                Err(e) => {
-                    self.warnings.push(format!(
-                        "CPU throttling not recorded ({e}): the analysis infers it from idle CPUs"
-                    ));
-                    None
-                }
-            },
-            Mode::Flight => None,
-        };
-        let syscalls = match opts.mode {
-            Mode::Standard => match BlockedSyscallCapture::start(&run.path) {
-                Ok(capture) => Some(capture),
-                Err(e) => {
-                    self.warnings
-                        .push(format!("blocked system calls not recorded ({e})"));
-                    None
-                }
-            },
-            Mode::Flight => None,
-        };
-        let sockets = match opts.mode {
-            Mode::Standard => match SocketCallCapture::start(&run.path) {
-                Ok(capture) => Some(capture),
-                Err(e) => {
-                    self.warnings
-                        .push(format!("socket calls not recorded ({e})"));
-                    None
-                }
-            },
-            Mode::Flight => None,
-        };
-        let idle = match opts.mode {
-            Mode::Standard => match IdleSwitchCapture::start(&run.path) {
-                Ok(capture) => Some(capture),
-                Err(e) => {
-                    self.warnings
-                        .push(format!("switches out of idle not recorded ({e})"));
-                    None
-                }
-            },
-            Mode::Flight => None,
-        };
+        // The captures every standard recording makes; the flight
+        // recorder keeps its own (`flight.rs`).
+        let standard = opts.mode == Mode::Standard;
+        let warnings = &mut self.warnings;
+        let throttle = standard
+            .then(|| RunCapture::<ThrottledSwitch>::start(&run.path, warnings))
+            .flatten();
+        let syscalls = standard
+            .then(|| RunCapture::<BlockedSyscall>::start(&run.path, warnings))
+            .flatten();
+        let sockets = standard
+            .then(|| RunCapture::<SocketCall>::start(&run.path, warnings))
+            .flatten();
+        let idle = standard
+            .then(|| RunCapture::<IdleSwitch>::start(&run.path, warnings))
+            .flatten();
         self.instance.write("tracing_on", "1")?;
         let mut sampler = match opts.profile_hz {
             Some(hz) => Some(deepspan_profile::Sampler::start(&run.path, self.cpus, hz)?),
@@ -464,36 +433,11 @@ impl Session {
                 Err(e) => self.warnings.push(format!("TCP segments incomplete: {e}")),
             }
         }
-        if let Some(capture) = throttle {
-            match capture.stop() {
-                Ok(m) => manifest.cfs_throttle = Some(m),
-                Err(e) => self
-                    .warnings
-                    .push(format!("CPU throttling changes incomplete: {e}")),
-            }
-        }
-        if let Some(capture) = syscalls {
-            match capture.stop() {
-                Ok(m) => manifest.blocked_syscalls = Some(m),
-                Err(e) => self
-                    .warnings
-                    .push(format!("blocked system calls incomplete: {e}")),
-            }
-        }
-        if let Some(capture) = sockets {
-            match capture.stop() {
-                Ok(m) => manifest.socket_calls = Some(m),
-                Err(e) => self.warnings.push(format!("socket calls incomplete: {e}")),
-            }
-        }
-        if let Some(capture) = idle {
-            match capture.stop() {
-                Ok(m) => manifest.idle_switches = Some(m),
-                Err(e) => self
-                    .warnings
-                    .push(format!("switches out of idle incomplete: {e}")),
-            }
-        }
+        let warnings = &mut self.warnings;
+        manifest.cfs_throttle = throttle.and_then(|c| c.stop(warnings));
+        manifest.blocked_syscalls = syscalls.and_then(|c| c.stop(warnings));
+        manifest.socket_calls = sockets.and_then(|c| c.stop(warnings));
+        manifest.idle_switches = idle.and_then(|c| c.stop(warnings));
         if let (Some(s), Some(hz)) = (sampler.take(), opts.profile_hz) {
             match s.stop() {
                 Ok(st) => {

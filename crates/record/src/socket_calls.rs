@@ -41,7 +41,8 @@
 
 use std::path::Path;
 
-use crate::capture_file::{self, CaptureLine, FileCapture, FileSink, History, Written};
+use crate::bpf::Ring;
+use crate::capture_file::{self, CaptureLine, Recorded, Written};
 use crate::Error;
 use deepspan_run::{layout::SOCKET_CALLS, SocketCallsManifest};
 
@@ -158,65 +159,25 @@ pub fn read_socket_calls(path: &Path) -> Result<Vec<SocketCall>, Error> {
     capture_file::read_file(path)
 }
 
-/// The manifest's section for what was written.
-fn manifest(written: Written) -> SocketCallsManifest {
-    SocketCallsManifest {
-        file: SOCKET_CALLS.into(),
-        records: written.records,
-        lost: written.lost,
-    }
-}
+impl Recorded for SocketCall {
+    const FILE: &'static str = SOCKET_CALLS;
+    const THREAD: &'static str = "deepspan-sockets";
+    /// 32 bytes each, 32 MB: a host making 20 000 socket calls a second
+    /// fills it in 50 s, longer than the trace's own history on such a
+    /// host.
+    const HISTORY: usize = 1_000_000;
+    type Section = SocketCallsManifest;
 
-/// The running capture of a standard recording.
-pub(crate) struct SocketCallCapture(FileCapture);
-
-impl SocketCallCapture {
-    /// Loads and attaches the program; once this returns, every socket
-    /// call is captured. An error says why this kernel or build cannot.
-    pub(crate) fn start(run: &Path) -> Result<SocketCallCapture, String> {
-        let ring = program::attach()?;
-        let path = run.join(SOCKET_CALLS);
-        let sink = FileSink::<SocketCall>::create(&path)?;
-        FileCapture::start("deepspan-sockets", ring, sink, &path)
-            .map(SocketCallCapture)
-            .map_err(|e| e.to_string())
+    fn attach() -> Result<Ring, String> {
+        program::attach()
     }
 
-    /// Detaches the program (once the ring is drained) and returns what
-    /// was written.
-    pub(crate) fn stop(self) -> Result<SocketCallsManifest, String> {
-        self.0.stop().map(manifest)
-    }
-}
-
-/// The flight recorder's socket calls: kept in memory, the oldest dropped
-/// beyond [`SocketCallHistory::MAX`], and written with each window
-/// ([`SocketCallHistory::write_window`]).
-pub(crate) struct SocketCallHistory(History<SocketCall>);
-
-impl SocketCallHistory {
-    /// Calls kept (32 bytes each, 32 MB): a host making 20 000 socket
-    /// calls a second fills it in 50 s, longer than the trace's own
-    /// history on such a host.
-    const MAX: usize = 1_000_000;
-
-    pub(crate) fn start() -> Result<SocketCallHistory, String> {
-        let ring = program::attach()?;
-        History::start("deepspan-sockets", ring, Self::MAX).map(SocketCallHistory)
-    }
-
-    /// Writes the calls from `since_ns` to `end_ns` into `run`'s
-    /// socket-call file, and forgets those before `since_ns` (the history
-    /// of the trace no longer reaches them). The second value says when the
-    /// window reaches back before what the history still holds.
-    pub(crate) fn write_window(
-        &self,
-        run: &Path,
-        since_ns: u64,
-        end_ns: u64,
-    ) -> Result<(SocketCallsManifest, Option<String>), String> {
-        let (written, incomplete) = self.0.write_window(run, SOCKET_CALLS, since_ns, end_ns)?;
-        Ok((manifest(written), incomplete))
+    fn section(written: Written) -> SocketCallsManifest {
+        SocketCallsManifest {
+            file: SOCKET_CALLS.into(),
+            records: written.records,
+            lost: written.lost,
+        }
     }
 }
 
@@ -250,6 +211,7 @@ mod program {
 mod tests {
     use super::*;
     use crate::bpf::RecordSink;
+    use crate::capture_file::FileSink;
 
     fn recv() -> SocketCall {
         SocketCall {
@@ -364,7 +326,7 @@ mod tests {
         sink.push_line(&send()).unwrap();
         // Shorter than a record: not one, skipped.
         sink.push(&[0u8; 12]).unwrap();
-        let m = manifest(sink.finish(3).unwrap());
+        let m = SocketCall::section(sink.finish(3).unwrap());
         assert_eq!(
             m,
             SocketCallsManifest {

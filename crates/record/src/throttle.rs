@@ -18,7 +18,8 @@
 
 use std::path::Path;
 
-use crate::capture_file::{self, CaptureLine, FileCapture, FileSink, History, Written};
+use crate::bpf::Ring;
+use crate::capture_file::{self, CaptureLine, Recorded, Written};
 use crate::Error;
 use deepspan_run::{layout::CFS_THROTTLE, ThrottleManifest};
 
@@ -103,64 +104,25 @@ pub fn read_throttled_switches(path: &Path) -> Result<Vec<ThrottledSwitch>, Erro
     capture_file::read_file(path)
 }
 
-/// The manifest's section for what was written.
-fn manifest(written: Written) -> ThrottleManifest {
-    ThrottleManifest {
-        file: CFS_THROTTLE.into(),
-        switches: written.records,
-        lost: written.lost,
-    }
-}
+impl Recorded for ThrottledSwitch {
+    const FILE: &'static str = CFS_THROTTLE;
+    const THREAD: &'static str = "deepspan-throttle";
+    /// A thread throttled in every 100 ms period makes 10 a second, so
+    /// 100 000 are minutes of a busy host's throttling.
+    const HISTORY: usize = 100_000;
+    const WITHOUT: &'static str = ": the analysis infers CPU throttling from idle CPUs";
+    type Section = ThrottleManifest;
 
-/// The running capture.
-pub(crate) struct ThrottleCapture(FileCapture);
-
-impl ThrottleCapture {
-    /// Loads and attaches the program; once this returns, every throttled
-    /// switch-out is captured. An error says why this kernel or build cannot.
-    pub(crate) fn start(run: &Path) -> Result<ThrottleCapture, String> {
-        let ring = program::attach()?;
-        let path = run.join(CFS_THROTTLE);
-        let sink = FileSink::<ThrottledSwitch>::create(&path)?;
-        FileCapture::start("deepspan-throttle", ring, sink, &path)
-            .map(ThrottleCapture)
-            .map_err(|e| e.to_string())
+    fn attach() -> Result<Ring, String> {
+        program::attach()
     }
 
-    /// Detaches the program (once the ring is drained) and returns what
-    /// was written.
-    pub(crate) fn stop(self) -> Result<ThrottleManifest, String> {
-        self.0.stop().map(manifest)
-    }
-}
-
-/// The flight recorder's throttled switch-outs: kept in memory, the
-/// oldest dropped beyond [`ThrottleHistory::MAX`], and written with each
-/// window ([`ThrottleHistory::write_window`]).
-pub(crate) struct ThrottleHistory(History<ThrottledSwitch>);
-
-impl ThrottleHistory {
-    /// Switch-outs kept: a thread throttled in every 100 ms period makes
-    /// 10 a second, so 100 000 are minutes of a busy host's throttling.
-    const MAX: usize = 100_000;
-
-    pub(crate) fn start() -> Result<ThrottleHistory, String> {
-        let ring = program::attach()?;
-        History::start("deepspan-throttle", ring, Self::MAX).map(ThrottleHistory)
-    }
-
-    /// Writes the switch-outs from `since_ns` to `end_ns` into `run`'s
-    /// throttling file, and forgets those before `since_ns` (the history
-    /// of the trace no longer reaches them). The second value says when the
-    /// window reaches back before what the history still holds.
-    pub(crate) fn write_window(
-        &self,
-        run: &Path,
-        since_ns: u64,
-        end_ns: u64,
-    ) -> Result<(ThrottleManifest, Option<String>), String> {
-        let (written, incomplete) = self.0.write_window(run, CFS_THROTTLE, since_ns, end_ns)?;
-        Ok((manifest(written), incomplete))
+    fn section(written: Written) -> ThrottleManifest {
+        ThrottleManifest {
+            file: CFS_THROTTLE.into(),
+            switches: written.records,
+            lost: written.lost,
+        }
     }
 }
 
@@ -193,6 +155,7 @@ mod program {
 mod tests {
     use super::*;
     use crate::bpf::RecordSink;
+    use crate::capture_file::FileSink;
 
     #[test]
     fn a_line_reads_back() {
@@ -242,7 +205,7 @@ mod tests {
         record[0..8].copy_from_slice(&5u64.to_ne_bytes());
         record[12..16].copy_from_slice(&42i32.to_ne_bytes());
         sink.push(&record).unwrap();
-        let m = manifest(sink.finish(2).unwrap());
+        let m = ThrottledSwitch::section(sink.finish(2).unwrap());
         assert_eq!((m.switches, m.lost), (1, 2));
         let expected = vec![ThrottledSwitch {
             mono_ns: 5,
