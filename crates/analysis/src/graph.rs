@@ -382,6 +382,26 @@ impl Graph {
         self.push_vertex(worker, ts, kind, q)
     }
 
+    /// Makes `v` the last vertex of its row again, dropping the vertices
+    /// after it and its outgoing horizontal edge: a row rewritten while it
+    /// is built, when what followed `v` turned out to be part of the edge
+    /// that will leave `v`. Refused (false) when one of the dropped
+    /// vertices has a vertical edge, which would be left dangling.
+    pub fn truncate_after(&mut self, v: VertexId) -> bool {
+        let Some(row) = self.workers.get_mut(v.worker as usize) else {
+            return false;
+        };
+        let keep = v.index as usize + 1;
+        if keep > row.vertices.len() || row.vertices[keep..].iter().any(|x| x.links != NONE) {
+            return false;
+        }
+        row.vertices.truncate(keep);
+        let last = &mut row.vertices[keep - 1];
+        last.h_out = EdgeType::NoEdge;
+        last.h_qualifier = 0;
+        true
+    }
+
     /// Adds a vertical edge. Refused (false) when `from == to` or when one
     /// of the two slots is already taken, so each vertex keeps at most one
     /// incoming and one outgoing vertical edge.

@@ -204,6 +204,17 @@ pub(super) struct ThreadRec {
     forked: bool,
     pending_waking: Option<u64>,
     worker: u32,
+    /// A wait that a timer woke the thread from, which it may resume (see
+    /// [`StateBuilder::resume_or_end_wait`]).
+    resumable: Option<ResumableWait>,
+}
+
+/// A sleep in a system call that a timer ended: where its graph edge
+/// began, and the call (number and first two arguments).
+#[derive(Clone, Copy)]
+struct ResumableWait {
+    vertex: VertexId,
+    call: (i32, u64, u64),
 }
 
 #[derive(Clone, Copy)]
@@ -874,6 +885,7 @@ impl StateBuilder {
             forked: false,
             pending_waking: None,
             worker: NO_WORKER,
+            resumable: None,
         });
         self.index.insert(tid, i as u32);
         i
@@ -945,6 +957,10 @@ impl StateBuilder {
     /// Moves thread `t` to `state` at `ts`, closing the previous interval and
     /// extending the graph (a vertex only where the edge type changes).
     fn transition(&mut self, t: usize, ts: u64, state: ThreadState, cpu: u32) {
+        if state == ThreadState::Unknown {
+            // What the thread did since is not known: no wait resumes.
+            self.threads[t].resumable = None;
+        }
         let old = self.threads[t].open;
         if self.switch_out_calls
             && state == ThreadState::Running
@@ -1002,6 +1018,9 @@ impl StateBuilder {
     /// A vertex of thread `t` at `ts`, splitting its current graph edge
     /// (the state interval stays whole).
     pub(super) fn vertex_now(&mut self, t: usize, ts: u64) -> VertexId {
+        // A vertex others link to or keep: the row up to here stays as it
+        // is, so a wait before it is not resumed across it.
+        self.threads[t].resumable = None;
         let worker = self.worker(t);
         match self.threads[t].open {
             Some(o) => {
@@ -1055,6 +1074,7 @@ impl StateBuilder {
         th.exiting = false;
         th.forked = false;
         th.pending_waking = None;
+        th.resumable = None;
     }
 
     fn sched_switch(&mut self, ts: u64, cpu: u32, s: &SchedSwitch) {
@@ -1219,6 +1239,7 @@ impl StateBuilder {
                 if let Some(o) = self.threads[t].open.as_mut() {
                     o.state = ThreadState::Blocked(reason);
                 }
+                self.resume_or_end_wait(t, reason);
                 if reason == BlockReason::Network {
                     self.name_network_edge(t, ts, cpu);
                 }
@@ -1235,6 +1256,50 @@ impl StateBuilder {
                     }
                 }
             }
+        }
+    }
+
+    /// A wait that a timer interrupted but did not end is one wait, and
+    /// what ends it is what it waited for. A thread woken by a timer from
+    /// a sleep in a system call that, without touching another thread
+    /// (no wake-up given, no packet sent: no vertex others link to), sleeps
+    /// again in the same call (the same number and first two arguments)
+    /// and is then woken by a thread, waited for that thread all along:
+    /// its graph row is cut back to where the first sleep began, so that
+    /// one BLOCKED edge spans both sleeps and the run between, and the
+    /// critical path follows the waker over all of it. Without this a
+    /// timeout the thread answers by waiting again (PostgreSQL's `SIGALRM`
+    /// inside a lock wait, a poll loop's timeout) would end the path at a
+    /// TIMER piece. Its thread states stay as they were. Called with the
+    /// reason of each wake-up from a sleep, before the graph is extended.
+    fn resume_or_end_wait(&mut self, t: usize, reason: BlockReason) {
+        if !self.graph_on {
+            return;
+        }
+        let call = self.threads[t]
+            .open_syscall
+            .filter(|s| s.id >= 0)
+            .map(|s| (s.id, s.arg0, s.arg1));
+        match reason {
+            BlockReason::Timer => {
+                let kept = self.threads[t].resumable.filter(|r| Some(r.call) == call);
+                let resumable = kept.or_else(|| {
+                    let call = call?;
+                    let start = self.threads[t].open?.start;
+                    let worker = self.worker(t);
+                    let vertex = self.graph.tail(worker)?;
+                    (self.graph.ts(vertex) == start).then_some(ResumableWait { vertex, call })
+                });
+                self.threads[t].resumable = resumable;
+            }
+            BlockReason::Thread(_) | BlockReason::PacketFrom(_) => {
+                if let Some(r) = self.threads[t].resumable.take() {
+                    if Some(r.call) == call && self.graph.truncate_after(r.vertex) {
+                        self.stats.resumed_waits += 1;
+                    }
+                }
+            }
+            _ => self.threads[t].resumable = None,
         }
     }
 

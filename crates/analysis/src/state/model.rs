@@ -380,6 +380,10 @@ pub struct ModelStats {
     /// recorder's capture of them (see
     /// [`StateBuilder::idle_switch`](crate::StateBuilder::idle_switch)).
     pub idle_switches_added: u64,
+    /// Waits a timer interrupted that the thread resumed, in the same
+    /// call, until a thread woke it: one wait in the execution graph (see
+    /// docs/analysis.md, "Resumed waits").
+    pub resumed_waits: u64,
     /// Wake-ups by an interrupt that ran while a recorder thread was
     /// current (see
     /// [`StateBuilder::recorder_threads`](crate::StateBuilder::recorder_threads)).

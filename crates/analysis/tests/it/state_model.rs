@@ -483,6 +483,73 @@ fn a_switch_out_of_idle_the_trace_lost_is_taken_from_the_capture() {
     }
 }
 
+/// A wait a timer interrupted without ending it is one wait: thread 1
+/// sleeps in `epoll_wait`, a timer wakes it, it sleeps again in the same
+/// call, and thread 2 wakes it. Its critical path follows thread 2 from the
+/// first sleep on. Another call the second time, or a wake-up thread 1
+/// gives in between, keeps the timer's piece.
+#[test]
+fn a_wait_resumed_after_a_timer_is_one_wait_for_its_waker() {
+    const EPOLL_WAIT: i64 = 232;
+    let run = |second_epfd: u64, wakes_another: bool| {
+        let mut s = Script::new();
+        s.switch(5, 1, 0, 0, 2)
+            .switch(10, 0, 0, 0, 1)
+            .enter(11, 0, EPOLL_WAIT, 7)
+            .switch(12, 0, 1, 1, 0)
+            .timer(20, 0, 1)
+            .switch(21, 0, 0, 0, 1)
+            .exit(22, 0, EPOLL_WAIT, -4);
+        if wakes_another {
+            s.switch(22, 1, 2, 1, 3)
+                .switch(23, 1, 3, 1, 2)
+                .wake(23, 0, 3, true);
+        }
+        s.enter(24, 0, EPOLL_WAIT, second_epfd)
+            .switch(25, 0, 1, 1, 0)
+            .wake(40, 1, 1, true)
+            .switch(41, 0, 0, 0, 1);
+        let m = s.model();
+        let pieces: Vec<_> = critical_path(&m, 1, 10, 45)
+            .pieces
+            .iter()
+            .map(|p| (p.start, p.end, p.tid, p.state))
+            .collect();
+        (m, pieces)
+    };
+    let (resumed, pieces) = run(7, false);
+    assert_eq!(resumed.stats().resumed_waits, 1);
+    assert_eq!(
+        pieces,
+        vec![
+            (10, 12, 1, EdgeType::Running),
+            (12, 40, 2, EdgeType::Running),
+            (40, 41, 1, EdgeType::Preempted),
+        ]
+    );
+    // The thread's own states still say what happened.
+    assert_eq!(
+        states(&resumed, 1)[1..4],
+        [
+            (12, 20, ThreadState::Blocked(BlockReason::Timer)),
+            (20, 21, ThreadState::WaitCpu),
+            (21, 25, ThreadState::Running),
+        ]
+    );
+    for (epfd, wakes_another) in [(8, false), (7, true)] {
+        let (m, pieces) = run(epfd, wakes_another);
+        assert_eq!(
+            m.stats().resumed_waits,
+            0,
+            "epfd {epfd}, wakes {wakes_another}"
+        );
+        assert!(
+            pieces.contains(&(12, 20, 1, EdgeType::Timer)),
+            "epfd {epfd}, wakes {wakes_another}: {pieces:?}"
+        );
+    }
+}
+
 #[test]
 fn fork_exec_exit_and_names() {
     let mut s = Script::new();
