@@ -55,8 +55,8 @@ pub struct DemoArgs {
     #[arg(long)]
     no_sdk: bool,
     /// The kernel events each scenario records (`deepspan record
-    /// --events`): a preset (`analysis`, `lean`) or a list.
-    #[arg(long, default_value = "analysis")]
+    /// --events`): a preset (`lean`, `analysis`) or a list.
+    #[arg(long, default_value = "lean")]
     events: String,
 }
 

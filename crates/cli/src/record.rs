@@ -32,15 +32,15 @@ pub struct RecordArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=16384))]
     buffer_mb: u64,
     /// An event preset or a comma-separated list of events
-    /// (`sched:sched_switch,irq:*,sched_wakeup`). Presets: `analysis` (the
-    /// default: what every analysis reads); `lean` (`analysis` without the
-    /// system-call events, a fraction of the cost on syscall-heavy
-    /// services: what a blocked thread waits in and the socket calls that
-    /// place spans come from eBPF captures instead, but the calls that
-    /// never sleep and the calls' return values, such as read sizes for
-    /// page-cache miss ratios, are not known); `minimal` (the scheduler
-    /// only).
-    #[arg(long, default_value = "analysis")]
+    /// (`sched:sched_switch,irq:*,sched_wakeup`). Presets: `lean` (the
+    /// default: every event the analysis reads but the system calls; what a
+    /// blocked thread waits in and the socket calls that place spans come
+    /// from eBPF captures instead, at a fraction of the cost on
+    /// syscall-heavy services); `analysis` (`lean` and every system call
+    /// with its return value, for a deep dive: the calls that never sleep
+    /// in the system-call table, read sizes for page-cache miss ratios);
+    /// `minimal` (the scheduler only).
+    #[arg(long, default_value = "lean")]
     events: String,
     /// Trace only these processes (and their children); repeatable.
     #[arg(long = "pid", value_name = "PID")]

@@ -35,7 +35,7 @@ impl fmt::Display for EventId {
 /// state model"), but for the system-call events (see [`SYSCALLS`]).
 /// Events a kernel lacks (IPIs of other architectures) are skipped.
 ///
-/// As the `lean` preset (the agent's default): the system-call events put
+/// As the `lean` preset (the default of `record` and the agent): the system-call events put
 /// every thread of the host on the system-call slow path and are most of
 /// a trace's events. What a blocked thread waits in comes from the
 /// recorder's switch-out capture instead (`kernel/blocked_syscalls.tsv`,

@@ -105,7 +105,8 @@ impl Mode {
     }
 }
 
-/// Which kernel events to enable.
+/// Which kernel events to enable; by default the `lean` preset, as
+/// `deepspan record` and the agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EventSelection {
     /// A preset or a comma list, resolved against the running kernel when
@@ -129,7 +130,7 @@ impl From<&str> for EventSelection {
 
 impl Default for EventSelection {
     fn default() -> Self {
-        EventSelection::Spec("analysis".to_string())
+        EventSelection::Spec("lean".to_string())
     }
 }
 

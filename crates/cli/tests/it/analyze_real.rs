@@ -72,7 +72,19 @@ struct Case {
 
 /// Records `cases.py CASE OUT EXTRA…` under `deepspan record` (spans sent
 /// to the run's receiver on ports the system picks) and analyses the run.
+/// The full preset: every system call with its return value. A disk
+/// diagnosis's page-cache miss ratio needs what the reads returned, which
+/// the default (`lean`) does not record.
+const FULL_PRESET: &[&str] = &["--events", "analysis"];
+
+/// [`record_case_with`] and `record`'s default events.
 fn record_case(case: &str, extra: &[&str]) -> Case {
+    record_case_with(case, extra, &[])
+}
+
+/// Case `case` of cases.py, with `extra` arguments, recorded by `deepspan
+/// record` with `record_args`, imported and analysed.
+fn record_case_with(case: &str, extra: &[&str], record_args: &[&str]) -> Case {
     require_python();
     // Under the target folder: a real disk (O_DIRECT does not work on tmpfs).
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
@@ -82,6 +94,7 @@ fn record_case(case: &str, extra: &[&str]) -> Case {
     let mut rec = deepspan();
     crate::common::ahead_of_other_load(&mut rec);
     rec.arg("record")
+        .args(record_args)
         .arg("-o")
         .arg(&run)
         .args(["--otlp-grpc-port", "0", "--otlp-http-port", "0"])
@@ -507,7 +520,7 @@ fn o_direct_read_waits_on_the_block_device() {
     let Some(_one) = exclusive_kernel_test("o_direct_read_waits_on_the_block_device") else {
         return;
     };
-    let case = record_case("odirect", &[]);
+    let case = record_case_with("odirect", &[], FULL_PRESET);
     let report = case.report_json("read");
     assert_well_formed(&report);
     let total = duration(&report);
@@ -580,7 +593,7 @@ fn a_process_flooding_the_disk_is_named_for_a_read_that_waits() {
     else {
         return;
     };
-    let case = record_case("diskflood", &[]);
+    let case = record_case_with("diskflood", &[], FULL_PRESET);
     let report = case.report_json("read");
     assert_well_formed(&report);
     let text = case.report_text("read");

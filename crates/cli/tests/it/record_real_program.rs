@@ -108,9 +108,12 @@ fn records_a_multithreaded_program_and_trace_cmd_agrees() {
     let _one = one_at_a_time();
     let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
     let run = tmp.path().join("run");
+    // The full preset: the checks below read the program's system calls.
     let child = deepspan()
         .args([
             "record",
+            "--events",
+            "analysis",
             "--otlp-grpc-port",
             "0",
             "--otlp-http-port",

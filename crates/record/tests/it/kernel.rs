@@ -382,6 +382,8 @@ fn pid_filter_follows_the_process_and_its_children() {
     let mut opts = RecordOptions::new(&run);
     opts.pids = vec![pid];
     opts.duration = Some(Duration::from_millis(1500));
+    // The full preset: the filter is checked on the system-call events.
+    opts.events = "analysis".into();
     record(&opts, &mut |_| {}).expect("record");
     assert_eq!(Manifest::load(&run).unwrap().pids, vec![pid]);
 
