@@ -21,12 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deepspan_model::EventKind;
-use deepspan_record::{
-    clock_sample, read_blocked_syscalls, record, BlockedSyscall, RecordOptions, WindowOutcome,
-};
+use deepspan_record::{clock_sample, read_blocked_syscalls, record, BlockedSyscall, RecordOptions};
 use deepspan_run::Manifest;
 
-use crate::kernel::{kernel, switches_flight_recorder, Sweep};
+use crate::kernel::{flight_window, kernel, switches_flight_recorder, Sweep};
 
 /// The pipe's read end, at an fd number nothing else of this process has.
 const PIPE_FD: i32 = 777;
@@ -392,13 +390,7 @@ fn flight_recorder_windows_hold_the_sleeps_in_system_calls() {
     .join()
     .unwrap();
     let end = clock_sample()[1];
-    let dir = tempfile::tempdir().unwrap();
-    let outcome = flight.snapshot(start, end, dir.path()).expect("snapshot");
-    assert!(
-        matches!(outcome, WindowOutcome::Written { .. }),
-        "{outcome:?}"
-    );
-    let manifest = Manifest::load(dir.path()).expect("manifest");
+    let (dir, manifest) = flight_window(&mut flight, start, end);
     let section = manifest
         .blocked_syscalls
         .unwrap_or_else(|| panic!("no blocked system calls recorded: {:?}", manifest.warnings));

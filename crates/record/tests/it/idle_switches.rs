@@ -31,13 +31,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deepspan_model::EventKind;
-use deepspan_record::{
-    clock_sample, read_idle_switches, record, IdleSwitch, RecordOptions, WindowOutcome,
-};
+use deepspan_record::{clock_sample, read_idle_switches, record, IdleSwitch, RecordOptions};
 use deepspan_run::Manifest;
 
 use crate::blocked_syscalls::gettid;
-use crate::kernel::{kernel, switches_flight_recorder, Sweep};
+use crate::kernel::{flight_window, kernel, switches_flight_recorder, Sweep};
 
 /// How far apart the trace's stamp and the capture's of one switch may be.
 /// Both probes run in one call of the `sched_switch` tracepoint, with the
@@ -242,13 +240,7 @@ fn flight_recorder_windows_hold_the_switches_out_of_idle() {
     .join()
     .unwrap();
     let end = clock_sample()[1];
-    let dir = tempfile::tempdir().unwrap();
-    let outcome = flight.snapshot(start, end, dir.path()).expect("snapshot");
-    assert!(
-        matches!(outcome, WindowOutcome::Written { .. }),
-        "{outcome:?}"
-    );
-    let manifest = Manifest::load(dir.path()).expect("manifest");
+    let (dir, manifest) = flight_window(&mut flight, start, end);
     let section = manifest
         .idle_switches
         .unwrap_or_else(|| panic!("no idle switches recorded: {:?}", manifest.warnings));

@@ -74,6 +74,24 @@ pub(crate) fn switches_flight_recorder(tracefs: &Tracefs) -> (Sweep, FlightRecor
     (sweep, flight)
 }
 
+/// The flight recorder's window `[start, end]`, written into a new folder:
+/// the folder and the window's manifest. Fails the test when no window was
+/// written.
+pub(crate) fn flight_window(
+    flight: &mut FlightRecorder,
+    start: u64,
+    end: u64,
+) -> (tempfile::TempDir, Manifest) {
+    let dir = tempfile::tempdir().unwrap();
+    let outcome = flight.snapshot(start, end, dir.path()).expect("snapshot");
+    assert!(
+        matches!(outcome, WindowOutcome::Written { .. }),
+        "{outcome:?}"
+    );
+    let manifest = Manifest::load(dir.path()).expect("manifest");
+    (dir, manifest)
+}
+
 /// Removes, when dropped, every instance of the given pids, so that a
 /// failing test never leaves one behind.
 pub(crate) struct Sweep {

@@ -33,13 +33,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deepspan_record::{
-    clock_sample, read_socket_calls, record, RecordOptions, SocketCall, WindowOutcome,
-};
+use deepspan_record::{clock_sample, read_socket_calls, record, RecordOptions, SocketCall};
 use deepspan_run::Manifest;
 
 use crate::blocked_syscalls::{calls_and_losses, gettid, Call, Losses};
-use crate::kernel::{kernel, switches_flight_recorder, Sweep};
+use crate::kernel::{flight_window, kernel, switches_flight_recorder, Sweep};
 
 /// Bytes of a request and of a response.
 const REQUEST: usize = 100;
@@ -534,13 +532,7 @@ fn flight_recorder_windows_hold_the_socket_calls() {
     }
     let receiver = receiver.join().unwrap();
     let end = clock_sample()[1];
-    let dir = tempfile::tempdir().unwrap();
-    let outcome = flight.snapshot(start, end, dir.path()).expect("snapshot");
-    assert!(
-        matches!(outcome, WindowOutcome::Written { .. }),
-        "{outcome:?}"
-    );
-    let manifest = Manifest::load(dir.path()).expect("manifest");
+    let (dir, manifest) = flight_window(&mut flight, start, end);
     let section = manifest
         .socket_calls
         .unwrap_or_else(|| panic!("no socket calls recorded: {:?}", manifest.warnings));
