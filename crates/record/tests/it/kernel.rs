@@ -903,13 +903,7 @@ fn flight_recorder_windows_hold_the_throttled_switch_outs() {
         .expect("run a busy loop in the cgroup");
     assert!(!status.success(), "timeout ends the loop");
     let end = mono_ns();
-    let dir = tempfile::tempdir().unwrap();
-    let outcome = flight.snapshot(start, end, dir.path()).expect("snapshot");
-    assert!(
-        matches!(outcome, WindowOutcome::Written { .. }),
-        "{outcome:?}"
-    );
-    let manifest = Manifest::load(dir.path()).expect("manifest");
+    let (dir, manifest) = flight_window(&mut flight, start, end);
     let throttle = manifest
         .cfs_throttle
         .unwrap_or_else(|| panic!("no throttling recorded: {:?}", manifest.warnings));
