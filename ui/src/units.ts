@@ -1,5 +1,5 @@
-// Durations, shares and diagnosis evidence as people read them: the rule of
-// deepspan_model::human (crates/model/src/human.rs), checked against the same
+// Durations, shares, diagnosis evidence and containers as people read them:
+// the rules of deepspan_model::human and ::container, checked against the same
 // examples, docs/format-vectors.json (ui/test/units.test.mjs). No imports, so
 // the test can compile this file alone.
 
@@ -27,4 +27,15 @@ export function fmtEvidence(key: string, value: unknown): string {
   else if (Number.isInteger(value)) text = String(value);
   else text = value.toFixed(2);
   return `${key}=${text}`;
+}
+
+/** A culprit's container and pod (its `culprits_json` fields): `container shop-hog, pod shop/checkout-7d9f`; ids stand for names the host did not give. */
+export function containerLabel(c: Record<string, unknown>): string {
+  const str = (k: string) => (typeof c[k] === "string" ? (c[k] as string) : undefined);
+  const [id, name, uid, pod, ns] = ["container_id", "container_name", "pod_uid", "pod_name", "pod_namespace"].map(str);
+  const parts: string[] = [];
+  if (name ?? id) parts.push(`container ${name ?? id!.slice(0, 12)}`);
+  if (pod) parts.push(`pod ${ns ? `${ns}/` : ""}${pod}`);
+  else if (uid) parts.push(`pod ${uid.slice(0, 8)}`);
+  return parts.join(", ");
 }

@@ -21,6 +21,7 @@ try {
   for (const [ns, text] of vectors.durations) { assert.equal(units.fmtNs(ns), text, `fmtNs(${ns})`); checked++; }
   for (const [f, text] of vectors.shares) { assert.equal(units.fmtShare(f), text, `fmtShare(${f})`); checked++; }
   for (const [k, v, text] of vectors.evidence) { assert.equal(units.fmtEvidence(k, v), text, `fmtEvidence(${k}, ${v})`); checked++; }
+  for (const [c, text] of vectors.containers) { assert.equal(units.containerLabel(c), text, `containerLabel(${JSON.stringify(c)})`); checked++; }
   console.log(`ui units: ${checked} examples of docs/format-vectors.json ok`);
 } finally {
   rmSync(out, { recursive: true, force: true });

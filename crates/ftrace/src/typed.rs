@@ -216,6 +216,11 @@ pub(crate) enum Typed {
         pid: IntAt,
         old_pid: IntAt,
     },
+    CgroupAttach {
+        pid: IntAt,
+        dst_root: IntAt,
+        dst_path: TextAt,
+    },
     ExitOrFree {
         free: bool,
         comm: TextAt,
@@ -376,6 +381,11 @@ impl Typed {
                 pid: l.int("pid")?,
                 old_pid: l.opt_int("old_pid"),
             }),
+            ("cgroup", "cgroup_attach_task") => Some(Typed::CgroupAttach {
+                pid: l.int("pid")?,
+                dst_root: l.opt_int("dst_root"),
+                dst_path: l.text("dst_path"),
+            }),
             ("sched", "sched_process_exit") => exit_or_free(false),
             ("sched", "sched_process_free") => exit_or_free(true),
             ("sched", "sched_migrate_task") => Some(Typed::Migrate {
@@ -467,6 +477,7 @@ impl Typed {
             } => "SchedWakeupNew",
             Typed::Fork { .. } => "SchedProcessFork",
             Typed::Exec { .. } => "SchedProcessExec",
+            Typed::CgroupAttach { .. } => "CgroupAttachTask",
             Typed::ExitOrFree { free: false, .. } => "SchedProcessExit",
             Typed::ExitOrFree { free: true, .. } => "SchedProcessFree",
             Typed::Migrate { .. } => "SchedMigrateTask",
@@ -568,6 +579,15 @@ impl Typed {
                 tid: pid.i32(p, e),
                 old_tid: old_pid.i32(p, e),
                 filename: Arc::from(String::from_utf8_lossy(filename.bytes(p, e)).as_ref()),
+            },
+            Typed::CgroupAttach {
+                pid,
+                dst_root,
+                dst_path,
+            } => EventKind::CgroupAttachTask {
+                tid: pid.i32(p, e),
+                dst_root: dst_root.i32(p, e),
+                dst_path: Arc::from(String::from_utf8_lossy(dst_path.bytes(p, e)).as_ref()),
             },
             Typed::ExitOrFree {
                 free,

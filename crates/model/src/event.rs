@@ -105,7 +105,8 @@ impl Event {
             }
             EventKind::SchedProcessExit { tid, .. }
             | EventKind::SchedProcessFree { tid, .. }
-            | EventKind::SchedMigrateTask { tid, .. } => *tid = f(*tid),
+            | EventKind::SchedMigrateTask { tid, .. }
+            | EventKind::CgroupAttachTask { tid, .. } => *tid = f(*tid),
             EventKind::IrqHandlerEntry { .. }
             | EventKind::IrqHandlerExit { .. }
             | EventKind::SoftirqRaise { .. }
@@ -282,6 +283,15 @@ pub enum EventKind {
     BlockRqComplete(BlockRq),
     NetDevQueue(Packet),
     NetifReceiveSkb(Packet),
+    /// A task moved into the cgroup `dst_path` of one hierarchy (a
+    /// container runtime placing a container's first process, a write to
+    /// `cgroup.procs`): what names a process's container from then on.
+    CgroupAttachTask {
+        tid: Tid,
+        /// The hierarchy (cgroup v1 has one per controller set; v2 one).
+        dst_root: i32,
+        dst_path: Arc<str>,
+    },
     /// Any event without a typed variant; `name` is the bare event name.
     Other {
         name: Name,
@@ -331,6 +341,7 @@ impl EventKind {
             EventKind::BlockRqComplete(_) => "block_rq_complete",
             EventKind::NetDevQueue(_) => "net_dev_queue",
             EventKind::NetifReceiveSkb(_) => "netif_receive_skb",
+            EventKind::CgroupAttachTask { .. } => "cgroup_attach_task",
             EventKind::Other { name } => name,
         }
     }

@@ -1,12 +1,14 @@
 //! deepspan's kernel event model: the typed events that trace.dat and CTF
 //! readers produce and that every analysis consumes, and the k-way merge that
 //! turns per-CPU (per-stream) event streams into one time-ordered stream;
-//! and [`human`], how every output prints durations and shares.
+//! [`human`], how every output prints durations and shares; and
+//! [`container`], the container and pod a process's cgroup names.
 //!
 //! Invariants:
 //! - timestamps are u64 nanoseconds of one host's CLOCK_MONOTONIC;
 //! - a merged stream is ordered by timestamp and stable for equal timestamps.
 
+pub mod container;
 mod event;
 pub mod human;
 mod merge;

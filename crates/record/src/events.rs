@@ -73,6 +73,9 @@ const LEAN: &[&str] = &[
     "block:block_rq_complete",
     "net:net_dev_queue",
     "net:netif_receive_skb",
+    // A process moved into a container's cgroup: rare, and what names the
+    // container of a process no /proc scan saw there.
+    "cgroup:cgroup_attach_task",
 ];
 
 /// The system-call events: with [`LEAN`], the `analysis` preset. Skipped

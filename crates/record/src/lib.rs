@@ -59,7 +59,7 @@ pub use events::{resolve_events, EventId, PRESETS};
 pub use flight::{FlightOptions, FlightRecorder, WindowOutcome};
 pub use idle_switches::{parse_idle_switches, read_idle_switches, IdleSwitch};
 pub use journal::{owners_dir, InstanceOwner, ProcessId};
-pub use procscan::{ProcessEntry, ProcessScan};
+pub use procscan::{ContainerEntry, ProcessEntry, ProcessScan};
 pub use recover::{needs_recovery, recover, recover_from_files, Recovery};
 pub use session::record;
 pub use socket_calls::{parse_socket_calls, read_socket_calls, SocketCall};

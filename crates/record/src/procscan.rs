@@ -1,6 +1,7 @@
 //! A small /proc scan: each process's pid, comm, command line and listening
 //! TCP ports, so that spans without deepspan fields can be matched to a
-//! process by service name or port (`RUN/processes.json`).
+//! process by service name or port, and the container and pod it runs in,
+//! so that results name them (`RUN/processes.json`).
 //!
 //! [`crate::record`] scans when it starts, then every second for 10 s, then
 //! at 16, 32, 64 … s, and once more when it ends, each scan adding to what
@@ -10,7 +11,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
+use std::path::Path;
 
+use deepspan_model::container::{Container, ContainerRef};
 use serde::{Deserialize, Serialize};
 
 /// One process as the scan saw it.
@@ -23,6 +26,33 @@ pub struct ProcessEntry {
     /// TCP ports (IPv4 and IPv6) it held a listening socket on.
     #[serde(default)]
     pub listening_ports: Vec<u16>,
+    /// The container and pod its cgroup names, as the latest scan saw it
+    /// (none when the cgroup names no container).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerEntry>,
+}
+
+/// A process's container and pod: the ids its cgroup path holds
+/// ([`ContainerRef`]), and the names the host's runtimes and kubelet give
+/// them, where their files are readable.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerEntry {
+    /// The runtime's container id, 64 hex digits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `docker`, `podman`, `containerd` or `cri-o`, when the cgroup's name
+    /// says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The Kubernetes pod's uid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_namespace: Option<String>,
 }
 
 /// Processes seen by one or more scans, by pid (a later scan adds ports and
@@ -36,6 +66,7 @@ impl ProcessScan {
     /// Scans /proc now and merges what it finds.
     pub fn scan(&mut self) {
         let listening = listening_inodes();
+        let mut names = RuntimeNames::default();
         let Ok(procs) = fs::read_dir("/proc") else {
             return;
         };
@@ -77,12 +108,22 @@ impl ProcessScan {
             }
             ports.sort_unstable();
             ports.dedup();
+            let container = fs::read_to_string(dir.join("cgroup"))
+                .ok()
+                .and_then(|text| ContainerRef::from_proc_cgroup(&text))
+                .map(|c| names.entry(c));
             let e = self.processes.entry(pid).or_insert_with(|| ProcessEntry {
                 pid,
                 comm: comm.trim_end_matches('\n').to_string(),
                 cmdline: cmdline.join(" "),
                 listening_ports: Vec::new(),
+                container: None,
             });
+            // A process moved into a container after an earlier scan is
+            // named by its container from then on.
+            if container.is_some() {
+                e.container = container;
+            }
             for p in ports {
                 if !e.listening_ports.contains(&p) {
                     e.listening_ports.push(p);
@@ -96,6 +137,119 @@ impl ProcessScan {
         let list: Vec<&ProcessEntry> = self.processes.values().collect();
         serde_json::to_vec_pretty(&list).unwrap_or_default()
     }
+}
+
+impl From<ContainerEntry> for Container {
+    fn from(c: ContainerEntry) -> Container {
+        Container {
+            id: c.id,
+            runtime: c.runtime,
+            name: c.name,
+            pod_uid: c.pod_uid,
+            pod_name: c.pod_name,
+            pod_namespace: c.pod_namespace,
+        }
+    }
+}
+
+/// The names the host's container runtimes and kubelet give container ids
+/// and pod uids, read from their files once per scan, where readable:
+/// - podman and CRI-O (containers/storage):
+///   `/var/lib/containers/storage/overlay-containers/containers.json`;
+/// - docker: `/var/lib/docker/containers/ID/config.v2.json`;
+/// - the kubelet: its pod log folders, `/var/log/pods/NAMESPACE_NAME_UID`.
+///
+/// containerd keeps its names in a database of its own: its containers get
+/// their id (and pod) only.
+#[derive(Default)]
+struct RuntimeNames {
+    storage: Option<HashMap<String, String>>,
+    pods: Option<HashMap<String, (String, String)>>,
+}
+
+impl RuntimeNames {
+    const STORAGE: &'static str = "/var/lib/containers/storage/overlay-containers/containers.json";
+    const DOCKER: &'static str = "/var/lib/docker/containers";
+    const POD_LOGS: &'static str = "/var/log/pods";
+
+    fn entry(&mut self, c: ContainerRef) -> ContainerEntry {
+        let name = c.id.as_deref().and_then(|id| self.container_name(id));
+        let pod = c.pod_uid.as_deref().and_then(|uid| self.pod(uid));
+        ContainerEntry {
+            name,
+            runtime: c.runtime.map(str::to_string),
+            pod_name: pod.as_ref().map(|p| p.1.clone()),
+            pod_namespace: pod.map(|p| p.0),
+            id: c.id,
+            pod_uid: c.pod_uid,
+        }
+    }
+
+    fn container_name(&mut self, id: &str) -> Option<String> {
+        let storage = self
+            .storage
+            .get_or_insert_with(|| storage_names(Path::new(Self::STORAGE)));
+        storage
+            .get(id)
+            .cloned()
+            .or_else(|| docker_name(&Path::new(Self::DOCKER).join(id).join("config.v2.json")))
+    }
+
+    /// (namespace, name) of a pod.
+    fn pod(&mut self, uid: &str) -> Option<(String, String)> {
+        self.pods
+            .get_or_insert_with(|| pod_log_names(Path::new(Self::POD_LOGS)))
+            .get(uid)
+            .cloned()
+    }
+}
+
+/// Container id → first name, from containers/storage's `containers.json`
+/// (`[{"id": …, "names": [NAME, …]}, …]`).
+fn storage_names(path: &Path) -> HashMap<String, String> {
+    #[derive(Deserialize)]
+    struct Stored {
+        id: String,
+        #[serde(default)]
+        names: Vec<String>,
+    }
+    let Ok(text) = fs::read(path) else {
+        return HashMap::new();
+    };
+    serde_json::from_slice::<Vec<Stored>>(&text)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|c| Some((c.id, c.names.into_iter().next()?)))
+        .collect()
+}
+
+/// The name in docker's `config.v2.json` (`"Name": "/NAME"`).
+fn docker_name(path: &Path) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Config {
+        #[serde(rename = "Name")]
+        name: String,
+    }
+    let config: Config = serde_json::from_slice(&fs::read(path).ok()?).ok()?;
+    let name = config.name.trim_start_matches('/');
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// Pod uid → (namespace, name), from the kubelet's pod log folders
+/// (`NAMESPACE_NAME_UID`: namespaces and pod names hold no `_`).
+fn pod_log_names(dir: &Path) -> HashMap<String, (String, String)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return HashMap::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let folder = e.file_name().into_string().ok()?;
+            let mut parts = folder.splitn(3, '_');
+            let (namespace, name, uid) = (parts.next()?, parts.next()?, parts.next()?);
+            Some((uid.to_string(), (namespace.to_string(), name.to_string())))
+        })
+        .collect()
 }
 
 /// Socket inode → port of the listening TCP sockets, IPv4 and IPv6, of
@@ -304,6 +458,37 @@ mod tests {
                 .filter(|&&p| p == v4.local_addr().unwrap().port())
                 .count(),
             1
+        );
+    }
+
+    #[test]
+    fn runtime_files_give_container_and_pod_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = "a".repeat(64);
+        let storage = dir.path().join("containers.json");
+        fs::write(
+            &storage,
+            format!(r#"[{{"id":"{id}","names":["shop-hog","alias"],"image":""}},{{"id":"b","names":[]}}]"#),
+        )
+        .unwrap();
+        let names = storage_names(&storage);
+        assert_eq!(names.get(&id).map(String::as_str), Some("shop-hog"));
+        assert_eq!(names.len(), 1);
+        assert!(storage_names(&dir.path().join("missing.json")).is_empty());
+        fs::write(&storage, "not json").unwrap();
+        assert!(storage_names(&storage).is_empty());
+
+        let docker = dir.path().join("config.v2.json");
+        fs::write(&docker, r#"{"ID":"x","Name":"/pricing","State":{}}"#).unwrap();
+        assert_eq!(docker_name(&docker).as_deref(), Some("pricing"));
+
+        let pods = dir.path().join("pods");
+        let uid = "0c2b4e6a-1d3f-4a5b-9c8d-7e6f5a4b3c2d";
+        fs::create_dir_all(pods.join(format!("shop_checkout-7d9f_{uid}"))).unwrap();
+        let found = pod_log_names(&pods);
+        assert_eq!(
+            found.get(uid),
+            Some(&("shop".to_string(), "checkout-7d9f".to_string()))
         );
     }
 

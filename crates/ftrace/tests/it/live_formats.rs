@@ -90,6 +90,7 @@ fn parses_the_running_kernels_formats() {
         ("block", "block_rq_complete", "BlockRqComplete"),
         ("net", "net_dev_queue", "NetDevQueue"),
         ("net", "netif_receive_skb", "NetifReceiveSkb"),
+        ("cgroup", "cgroup_attach_task", "CgroupAttachTask"),
     ];
     let mut checked = 0;
     for (system, name, variant) in expect {

@@ -8,11 +8,13 @@
 //! sleeps in system calls against the trace's own syscall events, the same
 //! way; `socket_calls`: the eBPF capture of socket receives and sends,
 //! likewise; `idle_switches`: the eBPF capture of switches out of idle
-//! against the trace's own switches.
+//! against the trace's own switches. `containers`: the /proc scan's
+//! containers, from cgroups the test makes (root, no tracefs).
 
 mod common;
 
 mod blocked_syscalls;
+mod containers;
 mod idle_switches;
 mod kernel;
 mod socket_calls;
