@@ -33,7 +33,7 @@ export function threadColor(tid: number): string {
   return `hsl(${h} 55% 55%)`;
 }
 
-export { fmtEvidence, fmtNs, fmtShare } from "./units";
+export { containerLabel, fmtEvidence, fmtNs, fmtShare } from "./units";
 
 /**
  * Thread ids of a merged run carry their host's number above bit 22 (`host << 22 | tid`,

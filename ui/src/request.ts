@@ -6,7 +6,7 @@
 
 import { ApiError, CauseObject, Drawn, get, RequestRow, Diagnosis } from "./api";
 import { FLAME_LEGEND, FlameGraph, ProfileResponse } from "./flame";
-import { BLOCKED_BY_REQUEST, el, esc, fmtEvidence, fmtNs, fmtShare, fmtTid, legend, stateColor, STATE_COLORS } from "./format";
+import { BLOCKED_BY_REQUEST, containerLabel, el, esc, fmtEvidence, fmtNs, fmtShare, fmtTid, legend, stateColor, STATE_COLORS } from "./format";
 import { Lane, Timeline } from "./timeline";
 
 interface SummaryRow {
@@ -235,7 +235,8 @@ function causeHtml(d: CauseObject, blockerName: Map<string, string>): string {
       groups.get(key)!.push(c);
       continue;
     }
-    const who = esc([c.comm ?? c.name ?? c.operation, c.pid ? `pid ${fmtTid(c.pid)}` : "", c.tid ? `tid ${fmtTid(c.tid)}` : ""].filter(Boolean).join(" "));
+    const container = containerLabel(c);
+    const who = esc([c.comm ?? c.name ?? c.operation, c.pid ? `pid ${fmtTid(c.pid)}` : "", c.tid ? `tid ${fmtTid(c.tid)}` : "", container ? `in ${container}` : ""].filter(Boolean).join(" "));
     items.push({ ns: Number(c.ns ?? 0), html: `${esc(c.kind)}: ${who} — ${fmtNs(Number(c.ns ?? 0))}` });
   }
   for (const [name, cs] of groups) {

@@ -28,10 +28,12 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
+use deepspan_model::container::Container;
 use deepspan_model::{Comm, Tid};
 
+use crate::containers::Containers;
 use crate::graph::EdgeType;
 use crate::request::{
     home_segments, HomeSegment, RequestPath, RequestPiece, SpanIdx, SpanInput, ThreadWork,
@@ -206,6 +208,8 @@ pub struct Culprit {
     pub downstream: Option<SpanIdx>,
     /// Free text: the system call of a thread culprit, a device.
     pub name: Option<String>,
+    /// The container and pod of a thread's or process's culprit.
+    pub container: Option<Arc<Container>>,
     /// Time of the request attributed to this culprit.
     pub ns: u64,
 }
@@ -220,6 +224,7 @@ impl Culprit {
             span: None,
             downstream: None,
             name: None,
+            container: None,
             ns,
         }
     }
@@ -274,6 +279,8 @@ pub struct DiagnosisContext<'a> {
     /// Client span → its downstream entry span.
     downstream: FxHashMap<SpanIdx, SpanIdx>,
     disk: OnceLock<DiskIndex>,
+    /// Each process's container ([`DiagnosisContext::with_containers`]).
+    containers: Containers,
     /// Reused by [`DiagnosisContext::has_span_at`].
     work_buf: RefCell<Vec<WorkInterval>>,
 }
@@ -317,8 +324,19 @@ impl<'a> DiagnosisContext<'a> {
             work,
             downstream,
             disk: OnceLock::new(),
+            containers: Containers::default(),
             work_buf: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Culprits name the containers and pods of their processes.
+    pub fn with_containers(mut self, containers: Containers) -> Self {
+        self.containers = containers;
+        self
+    }
+
+    fn container(&self, pid: Option<Tid>) -> Option<Arc<Container>> {
+        pid.and_then(|p| self.containers.of(p)).cloned()
     }
 
     pub(crate) fn pid(&self, tid: Tid) -> Option<Tid> {
@@ -596,6 +614,7 @@ pub(crate) fn process_culprit(ctx: &DiagnosisContext, tid: Tid, at: u64) -> Culp
         .and_then(latest)
         .or_else(|| latest(tid))
         .or_else(|| ctx.comm(tid, at));
+    c.container = ctx.container(c.pid);
     c
 }
 
@@ -604,6 +623,7 @@ pub(crate) fn thread_culprit(ctx: &DiagnosisContext, tid: Tid, at: u64) -> Culpr
     c.tid = Some(tid);
     c.pid = ctx.pid(tid);
     c.comm = ctx.comm(tid, at);
+    c.container = ctx.container(c.pid);
     c
 }
 
@@ -615,10 +635,14 @@ pub(crate) fn request_culprit(request: SpanIdx) -> Culprit {
 
 pub(crate) fn who(c: &Culprit) -> String {
     let comm = c.comm.map(|x| x.to_string_lossy()).unwrap_or_default();
-    match (c.kind, c.tid, c.pid) {
+    let who = match (c.kind, c.tid, c.pid) {
         (CulpritKind::Thread, Some(t), _) => format!("{}/{comm}", crate::tid_label(t)),
         (_, _, Some(p)) => format!("{comm} (pid {})", crate::tid_label(p)),
         _ => comm,
+    };
+    match &c.container {
+        Some(container) => format!("{who} in {}", container.label()),
+        None => who,
     }
 }
 

@@ -22,6 +22,7 @@
 //!   [`is_anomalous`] flag the outliers of each operation, and
 //!   [`usual_durations`] the requests held up that others waited for.
 
+mod containers;
 mod critical;
 mod diagnosis;
 mod distributed;
@@ -37,6 +38,7 @@ mod state;
 mod summary;
 mod syscalls;
 
+pub use containers::Containers;
 pub use critical::{critical_path_of, CriticalPath, Piece};
 pub use diagnosis::{
     baselines, diagnose, is_anomalous, usual_durations, Cause, Culprit, CulpritKind, Diagnosis,
@@ -60,10 +62,10 @@ pub use request::{
 pub use root_cause::{ChainIndex, RootCause};
 pub use state::{
     host_tid, softirq_name, split_host_tid, tid_label, BlockIo, BlockPhase, BlockReason,
-    CpuHistory, CpuInterval, InitialStatus, Interrupt, InterruptInterval, KernelModel, LostRange,
-    ModelStats, NetworkEnds, PacketDirection, RemoteCall, StateBuilder, StateInterval, SwitchOut,
-    SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, HOST_TID_SHIFT, MAX_CPUS, NO_CPU,
-    SEGMENT_WAKE_NS,
+    CgroupMove, CpuHistory, CpuInterval, InitialStatus, Interrupt, InterruptInterval, KernelModel,
+    LostRange, ModelStats, NetworkEnds, PacketDirection, RemoteCall, StateBuilder, StateInterval,
+    SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, HOST_TID_SHIFT, MAX_CPUS,
+    NO_CPU, SEGMENT_WAKE_NS,
 };
 pub use summary::{
     aggregate, group_causes, summarize, CauseGroup, OperationRow, OperationSummary, RequestSummary,

@@ -126,6 +126,8 @@ pub struct ScannedProcess {
     pub cmdline: String,
     /// TCP ports it listened on.
     pub listening_ports: Vec<u16>,
+    /// The container and pod its cgroup named.
+    pub container: Option<deepspan_model::container::Container>,
 }
 
 /// What is known about processes besides the kernel model.

@@ -528,6 +528,9 @@ fn culprit_lines(culprits: &[CulpritDoc], detail: bool) -> Vec<(String, String, 
         if let Some(p) = c.pid {
             who.push(format!("pid {}", deepspan_analysis::tid_label(p)));
         }
+        if let Some(container) = c.container() {
+            who.push(shown(&container.label()));
+        }
         if let Some(s) = field(&c.span_id) {
             who.push(format!("{s} {operation}"));
         }

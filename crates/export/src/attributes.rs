@@ -17,6 +17,13 @@ pub const CAUSE_NS: &str = "deepspan.cause_ns";
 pub const EVIDENCE_PREFIX: &str = "deepspan.evidence.";
 pub const CULPRITS: &str = "deepspan.culprits";
 pub const CULPRITS_JSON: &str = "deepspan.culprits_json";
+/// OpenTelemetry's `container.*` and `k8s.*` resource names, of the largest
+/// culprit that ran in a container.
+pub const CULPRIT_CONTAINER_ID: &str = "deepspan.culprit.container.id";
+pub const CULPRIT_CONTAINER_NAME: &str = "deepspan.culprit.container.name";
+pub const CULPRIT_POD_UID: &str = "deepspan.culprit.k8s.pod.uid";
+pub const CULPRIT_POD_NAME: &str = "deepspan.culprit.k8s.pod.name";
+pub const CULPRIT_NAMESPACE_NAME: &str = "deepspan.culprit.k8s.namespace.name";
 pub const ROOT_CAUSE: &str = "deepspan.root_cause";
 pub const ROOT_CAUSE_JSON: &str = "deepspan.root_cause_json";
 pub const ROOT_HEADLINE: &str = "deepspan.root_headline";

@@ -354,6 +354,9 @@ fn culprit_label(c: &CulpritDoc) -> String {
         (None, Some(t)) => label.push_str(&format!(" (tid {t})")),
         _ => {}
     }
+    if let Some(container) = c.container() {
+        label.push_str(&format!(" in {}", container.label()));
+    }
     label.push_str(&format!(": {:.1} ms", c.ns as f64 / 1e6));
     label
 }
@@ -406,6 +409,23 @@ fn request_attributes(span: &mut Span, request: &Request, threshold_ns: u64) {
         a::CULPRITS_JSON,
         string(serde_json::to_string(&d.culprits).unwrap_or_default()),
     );
+    // The largest culprit in a container names it with OpenTelemetry's
+    // resource names, under deepspan's namespace: the request span's own
+    // resource stays what the application sent.
+    if let Some(container) = d.culprits.iter().find_map(CulpritDoc::container) {
+        let named = [
+            (a::CULPRIT_CONTAINER_ID, container.id),
+            (a::CULPRIT_CONTAINER_NAME, container.name),
+            (a::CULPRIT_POD_UID, container.pod_uid),
+            (a::CULPRIT_POD_NAME, container.pod_name),
+            (a::CULPRIT_NAMESPACE_NAME, container.pod_namespace),
+        ];
+        for (name, value) in named {
+            if let Some(v) = value {
+                at.insert(name, string(v));
+            }
+        }
+    }
     // Analyses made before root causes have none.
     if let Some(root) = &d.root_cause {
         at.insert(a::ROOT_CAUSE, string(root.cause.name()));

@@ -151,6 +151,7 @@ pub(crate) fn read_process_scan(run: &Path, notes: &mut Vec<String>) -> Vec<Scan
                 comm: p.comm,
                 cmdline: p.cmdline,
                 listening_ports: p.listening_ports,
+                container: p.container.map(Into::into),
             })
             .collect(),
         Err(e) => {

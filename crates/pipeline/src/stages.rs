@@ -47,9 +47,10 @@ use std::time::{Duration, Instant};
 use deepspan_analysis::RequestRecord;
 use deepspan_analysis::{
     aggregate, analyze_requests, baselines, clock_offset_bound, diagnose, infer_placements,
-    is_anomalous, usual_durations, Arch, ChainIndex, DiagnosisContext, InferredPlace, KernelModel,
-    LostEvents, OffsetBound, OperationSummary, Placement, PlacementMethod, PlacementSpan,
-    Processes, RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder, SyncSource,
+    is_anomalous, usual_durations, Arch, ChainIndex, Containers, DiagnosisContext, InferredPlace,
+    KernelModel, LostEvents, OffsetBound, OperationSummary, Placement, PlacementMethod,
+    PlacementSpan, Processes, RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder,
+    SyncSource,
 };
 use deepspan_model::Tid;
 use deepspan_run::analysis;
@@ -241,6 +242,8 @@ pub(crate) struct Placed {
     pub pids: HashMap<Tid, Tid>,
     /// The span active on each thread (its notes already taken).
     pub activity: ThreadActivity,
+    /// Each process's container, which culprits name.
+    pub containers: Containers,
 }
 
 /// Places the spans on the kernel clock and on threads: by their SDK
@@ -258,6 +261,8 @@ pub(crate) fn place_spans(
         spans, mut clock, ..
     } = inputs;
     let pids = read_tgids(run);
+    let scanned = read_process_scan(run, notes);
+    let containers = Containers::new(&kernel.model, &scanned, |tid| pids.get(&tid).copied());
     let opts = ActivityOptions {
         thread_id_is_os_tid: options.thread_id_is_os_tid,
     };
@@ -274,7 +279,7 @@ pub(crate) fn place_spans(
     } else {
         let processes = Processes {
             tgid_of: pids.clone(),
-            scanned: read_process_scan(run, notes),
+            scanned,
         };
         let placing = place_correcting_clock(&mut clock, notes, |clock| {
             let inputs = span_inputs(&spans, &index, clock, opts);
@@ -304,6 +309,7 @@ pub(crate) fn place_spans(
         clock,
         pids,
         activity,
+        containers,
     }
 }
 
@@ -594,7 +600,8 @@ fn write_paths(
         &placed.pids,
         &label,
         work,
-    );
+    )
+    .with_containers(placed.containers.clone());
     let ctx = PathContext {
         model: &kernel.model,
         arch: kernel.arch,
@@ -690,7 +697,8 @@ pub(crate) fn root_causes(paths: &mut Paths, kernel: &Kernel, placed: &Placed) {
         &placed.pids,
         &label,
         &paths.work,
-    );
+    )
+    .with_containers(placed.containers.clone());
     for r in &mut paths.records {
         if let Some(d) = r.diagnosis.as_mut() {
             d.root = paths

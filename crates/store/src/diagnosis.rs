@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use deepspan_analysis::{Cause, Culprit, CulpritKind, Diagnosis, RootCause};
+use deepspan_model::container::Container;
 use deepspan_model::Tid;
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +87,12 @@ pub struct CulpritDoc {
     /// The thread's or process's command name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm: Option<String>,
+    /// A thread's or process's container: the runtime's id (64 hex
+    /// digits) and, where the host gave one, its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_name: Option<String>,
     /// `thread`, `process`, `request`, `span` or `device`.
     #[serde(with = "culprit_kind_name")]
     pub kind: CulpritKind,
@@ -99,6 +106,13 @@ pub struct CulpritDoc {
     pub operation: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<Tid>,
+    /// A thread's or process's Kubernetes pod: name, namespace and uid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
     /// The span's service (a span culprit's: the service it called).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
@@ -188,18 +202,39 @@ impl CulpritDoc {
                 .unwrap_or(s),
             _ => s,
         });
+        let container = c.container.as_deref();
+        let of_container =
+            |field: fn(&Container) -> &Option<String>| container.and_then(|x| field(x).clone());
         CulpritDoc {
             comm: c.comm.map(|comm| comm.to_string_lossy()),
+            container_id: of_container(|x| &x.id),
+            container_name: of_container(|x| &x.name),
             kind: c.kind,
             name: c.name.clone(),
             ns: c.ns,
             operation: named.map(|s| s.operation.clone()),
             pid: c.pid,
+            pod_name: of_container(|x| &x.pod_name),
+            pod_namespace: of_container(|x| &x.pod_namespace),
+            pod_uid: of_container(|x| &x.pod_uid),
             service: named.map(|s| s.service.clone()),
             span_id: span.map(|s| span_hex(s.span_id)),
             tid: c.tid,
             trace_id: span.map(|s| trace_hex(s.trace_id)),
         }
+    }
+
+    /// The culprit's container and pod, when it has one.
+    pub fn container(&self) -> Option<Container> {
+        let c = Container {
+            id: self.container_id.clone(),
+            runtime: None,
+            name: self.container_name.clone(),
+            pod_uid: self.pod_uid.clone(),
+            pod_name: self.pod_name.clone(),
+            pod_namespace: self.pod_namespace.clone(),
+        };
+        (c != Container::default()).then_some(c)
     }
 
     /// Culprits in their order (largest first).
@@ -351,6 +386,7 @@ mod tests {
             span: None,
             downstream: None,
             name: None,
+            container: None,
             ns,
         }
     }
@@ -387,6 +423,19 @@ mod tests {
                     span: Some(0),
                     ..culprit(CulpritKind::Request, 10)
                 },
+                Culprit {
+                    pid: Some(9),
+                    comm: Some(Comm::from_bytes(b"cpuhog")),
+                    container: Some(std::sync::Arc::new(Container {
+                        id: Some("ab".repeat(32)),
+                        runtime: Some("podman".into()),
+                        name: Some("shop-hog".into()),
+                        pod_uid: Some("0c2b4e6a-1d3f-4a5b-9c8d-7e6f5a4b3c2d".into()),
+                        pod_name: None,
+                        pod_namespace: None,
+                    })),
+                    ..culprit(CulpritKind::Process, 5)
+                },
             ],
             root: None,
         };
@@ -411,6 +460,21 @@ mod tests {
         );
         assert_eq!(v["culprits"][2]["operation"], "GET /");
         assert_eq!(v["culprits"][2]["span_id"], "0000000000000001");
+        // A process in a container: its ids and names, not the runtime.
+        assert_eq!(
+            v["culprits"][3],
+            json!({"kind": "process", "pid": 9, "comm": "cpuhog", "ns": 5,
+                "container_id": "ab".repeat(32), "container_name": "shop-hog",
+                "pod_uid": "0c2b4e6a-1d3f-4a5b-9c8d-7e6f5a4b3c2d"})
+        );
+        let read: CulpritDoc = serde_json::from_value(v["culprits"][3].clone()).unwrap();
+        assert_eq!(
+            read.container().map(|c| c.label()).as_deref(),
+            Some("container shop-hog, pod 0c2b4e6a")
+        );
+        assert_eq!(read.container().and_then(|c| c.runtime), None);
+        let none: CulpritDoc = serde_json::from_value(v["culprits"][1].clone()).unwrap();
+        assert_eq!(none.container(), None);
     }
 
     #[test]

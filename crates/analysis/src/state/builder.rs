@@ -12,6 +12,7 @@
 
 use std::sync::OnceLock;
 
+use deepspan_model::container::ContainerRef;
 use deepspan_model::{
     softirq, BlockRq, Comm, Event, EventKind, Fields, Name, SchedSwitch, Tid, Value, Wakeup,
 };
@@ -24,7 +25,7 @@ use rustc_hash::FxHashMap;
 use super::network::LocalPacket;
 use super::waker::Waker;
 use super::{
-    softirq_name, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval, Interrupt,
+    softirq_name, BlockIo, BlockPhase, BlockReason, CgroupMove, CpuHistory, CpuInterval, Interrupt,
     InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds, StateInterval,
     SyscallInterval, ThreadHistory, ThreadState, NO_CPU,
 };
@@ -170,6 +171,7 @@ pub struct StateBuilder {
     /// end of the trace (see [`StateBuilder::open_ended`]).
     close_rows: bool,
     block_io: Vec<BlockIo>,
+    cgroup_moves: Vec<CgroupMove>,
     pub(super) packets: NetworkEnds,
     /// See [`StateBuilder::recorder_threads`].
     pub(super) recorder_tids: Vec<Tid>,
@@ -397,6 +399,7 @@ impl StateBuilder {
             interrupts_on: true,
             close_rows: true,
             block_io: Vec::new(),
+            cgroup_moves: Vec::new(),
             packets: NetworkEnds::default(),
             recorder_tids: Vec::new(),
             arch: Arch::default(),
@@ -673,6 +676,16 @@ impl StateBuilder {
             }
             EventKind::NetifReceiveSkb(p) => self.netif_receive_skb(ts, cpu, p),
             EventKind::NetDevQueue(p) => self.net_dev_queue(ts, cpu, p),
+            EventKind::CgroupAttachTask {
+                tid,
+                dst_root,
+                dst_path,
+            } => self.cgroup_moves.push(CgroupMove {
+                ts,
+                tid: *tid,
+                root: *dst_root,
+                container: ContainerRef::from_cgroup_path(dst_path),
+            }),
             _ => {}
         }
     }
@@ -815,6 +828,7 @@ impl StateBuilder {
             start,
             end,
             block_io: self.block_io,
+            cgroup_moves: self.cgroup_moves,
             packets: self.packets,
             held_back: HeldBack::default(),
         }

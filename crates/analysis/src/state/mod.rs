@@ -42,7 +42,7 @@ mod waker;
 pub use builder::{InitialStatus, StateBuilder, SwitchOut, ThreadInfo, MAX_CPUS};
 pub use hosts::{host_tid, split_host_tid, tid_label, RemoteCall, HOST_TID_SHIFT};
 pub use model::{
-    softirq_name, BlockIo, BlockPhase, BlockReason, CpuHistory, CpuInterval, Interrupt,
+    softirq_name, BlockIo, BlockPhase, BlockReason, CgroupMove, CpuHistory, CpuInterval, Interrupt,
     InterruptInterval, KernelModel, LostRange, ModelStats, StateInterval, SyscallInterval,
     ThreadHistory, ThreadState, KERNEL_WORKER, NO_CPU,
 };

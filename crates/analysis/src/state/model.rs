@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use deepspan_model::container::ContainerRef;
 use deepspan_model::{softirq, Comm, Name, Tid};
 
 use crate::graph::{EdgeType, Graph};
@@ -325,6 +326,17 @@ pub enum BlockPhase {
     Complete,
 }
 
+/// A task moved into a cgroup of one hierarchy, and the container and pod
+/// that cgroup's path names (none: it names no container).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupMove {
+    pub ts: u64,
+    pub tid: Tid,
+    /// The hierarchy.
+    pub root: i32,
+    pub container: Option<ContainerRef>,
+}
+
 /// One block-layer request event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockIo {
@@ -414,6 +426,7 @@ pub struct KernelModel {
     pub(super) start: u64,
     pub(super) end: u64,
     pub(super) block_io: Vec<BlockIo>,
+    pub(super) cgroup_moves: Vec<CgroupMove>,
     pub(super) packets: NetworkEnds,
     pub(super) held_back: HeldBack,
 }
@@ -430,6 +443,12 @@ impl KernelModel {
     /// in time order.
     pub fn block_io(&self) -> &[BlockIo] {
         &self.block_io
+    }
+
+    /// Tasks moved into cgroups (`cgroup:cgroup_attach_task`), in time
+    /// order.
+    pub fn cgroup_moves(&self) -> &[CgroupMove] {
+        &self.cgroup_moves
     }
 
     /// First and last event timestamps.

@@ -6,6 +6,7 @@
 
 mod common;
 
+mod containers;
 mod diagnosis;
 mod distributed_stubs;
 mod ftrace_smoke;

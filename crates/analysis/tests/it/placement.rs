@@ -389,6 +389,7 @@ fn the_listening_port_picks_the_process_when_the_name_does_not() {
         comm: "python3".into(),
         cmdline: "python3 server.py".into(),
         listening_ports: vec![8080],
+        container: None,
     }];
     let placed = place(&model, &[span], &p);
     let placed = placed[0].as_ref().expect("placed");

@@ -24,6 +24,10 @@ Cases:
   hog      two busy processes named "cpuhog" pinned to one CPU; request
            "contended", pinned there too, burns 60 ms of CPU. Their pids go
            to ids.json as "hog_pids" ("pid,pid").
+  hogpods  hog, each hog moved into a container's CPU cgroup as the kubelet
+           lays them out, made under this process's own (v1): the first in
+           the cgroupfs layout, the second in the systemd one. ids.json
+           also has "hog_containers": "pid=CONTAINER_ID/POD_UID,…".
   pgrowlock PORT MODE
            PostgreSQL on 127.0.0.1:PORT (user postgres, trust): request
            "holder" updates row 1 of table t and keeps its transaction open
@@ -204,13 +208,67 @@ def case_diskflood(_args):
 HOG = "import ctypes\nctypes.CDLL(None).prctl(15, b'cpuhog', 0, 0, 0)\nwhile True:\n    pass\n"
 
 
-def case_hog(_args):
+# The kernel's weight of each nice value, -20 to 19 (sched_prio_to_weight).
+NICE_WEIGHT = [
+    88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916,
+    9548, 7620, 6100, 4904, 3906, 3121, 2501, 1991, 1586, 1277,
+    1024, 820, 655, 526, 423, 335, 272, 215, 172, 137,
+    110, 87, 70, 56, 45, 36, 29, 23, 18, 15,
+]
+
+
+def kubelet_cgroups(n):
+    """n leaf CPU cgroups named as the kubelet names a container's, under
+    this process's own v1 CPU cgroup, alternating the cgroupfs and the
+    systemd layout: [(leaf, container id, pod uid)], and the top folders
+    to remove (each top's cpu.shares is one thread of this process's
+    weight, so that a hog inside competes as it would beside it)."""
+    import uuid
+
+    with open("/proc/self/cgroup") as f:
+        own = next(l.split(":", 2)[2].strip() for l in f if ":cpu," in l or ":cpu:" in l)
+    base = os.path.join("/sys/fs/cgroup/cpu", own.lstrip("/"))
+    weight = NICE_WEIGHT[os.getpriority(os.PRIO_PROCESS, 0) + 20]
+    leaves, tops = [], []
+    for i in range(n):
+        uid, cid = str(uuid.uuid4()), os.urandom(32).hex()
+        if i % 2 == 0:
+            top = os.path.join(base, f"kubepods-{i}")
+            leaf = os.path.join(top, "burstable", f"pod{uid}", cid)
+        else:
+            top = os.path.join(base, f"kubepods-{i}.slice")
+            pod = f"kubepods-burstable-pod{uid.replace('-', '_')}.slice"
+            leaf = os.path.join(top, "kubepods-burstable.slice", pod, f"cri-containerd-{cid}.scope")
+        os.makedirs(leaf)
+        tops.append(top)
+        with open(os.path.join(top, "cpu.shares"), "w") as f:
+            f.write(str(weight))
+        leaves.append((leaf, cid, uid))
+    return leaves, tops
+
+
+def remove_cgroups(tops):
+    for top in tops:
+        for d, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            os.rmdir(d)
+
+
+def case_hog(args, in_pods=False):
     cpu = max(os.sched_getaffinity(0))
     hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)]
+    tops = []
     try:
         for h in hogs:
             os.sched_setaffinity(h.pid, {cpu})
         ids["hog_pids"] = ",".join(str(h.pid) for h in hogs)
+        if in_pods:
+            leaves, tops = kubelet_cgroups(len(hogs))
+            for h, (leaf, cid, uid) in zip(hogs, leaves):
+                with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
+                    f.write(str(h.pid))
+            ids["hog_containers"] = ",".join(
+                f"{h.pid}={cid}/{uid}" for h, (_, cid, uid) in zip(hogs, leaves)
+            )
         time.sleep(0.3)  # both spinning before the request starts
 
         def work():
@@ -226,6 +284,7 @@ def case_hog(_args):
         for h in hogs:
             h.kill()
             h.wait()
+        remove_cgroups(tops)
 
 
 def case_pgrowlock(args):
@@ -284,6 +343,7 @@ CASES = {
     "diskflood": case_diskflood,
     "sleep": case_sleep,
     "hog": case_hog,
+    "hogpods": lambda args: case_hog(args, in_pods=True),
     "pgrowlock": case_pgrowlock,
 }
 

@@ -827,6 +827,67 @@ fn cpu_hogs_on_the_same_cpu_are_named_as_contention() {
         return;
     };
     let case = record_case("hog", &[]);
+    let d = hogs_are_named_as_contention(&case);
+    // Not in a container: none is named.
+    for c in d["culprits"].as_array().unwrap() {
+        assert!(
+            c.get("container_id").is_none() && c.get("pod_uid").is_none(),
+            "{c}"
+        );
+    }
+}
+
+/// The same hogs, each in a CPU cgroup named as the kubelet names a
+/// container's (the cgroupfs layout for one, the systemd one for the
+/// other), moved there after the recording began: each culprit names its
+/// container id and pod uid, which the trace's cgroup moves say.
+#[test]
+#[ignore = "system: root, tracefs and a CPU cgroup"]
+fn cpu_hogs_in_kubelet_cgroups_are_named_by_container_and_pod() {
+    let Some(_one) =
+        exclusive_kernel_test("cpu_hogs_in_kubelet_cgroups_are_named_by_container_and_pod")
+    else {
+        return;
+    };
+    let case = record_case("hogpods", &[]);
+    let d = hogs_are_named_as_contention(&case);
+    let expected: HashMap<i64, (&str, &str)> = case
+        .id("hog_containers")
+        .split(',')
+        .map(|entry| {
+            let (pid, ids) = entry.split_once('=').unwrap();
+            (pid.parse().unwrap(), ids.split_once('/').unwrap())
+        })
+        .collect();
+    let mut named = 0;
+    for c in culprits(&d, "process") {
+        let Some(&(container, pod)) = expected.get(&c["pid"].as_i64().unwrap()) else {
+            assert!(
+                c.get("container_id").is_none(),
+                "not a hog, yet in a container: {c}"
+            );
+            continue;
+        };
+        assert_eq!(c["container_id"], container, "{c}");
+        assert_eq!(c["pod_uid"], pod, "{c}");
+        named += 1;
+    }
+    assert!(named >= 1, "{d}");
+    // The headline and the report name the first one's container.
+    let container = d["culprits"][0]["container_id"].as_str().unwrap();
+    let headline = d["headline"].as_str().unwrap();
+    let named = format!("in container {}", &container[..12]);
+    assert!(headline.contains(&named), "{headline:?} lacks {named:?}");
+    let text = case.report_text("contended");
+    assert!(
+        text.contains(&format!("container {}", &container[..10])),
+        "{text}"
+    );
+}
+
+/// Case `hog` or `hogpods`: the request waited for the CPU the hogs took,
+/// and they are named for it. Returns the diagnosis.
+fn hogs_are_named_as_contention(case: &Case) -> Value {
     let report = case.report_json("contended");
     assert_well_formed(&report);
     let text = case.report_text("contended");
@@ -857,6 +918,7 @@ fn cpu_hogs_on_the_same_cpu_are_named_as_contention() {
         .sum();
     assert!(by_hogs * 10 > preempted * 7, "{d}\n{text}");
     assert!(d["headline"].as_str().unwrap().contains("cpuhog"), "{d}");
+    d.clone()
 }
 
 /// A throwaway PostgreSQL cluster on a free loopback port, stopped and

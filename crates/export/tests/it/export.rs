@@ -135,7 +135,10 @@ fn fixture() -> (Vec<Span>, RunAnalysis) {
             "headline": "waited 49 ms for [inventory] POST /restock (postgres)",
             "evidence": {"share": 0.49, "ns": 49000000, "futex_uaddr": 1234},
             "culprits": [
-                {"kind": "process", "pid": 90, "tid": 9, "comm": "postgres", "ns": 49000000},
+                {"kind": "process", "pid": 90, "tid": 9, "comm": "postgres", "ns": 49000000,
+                 "container_id": "ab".repeat(32), "container_name": "inventory-db",
+                 "pod_uid": "0c2b4e6a-1d3f-4a5b-9c8d-7e6f5a4b3c2d", "pod_name": "db-0",
+                 "pod_namespace": "shop"},
                 {"kind": "request", "trace_id": RESTOCK_TRACE.to_string(), "span_id": RESTOCK.to_string(),
                  "service": "inventory", "operation": "POST /restock", "ns": 49000000}
             ],
@@ -366,8 +369,26 @@ fn the_request_span_carries_the_diagnosis_and_kernel_events() {
     };
     assert_eq!(
         culprits[0],
-        Value::String("process postgres (pid 90, tid 9): 49.0 ms".into())
+        Value::String(
+            "process postgres (pid 90, tid 9) in container inventory-db, pod shop/db-0: 49.0 ms"
+                .into()
+        )
     );
+    // Its container and pod under OpenTelemetry's names, in deepspan's
+    // namespace.
+    let named = [
+        (a::CULPRIT_CONTAINER_ID, "ab".repeat(32)),
+        (a::CULPRIT_CONTAINER_NAME, "inventory-db".into()),
+        (
+            a::CULPRIT_POD_UID,
+            "0c2b4e6a-1d3f-4a5b-9c8d-7e6f5a4b3c2d".into(),
+        ),
+        (a::CULPRIT_POD_NAME, "db-0".into()),
+        (a::CULPRIT_NAMESPACE_NAME, "shop".into()),
+    ];
+    for (name, value) in named {
+        assert_eq!(attr(s, name), &Value::String(value), "{name}");
+    }
     assert_eq!(
         culprits[1],
         Value::String("request [inventory] POST /restock 0000000000002222: 49.0 ms".into())
