@@ -13,6 +13,9 @@ import chdb
 import pytest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "tables.md"
+# Tables with rows only where the run had them: no process of this test's
+# run ran in a container.
+MAY_BE_EMPTY = {"containers"}
 
 
 def documented_tables():
@@ -45,6 +48,7 @@ def test_the_contract_names_its_version_and_tables():
     assert list(documented_tables()) == [
         "thread_states", "syscalls", "requests", "critical_path",
         "request_summary", "request_syscalls", "diagnoses", "operation_summary",
+        "containers",
     ]
     assert len(example_queries()) == 3
 
@@ -69,7 +73,7 @@ def test_every_table_starts_with_the_documented_columns_and_types(run):
         # document what it writes.
         assert len(described) == len(columns), f"{table}: not in docs/tables.md: {described[len(columns):]}"
         rows = query(f"SELECT count() AS n FROM file('{analysis}/{table}.parquet', Parquet)")
-        assert int(rows[0]["n"]) > 0, f"{table} is empty"
+        assert int(rows[0]["n"]) > 0 or table in MAY_BE_EMPTY, f"{table} is empty"
 
 
 def test_a_glob_over_a_fleet_of_runs_reads_each_table_from_every_run(run, tmp_path):
@@ -79,6 +83,8 @@ def test_a_glob_over_a_fleet_of_runs_reads_each_table_from_every_run(run, tmp_pa
         (tmp_path / host / "analysis").symlink_to(run / "analysis")
     for table in documented_tables():
         one = query(f"SELECT count() AS n FROM file('{run}/analysis/{table}.parquet', Parquet)")
+        if int(one[0]["n"]) == 0 and table in MAY_BE_EMPTY:
+            continue
         rows = query(
             f"SELECT _path AS path, count() AS n "
             f"FROM file('{tmp_path}/*/analysis/{table}.parquet', Parquet) GROUP BY path ORDER BY path"

@@ -89,6 +89,14 @@ impl Containers {
         Containers { by_pid }
     }
 
+    /// Each process that ran in a container, by pid.
+    pub fn iter(&self) -> impl Iterator<Item = (Tid, &Arc<Container>)> {
+        let mut all: Vec<(Tid, &Arc<Container>)> =
+            self.by_pid.iter().map(|(&pid, c)| (pid, c)).collect();
+        all.sort_unstable_by_key(|(pid, _)| *pid);
+        all.into_iter()
+    }
+
     /// The container of process `pid`, if it ran in one.
     pub fn of(&self, pid: Tid) -> Option<&Arc<Container>> {
         self.by_pid.get(&pid)

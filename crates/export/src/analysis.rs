@@ -1,18 +1,21 @@
 //! What export needs of a run's analysis (`RUN/analysis/`): the requests
 //! with their diagnoses (`requests.json`), their critical-path pieces
-//! (`critical_path.parquet`) and the long system calls of their threads
-//! (`syscalls.parquet`), each read as its typed rows (`deepspan_store::rows`).
+//! (`critical_path.parquet`), the long system calls of their threads
+//! (`syscalls.parquet`) and the containers of their processes
+//! (`containers.parquet`), each read as its typed rows
+//! (`deepspan_store::rows`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use deepspan_run::analysis::{CRITICAL_PATH, SYSCALLS};
+use deepspan_model::container::Container;
+use deepspan_run::analysis::{CONTAINERS, CRITICAL_PATH, SYSCALLS};
 use deepspan_run::Run;
 use deepspan_spans::{SpanId, TraceId};
 use deepspan_store::json::RequestEntry;
 use deepspan_store::kept::{KeepColumns, KeptAnalysis, KeptTable};
 use deepspan_store::rows::{for_each_row, TableRow};
-use deepspan_store::tables::{CriticalPathRow, SYSCALLS_COLUMNS};
+use deepspan_store::tables::{ContainerRow, CriticalPathRow, SYSCALLS_COLUMNS};
 
 use crate::Error;
 
@@ -113,6 +116,8 @@ pub struct RunAnalysis {
     pub syscalls: HashMap<i64, Vec<Syscall>>,
     /// Thread → process, from the system-call table.
     pub pids: HashMap<i64, i64>,
+    /// Process → its container and pod, for those that ran in one.
+    pub containers: HashMap<i64, Container>,
 }
 
 /// Nanoseconds as the tables hold them (signed).
@@ -147,13 +152,20 @@ pub fn read(run_dir: &Path, min_syscall_ns: u64) -> Result<RunAnalysis, Error> {
     }
     let doc = deepspan_store::json::read_requests_json(run_dir)
         .map_err(|e| bad(&json_path, e.to_string()))?;
-    assemble(
+    let mut containers = HashMap::new();
+    // An analysis made before containers were named has no table.
+    Rows::File(dir.join(CONTAINERS)).for_each(|row: ContainerRow| {
+        containers.insert(i64::from(row.pid), row.container());
+    })?;
+    let mut analysis = assemble(
         doc.requests,
         &json_path,
         Rows::File(dir.join(CRITICAL_PATH)),
         Rows::File(dir.join(SYSCALLS)),
         min_syscall_ns,
-    )
+    )?;
+    analysis.containers = containers;
+    Ok(analysis)
 }
 
 /// [`read`] of an analysis kept in memory as it was written to `run_dir`
@@ -168,14 +180,20 @@ pub fn from_kept(
         requests,
         critical_path,
         syscalls,
+        containers,
     } = kept;
-    assemble(
+    let mut analysis = assemble(
         requests,
         &Run::new(run_dir).requests_json(),
         Rows::Kept(&critical_path),
         Rows::Kept(&syscalls),
         min_syscall_ns,
-    )
+    )?;
+    analysis.containers = containers
+        .iter()
+        .map(|(pid, c)| (i64::from(pid), (**c).clone()))
+        .collect();
+    Ok(analysis)
 }
 
 /// Where a table's rows come from.
@@ -324,5 +342,6 @@ fn assemble(
         requests,
         syscalls,
         pids,
+        containers: HashMap::new(),
     })
 }

@@ -46,6 +46,13 @@ pub const TID: &str = "deepspan.kernel.tid";
 pub const COMM: &str = "deepspan.kernel.comm";
 /// OpenTelemetry's process id attribute.
 pub const PID: &str = "process.pid";
+/// The container and pod of the piece's process, under OpenTelemetry's
+/// `container.*` and `k8s.*` names.
+pub const THREAD_CONTAINER_ID: &str = "deepspan.thread.container.id";
+pub const THREAD_CONTAINER_NAME: &str = "deepspan.thread.container.name";
+pub const THREAD_POD_UID: &str = "deepspan.thread.k8s.pod.uid";
+pub const THREAD_POD_NAME: &str = "deepspan.thread.k8s.pod.name";
+pub const THREAD_NAMESPACE_NAME: &str = "deepspan.thread.k8s.namespace.name";
 pub const SYSCALL: &str = "deepspan.kernel.syscall";
 pub const WAITING_IN: &str = "deepspan.kernel.waiting_in";
 pub const DETAIL: &str = "deepspan.kernel.detail";

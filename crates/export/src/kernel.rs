@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use deepspan_model::container::Container;
 use deepspan_spans::model::{Attributes, Event, Link, Scope, SpanKind, Status, SyncInfo, Value};
 use deepspan_spans::{Span, SpanId, TraceId};
 use deepspan_store::json::CulpritDoc;
@@ -440,7 +441,12 @@ fn request_attributes(span: &mut Span, request: &Request, threshold_ns: u64) {
     }
 }
 
-fn piece_attributes(j: &Joined, pid: Option<i64>, blocker: Option<&Request>) -> Attributes {
+fn piece_attributes(
+    j: &Joined,
+    pid: Option<i64>,
+    container: Option<&Container>,
+    blocker: Option<&Request>,
+) -> Attributes {
     let mut at = Attributes::default();
     at.insert(a::KIND, string(a::KIND_PATH));
     at.insert(a::STATE, string(&j.state));
@@ -452,6 +458,20 @@ fn piece_attributes(j: &Joined, pid: Option<i64>, blocker: Option<&Request>) -> 
     }
     if let Some(p) = pid {
         at.insert(a::PID, Value::Int(p));
+    }
+    if let Some(c) = container {
+        let named = [
+            (a::THREAD_CONTAINER_ID, &c.id),
+            (a::THREAD_CONTAINER_NAME, &c.name),
+            (a::THREAD_POD_UID, &c.pod_uid),
+            (a::THREAD_POD_NAME, &c.pod_name),
+            (a::THREAD_NAMESPACE_NAME, &c.pod_namespace),
+        ];
+        for (name, value) in named {
+            if let Some(v) = value {
+                at.insert(name, string(v));
+            }
+        }
     }
     if let Some((s, _)) = &j.syscall {
         at.insert(a::SYSCALL, string(s));
@@ -655,7 +675,12 @@ pub fn enrich_request(
                     piece_name(j, blocker),
                     j.start_ns,
                     j.end_ns,
-                    piece_attributes(j, pid, blocker),
+                    piece_attributes(
+                        j,
+                        pid,
+                        pid.and_then(|p| cx.analysis.containers.get(&p)),
+                        blocker,
+                    ),
                 );
                 if let Some((trace_id, span_id)) = j.blocked_by {
                     let mut at = Attributes::default();

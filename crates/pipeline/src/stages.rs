@@ -736,6 +736,7 @@ pub(crate) fn write_tables(
         spans: &placed.metas,
         requests: records,
         operations: &operations,
+        containers: &placed.containers,
         notes,
     };
     write_request_tables(&staging, &results)?;
@@ -748,6 +749,7 @@ pub(crate) fn write_tables(
         requests: json::request_entries(&results),
         critical_path,
         syscalls,
+        containers: placed.containers.clone(),
     });
     Ok((staging.commit()?, kept))
 }
@@ -770,6 +772,7 @@ fn write_request_tables(staging: &Staging, results: &AnalysisResults) -> Result<
                 results,
             )?;
             tables::write_operation_summary(&staging.file(analysis::OPERATION_SUMMARY), results)?;
+            tables::write_containers(&staging.file(analysis::CONTAINERS), results.containers)?;
             Ok(())
         })();
         // Joined before any error is returned: a scope left with a

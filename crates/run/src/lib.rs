@@ -83,6 +83,7 @@ pub mod analysis {
     pub const REQUEST_SYSCALLS: &str = "request_syscalls.parquet";
     pub const OPERATION_SUMMARY: &str = "operation_summary.parquet";
     pub const DIAGNOSES: &str = "diagnoses.parquet";
+    pub const CONTAINERS: &str = "containers.parquet";
 }
 
 /// File names inside `RUN/kernel/journal/`, the journal of a recording in

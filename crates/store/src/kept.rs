@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use deepspan_analysis::Containers;
 
 use crate::json::RequestEntry;
 use crate::rows::Cell;
@@ -34,6 +35,8 @@ pub struct KeptAnalysis {
     pub requests: Vec<RequestEntry>,
     pub critical_path: KeptTable,
     pub syscalls: KeptTable,
+    /// As the `containers` table holds them.
+    pub containers: Containers,
 }
 
 /// The rows of one table file, kept in memory as they were written (only

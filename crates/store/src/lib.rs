@@ -34,8 +34,8 @@ pub mod tables;
 use std::path::{Path, PathBuf};
 
 use deepspan_analysis::{
-    group_causes, Arch, CauseGroup, KernelModel, LostEvents, OperationSummary, RequestRecord,
-    RequestSummary, SpanIdx, SummaryRow,
+    group_causes, Arch, CauseGroup, Containers, KernelModel, LostEvents, OperationSummary,
+    RequestRecord, RequestSummary, SpanIdx, SummaryRow,
 };
 
 use deepspan_run::{layout::ANALYSIS_DIR, Run};
@@ -79,6 +79,8 @@ pub struct AnalysisResults<'a> {
     /// computed, by [`tables::CriticalPathWriter`]).
     pub requests: &'a [RequestRecord],
     pub operations: &'a [OperationSummary<(String, String)>],
+    /// The container of each process that ran in one.
+    pub containers: &'a Containers,
     /// Things the user should know (spans left out, clock precision, …).
     pub notes: &'a [String],
 }

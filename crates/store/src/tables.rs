@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use deepspan_analysis::{
-    softirq_name, syscall_label, Arch, BlockReason, EdgeType, KernelModel, RequestPath, SpanIdx,
-    SyscallInterval, SyscallLabelKey, ThreadState,
+    softirq_name, syscall_label, Arch, BlockReason, Containers, EdgeType, KernelModel, RequestPath,
+    SpanIdx, SyscallInterval, SyscallLabelKey, ThreadState,
 };
+use deepspan_model::container::Container;
 use deepspan_model::{Comm, Tid};
 use rustc_hash::FxHashMap;
 
@@ -160,6 +161,50 @@ table! {
         root_evidence_json: Option<String>,
         root_culprits_json: Option<String>,
     }
+}
+
+table! {
+    /// The container and pod of a process that ran in one (`containers`):
+    /// join other tables on `pid`.
+    pub struct ContainerRow, schema CONTAINERS_COLUMNS {
+        pid: i32,
+        container_id: Option<String>,
+        container_name: Option<String>,
+        container_runtime: Option<String>,
+        pod_uid: Option<String>,
+        pod_name: Option<String>,
+        pod_namespace: Option<String>,
+    }
+}
+
+impl ContainerRow {
+    /// The row's container and pod.
+    pub fn container(&self) -> Container {
+        Container {
+            id: self.container_id.clone(),
+            runtime: self.container_runtime.clone(),
+            name: self.container_name.clone(),
+            pod_uid: self.pod_uid.clone(),
+            pod_name: self.pod_name.clone(),
+            pod_namespace: self.pod_namespace.clone(),
+        }
+    }
+}
+
+/// One row per process that ran in a container, by pid.
+pub fn write_containers(path: &Path, containers: &Containers) -> Result<u64, Error> {
+    let mut w = TableWriter::create(path, CONTAINERS_COLUMNS)?;
+    for (pid, c) in containers.iter() {
+        w.i32(pid);
+        w.opt_str(c.id.as_deref());
+        w.opt_str(c.name.as_deref());
+        w.opt_str(c.runtime.as_deref());
+        w.opt_str(c.pod_uid.as_deref());
+        w.opt_str(c.pod_name.as_deref());
+        w.opt_str(c.pod_namespace.as_deref());
+        w.end_row()?;
+    }
+    w.finish()
 }
 
 /// Layout version of the `diagnoses` table: 2 added the root cause

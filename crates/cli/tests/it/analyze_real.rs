@@ -793,6 +793,7 @@ fn sleep_is_timer() {
         "request_syscalls",
         "operation_summary",
         "diagnoses",
+        "containers",
     ] {
         assert!(
             case.run.join(format!("analysis/{table}.parquet")).is_file(),
@@ -873,6 +874,26 @@ fn cpu_hogs_in_kubelet_cgroups_are_named_by_container_and_pod() {
         named += 1;
     }
     assert!(named >= 1, "{d}");
+    // The containers table has both, by pid.
+    let mut rows: HashMap<i64, (String, String)> = HashMap::new();
+    deepspan_store::rows::for_each_row(
+        &case.run.join("analysis/containers.parquet"),
+        |row: deepspan_store::tables::ContainerRow| {
+            let text = |v: Option<String>| v.unwrap_or_default();
+            rows.insert(
+                i64::from(row.pid),
+                (text(row.container_id), text(row.pod_uid)),
+            );
+        },
+    )
+    .expect("the containers table");
+    for (pid, (container, pod)) in &expected {
+        assert_eq!(
+            rows.get(pid),
+            Some(&(container.to_string(), pod.to_string())),
+            "hog {pid} in {rows:?}"
+        );
+    }
     // The headline and the report name the first one's container.
     let container = d["culprits"][0]["container_id"].as_str().unwrap();
     let headline = d["headline"].as_str().unwrap();

@@ -14,6 +14,7 @@ use deepspan_export::attributes as a;
 use deepspan_export::{
     export_spans, send_otlp, write_json, Export, ExportOptions, Protocol, SendOptions,
 };
+use deepspan_model::container::Container;
 use deepspan_otlp::{Receiver, ReceiverConfig};
 use deepspan_spans::model::{Attributes, Resource, SpanKind, Value};
 use deepspan_spans::{import_file, read_run_spans, Span, SpanId, TraceId};
@@ -212,6 +213,18 @@ fn fixture() -> (Vec<Span>, RunAnalysis) {
             requests: vec![checkout, restock],
             syscalls,
             pids,
+            // postgres runs in a pod's container; inventory in none.
+            containers: HashMap::from([(
+                90,
+                Container {
+                    id: Some("ab".repeat(32)),
+                    runtime: Some("containerd".into()),
+                    name: Some("inventory-db".into()),
+                    pod_uid: Some("0c2b4e6a-1d3f-4a5b-9c8d-7e6f5a4b3c2d".into()),
+                    pod_name: Some("db-0".into()),
+                    pod_namespace: Some("shop".into()),
+                },
+            )]),
         },
     )
 }
@@ -291,8 +304,19 @@ fn a_request_gets_its_kernel_path_as_child_spans_inside_its_bounds() {
     );
     assert_eq!(attr(throttled, a::FOLDED_PIECES), &Value::Int(1));
     assert_eq!(attr(throttled, a::FOLDED_NS), &Value::Int((MS / 2) as i64));
+    assert!(throttled.attributes.get(a::THREAD_CONTAINER_ID).is_none());
     let held = children[2];
     assert_eq!(attr(held, a::COMM), &Value::String("postgres".into()));
+    // The piece's process ran in a container: its container and pod.
+    let text = |v: &str| Value::String(v.into());
+    assert_eq!(attr(held, a::THREAD_CONTAINER_ID), &text(&"ab".repeat(32)));
+    assert_eq!(attr(held, a::THREAD_CONTAINER_NAME), &text("inventory-db"));
+    assert_eq!(
+        attr(held, a::THREAD_POD_UID),
+        &text("0c2b4e6a-1d3f-4a5b-9c8d-7e6f5a4b3c2d")
+    );
+    assert_eq!(attr(held, a::THREAD_POD_NAME), &text("db-0"));
+    assert_eq!(attr(held, a::THREAD_NAMESPACE_NAME), &text("shop"));
     assert_eq!(
         attr(held, a::WAITING_IN),
         &Value::String("recvfrom(fd=5)".into())

@@ -411,6 +411,7 @@ fn write_tables_swaps_in_the_analysis_that_reads_back_as_written() {
         analysis::REQUEST_SYSCALLS,
         analysis::OPERATION_SUMMARY,
         analysis::DIAGNOSES,
+        analysis::CONTAINERS,
     ] {
         assert!(dir.join(table).is_file(), "no {table}");
     }
