@@ -61,11 +61,14 @@ node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' ||
 #   decoders; strace counts the Python SDK's system calls.
 # test: LTTng records the user-space CTF traces; Chromium runs the web UI's
 #   end-to-end test (headless, driven by playwright-core); Maven and JDK 17
-#   build the Java agent extension and run WireMock.
+#   build the Java agent extension and run WireMock; podman (with runc: crun
+#   refuses this VM's hybrid cgroup layout) runs busybox containers whose
+#   culprits must be named by container.
 debian=(clang libbpf-dev libzstd-dev pkg-config)
 wants demo && debian+=(postgresql-15 iproute2)
 wants check && debian+=(trace-cmd babeltrace2 strace)
-wants test && debian+=(lttng-tools liblttng-ust-dev chromium maven openjdk-17-jdk-headless)
+wants test && debian+=(lttng-tools liblttng-ust-dev chromium maven openjdk-17-jdk-headless
+  podman runc busybox-static)
 install_debian() {
   local missing=() pkg
   for pkg in "$@"; do

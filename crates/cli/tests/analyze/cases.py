@@ -28,6 +28,10 @@ Cases:
            lays them out, made under this process's own (v1): the first in
            the cgroupfs layout, the second in the systemd one. ids.json
            also has "hog_containers": "pid=CONTAINER_ID/POD_UID,…".
+  hogpodman
+           hog, the hogs being two podman containers (busybox, a shell
+           loop) under this process's own CPU cgroup. ids.json has
+           "hog_containers": "pid=CONTAINER_ID/NAME,…".
   pgrowlock PORT MODE
            PostgreSQL on 127.0.0.1:PORT (user postgres, trust): request
            "holder" updates row 1 of table t and keeps its transaction open
@@ -269,22 +273,86 @@ def case_hog(args, in_pods=False):
             ids["hog_containers"] = ",".join(
                 f"{h.pid}={cid}/{uid}" for h, (_, cid, uid) in zip(hogs, leaves)
             )
-        time.sleep(0.3)  # both spinning before the request starts
-
-        def work():
-            os.sched_setaffinity(0, {cpu})  # this thread only
-            with tracer.start_as_current_span("contended") as span:
-                remember("contended", span)
-                burn(0.06)
-
-        t = threading.Thread(target=work)
-        t.start()
-        t.join()
+        contend(cpu)
     finally:
         for h in hogs:
             h.kill()
             h.wait()
         remove_cgroups(tops)
+
+
+def contend(cpu):
+    """Request "contended": 60 ms of CPU on `cpu`, once the hogs spin."""
+    time.sleep(0.3)  # the hogs spinning before the request starts
+
+    def work():
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        with tracer.start_as_current_span("contended") as span:
+            remember("contended", span)
+            burn(0.06)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+
+
+def case_hogpodman(_args):
+    cpu = max(os.sched_getaffinity(0))
+    # A busybox root file system, and podman's settings for this VM: runc
+    # (crun refuses its hybrid cgroup layout), no rlimits raised (no
+    # CAP_SYS_RESOURCE).
+    rootfs = os.path.join(OUT, "rootfs")
+    os.makedirs(os.path.join(rootfs, "bin"))
+    subprocess.run(["cp", "/bin/busybox", os.path.join(rootfs, "bin", "busybox")], check=True)
+    os.symlink("busybox", os.path.join(rootfs, "bin", "sh"))
+    conf = os.path.join(OUT, "containers.conf")
+    with open(conf, "w") as f:
+        f.write("[containers]\ndefault_ulimits = []\n")
+    env = dict(os.environ, CONTAINERS_CONF=conf)
+    with open("/proc/self/cgroup") as f:
+        parent = next(l.split(":", 2)[2].strip() for l in f if ":cpu," in l or ":cpu:" in l)
+    weight = NICE_WEIGHT[os.getpriority(os.PRIO_PROCESS, 0) + 20]
+    # Short: reports name them in lines of 78 characters.
+    names = [f"hog{i}-{os.getpid()}" for i in range(2)]
+
+    def podman(*argv):
+        out = subprocess.run(["podman", "--runtime", "runc", *argv], env=env,
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"podman {' '.join(argv)}: {out.stderr.strip()}")
+        return out.stdout.strip()
+
+    try:
+        found = []
+        for name in names:
+            # Under this process's own CPU cgroup, each weighing what one of
+            # its threads does, so that they compete with the request as
+            # the hog case's processes do.
+            cid = podman("run", "-d", "--name", name, "--network", "host",
+                         "--cgroup-parent", parent, "--cpu-shares", str(weight),
+                         "--cpuset-cpus", str(cpu), "--rootfs", rootfs,
+                         "/bin/sh", "-c", "while :; do :; done")
+            pid = podman("inspect", "--format", "{{.State.Pid}}", name)
+            found.append(f"{pid}={cid}/{name}")
+        ids["hog_containers"] = ",".join(found)
+        contend(cpu)
+    finally:
+        for name in names:
+            subprocess.run(["podman", "--runtime", "runc", "rm", "-f", "-t", "0", name], env=env,
+                           capture_output=True)
+        # What podman made under the parent in each hierarchy (its own
+        # cgroups, conmon's), and the parent itself where podman made it.
+        for hierarchy in os.listdir("/sys/fs/cgroup"):
+            top = os.path.join("/sys/fs/cgroup", hierarchy, parent.lstrip("/"))
+            if not os.path.isdir(top) or os.path.islink(os.path.join("/sys/fs/cgroup", hierarchy)):
+                continue
+            for d, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+                if d != top and (os.path.basename(d) == "conmon" or "libpod-" in d):
+                    os.rmdir(d)
+            try:
+                os.rmdir(top)
+            except OSError:
+                pass  # the cpu hierarchy's: this process's own cgroup
 
 
 def case_pgrowlock(args):
@@ -344,6 +412,7 @@ CASES = {
     "sleep": case_sleep,
     "hog": case_hog,
     "hogpods": lambda args: case_hog(args, in_pods=True),
+    "hogpodman": case_hogpodman,
     "pgrowlock": case_pgrowlock,
 }
 

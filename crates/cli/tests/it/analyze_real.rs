@@ -906,6 +906,50 @@ fn cpu_hogs_in_kubelet_cgroups_are_named_by_container_and_pod() {
     );
 }
 
+/// The hogs as two podman containers (busybox, a shell loop; Debian's
+/// podman with runc): each culprit names its container by id and by the
+/// name podman gave it, and so does the report.
+#[test]
+#[ignore = "system: root, tracefs, a CPU cgroup and podman"]
+fn cpu_hogs_in_podman_containers_are_named_by_id_and_name() {
+    let Some(_one) =
+        exclusive_kernel_test("cpu_hogs_in_podman_containers_are_named_by_id_and_name")
+    else {
+        return;
+    };
+    if Command::new("podman").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("DEEPSPAN_REQUIRE_KERNEL").is_none(),
+            "podman is not installed (scripts/setup.sh test installs it)"
+        );
+        return;
+    }
+    let case = record_case("hogpodman", &[]);
+    let report = case.report_json("contended");
+    assert_well_formed(&report);
+    let text = case.report_text("contended");
+    let d = diagnosis(&report);
+    assert_eq!(d["cause"], "cpu_contention", "{d}\n{text}");
+    let expected: HashMap<i64, (&str, &str)> = case
+        .id("hog_containers")
+        .split(',')
+        .map(|entry| {
+            let (pid, ids) = entry.split_once('=').unwrap();
+            (pid.parse().unwrap(), ids.split_once('/').unwrap())
+        })
+        .collect();
+    let first = &d["culprits"][0];
+    assert_eq!(first["kind"], "process", "{d}");
+    let (id, name) = expected
+        .get(&first["pid"].as_i64().unwrap())
+        .unwrap_or_else(|| panic!("the first culprit is no hog container: {d}\n{text}"));
+    assert_eq!(first["container_id"], *id, "{d}");
+    assert_eq!(first["container_name"], *name, "{d}");
+    let named = format!("in container {name}");
+    assert!(d["headline"].as_str().unwrap().contains(&named), "{d}");
+    assert!(text.contains(&format!("container {name}")), "{text}");
+}
+
 /// Case `hog` or `hogpods`: the request waited for the CPU the hogs took,
 /// and they are named for it. Returns the diagnosis.
 fn hogs_are_named_as_contention(case: &Case) -> Value {
