@@ -128,6 +128,9 @@ if wants test; then
   # Jaeger v2, which the export and agent tests send spans to: built once
   # from the Go module proxy and cached (~/.cache/deepspan; minutes).
   step "Jaeger (built once, cached)" bash -c 'scripts/build-jaeger.sh >/dev/null'
+  # The OpenTelemetry Collector of deploy/collector, which the export test
+  # puts between deepspan and Jaeger: built and cached the same way.
+  step "OpenTelemetry Collector (built once, cached)" bash -c 'scripts/build-otelcol.sh >/dev/null'
   # The Go service of the placement test (stock OpenTelemetry for Go): its
   # modules, fetched now so the test builds it from the module cache.
   step "Go modules of the placement test" bash -c 'cd crates/cli/tests/placement/gosvc && go mod download'

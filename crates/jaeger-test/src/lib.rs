@@ -3,7 +3,8 @@
 //! `DEEPSPAN_JAEGER`), run with memory storage on loopback ports, killed on
 //! drop; its query API (`/api/traces/{id}`) read with a plain HTTP GET.
 //! Shared by the export test (`crates/cli/tests/it/export_jaeger.rs`) and the
-//! agent's forward test, so there is one way to start it.
+//! agent's forward test, so there is one way to start it. Also a real
+//! OpenTelemetry Collector to put in front of it ([`Collector`]).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -298,6 +299,105 @@ exporters:
 }
 
 impl Drop for Jaeger {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The cached OpenTelemetry Collector of `deploy/collector`
+/// (`DEEPSPAN_OTELCOL`, else built once by `scripts/build-otelcol.sh`).
+pub fn collector_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("DEEPSPAN_OTELCOL") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new(repo().join("scripts/build-otelcol.sh"))
+        .output()
+        .expect("run scripts/build-otelcol.sh");
+    assert!(
+        out.status.success(),
+        "scripts/build-otelcol.sh (needs go and the Go module proxy) failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// An OpenTelemetry Collector (OTLP in, batch, OTLP/HTTP out) run with
+/// `deploy/collector/config.yaml`, the configuration documented for users,
+/// on loopback ports of its own; killed on drop.
+pub struct Collector {
+    child: Child,
+    pub otlp_grpc: u16,
+    pub otlp_http: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Collector {
+    /// Sending to the OTLP/HTTP port `backend_http` on loopback (a
+    /// [`Jaeger`]'s `otlp_http`); returns once it takes OTLP (panics after
+    /// 60 s, with its log).
+    pub fn start(backend_http: u16) -> Collector {
+        let mut tries = 0;
+        loop {
+            match Collector::try_start(backend_http) {
+                Ok(collector) => return collector,
+                Err(log) if log.contains("address already in use") && tries < 4 => tries += 1,
+                Err(log) => panic!("{log}"),
+            }
+        }
+    }
+
+    fn try_start(backend_http: u16) -> Result<Collector, String> {
+        let binary = collector_binary();
+        let dir = tempfile::tempdir().unwrap();
+        let (otlp_grpc, otlp_http) = (free_fixed_port(), free_fixed_port());
+        let log = std::fs::File::create(dir.path().join("otelcol.log")).unwrap();
+        let child = Command::new(&binary)
+            .arg("--config")
+            .arg(repo().join("deploy/collector/config.yaml"))
+            .env("OTLP_GRPC_ENDPOINT", format!("127.0.0.1:{otlp_grpc}"))
+            .env("OTLP_HTTP_ENDPOINT", format!("127.0.0.1:{otlp_http}"))
+            .env(
+                "BACKEND_OTLP_HTTP",
+                format!("http://127.0.0.1:{backend_http}"),
+            )
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut collector = Collector {
+            child,
+            otlp_grpc,
+            otlp_http,
+            dir,
+        };
+        let started = Instant::now();
+        while !collector.log().contains("Everything is ready") {
+            if let Some(status) = collector.child.try_wait().unwrap() {
+                return Err(format!(
+                    "the Collector exited ({status}): {}",
+                    collector.log()
+                ));
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the Collector is not ready after 60 s: {}",
+                collector.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(collector)
+    }
+
+    /// What the Collector wrote to stdout and stderr.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("otelcol.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Collector {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

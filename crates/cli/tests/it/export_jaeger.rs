@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time, poll, read_json};
 use crate::demo_real::copy_of_kept_run;
-use deepspan_jaeger_test::{tag, Jaeger};
+use deepspan_jaeger_test::{tag, Collector, Jaeger};
 use deepspan_spans::{import_file, read_run_spans, Span, SpanId, TraceId};
 use serde_json::Value;
 
@@ -193,6 +193,35 @@ fn check_request(run: &Path, request: &Value, trace: &Value) -> Vec<(String, i64
 }
 
 /// `deepspan export RUN --out SCRATCH/export.otlp.json`; the file.
+/// Each span of a trace as Jaeger shows it, independent of the order of
+/// spans, tags and processes: id, name, times, tags and references.
+fn span_shapes(trace: &Value) -> BTreeSet<String> {
+    let sorted = |list: &Value| -> Vec<String> {
+        let mut v: Vec<String> = list
+            .as_array()
+            .map(|a| a.iter().map(Value::to_string).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    trace["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {} {} {} {:?} {:?}",
+                s["spanID"],
+                s["operationName"],
+                s["startTime"],
+                s["duration"],
+                sorted(&s["tags"]),
+                sorted(&s["references"])
+            )
+        })
+        .collect()
+}
+
 fn export_out(run: &Path, scratch: &Path) -> PathBuf {
     let file = scratch.join("export.otlp.json");
     check(
@@ -323,6 +352,30 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
     );
 
     round_trip(&run, keep.path());
+
+    // The same run through an OpenTelemetry Collector (deploy/collector,
+    // with the configuration documented for users: OTLP/gRPC in, batch,
+    // OTLP/HTTP out) into a Jaeger of its own: every span arrives as it
+    // did directly, kernel children and their attributes included.
+    let behind = Jaeger::start();
+    let collector = Collector::start(behind.otlp_http);
+    check(
+        "deepspan export --otlp (gRPC, to the Collector)",
+        deepspan()
+            .arg("export")
+            .arg(&run)
+            .args(["--protocol", "grpc", "--otlp"])
+            .arg(format!("http://127.0.0.1:{}", collector.otlp_grpc))
+            .output()
+            .unwrap(),
+    );
+    let relayed = complete_trace(&behind, &sent, throttled["trace_id"].as_str().unwrap());
+    assert_eq!(
+        span_shapes(&relayed),
+        span_shapes(&trace),
+        "the Collector changed the trace (its log: {})",
+        collector.log()
+    );
 
     // A PostgreSQL row lock, exported over OTLP/gRPC.
     let run = copy_of_kept_run("db-row-lock", keep.path());
