@@ -514,6 +514,9 @@ pub struct Agent {
     worker: Option<SnapshotThread>,
     release: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
     instance: String,
+    /// What the flight recorder records without (a capture this kernel
+    /// does not allow), as it said when it started.
+    flight_warnings: Vec<String>,
     snapshots_dir: PathBuf,
 }
 
@@ -595,6 +598,7 @@ impl Agent {
             }
         };
         let instance = flight.instance_name();
+        let flight_warnings = flight.warnings().to_vec();
         let worker = {
             let deliver_to = shared.clone();
             let worker = Worker {
@@ -635,6 +639,7 @@ impl Agent {
             worker: Some(worker),
             release: Some((stop_release, release)),
             instance,
+            flight_warnings,
             snapshots_dir: config.snapshots.dir,
         })
     }
@@ -650,6 +655,12 @@ impl Agent {
     /// The flight recorder's tracefs instance.
     pub fn instance_name(&self) -> &str {
         &self.instance
+    }
+
+    /// What the flight recorder records without, as it said when it
+    /// started (each snapshot's manifest says it too).
+    pub fn flight_warnings(&self) -> &[String] {
+        &self.flight_warnings
     }
 
     pub fn snapshots_dir(&self) -> &std::path::Path {

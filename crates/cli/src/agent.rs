@@ -25,10 +25,15 @@ pub struct AgentArgs {
     /// `http://host:4318/v1/traces`, `grpc://host:4317`, or port 4317 = gRPC).
     #[arg(long, value_name = "URL")]
     forward: String,
-    /// Port of the OTLP/gRPC receiver on 127.0.0.1 (0 = any free port).
+    /// The address the OTLP receivers listen on: loopback by default; on a
+    /// node where applications in pods send to it, `0.0.0.0` (or the
+    /// node's address).
+    #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+    listen: std::net::IpAddr,
+    /// Port of the OTLP/gRPC receiver (0 = any free port).
     #[arg(long, default_value_t = deepspan_otlp::DEFAULT_GRPC_PORT)]
     otlp_grpc_port: u16,
-    /// Port of the OTLP/HTTP receiver on 127.0.0.1 (0 = any free port).
+    /// Port of the OTLP/HTTP receiver (0 = any free port).
     #[arg(long, default_value_t = deepspan_otlp::DEFAULT_HTTP_PORT)]
     otlp_http_port: u16,
     /// Folder of the snapshots (one run folder each).
@@ -164,7 +169,7 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
             .context("cannot install the SIGINT/SIGTERM handlers")?;
     }
 
-    let loopback = |port| Some(SocketAddr::from(([127, 0, 0, 1], port)));
+    let listen = |port| Some(SocketAddr::new(args.listen, port));
     let mut detector = DetectorConfig {
         window: args.window,
         threshold: args.threshold,
@@ -186,8 +191,8 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
     snapshots.url_prefix = args.snapshot_url.clone();
     snapshots.max_spans = args.max_snapshot_spans;
     let mut receiver = ReceiverConfig::new(&args.snapshots);
-    receiver.grpc_addr = loopback(args.otlp_grpc_port);
-    receiver.http_addr = loopback(args.otlp_http_port);
+    receiver.grpc_addr = listen(args.otlp_grpc_port);
+    receiver.http_addr = listen(args.otlp_http_port);
     let config = AgentConfig {
         forward_url: args.forward.clone(),
         forward: ForwardConfig {
@@ -239,6 +244,9 @@ pub fn run(args: AgentArgs) -> Result<ExitCode> {
             .map_or("-".to_string(), |m| format!("http://{}/metrics", m.local_addr())),
         memory_bound >> 20
     ));
+    for w in agent.flight_warnings() {
+        say(format_args!("deepspan agent: warning: {w}"));
+    }
     let started = Instant::now();
     while !stop.load(Ordering::Relaxed) && duration.is_none_or(|d| started.elapsed() < d) {
         std::thread::sleep(Duration::from_millis(50));

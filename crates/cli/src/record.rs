@@ -161,6 +161,9 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         out.display(),
         summary.lost_events
     );
+    for w in &summary.warnings {
+        eprintln!("  warning: {w}");
+    }
     Ok(match summary.exit_code {
         // Pass the traced command's status through, as a wrapper should.
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

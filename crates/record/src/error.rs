@@ -20,6 +20,9 @@ pub enum Error {
     #[error("tracefs is not available: {0}")]
     TracefsUnavailable(String),
 
+    #[error("this host does not give the recorder what it needs:{}", .0.iter().map(|m| format!("\n  - {m}")).collect::<String>())]
+    HostAccess(Vec<String>),
+
     #[error(
         "tracing instance {} already exists; another deepspan may be recording \
          (stale instances of dead recorders are removed by `cleanup_stale_instances`)",

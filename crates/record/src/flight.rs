@@ -180,6 +180,12 @@ impl FlightRecorder {
                 "the flight recorder needs a buffer and a history of at least 1 KiB".into(),
             ));
         }
+        // Unattended, it must not record less than it says: each mount,
+        // namespace or capability it lacks is an error.
+        let missing = crate::host_access::missing();
+        if !missing.is_empty() {
+            return Err(Error::HostAccess(missing));
+        }
         let tracefs = Tracefs::open()?;
         let events = match &options.events {
             EventSelection::Spec(spec) => resolve_events(spec, &tracefs)?,
@@ -238,6 +244,12 @@ impl FlightRecorder {
             sockets,
             idle,
         })
+    }
+
+    /// What the recorder records without (an event or capture this kernel
+    /// does not allow), as it found when it started.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// The tracefs instance's name (for logs and tests).

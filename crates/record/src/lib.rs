@@ -35,6 +35,7 @@ mod capture_file;
 mod error;
 mod events;
 mod flight;
+mod host_access;
 mod idle_switches;
 mod journal;
 mod meta;
