@@ -129,8 +129,13 @@ if wants test; then
   # from the Go module proxy and cached (~/.cache/deepspan; minutes).
   step "Jaeger (built once, cached)" bash -c 'scripts/build-jaeger.sh >/dev/null'
   # The OpenTelemetry Collector of deploy/collector, which the export test
-  # puts between deepspan and Jaeger: built and cached the same way.
-  step "OpenTelemetry Collector (built once, cached)" bash -c 'scripts/build-otelcol.sh >/dev/null'
+  # puts between deepspan and Jaeger, and the check of deploy/'s Kubernetes
+  # manifests (strict decoding into k8s.io/api's types): built and cached
+  # the same way.
+  step "OpenTelemetry Collector (built once, cached)" \
+    bash -c 'scripts/build-go.sh deploy/collector otelcol >/dev/null'
+  step "manifest check (built once, cached)" \
+    bash -c 'scripts/build-go.sh deploy/check manifest-check >/dev/null'
   # The Go service of the placement test (stock OpenTelemetry for Go): its
   # modules, fetched now so the test builds it from the module cache.
   step "Go modules of the placement test" bash -c 'cd crates/cli/tests/placement/gosvc && go mod download'

@@ -1,7 +1,7 @@
 // A minimal OpenTelemetry Collector for deepspan's tests and benchmarks:
 // the OTLP receiver, the batch processor and the OTLP/HTTP exporter, all
 // of release v0.165.0 (v1.71.0 for the stable modules). Built from the Go
-// module proxy by scripts/build-otelcol.sh; run it with a configuration
+// module proxy by scripts/build-go.sh; run it with a configuration
 // such as config.yaml beside this file:
 //
 //	otelcol --config deploy/collector/config.yaml

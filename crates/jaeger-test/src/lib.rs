@@ -305,22 +305,30 @@ impl Drop for Jaeger {
     }
 }
 
-/// The cached OpenTelemetry Collector of `deploy/collector`
-/// (`DEEPSPAN_OTELCOL`, else built once by `scripts/build-otelcol.sh`).
-pub fn collector_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("DEEPSPAN_OTELCOL") {
-        return PathBuf::from(p);
-    }
-    let out = Command::new(repo().join("scripts/build-otelcol.sh"))
+/// A Go program of this repository (`folder`, e.g. `deploy/collector`),
+/// built once by `scripts/build-go.sh` (which needs go and the Go module
+/// proxy) and cached.
+pub fn go_program(folder: &str, name: &str) -> PathBuf {
+    let out = Command::new(repo().join("scripts/build-go.sh"))
+        .args([folder, name])
         .output()
-        .expect("run scripts/build-otelcol.sh");
+        .expect("run scripts/build-go.sh");
     assert!(
         out.status.success(),
-        "scripts/build-otelcol.sh (needs go and the Go module proxy) failed ({}):\n{}",
+        "scripts/build-go.sh {folder} {name} (needs go and the Go module proxy) failed ({}):\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// The OpenTelemetry Collector of `deploy/collector` (`DEEPSPAN_OTELCOL`,
+/// else [`go_program`]).
+pub fn collector_binary() -> PathBuf {
+    match std::env::var_os("DEEPSPAN_OTELCOL") {
+        Some(p) => PathBuf::from(p),
+        None => go_program("deploy/collector", "otelcol"),
+    }
 }
 
 /// An OpenTelemetry Collector (OTLP in, batch, OTLP/HTTP out) run with

@@ -5,11 +5,11 @@
 //! Without `--include-ignored` (`make check`) only the tests that need no
 //! root and no kernel tracing run. The others are marked
 //! `#[ignore = "system: …"]`: root and tracefs (agent_jaeger, analyze_real,
-//! crash_recovery, demo_real, export_jaeger, hosts_netns, java_agent,
+//! crash_recovery, demo_real, deploy, export_jaeger, hosts_netns, java_agent,
 //! java_app, placement_compare, placement_go, placement_real, profile_real,
 //! record_real_program, and one test each of spans_cli, ui_api and
 //! ui_snapshots), some also cgroups, network namespaces, PostgreSQL and the
-//! demo's packages, Jaeger, a JDK with Maven, or Go. The heavy ones take
+//! demo's packages, Jaeger, podman, a JDK with Maven, or Go. The heavy ones take
 //! `common::one_at_a_time`.
 
 mod common;
@@ -21,6 +21,7 @@ mod crash_recovery;
 mod crisp_cli;
 mod decode_testdata;
 mod demo_real;
+mod deploy;
 mod export_cli;
 mod export_jaeger;
 mod hosts_netns;
