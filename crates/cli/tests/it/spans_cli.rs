@@ -627,6 +627,19 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
             }
         }
     }
+    // The switches out of the idle task that ftrace lost, as the recorder's
+    // eBPF capture saw them (the analysis takes them the same way).
+    let captured = deepspan_run::Run::new(run).idle_switches();
+    if captured.is_file() {
+        for s in deepspan_record::read_idle_switches(&captured).unwrap() {
+            if tids.contains(&s.tid) {
+                switches.entry(s.tid).or_default().push((s.mono_ns, true));
+            }
+        }
+        for history in switches.values_mut() {
+            history.sort_by_key(|&(ts, into)| (ts, into));
+        }
+    }
     let manifest: J =
         serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
     let lost = manifest["lost_events"].as_u64().unwrap();
@@ -657,9 +670,10 @@ fn spans_sit_on_running_threads(run: &Path, spans: &[Span]) {
         let last = switches
             .get(&(tid as i32))
             .and_then(|h| h.iter().rev().find(|(ts, _)| *ts <= start));
-        // This VM's kernel sometimes records no switch-in (out of the idle
-        // task); the thread's own events show it ran again, which is how
-        // the analysis infers the switch too.
+        // This VM's ftrace loses most switch-ins out of the idle task; the
+        // recorder's capture has them (above), and where a trace has no
+        // capture the thread's own events show it ran again, which is how
+        // the analysis infers the switch then.
         let ran_after = |after: u64| {
             own.get(&(tid as i32))
                 .is_some_and(|t| t.iter().any(|&e| e >= after && e <= start))
