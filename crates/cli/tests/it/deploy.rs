@@ -7,12 +7,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use deepspan_jaeger_test::{free_fixed_port, go_program, Jaeger};
 
+use crate::common::podman::{agent_container, agent_image, podman, podman_or_skip};
 use crate::common::{kernel_or_skip, one_at_a_time, repo};
 
 /// Whether a tool a system test needs is here; it must be when
@@ -105,29 +106,6 @@ fn the_systemd_unit_verifies_without_a_warning() {
     );
 }
 
-/// podman, as this VM runs it (deploy/agent/daemonset.yaml's settings, the
-/// test's own containers.conf).
-struct Podman {
-    conf: PathBuf,
-}
-
-impl Podman {
-    fn new(dir: &Path) -> Podman {
-        // runc: crun refuses this VM's hybrid cgroup layout; no rlimits
-        // raised: the VM has no CAP_SYS_RESOURCE.
-        let conf = dir.join("containers.conf");
-        std::fs::write(&conf, "[containers]\ndefault_ulimits = []\n").unwrap();
-        Podman { conf }
-    }
-
-    fn command(&self) -> Command {
-        let mut c = Command::new("podman");
-        c.env("CONTAINERS_CONF", &self.conf)
-            .args(["--runtime", "runc"]);
-        c
-    }
-}
-
 /// One OTLP/JSON request of one server span to `port` on loopback.
 fn post_span(port: u16, trace_id: &str) -> u16 {
     let now = std::time::SystemTime::now()
@@ -157,38 +135,17 @@ fn post_span(port: u16, trace_id: &str) -> u16 {
 #[test]
 #[ignore = "system: root, tracefs, podman"]
 fn the_agent_image_runs_as_the_daemonset_runs_it() {
-    if !kernel_or_skip("the_agent_image_runs_as_the_daemonset_runs_it")
-        || !have("podman", "scripts/setup.sh test")
-    {
+    if !kernel_or_skip("the_agent_image_runs_as_the_daemonset_runs_it") || !podman_or_skip() {
         return;
     }
     let _one = one_at_a_time();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let podman = Podman::new(dir.path());
-    let tag = format!("localhost/deepspan-agent-test:{}", std::process::id());
-    let built = Command::new(repo().join("deploy/agent/image.sh"))
-        .args([env!("CARGO_BIN_EXE_deepspan"), &tag])
-        .env("CONTAINERS_CONF", &podman.conf)
-        .output()
-        .unwrap();
-    assert!(
-        built.status.success(),
-        "deploy/agent/image.sh: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    struct Image<'p>(&'p Podman, String);
-    impl Drop for Image<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.command().args(["rmi", "-f", &self.1]).output();
-        }
-    }
-    let _image = Image(&podman, tag.clone());
+    let tag = agent_image();
 
     // Without the host's PID namespace, tracefs or the capabilities: it
     // says which, and how to give each.
-    let bare = podman
-        .command()
-        .args(["run", "--rm", "--network", "host", &tag])
+    let bare = podman()
+        .args(["run", "--rm", "--network", "host", tag])
         .args(["--forward", "http://127.0.0.1:9", "--duration", "1"])
         .output()
         .unwrap();
@@ -208,29 +165,11 @@ fn the_agent_image_runs_as_the_daemonset_runs_it() {
     let (grpc, http) = (free_fixed_port(), free_fixed_port());
     let snapshots = dir.path().join("snapshots");
     std::fs::create_dir(&snapshots).unwrap();
-    let mut agent = podman
-        .command()
-        .args([
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            "--pid",
-            "host",
-            "--read-only",
-        ])
-        .args(["--cap-drop", "ALL", "--cap-add", "BPF,PERFMON"])
-        .args(["--security-opt", "seccomp=unconfined"])
-        .args(["-v", "/sys/kernel/tracing:/sys/kernel/tracing"])
-        .args(["-v", "/sys/kernel/btf:/sys/kernel/btf:ro"])
-        .arg("-v")
-        .arg(format!(
-            "{}:/var/lib/deepspan/snapshots",
-            snapshots.display()
-        ))
-        .arg(&tag)
+    let name = format!("deepspan-agent-test-{}", std::process::id());
+    let mut agent = agent_container(&name, &snapshots)
         .arg(format!("--forward=http://127.0.0.1:{}", jaeger.otlp_http))
-        .args(["--snapshots=/var/lib/deepspan/snapshots", "--no-metrics"])
+        .arg(format!("--snapshots={}", snapshots.display()))
+        .arg("--no-metrics")
         .arg(format!("--otlp-grpc-port={grpc}"))
         .arg(format!("--otlp-http-port={http}"))
         .args(["--duration", "8"])

@@ -2,6 +2,7 @@
 //! the one lock of the heavy kernel tests, paths and polling.
 #![allow(dead_code)]
 
+pub mod podman;
 pub mod ui;
 
 use std::path::{Path, PathBuf};
