@@ -21,15 +21,23 @@ fn repo() -> PathBuf {
 /// The cached Jaeger binary (`DEEPSPAN_JAEGER`, else built once by the
 /// script, which needs go and the Go module proxy).
 pub fn jaeger_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("DEEPSPAN_JAEGER") {
-        return PathBuf::from(p);
+    match std::env::var_os("DEEPSPAN_JAEGER") {
+        Some(p) => PathBuf::from(p),
+        None => built_by("scripts/build-jaeger.sh", &[]),
     }
-    let out = Command::new(repo().join("scripts/build-jaeger.sh"))
+}
+
+/// The path a build script of this repository prints (it builds from the
+/// Go module proxy once and caches what it built).
+fn built_by(script: &str, args: &[&str]) -> PathBuf {
+    let out = Command::new(repo().join(script))
+        .args(args)
         .output()
-        .expect("run scripts/build-jaeger.sh");
+        .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
     assert!(
         out.status.success(),
-        "scripts/build-jaeger.sh (needs go and the Go module proxy) failed ({}):\n{}",
+        "{script} {} (needs go and the Go module proxy) failed ({}):\n{}",
+        args.join(" "),
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -309,17 +317,7 @@ impl Drop for Jaeger {
 /// built once by `scripts/build-go.sh` (which needs go and the Go module
 /// proxy) and cached.
 pub fn go_program(folder: &str, name: &str) -> PathBuf {
-    let out = Command::new(repo().join("scripts/build-go.sh"))
-        .args([folder, name])
-        .output()
-        .expect("run scripts/build-go.sh");
-    assert!(
-        out.status.success(),
-        "scripts/build-go.sh {folder} {name} (needs go and the Go module proxy) failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    built_by("scripts/build-go.sh", &[folder, name])
 }
 
 /// The OpenTelemetry Collector of `deploy/collector` (`DEEPSPAN_OTELCOL`,

@@ -296,6 +296,20 @@ def contend(cpu):
     t.join()
 
 
+def rmdir_once_empty(cgroup, wait_s=10):
+    """Removes a cgroup whose last process is on its way out (conmon exits
+    after `podman rm` returns): the kernel refuses (EBUSY) until it is gone."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.rmdir(cgroup)
+            return
+        except OSError as e:
+            if e.errno != 16 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def case_hogpodman(_args):
     cpu = max(os.sched_getaffinity(0))
     # A busybox root file system, and podman's settings for this VM: runc
@@ -348,7 +362,7 @@ def case_hogpodman(_args):
                 continue
             for d, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
                 if d != top and (os.path.basename(d) == "conmon" or "libpod-" in d):
-                    os.rmdir(d)
+                    rmdir_once_empty(d)
             try:
                 os.rmdir(top)
             except OSError:

@@ -852,14 +852,7 @@ fn cpu_hogs_in_kubelet_cgroups_are_named_by_container_and_pod() {
     };
     let case = record_case("hogpods", &[]);
     let d = hogs_are_named_as_contention(&case);
-    let expected: HashMap<i64, (&str, &str)> = case
-        .id("hog_containers")
-        .split(',')
-        .map(|entry| {
-            let (pid, ids) = entry.split_once('=').unwrap();
-            (pid.parse().unwrap(), ids.split_once('/').unwrap())
-        })
-        .collect();
+    let expected = hog_containers(&case);
     let mut named = 0;
     for c in culprits(&d, "process") {
         let Some(&(container, pod)) = expected.get(&c["pid"].as_i64().unwrap()) else {
@@ -930,14 +923,7 @@ fn cpu_hogs_in_podman_containers_are_named_by_id_and_name() {
     let text = case.report_text("contended");
     let d = diagnosis(&report);
     assert_eq!(d["cause"], "cpu_contention", "{d}\n{text}");
-    let expected: HashMap<i64, (&str, &str)> = case
-        .id("hog_containers")
-        .split(',')
-        .map(|entry| {
-            let (pid, ids) = entry.split_once('=').unwrap();
-            (pid.parse().unwrap(), ids.split_once('/').unwrap())
-        })
-        .collect();
+    let expected = hog_containers(&case);
     let first = &d["culprits"][0];
     assert_eq!(first["kind"], "process", "{d}");
     let (id, name) = expected
@@ -948,6 +934,18 @@ fn cpu_hogs_in_podman_containers_are_named_by_id_and_name() {
     let named = format!("in container {name}");
     assert!(d["headline"].as_str().unwrap().contains(&named), "{d}");
     assert!(text.contains(&format!("container {name}")), "{text}");
+}
+
+/// The `hog_containers` of case `hogpods` or `hogpodman`: each hog's pid →
+/// its container id and pod uid (`hogpods`) or name (`hogpodman`).
+fn hog_containers(case: &Case) -> HashMap<i64, (&str, &str)> {
+    case.id("hog_containers")
+        .split(',')
+        .map(|entry| {
+            let (pid, ids) = entry.split_once('=').unwrap();
+            (pid.parse().unwrap(), ids.split_once('/').unwrap())
+        })
+        .collect()
 }
 
 /// Case `hog` or `hogpods`: the request waited for the CPU the hogs took,

@@ -401,9 +401,20 @@ fn a_clock_mapping_off_by_50_us_is_corrected_from_the_placed_requests() {
                 && served.get(r["span_id"].as_str().unwrap()) == r["tid"].as_i64().as_ref()
         })
         .count();
+    // Failed once in CI (56 of 80: 24 placed on their process after the
+    // correction, 79 of 80 on threads before it) and not again in 11 runs
+    // here, 8 of them beside two busy loops; the evidence of a few such
+    // requests says why, next time.
+    let on_process: Vec<String> = placements_by_span(&run)
+        .values()
+        .filter(|p| p["sync"] == "process")
+        .take(3)
+        .map(|p| p.to_string())
+        .collect();
     assert!(
         right * 100 >= REQUESTS * 95,
-        "{right} of {REQUESTS} on their worker after the correction:\n{stderr}"
+        "{right} of {REQUESTS} on their worker after the correction:\n{stderr}\nplaced on their process:\n{}",
+        on_process.join("\n")
     );
 }
 
