@@ -2,9 +2,7 @@
 //! from the Go module proxy by scripts/build-jaeger.sh and cached).
 //!
 //! - The demo shop's six faults: the shop's services export to the agent,
-//!   run in its container as deploy/agent/daemonset.yaml runs it, which
-//!   forwards to an OpenTelemetry Collector (deploy/collector) in front of
-//!   Jaeger. The anomalous spans of each fault's
+//!   the agent forwards to Jaeger. The anomalous spans of each fault's
 //!   target operation in its window must reach Jaeger diagnosed with the
 //!   fault's cause, with a snapshot that `deepspan report` opens; the
 //!   others arrive without the agent's attributes.
@@ -29,12 +27,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::common::podman::{agent_container, podman, podman_or_skip};
 use crate::common::{
     ahead_of_other_load, check, deepspan, instances_of, kernel_or_skip, one_at_a_time, poll,
     read_json, repo, wait_exit,
 };
-use deepspan_jaeger_test::{free_fixed_port, get, tag, Collector, Jaeger, Ports};
+use deepspan_jaeger_test::{free_fixed_port, get, tag, Jaeger, Ports};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, ArrayValue, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
@@ -42,12 +39,9 @@ use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, ResourceSpans, Scope
 use prost::Message;
 use serde_json::Value;
 
-/// A `deepspan agent` child, or a podman running one in a container;
-/// SIGKILLed (the container removed) on drop if still running.
+/// A `deepspan agent` child; SIGKILLed on drop if still running.
 struct AgentProcess {
     child: Child,
-    /// The container's name, when it runs in one.
-    container: Option<String>,
     lines: mpsc::Receiver<String>,
     log: Vec<String>,
     grpc: u16,
@@ -59,35 +53,9 @@ struct AgentProcess {
 
 impl AgentProcess {
     fn start(forward: &str, snapshots: &Path, extra: &[&str]) -> AgentProcess {
-        let mut command = deepspan();
-        command.arg("agent");
-        AgentProcess::start_as(command, None, forward, snapshots, extra)
-    }
-
-    /// In the agent's image, run as deploy/agent/daemonset.yaml runs it
-    /// (`common::podman::agent_container`).
-    fn start_in_container(forward: &str, snapshots: &Path, extra: &[&str]) -> AgentProcess {
-        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let name = format!(
-            "deepspan-agent-test-{}-{}",
-            std::process::id(),
-            STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        // Mounted into the container at the same path: it must exist.
-        std::fs::create_dir_all(snapshots).unwrap();
-        let command = agent_container(&name, snapshots);
-        AgentProcess::start_as(command, Some(name), forward, snapshots, extra)
-    }
-
-    fn start_as(
-        mut command: Command,
-        container: Option<String>,
-        forward: &str,
-        snapshots: &Path,
-        extra: &[&str],
-    ) -> AgentProcess {
-        let mut child = command
+        let mut child = deepspan()
             .args([
+                "agent",
                 "--forward",
                 forward,
                 "--otlp-grpc-port",
@@ -112,7 +80,6 @@ impl AgentProcess {
         });
         let mut agent = AgentProcess {
             child,
-            container,
             lines,
             log: Vec::new(),
             grpc: 0,
@@ -227,10 +194,6 @@ impl Drop for AgentProcess {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
-        }
-        // Killing podman's client leaves its container running.
-        if let Some(name) = &self.container {
-            let _ = podman().args(["rm", "-f", "-t", "0", name]).output();
         }
     }
 }
@@ -633,15 +596,9 @@ fn the_demo_faults_reach_jaeger_diagnosed_by_the_agent() {
     if !kernel_or_skip("the_demo_faults_reach_jaeger_diagnosed_by_the_agent") {
         return;
     }
-    if !podman_or_skip() {
-        return;
-    }
     let _one = one_at_a_time();
-    // As users deploy it: the agent in its container, run as the DaemonSet
-    // runs it, forwarding to an OpenTelemetry Collector in front of Jaeger.
     let jaeger = Jaeger::start();
-    let collector = Collector::start(jaeger.otlp_http);
-    let forward = format!("http://127.0.0.1:{}", collector.otlp_http);
+    let forward = format!("http://127.0.0.1:{}", jaeger.otlp_http);
     let work = tempfile::tempdir().unwrap();
     let mut problems = Vec::new();
     // Target spans in fault windows that were not anomalous: checked to
@@ -658,7 +615,7 @@ fn the_demo_faults_reach_jaeger_diagnosed_by_the_agent() {
         let snapshots = work.path().join(format!("{scenario}-snapshots"));
         // A generous hold: under load an analysis may take seconds, and the
         // test wants the diagnosis on the span (a late one is accepted too).
-        let agent = AgentProcess::start_in_container(
+        let agent = AgentProcess::start(
             &forward,
             &snapshots,
             &[
