@@ -129,6 +129,22 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
 }
 
+/// A server started by `try_start` on ports picked free, closed, then
+/// handed to it: another process may bind one in between, and the server
+/// then exits at once (its log says "address already in use"), so it is
+/// started again on new ports, up to four times; any other failure panics
+/// with its log.
+fn on_free_ports<T>(mut try_start: impl FnMut() -> Result<T, String>) -> T {
+    let mut tries = 0;
+    loop {
+        match try_start() {
+            Ok(server) => return server,
+            Err(log) if log.contains("address already in use") && tries < 4 => tries += 1,
+            Err(log) => panic!("{log}"),
+        }
+    }
+}
+
 /// The loopback ports a Jaeger listens on.
 #[derive(Clone, Copy, Debug)]
 pub struct Ports {
@@ -171,14 +187,7 @@ impl Jaeger {
     /// process may bind one in between: Jaeger then exits at once, and is
     /// started again on new ports.
     pub fn start() -> Jaeger {
-        let mut tries = 0;
-        loop {
-            match Jaeger::try_start_on(Ports::free()) {
-                Ok(jaeger) => return jaeger,
-                Err(log) if log.contains("address already in use") && tries < 4 => tries += 1,
-                Err(log) => panic!("{log}"),
-            }
-        }
+        on_free_ports(|| Jaeger::try_start_on(Ports::free()))
     }
 
     /// On the given ports (a test that sends before Jaeger is up picks
@@ -344,14 +353,7 @@ impl Collector {
     /// [`Jaeger`]'s `otlp_http`); returns once it takes OTLP (panics after
     /// 60 s, with its log).
     pub fn start(backend_http: u16) -> Collector {
-        let mut tries = 0;
-        loop {
-            match Collector::try_start(backend_http) {
-                Ok(collector) => return collector,
-                Err(log) if log.contains("address already in use") && tries < 4 => tries += 1,
-                Err(log) => panic!("{log}"),
-            }
-        }
+        on_free_ports(|| Collector::try_start(backend_http))
     }
 
     fn try_start(backend_http: u16) -> Result<Collector, String> {
