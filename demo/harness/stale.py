@@ -3,6 +3,7 @@ services die with it through PR_SET_PDEATHSIG; PostgreSQL, running as
 another user, and the kernel objects do not). Everything the driver makes
 carries its pid in its name: a resource whose driver is gone is stale."""
 
+import json
 import os
 import shutil
 import signal
@@ -29,7 +30,12 @@ def _owner(name, prefix):
     return pid if pid.isdigit() else None
 
 
+# podman's (and CRI-O's) list of containers, with their names.
+CONTAINER_STORAGE = "/var/lib/containers/storage/overlay-containers/containers.json"
+
+
 def cleanup_stale(log=print):
+    _remove_stale_containers(log)
     for root in (CPU_V1, UNIFIED):
         if not os.path.isdir(root):
             continue
@@ -79,3 +85,30 @@ def cleanup_stale(log=print):
                 pass
         shutil.rmtree(work, ignore_errors=True)
         log(f"removed stale work folder {work}")
+
+
+def _remove_stale_containers(log):
+    """Containers of `--containers` runs (harness.containers) whose driver
+    is gone; read from podman's storage file, so that a machine without
+    podman, or without such containers, does not wait for podman."""
+    try:
+        with open(CONTAINER_STORAGE) as f:
+            text = f.read()
+    except OSError:
+        return
+    if "deepspan-demo-" not in text:
+        return
+    try:
+        stored = json.loads(text)
+    except ValueError:
+        return
+    for container in stored:
+        for name in container.get("names", []):
+            pid = _owner(name, "deepspan-demo-")
+            if pid and _dead(pid):
+                out = subprocess.run(["podman", "--runtime", "runc", "rm", "-f", "-t", "0", name],
+                                     capture_output=True, text=True)
+                if out.returncode == 0:
+                    log(f"removed stale container {name}")
+                else:
+                    log(f"cannot remove stale container {name}: {out.stderr.strip()}")

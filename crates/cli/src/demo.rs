@@ -58,6 +58,12 @@ pub struct DemoArgs {
     /// --events`): a preset (`lean`, `analysis`) or a list.
     #[arg(long, default_value = "lean")]
     events: String,
+    /// Run pricing, and the cpu-hog scenario's encoders, in podman
+    /// containers of their own (host network and PID namespace), as on a
+    /// container host: culprits are then named by container. Needs podman
+    /// and runc.
+    #[arg(long)]
+    containers: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -98,6 +104,9 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
     let exe = std::env::current_exe().context("locate the deepspan executable")?;
     let demo_dir = find_demo_dir(&exe)?;
     check_python(&args.python, &demo_dir)?;
+    if args.containers {
+        check_podman()?;
+    }
     let (root, temporary) = match &args.keep {
         Some(dir) => {
             std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -127,6 +136,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode> {
         demo_dir,
         python: args.python.clone(),
         events: args.events.clone(),
+        containers: args.containers,
     };
     let signals = Signals::install()?;
     let text = args.format == Format::Text;
@@ -298,6 +308,21 @@ fn check_python(python: &str, demo_dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// `--containers` runs podman with runc (crun refuses this kind of VM's
+/// hybrid cgroup layout): both must be installed.
+fn check_podman() -> Result<()> {
+    for program in ["podman", "runc"] {
+        let found = std::process::Command::new(program)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            bail!("--containers needs podman and runc, and `{program} --version` does not run: apt-get install podman runc");
+        }
+    }
+    Ok(())
+}
+
 fn minutes(d: Duration) -> String {
     let s = d.as_secs();
     if s >= 60 {
@@ -427,5 +452,10 @@ fn culprit_label(c: &CulpritDoc) -> String {
         CulpritKind::Span => format!("[{}] {}", s(&c.service), s(&c.operation)),
         other => format!("{} {}", other.name(), c.name.as_deref().unwrap_or("")),
     };
-    format!("{who} {}", human::duration(c.ns))
+    let container = c.container().map(|c| format!(" in {}", c.label()));
+    format!(
+        "{who}{} {}",
+        container.unwrap_or_default(),
+        human::duration(c.ns)
+    )
 }

@@ -441,6 +441,10 @@ pub struct CulpritMatcher {
     pub trace_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_name: Option<String>,
 }
 
 impl CulpritMatcher {
@@ -459,6 +463,8 @@ impl CulpritMatcher {
             && same(&self.span_id, culprit.span_id.as_ref())
             && same(&self.trace_id, culprit.trace_id.as_ref())
             && same(&self.ns, Some(&culprit.ns))
+            && same(&self.container_id, culprit.container_id.as_ref())
+            && same(&self.container_name, culprit.container_name.as_ref())
     }
 }
 

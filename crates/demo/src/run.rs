@@ -56,6 +56,9 @@ pub struct RunOptions {
     pub python: String,
     /// `deepspan record --events`.
     pub events: String,
+    /// Runs pricing, and the cpu-hog scenario's encoders, in podman
+    /// containers (`driver.py --containers`).
+    pub containers: bool,
 }
 
 /// A finished scenario: the verdict and where its run is.
@@ -167,6 +170,7 @@ pub fn run_scenario(
         .arg(name)
         .arg("--out")
         .arg(Run::new(run_dir).demo_dir())
+        .args(opts.containers.then_some("--containers"))
         // The run's own receiver, whatever the caller's environment says.
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")

@@ -6,12 +6,16 @@
 //! [`crate::record`] scans when it starts, then every second for 10 s, then
 //! at 16, 32, 64 … s, and once more when it ends, each scan adding to what
 //! the earlier ones found (so services the traced command starts, late
-//! ones too, are seen); [`crate::FlightRecorder::snapshot`] scans once, as
-//! it writes its window.
+//! ones too, are seen). It also scans in the seconds after a container
+//! runtime's files change ([`ProcessScan::runtimes_changed`]): a container
+//! started late and gone before the next scan is named too, since its name
+//! is readable only while it exists. [`crate::FlightRecorder::snapshot`]
+//! scans once, as it writes its window.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use deepspan_model::container::{Container, ContainerRef};
 use serde::{Deserialize, Serialize};
@@ -60,9 +64,19 @@ pub struct ContainerEntry {
 #[derive(Clone, Debug, Default)]
 pub struct ProcessScan {
     pub processes: BTreeMap<i32, ProcessEntry>,
+    runtimes: RuntimeWatch,
 }
 
 impl ProcessScan {
+    /// Whether a container runtime's or the kubelet's files changed since
+    /// the last call (a container or pod made or removed), or did in one
+    /// of the two calls before: a runtime writes its file before the
+    /// container's first process starts. One `stat` per file; the first
+    /// call only takes note.
+    pub fn runtimes_changed(&mut self) -> bool {
+        self.runtimes.changed()
+    }
+
     /// Scans /proc now and merges what it finds.
     pub fn scan(&mut self) {
         let listening = listening_inodes();
@@ -154,13 +168,17 @@ impl From<ContainerEntry> for Container {
 
 /// The names the host's container runtimes and kubelet give container ids
 /// and pod uids, read from their files once per scan, where readable:
+/// - a running container's OCI bundle, whose annotations hold the names
+///   Kubernetes gave it (containerd's CRI plugin, CRI-O) or nerdctl's:
+///   `/run/containerd/io.containerd.runtime.v2.task/NAMESPACE/ID/config.json`
+///   and `/run/containers/storage/overlay-containers/ID/userdata/config.json`;
 /// - podman and CRI-O (containers/storage):
 ///   `/var/lib/containers/storage/overlay-containers/containers.json`;
 /// - docker: `/var/lib/docker/containers/ID/config.v2.json`;
 /// - the kubelet: its pod log folders, `/var/log/pods/NAMESPACE_NAME_UID`.
 ///
-/// containerd keeps its names in a database of its own: its containers get
-/// their id (and pod) only.
+/// containerd keeps the names of containers made by other clients (`ctr`)
+/// in a database of its own: those get their id only.
 #[derive(Default)]
 struct RuntimeNames {
     storage: Option<HashMap<String, String>>,
@@ -171,10 +189,30 @@ impl RuntimeNames {
     const STORAGE: &'static str = "/var/lib/containers/storage/overlay-containers/containers.json";
     const DOCKER: &'static str = "/var/lib/docker/containers";
     const POD_LOGS: &'static str = "/var/log/pods";
+    /// containerd's task bundles, one folder per containerd namespace.
+    const CONTAINERD_TASKS: &'static str = "/run/containerd/io.containerd.runtime.v2.task";
+    /// CRI-O's (containers/storage's) run-time folders, `ID/userdata/`.
+    const STORAGE_RUN: &'static str = "/run/containers/storage/overlay-containers";
 
     fn entry(&mut self, c: ContainerRef) -> ContainerEntry {
-        let name = c.id.as_deref().and_then(|id| self.container_name(id));
-        let pod = c.pod_uid.as_deref().and_then(|uid| self.pod(uid));
+        let bundle = c.id.as_deref().and_then(|id| {
+            bundle_names(
+                Path::new(Self::CONTAINERD_TASKS),
+                Path::new(Self::STORAGE_RUN),
+                id,
+            )
+        });
+        let bundle = bundle.unwrap_or_default();
+        // Kubernetes' container name before the runtime's own (CRI-O's in
+        // containers/storage is `k8s_NAME_POD_NAMESPACE_UID_ATTEMPT`).
+        let name = bundle
+            .container
+            .or_else(|| c.id.as_deref().and_then(|id| self.container_name(id)));
+        let pod = c
+            .pod_uid
+            .as_deref()
+            .and_then(|uid| self.pod(uid))
+            .or(bundle.pod_namespace.zip(bundle.pod_name));
         ContainerEntry {
             name,
             runtime: c.runtime.map(str::to_string),
@@ -201,6 +239,113 @@ impl RuntimeNames {
             .get_or_insert_with(|| pod_log_names(Path::new(Self::POD_LOGS)))
             .get(uid)
             .cloned()
+    }
+}
+
+/// The names a container's OCI bundle annotates.
+#[derive(Debug, Default, PartialEq)]
+struct BundleNames {
+    container: Option<String>,
+    pod_name: Option<String>,
+    pod_namespace: Option<String>,
+}
+
+/// The names in the `config.json` of container `id`'s bundle: under
+/// `containerd_tasks/NAMESPACE/ID/` or `storage_run/ID/userdata/`. None
+/// when neither is there or readable, or `id` is no plain id.
+fn bundle_names(containerd_tasks: &Path, storage_run: &Path, id: &str) -> Option<BundleNames> {
+    #[derive(Deserialize)]
+    struct Spec {
+        #[serde(default)]
+        annotations: HashMap<String, String>,
+    }
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    let containerd = fs::read_dir(containerd_tasks)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|ns| ns.path().join(id).join("config.json"));
+    let crio = std::iter::once(storage_run.join(id).join("userdata/config.json"));
+    let spec: Spec = containerd
+        .chain(crio)
+        .find_map(|path| serde_json::from_slice(&fs::read(path).ok()?).ok())?;
+    let first = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| spec.annotations.get(*k))
+            .filter(|v| !v.is_empty())
+            .cloned()
+    };
+    Some(BundleNames {
+        container: first(&[
+            "io.kubernetes.cri.container-name",
+            "io.kubernetes.container.name",
+            "nerdctl/name",
+        ]),
+        pod_name: first(&["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"]),
+        pod_namespace: first(&[
+            "io.kubernetes.cri.sandbox-namespace",
+            "io.kubernetes.pod.namespace",
+        ]),
+    })
+}
+
+/// The modification times of the files [`RuntimeNames`] reads.
+#[derive(Clone, Debug)]
+struct RuntimeWatch {
+    paths: Vec<PathBuf>,
+    seen: Option<Vec<Option<SystemTime>>>,
+    /// Calls left that answer "changed" after the latest change.
+    pending: u8,
+}
+
+impl Default for RuntimeWatch {
+    fn default() -> RuntimeWatch {
+        RuntimeWatch::new(
+            [
+                RuntimeNames::STORAGE,
+                RuntimeNames::DOCKER,
+                RuntimeNames::POD_LOGS,
+                RuntimeNames::STORAGE_RUN,
+                // containerd's namespaces of Kubernetes, docker and nerdctl.
+                "/run/containerd/io.containerd.runtime.v2.task/k8s.io",
+                "/run/containerd/io.containerd.runtime.v2.task/moby",
+                "/run/containerd/io.containerd.runtime.v2.task/default",
+            ]
+            .map(PathBuf::from)
+            .to_vec(),
+        )
+    }
+}
+
+impl RuntimeWatch {
+    /// Calls that answer "changed" after a change: the change's and two more.
+    const CALLS_AFTER_CHANGE: u8 = 3;
+
+    fn new(paths: Vec<PathBuf>) -> RuntimeWatch {
+        RuntimeWatch {
+            paths,
+            seen: None,
+            pending: 0,
+        }
+    }
+
+    fn changed(&mut self) -> bool {
+        let now: Vec<Option<SystemTime>> = self
+            .paths
+            .iter()
+            .map(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
+            .collect();
+        if self.seen.as_ref().is_some_and(|seen| *seen != now) {
+            self.pending = Self::CALLS_AFTER_CHANGE;
+        }
+        self.seen = Some(now);
+        if self.pending == 0 {
+            return false;
+        }
+        self.pending -= 1;
+        true
     }
 }
 
@@ -490,6 +635,88 @@ mod tests {
             found.get(uid),
             Some(&("shop".to_string(), "checkout-7d9f".to_string()))
         );
+    }
+
+    #[test]
+    fn oci_bundles_give_the_names_kubernetes_and_nerdctl_gave() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tasks, storage_run) = (dir.path().join("tasks"), dir.path().join("storage"));
+        let bundle = |path: PathBuf, annotations: &str| {
+            fs::create_dir_all(&path).unwrap();
+            fs::write(
+                path.join("config.json"),
+                format!(r#"{{"ociVersion":"1.1.0","process":{{"args":["/pause"]}},"annotations":{{{annotations}}}}}"#),
+            )
+            .unwrap();
+        };
+        let (cri, crio, nerdctl, bare) = (
+            "a".repeat(64),
+            "b".repeat(64),
+            "c".repeat(64),
+            "d".repeat(64),
+        );
+        bundle(
+            tasks.join("k8s.io").join(&cri),
+            r#""io.kubernetes.cri.container-type":"container","io.kubernetes.cri.container-name":"pricing",
+               "io.kubernetes.cri.sandbox-name":"shop-7d9f","io.kubernetes.cri.sandbox-namespace":"prod""#,
+        );
+        bundle(
+            storage_run.join(&crio).join("userdata"),
+            r#""io.kubernetes.container.name":"encoder","io.kubernetes.pod.name":"batch-1",
+               "io.kubernetes.pod.namespace":"jobs""#,
+        );
+        bundle(
+            tasks.join("default").join(&nerdctl),
+            r#""nerdctl/name":"web""#,
+        );
+        fs::create_dir_all(tasks.join("moby").join(&bare)).unwrap();
+        fs::write(
+            tasks.join("moby").join(&bare).join("config.json"),
+            r#"{"ociVersion":"1.1.0"}"#,
+        )
+        .unwrap();
+        let names = |id: &str| bundle_names(&tasks, &storage_run, id);
+        let named = |c: &str, pod: Option<(&str, &str)>| BundleNames {
+            container: Some(c.into()),
+            pod_namespace: pod.map(|p| p.0.into()),
+            pod_name: pod.map(|p| p.1.into()),
+        };
+        assert_eq!(
+            names(&cri),
+            Some(named("pricing", Some(("prod", "shop-7d9f"))))
+        );
+        assert_eq!(
+            names(&crio),
+            Some(named("encoder", Some(("jobs", "batch-1"))))
+        );
+        assert_eq!(names(&nerdctl), Some(named("web", None)));
+        assert_eq!(names(&bare), Some(BundleNames::default()));
+        assert_eq!(names(&"e".repeat(64)), None);
+        assert_eq!(names("../k8s.io"), None, "an id is never a path");
+    }
+
+    #[test]
+    fn a_runtime_file_changing_calls_for_scans_in_three_ticks() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = dir.path().join("containers.json");
+        let mut watch = RuntimeWatch::new(vec![storage.clone(), dir.path().join("pods")]);
+        assert!(!watch.changed(), "the first call only takes note");
+        assert!(!watch.changed());
+        fs::write(&storage, "[]").unwrap();
+        assert_eq!([(); 4].map(|_| watch.changed()), [true, true, true, false]);
+        // A file's mtime can be set back: any difference is a change.
+        let earlier = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1);
+        fs::File::options()
+            .write(true)
+            .open(&storage)
+            .unwrap()
+            .set_modified(earlier)
+            .unwrap();
+        assert!(watch.changed());
+        fs::create_dir(dir.path().join("pods")).unwrap();
+        assert_eq!([(); 4].map(|_| watch.changed()), [true, true, true, false]);
+        fs::remove_file(&storage).unwrap();
+        assert!(watch.changed(), "a removed file is a change");
     }
 
     #[test]

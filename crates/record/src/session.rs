@@ -390,7 +390,8 @@ impl Session {
             }
             if now >= next_tick {
                 ticks += 1;
-                if ticks <= 10 || ticks.is_power_of_two() {
+                let containers_changed = self.processes.runtimes_changed();
+                if ticks <= 10 || ticks.is_power_of_two() || containers_changed {
                     self.processes.scan();
                 }
                 let p = clock_point();

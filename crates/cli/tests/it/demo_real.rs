@@ -78,6 +78,8 @@ struct Leftovers {
     links: BTreeSet<String>,
     work_dirs: BTreeSet<String>,
     dead_instances: BTreeSet<String>,
+    /// podman's containers (`--containers`), from its storage file.
+    containers: BTreeSet<String>,
 }
 
 fn names_in(dir: &str, prefix: &str) -> BTreeSet<String> {
@@ -141,7 +143,27 @@ fn leftovers() -> Leftovers {
         links: mine(names_in("/sys/class/net", "dsd")),
         work_dirs: mine(names_in("/var/tmp", "deepspan-demo-")),
         dead_instances,
+        containers: mine(podman_containers("deepspan-demo-")),
     }
+}
+
+/// The names of podman's containers that start with `prefix`.
+fn podman_containers(prefix: &str) -> BTreeSet<String> {
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        #[serde(default)]
+        names: Vec<String>,
+    }
+    let storage = "/var/lib/containers/storage/overlay-containers/containers.json";
+    let stored: Vec<Stored> = std::fs::read(storage)
+        .ok()
+        .and_then(|text| serde_json::from_slice(&text).ok())
+        .unwrap_or_default();
+    stored
+        .into_iter()
+        .flat_map(|c| c.names)
+        .filter(|n| n.starts_with(prefix))
+        .collect()
 }
 
 /// What the demo left behind that was not there before it started
@@ -164,6 +186,7 @@ fn nothing_left(before: &Leftovers) -> Result<(), String> {
             "tracefs instances of dead recorders",
             new(&after.dead_instances, &before.dead_instances),
         ),
+        ("containers", new(&after.containers, &before.containers)),
     ];
     let left: Vec<_> = found.iter().filter(|(_, v)| !v.is_empty()).collect();
     if left.is_empty() {
@@ -507,4 +530,105 @@ fn a_driver_killed_with_sigkill_is_cleaned_up_by_the_next_one() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_nothing_left(&before);
+}
+
+#[test]
+#[ignore = "system: root, tracefs, podman, Jaeger, the demo (cgroups, PostgreSQL)"]
+fn cpu_hog_in_containers_names_the_encoders_container_and_jaeger_shows_each_threads_container() {
+    if !kernel_or_skip("cpu_hog_in_containers") || !crate::common::podman::podman_or_skip() {
+        return;
+    }
+    let _one = one_at_a_time();
+    let before = leftovers();
+    let keep = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = demo()
+        .args([
+            "--scenario",
+            "cpu-hog",
+            "--containers",
+            "--format",
+            "json",
+            "--keep",
+        ])
+        .arg(keep.path())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run deepspan demo");
+    assert_nothing_left(&before);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "demo output is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    let verdict = &doc["scenarios"][0];
+    // The verdict's culprits are expected.json's: an encoder, named by its
+    // container's id and name.
+    assert!(
+        verdict["ok"] == true && verdict["culprits_found"] == true,
+        "cpu-hog in containers: {verdict:#}"
+    );
+    let run = keep.path().join("cpu-hog");
+    let expected = crate::common::read_json(&run.join("demo/expected.json"));
+    let (pricing, encoders) = (
+        &expected["containers"]["pricing"],
+        &expected["containers"]["encoders"],
+    );
+    assert!(
+        pricing["id"].is_string() && encoders["id"].is_string() && pricing["id"] != encoders["id"],
+        "expected.json's containers: {:#}",
+        expected["containers"]
+    );
+    assert_eq!(
+        verdict["expected_culprits"][0]["container_name"], encoders["name"],
+        "{verdict:#}"
+    );
+
+    // In Jaeger: the slowest request diagnosed with CPU contention names
+    // the encoders' container among its culprit attributes, and each of
+    // its kernel children on its own thread names pricing's.
+    let jaeger = deepspan_jaeger_test::Jaeger::start();
+    check(
+        "deepspan export --otlp",
+        deepspan()
+            .arg("export")
+            .arg(&run)
+            .arg("--otlp")
+            .arg(format!("http://127.0.0.1:{}", jaeger.otlp_http))
+            .output()
+            .unwrap(),
+    );
+    let request = crate::export_jaeger::diagnosed_request(&run, None);
+    let sent = crate::export_jaeger::spans_sent(&run);
+    let trace =
+        crate::export_jaeger::complete_trace(&jaeger, &sent, request["trace_id"].as_str().unwrap());
+    let (me, path) =
+        crate::export_jaeger::from_jaeger(&trace, request["span_id"].as_str().unwrap());
+    let tag = deepspan_jaeger_test::tag;
+    assert_eq!(tag(me, "deepspan.culprit.container.id"), &encoders["id"]);
+    assert_eq!(
+        tag(me, "deepspan.culprit.container.name"),
+        &encoders["name"]
+    );
+    let own: Vec<&&Value> = path
+        .iter()
+        .filter(|c| tag(c, "deepspan.kernel.tid") == &request["tid"])
+        .collect();
+    assert!(
+        !own.is_empty(),
+        "no kernel child of {} on its thread {}",
+        request["span_id"],
+        request["tid"]
+    );
+    for child in own {
+        assert_eq!(
+            (
+                tag(child, "deepspan.thread.container.id"),
+                tag(child, "deepspan.thread.container.name")
+            ),
+            (&pricing["id"], &pricing["name"]),
+            "kernel child {}",
+            child["operationName"]
+        );
+    }
 }

@@ -23,7 +23,7 @@ use serde_json::Value;
 /// The request of the scenario's target operation diagnosed with its
 /// expected cause: the slowest, or with `blocker`, the one that waited
 /// longest for that request.
-fn diagnosed_request(run: &Path, blocker: Option<&str>) -> Value {
+pub(crate) fn diagnosed_request(run: &Path, blocker: Option<&str>) -> Value {
     let expected = read_json(&run.join("demo/expected.json"));
     let requests = read_json(&run.join("analysis/requests.json"));
     let target = &expected["target"];
@@ -60,7 +60,7 @@ fn diagnosed_request(run: &Path, blocker: Option<&str>) -> Value {
 
 /// The request's span and the children of its kernel path (start order),
 /// from Jaeger.
-fn from_jaeger<'t>(trace: &'t Value, span_id: &str) -> (&'t Value, Vec<&'t Value>) {
+pub(crate) fn from_jaeger<'t>(trace: &'t Value, span_id: &str) -> (&'t Value, Vec<&'t Value>) {
     let spans = trace["spans"].as_array().unwrap();
     let me = spans
         .iter()
@@ -103,7 +103,7 @@ fn report(run: &Path, span_id: &str) -> Value {
 
 /// How many spans `deepspan export` sends of each trace of a run (counted
 /// in `export --out`), by trace id.
-fn spans_sent(run: &Path) -> HashMap<String, usize> {
+pub(crate) fn spans_sent(run: &Path) -> HashMap<String, usize> {
     let scratch = tempfile::tempdir().unwrap();
     let file = export_out(run, scratch.path());
     let mut sent = HashMap::new();
@@ -118,7 +118,11 @@ fn spans_sent(run: &Path) -> HashMap<String, usize> {
 /// spans before they are stored, so a trace read right after the export
 /// may still lack its last batch (the kernel children of a request then
 /// ended before the request did, once in CI).
-fn complete_trace(jaeger: &Jaeger, sent: &HashMap<String, usize>, trace_id: &str) -> Value {
+pub(crate) fn complete_trace(
+    jaeger: &Jaeger,
+    sent: &HashMap<String, usize>,
+    trace_id: &str,
+) -> Value {
     let sent = sent.get(trace_id).copied().unwrap_or(0);
     assert!(sent > 0, "export sends no span of trace {trace_id}");
     let (limit, every) = (Duration::from_secs(60), Duration::from_millis(100));
