@@ -1,13 +1,9 @@
 """Demo processes in podman containers (`driver.py --containers`), as they
 run on a container host: each container has its own cgroup
-(`libpod_parent/libpod-<id>` in every hierarchy), mount namespace and root
-file system, and shares the host's network (the services still reach each
-other on 127.0.0.1) and PID namespace.
-
-The host's PID namespace is kept because deepspan's SDK reports thread ids
-as the process sees them: in a PID namespace of its own a service's ids
-are not the kernel trace's, and its spans would be placed on nobody's
-thread.
+(`libpod_parent/libpod-<id>` in every hierarchy), PID and mount namespaces
+and root file system, and shares the host's network (the services still
+reach each other on 127.0.0.1). A service's spans then carry the thread
+ids of its PID namespace, which deepspan maps to the kernel's.
 
 The root file system is a folder with the host's `/usr` and this Python's
 installation mounted read-only, so the containers run the same
@@ -69,10 +65,10 @@ class Podman:
         """Runs `argv` in a new container named after `role`, in the
         foreground: the returned process is `podman run`, which passes
         SIGTERM on to the container's process and exits with its status.
-        `env` is the container's whole environment."""
+        `env` is the container's whole environment. Its process is the
+        first of its PID namespace: it must handle SIGTERM itself."""
         name = self.name(role)
-        options = ["--name", name, "--rm", "--network", "host", "--pid", "host",
-                   "--workdir", "/", *self.mounts]
+        options = ["--name", name, "--rm", "--network", "host", "--workdir", "/", *self.mounts]
         for key, value in env.items():
             options += ["--env", f"{key}={value}"]
         if cpus:

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use deepspan_analysis::{host_tid, Input};
 use deepspan_model::{Event, EventKind, Tid};
 use deepspan_spans::model::{
-    Value, ATTR_MONO_END, ATTR_MONO_NS, ATTR_MONO_START, ATTR_TID, EVENT_OFF, EVENT_ON,
+    Value, ATTR_MONO_END, ATTR_MONO_NS, ATTR_MONO_START, ATTR_PID_NS, ATTR_TID, EVENT_OFF, EVENT_ON,
 };
 use deepspan_spans::{ClockMap, Span, SpanWriter};
 use serde::{Deserialize, Serialize};
@@ -194,6 +194,10 @@ pub fn merge_runs(
         }
         for mut p in read_scan(&entry.run, &mut notes) {
             p.pid = host_tid(h, p.pid);
+            p.pid_ns = p.pid_ns.map(|ns| host_pid_ns(h, ns));
+            for host in p.namespaced_tids.values_mut() {
+                *host = host_tid(h, *host as Tid) as u32;
+            }
             scans.push(p);
         }
         recorder_tids.extend(manifest.recorder_tids.iter().map(|&t| host_tid(h, t)));
@@ -280,11 +284,19 @@ fn read_scan(run: &Path, notes: &mut Vec<String>) -> Vec<deepspan_record::Proces
     })
 }
 
+/// PID namespace `ns` of host `h`, as the merged run numbers it: two hosts
+/// may have namespaces of the same inode number. Host 0's are its own.
+fn host_pid_ns(h: u32, ns: u64) -> u64 {
+    u64::from(h) << 32 | ns
+}
+
 /// Moves span `s` of host `h` onto the reference: its deepspan monotonic
-/// times through the host's clock, its thread ids numbered by host, its
-/// wall times onto the reference's wall clock (through the host's clock
-/// samples, the transform, and the reference's samples back), so that the
-/// merged run's one clock map places spans without deepspan fields too.
+/// times through the host's clock, its thread ids numbered by host (or its
+/// PID namespace, when its ids are a container's, which the analysis maps
+/// through the merged scan), its wall times onto the reference's wall
+/// clock (through the host's clock samples, the transform, and the
+/// reference's samples back), so that the merged run's one clock map
+/// places spans without deepspan fields too.
 fn to_reference(
     s: &mut Span,
     h: u32,
@@ -293,9 +305,19 @@ fn to_reference(
     reference_samples: Option<&ClockMap>,
 ) {
     let int = |v: u64| Value::Int(v.min(i64::MAX as u64) as i64);
+    let namespaced = s.sync.pid_ns.is_some();
+    let tid = |t: i64| {
+        if namespaced {
+            t
+        } else {
+            host_tid(h, t as Tid).into()
+        }
+    };
+    if let Some(ns) = s.sync.pid_ns {
+        s.attributes.insert(ATTR_PID_NS, int(host_pid_ns(h, ns)));
+    }
     if let Some(t) = s.sync.tid {
-        s.attributes
-            .insert(ATTR_TID, int(host_tid(h, t as Tid) as u64));
+        s.attributes.insert(ATTR_TID, int(tid(t.into()) as u64));
     }
     for (key, t) in [
         (ATTR_MONO_START, s.sync.mono_start_ns),
@@ -309,10 +331,8 @@ fn to_reference(
         if ev.name != EVENT_ON && ev.name != EVENT_OFF {
             continue;
         }
-        let tid = ev.attributes.get(ATTR_TID).and_then(|v| v.as_i64());
-        if let Some(t) = tid {
-            ev.attributes
-                .insert(ATTR_TID, int(host_tid(h, t as Tid) as u64));
+        if let Some(t) = ev.attributes.get(ATTR_TID).and_then(|v| v.as_i64()) {
+            ev.attributes.insert(ATTR_TID, int(tid(t) as u64));
         }
         let mono = ev.attributes.get(ATTR_MONO_NS).and_then(|v| v.as_i64());
         if let Some(t) = mono {
@@ -598,4 +618,55 @@ pub(crate) fn alignment_notes(file: &HostsFile) -> Vec<String> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deepspan_spans::model::{Attributes, Event};
+    use deepspan_spans::{SpanId, TraceId};
+
+    fn sdk_span(pid_ns: Option<u64>) -> Span {
+        let mut s = Span::new(TraceId(1), SpanId(2), None, "GET /price", 0, 10);
+        s.attributes = Attributes(vec![(ATTR_TID.into(), Value::Int(7))]);
+        if let Some(ns) = pid_ns {
+            s.attributes.insert(ATTR_PID_NS, Value::Int(ns as i64));
+        }
+        s.events = vec![Event {
+            name: EVENT_ON.into(),
+            time_ns: 0,
+            attributes: Attributes(vec![
+                (ATTR_TID.into(), Value::Int(7)),
+                (ATTR_MONO_NS.into(), Value::Int(5)),
+            ]),
+        }];
+        s.refresh_sync();
+        s
+    }
+
+    #[test]
+    fn host_numbering_keeps_a_containers_ids_for_the_merged_scan_to_map() {
+        let clock = HostClock {
+            slope: 1.0,
+            offset_ns: 0.0,
+            quality: "exact",
+            matched: 0,
+        };
+        let ns = 4_026_532_999;
+        let mut host = sdk_span(None);
+        to_reference(&mut host, 2, &clock, None, None);
+        host.refresh_sync();
+        let host_seven = host_tid(2, 7) as u32;
+        assert_eq!((host.sync.tid, host.sync.pid_ns), (Some(host_seven), None));
+        assert_eq!(host.sync.activations[0].tid, host_seven);
+
+        let mut contained = sdk_span(Some(ns));
+        to_reference(&mut contained, 2, &clock, None, None);
+        contained.refresh_sync();
+        assert_eq!(contained.sync.tid, Some(7), "an id of the namespace");
+        assert_eq!(contained.sync.activations[0].tid, 7);
+        assert_eq!(contained.sync.pid_ns, Some(host_pid_ns(2, ns)));
+        assert_ne!(host_pid_ns(2, ns), host_pid_ns(1, ns));
+        assert_eq!(host_pid_ns(0, ns), ns, "host 0's are its own");
+    }
 }

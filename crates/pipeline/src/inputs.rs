@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use deepspan_analysis::{
     ActivationInput, PlacementSpan, ScannedProcess, SpanIdx, SpanInput, ThreadWork, WorkInterval,
@@ -12,9 +13,10 @@ use deepspan_analysis::{
 use deepspan_model::Tid;
 use deepspan_spans::activity::ActivityOptions;
 use deepspan_spans::clock::span_mono_exact;
+use deepspan_spans::model::{Resource, Value};
 use deepspan_spans::{ClockMap, Span, SpanKind, SpanRef, ThreadActivity};
 use deepspan_store::SpanMeta;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::Error;
 
@@ -137,30 +139,127 @@ fn port_of(text: &str) -> Option<u16> {
     port.parse().ok()
 }
 
+/// What the recorder's /proc scans say (`RUN/processes.json`).
+#[derive(Default)]
+pub(crate) struct ProcessScan {
+    pub processes: Vec<ScannedProcess>,
+    /// (PID namespace, thread id in it) → host thread id, for the threads
+    /// of processes in PID namespaces of their own.
+    pub host_tids: FxHashMap<(u64, u32), u32>,
+    /// The ids those processes have in their namespaces: what a stock
+    /// SDK's `process.pid` says from inside a container.
+    pub namespaced_pids: FxHashSet<u32>,
+}
+
 /// The recorder's /proc scan (`RUN/processes.json`), when the run has one.
-pub(crate) fn read_process_scan(run: &Path, notes: &mut Vec<String>) -> Vec<ScannedProcess> {
+pub(crate) fn read_process_scan(run: &Path, notes: &mut Vec<String>) -> ProcessScan {
     let path = deepspan_run::Run::new(run).processes();
     let Ok(text) = std::fs::read(&path) else {
-        return Vec::new();
+        return ProcessScan::default();
     };
     match serde_json::from_slice::<Vec<deepspan_record::ProcessEntry>>(&text) {
-        Ok(list) => list
-            .into_iter()
-            .map(|p| ScannedProcess {
-                pid: p.pid,
-                comm: p.comm,
-                cmdline: p.cmdline,
-                listening_ports: p.listening_ports,
-                container: p.container.map(Into::into),
-            })
-            .collect(),
+        Ok(list) => {
+            let namespaced = || list.iter().filter_map(|p| Some((p, p.pid_ns?)));
+            let host_tids = namespaced()
+                .flat_map(|(p, ns)| {
+                    let tids = p.namespaced_tids.iter();
+                    tids.map(move |(&id, &host)| ((ns, id), host))
+                })
+                .collect();
+            let namespaced_pids = namespaced()
+                .flat_map(|(p, _)| {
+                    let tids = p.namespaced_tids.iter();
+                    tids.filter(|(_, &host)| host as Tid == p.pid)
+                        .map(|(&id, _)| id)
+                })
+                .collect();
+            let processes = list
+                .into_iter()
+                .map(|p| ScannedProcess {
+                    pid: p.pid,
+                    comm: p.comm,
+                    cmdline: p.cmdline,
+                    listening_ports: p.listening_ports,
+                    container: p.container.map(Into::into),
+                })
+                .collect();
+            ProcessScan {
+                processes,
+                host_tids,
+                namespaced_pids,
+            }
+        }
         Err(e) => {
             notes.push(format!(
                 "{}: {e}; the process scan is not used",
                 path.display()
             ));
-            Vec::new()
+            ProcessScan::default()
         }
+    }
+}
+
+/// Puts the ids of spans from processes in PID namespaces of their own (a
+/// container's) into the host's, which the kernel trace uses, through the
+/// scan's ids of each thread in both:
+/// - the SDK's thread ids (`deepspan.pid_ns` says their namespace). A
+///   thread the scans never saw (one that started and ended between two
+///   of them) loses its id: its spans are then placed from the kernel
+///   trace, as spans without the SDK are, and never on the host's thread
+///   of the same number;
+/// - the resource's `process.pid`, likewise. A stock SDK's, which says no
+///   namespace, is dropped when a process in a container has that id
+///   there: it may be that one's, not the host's process of that number.
+pub(crate) fn to_host_tids(spans: &mut [Span], scan: &ProcessScan, notes: &mut Vec<String>) {
+    let (mut namespaced, mut unknown, mut ambiguous) = (0usize, 0usize, 0usize);
+    // Old resource (kept alive, so that its address names it) → new.
+    let mut resources: FxHashMap<*const Resource, (Arc<Resource>, Arc<Resource>)> =
+        FxHashMap::default();
+    for s in spans.iter_mut() {
+        let pid = s.resource.attributes.get("process.pid");
+        let pid = pid
+            .and_then(|v| v.as_i64())
+            .and_then(|p| u32::try_from(p).ok());
+        if let Some(pid) = pid {
+            let host = match s.sync.pid_ns {
+                Some(ns) => scan.host_tids.get(&(ns, pid)).copied(),
+                None if scan.namespaced_pids.contains(&pid) => {
+                    ambiguous += 1;
+                    None
+                }
+                None => Some(pid),
+            };
+            if host != Some(pid) {
+                let old = Arc::clone(&s.resource);
+                let (_, new) = resources.entry(Arc::as_ptr(&old)).or_insert_with(|| {
+                    let mut r = (*old).clone();
+                    match host {
+                        Some(h) => r.attributes.insert("process.pid", Value::Int(h.into())),
+                        None => drop(r.attributes.remove("process.pid")),
+                    }
+                    (old, Arc::new(r))
+                });
+                s.resource = Arc::clone(new);
+            }
+        }
+        if s.sync.pid_ns.is_some() {
+            namespaced += 1;
+            let host_tid = |ns, tid| scan.host_tids.get(&(ns, tid)).copied();
+            unknown += usize::from(s.sync.to_host_tids(host_tid) > 0);
+        }
+    }
+    if unknown > 0 {
+        notes.push(format!(
+            "{unknown} of {namespaced} span(s) from processes in PID namespaces of their own \
+             (containers) ran on threads the recorder's /proc scans did not see, so their \
+             thread ids in the kernel trace are unknown: placed from the kernel trace instead"
+        ));
+    }
+    if ambiguous > 0 {
+        notes.push(format!(
+            "{ambiguous} span(s) without deepspan's SDK give a process.pid that a process in a \
+             container also has in its PID namespace: not used to place them"
+        ));
     }
 }
 
@@ -240,4 +339,73 @@ pub(crate) fn read_tgids(run: &Path) -> HashMap<Tid, Tid> {
             Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deepspan_spans::model::{Attributes, ATTR_PID_NS, ATTR_TID};
+    use deepspan_spans::{SpanId, TraceId};
+
+    fn resource(process_pid: i64) -> Arc<Resource> {
+        Arc::new(Resource::new(Attributes(vec![
+            ("service.name".into(), Value::String("pricing".into())),
+            ("process.pid".into(), Value::Int(process_pid)),
+        ])))
+    }
+
+    fn span(id: u64, resource: &Arc<Resource>, sdk: Option<(u64, i64)>) -> Span {
+        let mut s = Span::new(TraceId(1), SpanId(id), None, "GET /price", 0, 10);
+        s.resource = Arc::clone(resource);
+        if let Some((ns, tid)) = sdk {
+            s.attributes = Attributes(vec![
+                (ATTR_TID.into(), Value::Int(tid)),
+                (ATTR_PID_NS.into(), Value::Int(ns as i64)),
+            ]);
+        }
+        s.refresh_sync();
+        s
+    }
+
+    #[test]
+    fn ids_from_inside_a_container_become_the_hosts_or_none() {
+        let ns = 4_026_532_999;
+        // pricing: pid 1 in its namespace, 955 on the host; thread 7 is 1273.
+        let scan = ProcessScan {
+            processes: Vec::new(),
+            host_tids: [((ns, 1), 955), ((ns, 7), 1273)].into_iter().collect(),
+            namespaced_pids: [1].into_iter().collect(),
+        };
+        let in_container = resource(1);
+        let mut spans = vec![
+            span(1, &in_container, Some((ns, 7))),
+            span(2, &in_container, Some((ns, 9))),
+            span(3, &resource(1), None),
+            span(4, &resource(4242), None),
+        ];
+        let mut notes = Vec::new();
+        to_host_tids(&mut spans, &scan, &mut notes);
+        let pid = |s: &Span| {
+            s.resource
+                .attributes
+                .get("process.pid")
+                .and_then(|v| v.as_i64())
+        };
+        let found: Vec<_> = spans.iter().map(|s| (pid(s), s.sync.tid)).collect();
+        assert_eq!(
+            found,
+            [
+                (Some(955), Some(1273)),
+                // A thread no scan saw: no thread, not the host's 9.
+                (Some(955), None),
+                // A stock SDK's pid 1 may be the container's: not used.
+                (None, None),
+                (Some(4242), None),
+            ]
+        );
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(notes[0].starts_with("1 of 2 span(s)"), "{notes:?}");
+        // The spans of one resource still share one.
+        assert!(Arc::ptr_eq(&spans[0].resource, &spans[1].resource));
+    }
 }

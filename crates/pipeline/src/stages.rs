@@ -49,8 +49,8 @@ use deepspan_analysis::{
     aggregate, analyze_requests, baselines, clock_offset_bound, diagnose, infer_placements,
     is_anomalous, usual_durations, Arch, ChainIndex, Containers, DiagnosisContext, InferredPlace,
     KernelModel, LostEvents, OffsetBound, OperationSummary, Placement, PlacementMethod,
-    PlacementSpan, Processes, RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder,
-    SyncSource,
+    PlacementSpan, Processes, RequestAnalysis, RequestPath, ScannedProcess, SpanIdx, SpanInput,
+    StateBuilder, SyncSource,
 };
 use deepspan_model::Tid;
 use deepspan_run::analysis;
@@ -62,7 +62,8 @@ use deepspan_store::tables::{self, CriticalPathWriter, KernelContext, PathContex
 use deepspan_store::{json, AnalysisResults, SpanMeta, Staging};
 
 use crate::inputs::{
-    placement_span, read_process_scan, read_spans, read_tgids, span_input, span_meta, Work,
+    placement_span, read_process_scan, read_spans, read_tgids, span_input, span_meta, to_host_tids,
+    Work,
 };
 use crate::{
     hosts, placements, AnalysisStats, AnalyzeOptions, Error, KernelTrace, PlacementCounts,
@@ -81,6 +82,8 @@ pub(crate) struct Inputs {
     pub spans: Vec<Span>,
     /// The manifest's wall → kernel clock mapping, when it has one.
     pub clock: Option<ClockMap>,
+    /// The recorder's /proc scans (none without `processes.json`).
+    pub scanned: Vec<ScannedProcess>,
 }
 
 /// Opens the kernel trace and reads the hosts' alignment notes, the spans
@@ -108,12 +111,14 @@ pub(crate) fn open_inputs(
         notes.extend(hosts::alignment_notes(&hosts));
     }
     let mut spans = read_spans(run, notes)?;
+    let scan = read_process_scan(run, notes);
     if options.placement == PlacementMode::Inferred {
         // As if no span had the SDK: every one is placed from the trace.
         for s in &mut spans {
             s.sync = Default::default();
         }
     }
+    to_host_tids(&mut spans, &scan, notes);
     let clock = match ClockMap::from_manifest(run) {
         Ok(c) => Some(c),
         Err(e) => {
@@ -133,6 +138,7 @@ pub(crate) fn open_inputs(
         recorder_tids,
         spans,
         clock,
+        scanned: scan.processes,
     })
 }
 
@@ -258,10 +264,12 @@ pub(crate) fn place_spans(
     notes: &mut Vec<String>,
 ) -> Placed {
     let Inputs {
-        spans, mut clock, ..
+        spans,
+        mut clock,
+        scanned,
+        ..
     } = inputs;
     let pids = read_tgids(run);
-    let scanned = read_process_scan(run, notes);
     let containers = Containers::new(&kernel.model, &scanned, |tid| pids.get(&tid).copied());
     let opts = ActivityOptions {
         thread_id_is_os_tid: options.thread_id_is_os_tid,

@@ -22,10 +22,6 @@ use std::path::Path;
 /// Where a container must mount the host's BTF.
 const BTF: &str = "/sys/kernel/btf/vmlinux";
 
-/// `/proc/self/ns/pid` in the host's (initial) PID namespace: the kernel
-/// gives the initial namespaces fixed inode numbers (PROC_PID_INIT_INO).
-const HOST_PID_NAMESPACE: &str = "pid:[4026531836]";
-
 /// Capability numbers (linux/capability.h).
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
@@ -39,8 +35,8 @@ pub fn missing() -> Vec<String> {
     // A build without the eBPF programs (no clang) needs neither BTF nor
     // the capabilities to load them.
     let ebpf = cfg!(deepspan_bpf).then(|| Path::new(BTF).exists());
-    let pid_ns = fs::read_link("/proc/self/ns/pid").ok();
-    let host_pid_ns = pid_ns.is_none_or(|ns| ns.as_os_str() == HOST_PID_NAMESPACE);
+    let host_pid_ns = crate::procscan::pid_namespace(Path::new("/proc/self"))
+        .is_none_or(|ns| ns == crate::procscan::INITIAL_PID_NS);
     let mut out = missing_from(&status, &mounts, ebpf, host_pid_ns);
     // With the capabilities, a refused bpf() is a seccomp filter's doing
     // (podman's and docker's default profiles allow it with CAP_SYS_ADMIN

@@ -1,7 +1,9 @@
 //! A small /proc scan: each process's pid, comm, command line and listening
 //! TCP ports, so that spans without deepspan fields can be matched to a
-//! process by service name or port, and the container and pod it runs in,
-//! so that results name them (`RUN/processes.json`).
+//! process by service name or port; the container and pod it runs in, so
+//! that results name them; and for a process in a PID namespace of its own,
+//! each thread's id there and on the host, so that the SDK's ids from
+//! inside a container can be put into the kernel's (`RUN/processes.json`).
 //!
 //! [`crate::record`] scans when it starts, then every second for 10 s, then
 //! at 16, 32, 64 … s, and once more when it ends, each scan adding to what
@@ -34,6 +36,15 @@ pub struct ProcessEntry {
     /// (none when the cgroup names no container).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<ContainerEntry>,
+    /// The inode of its PID namespace, when not the host's first one (a
+    /// container's own): deepspan's SDKs then report thread ids of that
+    /// namespace (with `deepspan.pid_ns`), not the kernel's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_ns: Option<u64>,
+    /// In that namespace: each thread's id there → its host id, for every
+    /// thread a scan saw (the latest scan's, for an id used twice).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespaced_tids: BTreeMap<u32, u32>,
 }
 
 /// A process's container and pod: the ids its cgroup path holds
@@ -130,9 +141,12 @@ impl ProcessScan {
                 pid,
                 comm: comm.trim_end_matches('\n').to_string(),
                 cmdline: cmdline.join(" "),
-                listening_ports: Vec::new(),
-                container: None,
+                ..ProcessEntry::default()
             });
+            if let Some(ns) = pid_namespace(&dir).filter(|&ns| ns != INITIAL_PID_NS) {
+                e.pid_ns = Some(ns);
+                e.namespaced_tids.extend(namespaced_tids(&dir));
+            }
             // A process moved into a container after an earlier scan is
             // named by its container from then on.
             if container.is_some() {
@@ -240,6 +254,47 @@ impl RuntimeNames {
             .get(uid)
             .cloned()
     }
+}
+
+/// The inode of the host's first PID namespace: the kernel gives the
+/// initial namespaces fixed inode numbers (`PROC_PID_INIT_INO`).
+pub(crate) const INITIAL_PID_NS: u64 = 0xEFFF_FFFC;
+
+/// The inode of the PID namespace of process `dir` (`/proc/PID`), from
+/// its `ns/pid` link (`pid:[4026531836]`).
+pub(crate) fn pid_namespace(dir: &Path) -> Option<u64> {
+    let link = fs::read_link(dir.join("ns/pid")).ok()?;
+    link.to_str()?
+        .strip_prefix("pid:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// Each thread of process `dir`: (its id in the innermost PID namespace,
+/// its host id), from the `NSpid` line of its status (outermost first).
+fn namespaced_tids(dir: &Path) -> Vec<(u32, u32)> {
+    let tasks = fs::read_dir(dir.join("task"))
+        .into_iter()
+        .flatten()
+        .flatten();
+    tasks
+        .filter_map(|task| {
+            let status = fs::read_to_string(task.path().join("status")).ok()?;
+            nspid(&status)
+        })
+        .collect()
+}
+
+/// (innermost id, host id) of a status file's `NSpid:` line.
+fn nspid(status: &str) -> Option<(u32, u32)> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let ids: Vec<u32> = line
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    Some((*ids.last()?, *ids.first()?))
 }
 
 /// The names a container's OCI bundle annotates.
@@ -693,6 +748,30 @@ mod tests {
         assert_eq!(names(&bare), Some(BundleNames::default()));
         assert_eq!(names(&"e".repeat(64)), None);
         assert_eq!(names("../k8s.io"), None, "an id is never a path");
+    }
+
+    #[test]
+    fn status_lines_give_a_threads_id_in_its_namespace_and_the_hosts() {
+        let status = "Name:\tpython3\nTgid:\t1273\nNSpid:\t1275\t7\nNSsid:\t1\n";
+        assert_eq!(nspid(status), Some((7, 1275)));
+        assert_eq!(
+            nspid("NSpid:\t42\n"),
+            Some((42, 42)),
+            "the host's namespace"
+        );
+        assert_eq!(
+            nspid("NSpid:\t5\t3\t1\n"),
+            Some((1, 5)),
+            "nested: the innermost"
+        );
+        assert_eq!(nspid("Name:\tx\n"), None);
+        assert_eq!(nspid("NSpid:\tx\t1\n"), None);
+        let me = Path::new("/proc/self");
+        assert_eq!(
+            pid_namespace(me),
+            Some(INITIAL_PID_NS),
+            "tests run in the host's"
+        );
     }
 
     #[test]

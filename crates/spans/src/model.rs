@@ -424,6 +424,12 @@ pub struct Activation {
 
 /// Span attribute holding the OS thread id that started the span.
 pub const ATTR_TID: &str = "deepspan.tid";
+/// Span attribute holding the inode number of the PID namespace the span's
+/// process runs in, when it is not the host's first one (a container's):
+/// its `deepspan.tid`s are then ids in that namespace, not the kernel
+/// trace's, until the analysis maps them (the recorder's /proc scan reads
+/// both for each thread).
+pub const ATTR_PID_NS: &str = "deepspan.pid_ns";
 /// Span attribute holding CLOCK_MONOTONIC ns at span start.
 pub const ATTR_MONO_START: &str = "deepspan.mono_start_ns";
 /// Span attribute holding CLOCK_MONOTONIC ns at span end.
@@ -444,6 +450,9 @@ pub const ATTR_REF_TYPE: &str = "opentracing.ref_type";
 pub struct SyncInfo {
     /// OS thread id (kernel tid) the span started on.
     pub tid: Option<u32>,
+    /// The PID namespace [`Self::tid`] and the activations' ids are in,
+    /// when not the host's ([`ATTR_PID_NS`]).
+    pub pid_ns: Option<u64>,
     pub mono_start_ns: Option<u64>,
     pub mono_end_ns: Option<u64>,
     /// `deepspan.on` / `deepspan.off` events, in time order.
@@ -535,6 +544,7 @@ impl Span {
         let mut sync = SyncInfo::default();
         let mut problems = Vec::new();
         sync.tid = read_u32(&self.attributes, ATTR_TID, &mut problems);
+        sync.pid_ns = read_u64(&self.attributes, ATTR_PID_NS, &mut problems);
         sync.mono_start_ns = read_u64(&self.attributes, ATTR_MONO_START, &mut problems);
         sync.mono_end_ns = read_u64(&self.attributes, ATTR_MONO_END, &mut problems);
         if let (Some(s), Some(e)) = (sync.mono_start_ns, sync.mono_end_ns) {
@@ -573,6 +583,34 @@ impl Span {
     }
 }
 
+impl SyncInfo {
+    /// Puts the thread ids of a span from a PID namespace of its own
+    /// ([`Self::pid_ns`]) into the host's, which the kernel trace uses:
+    /// `host_tid(namespace, id)` gives the host's id of a thread. An id it
+    /// does not know is dropped (the span's thread, or that activation),
+    /// never taken for the host's thread of the same number. Returns how
+    /// many were dropped; a span of the host's namespace is left as it is.
+    pub fn to_host_tids(&mut self, host_tid: impl Fn(u64, u32) -> Option<u32>) -> usize {
+        let Some(ns) = self.pid_ns.take() else {
+            return 0;
+        };
+        let mut dropped = 0;
+        if let Some(tid) = self.tid {
+            self.tid = host_tid(ns, tid);
+            dropped += usize::from(self.tid.is_none());
+        }
+        let before = self.activations.len();
+        self.activations.retain_mut(|a| match host_tid(ns, a.tid) {
+            Some(host) => {
+                a.tid = host;
+                true
+            }
+            None => false,
+        });
+        dropped + before - self.activations.len()
+    }
+}
+
 fn read_u64(attrs: &Attributes, key: &str, problems: &mut Vec<String>) -> Option<u64> {
     let v = attrs.get(key)?;
     match v.as_i64() {
@@ -592,5 +630,67 @@ fn read_u32(attrs: &Attributes, key: &str, problems: &mut Vec<String>) -> Option
             problems.push(format!("{key} is not a thread id: {v}"));
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn activation(name: &str, tid: i64, mono: i64) -> Event {
+        Event {
+            name: name.into(),
+            time_ns: 0,
+            attributes: Attributes(vec![
+                (ATTR_TID.into(), Value::Int(tid)),
+                (ATTR_MONO_NS.into(), Value::Int(mono)),
+            ]),
+        }
+    }
+
+    #[test]
+    fn a_containers_thread_ids_become_the_hosts_or_nothing() {
+        let ns = 4_026_532_999;
+        let mut span = Span::new(TraceId(1), SpanId(2), None, "GET /price", 0, 10);
+        span.attributes = Attributes(vec![
+            (ATTR_TID.into(), Value::Int(7)),
+            (ATTR_PID_NS.into(), Value::Int(ns as i64)),
+        ]);
+        span.events = vec![
+            activation(EVENT_ON, 7, 100),
+            activation(EVENT_ON, 8, 200),
+            activation(EVENT_OFF, 8, 300),
+        ];
+        span.refresh_sync();
+        assert_eq!((span.sync.tid, span.sync.pid_ns), (Some(7), Some(ns)));
+        let host = |n: u64, tid: u32| (n == ns && tid == 7).then_some(1273);
+        let mut sync = span.sync.clone();
+        assert_eq!(
+            sync.to_host_tids(host),
+            2,
+            "thread 8 of the namespace is unknown"
+        );
+        assert_eq!((sync.tid, sync.pid_ns), (Some(1273), None));
+        assert_eq!(
+            sync.activations,
+            [Activation {
+                tid: 1273,
+                mono_ns: 100,
+                on: true
+            }]
+        );
+        assert_eq!(sync.to_host_tids(|_, _| None), 0, "mapped once");
+
+        // Unknown: no thread rather than the host's thread 7.
+        let mut sync = span.sync.clone();
+        assert_eq!(sync.to_host_tids(|_, _| None), 4);
+        assert_eq!((sync.tid, sync.activations.len()), (None, 0));
+
+        // The host's namespace: nothing to map.
+        span.attributes.0.retain(|(k, _)| k != ATTR_PID_NS);
+        span.refresh_sync();
+        let before = span.sync.clone();
+        assert_eq!(span.sync.to_host_tids(|_, _| None), 0);
+        assert_eq!(span.sync, before);
     }
 }

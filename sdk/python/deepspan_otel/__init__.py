@@ -4,6 +4,9 @@
 Every span then carries, in plain OTLP:
 
 - ``deepspan.tid``: the OS thread id (kernel tid) of the thread that started it;
+- ``deepspan.pid_ns``, only in a container with a PID namespace of its own:
+  that namespace's inode number. The ids above are then the namespace's,
+  and deepspan maps them to the kernel's through its /proc scans;
 - ``deepspan.mono_start_ns`` / ``deepspan.mono_end_ns``: CLOCK_MONOTONIC at
   start and end, the clock of the kernel trace (the SDK's own start/end times
   are wall clock, which needs mapping and is only µs-precise);
@@ -90,6 +93,7 @@ __all__ = [
     "DeepspanRuntimeContext",
     "task_factory",
     "ATTR_TID",
+    "ATTR_PID_NS",
     "ATTR_MONO_START",
     "ATTR_MONO_END",
     "ATTR_MONO_NS",
@@ -98,6 +102,7 @@ __all__ = [
 ]
 
 ATTR_TID = "deepspan.tid"
+ATTR_PID_NS = "deepspan.pid_ns"
 ATTR_MONO_START = "deepspan.mono_start_ns"
 ATTR_MONO_END = "deepspan.mono_end_ns"
 ATTR_MONO_NS = "deepspan.mono_ns"
@@ -175,11 +180,30 @@ def _thread() -> _Thread:
         return _init_thread()
 
 
+# The host's first PID namespace: the kernel gives it a fixed inode number.
+_INITIAL_PID_NS = 0xEFFFFFFC
+
+
+def _pid_namespace():
+    """The inode of this process's PID namespace when it is not the host's
+    (a container's own), else None."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return None if ns == _INITIAL_PID_NS else ns
+
+
+_pid_ns = _pid_namespace()
+
+
 def _after_fork_in_child() -> None:
     # The child's only thread has a new tid (threading's own fork hook,
-    # registered before this one, has updated native_id already).
-    global _local
+    # registered before this one, has updated native_id already), and may
+    # be the first process of a new PID namespace.
+    global _local, _pid_ns
     _local = threading.local()
+    _pid_ns = _pid_namespace()
 
 
 if hasattr(os, "register_at_fork"):
@@ -753,7 +777,7 @@ def _end_attributes(span, mono: int) -> None:
     d = getattr(attrs, "_dict", None)
     maxlen = getattr(attrs, "maxlen", None)
     if type(d) is dict and maxlen is not None and len(d) > maxlen:
-        saved = {k: d.pop(k) for k in (ATTR_TID, ATTR_MONO_START) if k in d}
+        saved = {k: d.pop(k) for k in (ATTR_TID, ATTR_PID_NS, ATTR_MONO_START) if k in d}
         while len(d) > maxlen:
             del d[next(iter(d))]
             attrs.dropped = getattr(attrs, "dropped", 0) + 1
@@ -781,8 +805,12 @@ class DeepspanSpanProcessor(SpanProcessor):
             d = span._attributes._dict
             d[ATTR_TID] = tid
             d[ATTR_MONO_START] = mono
+            if _pid_ns is not None:
+                d[ATTR_PID_NS] = _pid_ns
         except AttributeError:
             _put(span, ATTR_TID, tid, ATTR_MONO_START, mono)
+            if _pid_ns is not None:
+                _put(span, ATTR_PID_NS, _pid_ns)
 
     def _on_ending(self, span) -> None:
         # SDK >= 1.40: called by Span.end() before any processor's on_end, so

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from opentelemetry import context, trace
 
 import deepspan_otel
-from deepspan_otel import ATTR_MONO_END, ATTR_MONO_NS, ATTR_MONO_START, ATTR_TID, EVENT_OFF, EVENT_ON
+from deepspan_otel import ATTR_MONO_END, ATTR_MONO_NS, ATTR_MONO_START, ATTR_PID_NS, ATTR_TID, EVENT_OFF, EVENT_ON
 
 
 def activations(span):
@@ -196,3 +196,20 @@ def test_install_is_idempotent_and_checks_the_provider(setup):
 
     with pytest.raises(TypeError, match="TracerProvider"):
         deepspan_otel.install(trace.NoOpTracerProvider())
+
+
+def test_the_pid_namespace_is_said_only_in_a_containers_own(setup, monkeypatch):
+    # This process runs in the host's namespace: its ids are the kernel's.
+    assert deepspan_otel._pid_namespace() is None
+    t = setup.tracer
+    with t.start_as_current_span("on the host"):
+        pass
+    # As in a container with a PID namespace of its own (the inode of
+    # /proc/self/ns/pid there).
+    monkeypatch.setattr(deepspan_otel, "_pid_ns", 4026532999)
+    with t.start_as_current_span("in a container"):
+        pass
+    spans = {s.name: s for s in setup.finished()}
+    assert ATTR_PID_NS not in spans["on the host"].attributes
+    assert spans["in a container"].attributes[ATTR_PID_NS] == 4026532999
+    assert spans["in a container"].attributes[ATTR_TID] == threading.get_native_id()

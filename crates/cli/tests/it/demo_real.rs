@@ -602,6 +602,25 @@ fn cpu_hog_in_containers_names_the_encoders_container_and_jaeger_shows_each_thre
     let sent = crate::export_jaeger::spans_sent(&run);
     let trace =
         crate::export_jaeger::complete_trace(&jaeger, &sent, request["trace_id"].as_str().unwrap());
+    // pricing runs in a PID namespace of its own: its SDK's thread ids are
+    // that namespace's, and the request is on a host thread of pricing's.
+    let scan = crate::common::read_json(&run.join("processes.json"));
+    let pricing_scan = scan
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pricing["pid"])
+        .unwrap_or_else(|| panic!("pricing (pid {}) not in processes.json", pricing["pid"]));
+    let host_tids: Vec<&Value> = pricing_scan["namespaced_tids"]
+        .as_object()
+        .map(|m| m.values().collect())
+        .unwrap_or_default();
+    assert!(
+        pricing_scan["pid_ns"].is_u64() && host_tids.contains(&&request["tid"]),
+        "request {} on thread {}; pricing's scan: {pricing_scan}",
+        request["span_id"],
+        request["tid"]
+    );
     let (me, path) =
         crate::export_jaeger::from_jaeger(&trace, request["span_id"].as_str().unwrap());
     let tag = deepspan_jaeger_test::tag;

@@ -6,6 +6,12 @@ import io.opentelemetry.api.common.AttributeKey;
 public final class DeepspanAttributes {
   /** The OS thread id (kernel tid) of the thread that started the span, or of an activation. */
   public static final AttributeKey<Long> TID = AttributeKey.longKey("deepspan.tid");
+  /**
+   * The inode number of the process's PID namespace, only when it is not the host's (a
+   * container's own): the thread ids are then that namespace's, which deepspan maps to the
+   * kernel's.
+   */
+  public static final AttributeKey<Long> PID_NS = AttributeKey.longKey("deepspan.pid_ns");
   /** CLOCK_MONOTONIC (System.nanoTime on Linux) at the span's start. */
   public static final AttributeKey<Long> MONO_START = AttributeKey.longKey("deepspan.mono_start_ns");
   /** CLOCK_MONOTONIC at the span's end. */

@@ -18,6 +18,9 @@ public final class DeepspanSpanProcessor implements ExtendedSpanProcessor {
   public void onStart(Context parentContext, ReadWriteSpan span) {
     long mono = System.nanoTime();
     span.setAttribute(DeepspanAttributes.TID, DeepspanThread.current().tid);
+    if (DeepspanThread.PID_NAMESPACE != null) {
+      span.setAttribute(DeepspanAttributes.PID_NS, DeepspanThread.PID_NAMESPACE);
+    }
     span.setAttribute(DeepspanAttributes.MONO_START, mono);
   }
 

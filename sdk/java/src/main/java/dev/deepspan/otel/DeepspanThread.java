@@ -22,6 +22,13 @@ import java.util.ArrayList;
  */
 final class DeepspanThread {
   private static final Path THREAD_SELF = Paths.get("/proc/thread-self");
+  /** The inode of the host's first PID namespace: the kernel gives it a fixed number. */
+  private static final long INITIAL_PID_NS = 0xEFFFFFFCL;
+  /**
+   * The inode of this process's PID namespace when it is not the host's (a container's own), in
+   * which the thread ids read here are counted; null in the host's.
+   */
+  static final Long PID_NAMESPACE = readPidNamespace();
   private static final ThreadLocal<DeepspanThread> CURRENT =
       ThreadLocal.withInitial(() -> new DeepspanThread(readTid()));
 
@@ -45,6 +52,17 @@ final class DeepspanThread {
       return Long.parseLong(link.substring(link.lastIndexOf('/') + 1));
     } catch (IOException | RuntimeException e) {
       return -1;
+    }
+  }
+
+  /** The inode of /proc/self/ns/pid, unless it is the host's first namespace or unreadable. */
+  static Long readPidNamespace() {
+    try {
+      Object inode = Files.getAttribute(Paths.get("/proc/self/ns/pid"), "unix:ino");
+      long ns = ((Number) inode).longValue();
+      return ns == INITIAL_PID_NS ? null : ns;
+    } catch (IOException | RuntimeException e) {
+      return null;
     }
   }
 
