@@ -727,6 +727,11 @@ fn the_demo_faults_reach_jaeger_diagnosed_by_the_agent() {
             run.display()
         );
     }
+    if !problems.is_empty() {
+        // The snapshots of a failing run, to compare with a passing one's.
+        let kept = work.keep();
+        problems.push(format!("the snapshots are kept in {}", kept.display()));
+    }
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
     assert!(normal > 0, "no normal target span to compare");
 }
