@@ -588,16 +588,7 @@ fn cpu_hog_in_containers_names_the_encoders_container_and_jaeger_shows_each_thre
     // the encoders' container among its culprit attributes, and each of
     // its kernel children on its own thread names pricing's.
     let jaeger = deepspan_jaeger_test::Jaeger::start();
-    check(
-        "deepspan export --otlp",
-        deepspan()
-            .arg("export")
-            .arg(&run)
-            .arg("--otlp")
-            .arg(format!("http://127.0.0.1:{}", jaeger.otlp_http))
-            .output()
-            .unwrap(),
-    );
+    crate::export_jaeger::export_over_http(&run, &jaeger);
     let request = crate::export_jaeger::diagnosed_request(&run, None);
     let sent = crate::export_jaeger::spans_sent(&run);
     let trace =

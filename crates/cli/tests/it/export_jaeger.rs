@@ -101,6 +101,20 @@ fn report(run: &Path, span_id: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `deepspan export RUN --otlp` to Jaeger's OTLP/HTTP port.
+pub(crate) fn export_over_http(run: &Path, jaeger: &Jaeger) {
+    check(
+        "deepspan export --otlp (HTTP)",
+        deepspan()
+            .arg("export")
+            .arg(run)
+            .arg("--otlp")
+            .arg(format!("http://127.0.0.1:{}", jaeger.otlp_http))
+            .output()
+            .unwrap(),
+    );
+}
+
 /// How many spans `deepspan export` sends of each trace of a run (counted
 /// in `export --out`), by trace id.
 pub(crate) fn spans_sent(run: &Path) -> HashMap<String, usize> {
@@ -319,16 +333,7 @@ fn jaeger_shows_the_kernel_path_the_link_and_the_diagnosis() {
 
     // A CPU cgroup quota, exported over OTLP/HTTP.
     let run = copy_of_kept_run("cpu-cgroup", keep.path());
-    check(
-        "deepspan export --otlp (HTTP)",
-        deepspan()
-            .arg("export")
-            .arg(&run)
-            .arg("--otlp")
-            .arg(format!("http://127.0.0.1:{}", jaeger.otlp_http))
-            .output()
-            .unwrap(),
-    );
+    export_over_http(&run, &jaeger);
     let throttled = diagnosed_request(&run, None);
     let sent = spans_sent(&run);
     let trace = complete_trace(&jaeger, &sent, throttled["trace_id"].as_str().unwrap());
