@@ -59,9 +59,9 @@ pub struct DemoArgs {
     #[arg(long, default_value = "lean")]
     events: String,
     /// Run pricing, and the cpu-hog scenario's encoders, in podman
-    /// containers of their own (host network and PID namespace), as on a
-    /// container host: culprits are then named by container. Needs podman
-    /// and runc.
+    /// containers of their own (own PID namespace, the host's network), as
+    /// on a container host: culprits are then named by container. Needs
+    /// podman and runc.
     #[arg(long)]
     containers: bool,
 }
