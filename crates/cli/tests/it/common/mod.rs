@@ -376,13 +376,17 @@ impl CpuQuota {
 
 impl Drop for CpuQuota {
     fn drop(&mut self) {
-        // Any thread left in it (a failed run) goes back to the root group.
-        if let Ok(tasks) = std::fs::read_to_string(self.0.join("tasks")) {
-            for tid in tasks.lines() {
-                let _ = std::fs::write("/sys/fs/cgroup/cpu/tasks", tid);
-            }
-        }
+        // Every process still in it goes back to the root group, through
+        // `cgroup.procs`: that moves all of a process's threads and holds
+        // off its new ones meanwhile, where moving the thread ids one by
+        // one leaves behind a thread started in between (a JVM starts
+        // them all the time).
         for _ in 0..50 {
+            if let Ok(procs) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
+                for pid in procs.lines() {
+                    let _ = std::fs::write("/sys/fs/cgroup/cpu/cgroup.procs", pid);
+                }
+            }
             if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
                 return;
             }
