@@ -8,9 +8,13 @@
 //!   must at least show on the kernel critical path of the slow requests
 //!   it hit, and the output must say that there is no diagnosis;
 //! - nothing is left behind: processes, cgroups, network namespaces, veth
-//!   pairs, PostgreSQL clusters, work folders, tracefs instances; also when
-//!   the demo is stopped by SIGTERM or by a Ctrl-C (SIGINT to its process
-//!   group) in the middle of a fault.
+//!   pairs, PostgreSQL clusters, work folders, tracefs instances, podman
+//!   containers; also when the demo is stopped by SIGTERM or by a Ctrl-C
+//!   (SIGINT to its process group) in the middle of a fault;
+//! - with `--containers` (pricing and the encoders in podman containers
+//!   with PID namespaces of their own), cpu-hog names the encoders'
+//!   container as the culprit, and Jaeger gets each kernel child's
+//!   container.
 //!
 //! The six scenarios run once per test binary ([`kept_demo`]): the runs are
 //! kept for the other tests that need a demo run with its fault staged.
