@@ -11,6 +11,12 @@ interpreter and packages as the driver without an image to pull (none can
 be pulled here). podman runs as this VM needs it: runc (crun refuses its
 hybrid cgroup layout) and no rlimits raised (no CAP_SYS_RESOURCE).
 
+The containers' cgroups are made under the driver's own CPU cgroup, not
+podman's shared `libpod_parent`: they then get the CPU the driver's
+group is given, as the demo's processes do outside containers (the tests
+run the demo in a group ahead of other load). What podman makes there, in
+every hierarchy, is removed at the end.
+
 Every container is named `deepspan-demo-<driver pid>-<role>`, so that
 `stale.cleanup_stale` can remove those of a driver that died."""
 
@@ -23,6 +29,33 @@ import time
 from harness import procs
 
 PREFIX = "deepspan-demo-"
+CGROUPS = "/sys/fs/cgroup"
+
+
+def _cpu_cgroup():
+    """This process's cgroup in the v1 cpu hierarchy, or None (v2 only)."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "cpu" in controllers.split(","):
+                return path
+    return None
+
+
+def _rmdir_once_empty(path, wait_s=10):
+    """Removes a cgroup whose last process is on its way out (conmon exits
+    after `podman rm` returns): the kernel refuses (EBUSY) until it is gone."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != 16 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class Podman:
@@ -50,6 +83,29 @@ class Podman:
                            and not any(p.startswith(q + "/") for q in read_only))
         self.mounts = [arg for p in read_only for arg in ("-v", f"{p}:{p}:ro")]
         self.mounts += ["-v", f"{out}:{out}", "--tmpfs", "/tmp"]
+        self.parent = _cpu_cgroup()
+        if self.parent in (None, "/"):
+            self.parent = None  # podman's own parent, beside everything else
+        else:
+            hierarchies = [h for h in os.listdir(CGROUPS) if not os.path.islink(os.path.join(CGROUPS, h))]
+            made = [h for h in hierarchies if not os.path.isdir(os.path.join(CGROUPS, h, self.parent.lstrip("/")))]
+            # Pushed first, so run last: after every container is removed.
+            cleanup.push(f"remove podman's cgroups under {self.parent}",
+                         lambda: self._remove_cgroups(hierarchies, made))
+
+    def _remove_cgroups(self, hierarchies, made):
+        """What podman made under the parent in each hierarchy (the
+        containers' and conmon's cgroups), and the parent itself where
+        podman made it."""
+        for h in hierarchies:
+            top = os.path.join(CGROUPS, h, self.parent.lstrip("/"))
+            if not os.path.isdir(top):
+                continue
+            for d, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+                if d != top and (os.path.basename(d) == "conmon" or "libpod-" in d):
+                    _rmdir_once_empty(d)
+            if h in made:
+                _rmdir_once_empty(top)
 
     def podman(self, *argv, check=True):
         out = subprocess.run(["podman", "--runtime", "runc", *argv], env=self.env,
@@ -75,6 +131,8 @@ class Podman:
             options += ["--cpuset-cpus", ",".join(map(str, sorted(cpus)))]
         if cpu_shares:
             options += ["--cpu-shares", str(cpu_shares)]
+        if self.parent:
+            options += ["--cgroup-parent", self.parent]
         self.cleanup.push(f"remove container {name}", lambda: self.podman("rm", "-f", "-t", "0", name,
                                                                           check=False))
         proc = procs.spawn(role, ["podman", "--runtime", "runc", "run", *options, "--rootfs", self.rootfs, *argv],
