@@ -42,6 +42,29 @@ def _cpu_cgroup():
     return None
 
 
+def hierarchies_without(parent):
+    """The cgroup hierarchies that have no cgroup `parent` (yet): podman
+    makes it there for a container under it."""
+    hierarchies = [h for h in os.listdir(CGROUPS) if not os.path.islink(os.path.join(CGROUPS, h))]
+    return [h for h in hierarchies if not os.path.isdir(os.path.join(CGROUPS, h, parent.lstrip("/")))]
+
+
+def remove_podman_cgroups(parent, made):
+    """What podman made under cgroup `parent` in each hierarchy (the
+    containers' and conmon's cgroups), once their containers are removed,
+    and `parent` itself in the hierarchies `made` (from
+    `hierarchies_without`, before the containers started)."""
+    for h in os.listdir(CGROUPS):
+        top = os.path.join(CGROUPS, h, parent.lstrip("/"))
+        if os.path.islink(os.path.join(CGROUPS, h)) or not os.path.isdir(top):
+            continue
+        for d, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            if d != top and (os.path.basename(d) == "conmon" or "libpod-" in d):
+                _rmdir_once_empty(d)
+        if h in made:
+            _rmdir_once_empty(top)
+
+
 def _rmdir_once_empty(path, wait_s=10):
     """Removes a cgroup whose last process is on its way out (conmon exits
     after `podman rm` returns): the kernel refuses (EBUSY) until it is gone."""
@@ -87,25 +110,9 @@ class Podman:
         if self.parent in (None, "/"):
             self.parent = None  # podman's own parent, beside everything else
         else:
-            hierarchies = [h for h in os.listdir(CGROUPS) if not os.path.islink(os.path.join(CGROUPS, h))]
-            made = [h for h in hierarchies if not os.path.isdir(os.path.join(CGROUPS, h, self.parent.lstrip("/")))]
+            parent, made = self.parent, hierarchies_without(self.parent)
             # Pushed first, so run last: after every container is removed.
-            cleanup.push(f"remove podman's cgroups under {self.parent}",
-                         lambda: self._remove_cgroups(hierarchies, made))
-
-    def _remove_cgroups(self, hierarchies, made):
-        """What podman made under the parent in each hierarchy (the
-        containers' and conmon's cgroups), and the parent itself where
-        podman made it."""
-        for h in hierarchies:
-            top = os.path.join(CGROUPS, h, self.parent.lstrip("/"))
-            if not os.path.isdir(top):
-                continue
-            for d, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
-                if d != top and (os.path.basename(d) == "conmon" or "libpod-" in d):
-                    _rmdir_once_empty(d)
-            if h in made:
-                _rmdir_once_empty(top)
+            cleanup.push(f"remove podman's cgroups under {parent}", lambda: remove_podman_cgroups(parent, made))
 
     def podman(self, *argv, check=True):
         out = subprocess.run(["podman", "--runtime", "runc", *argv], env=self.env,

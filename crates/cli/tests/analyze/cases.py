@@ -57,6 +57,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import deepspan_otel
 
+# The demo's harness: how podman's cgroups are removed.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "demo"))
+from harness.containers import hierarchies_without, remove_podman_cgroups  # noqa: E402
+
 provider = TracerProvider(resource=Resource.create({"service.name": "analyze-test"}))
 deepspan_otel.install(provider)
 exporter = InMemorySpanExporter()
@@ -296,20 +300,6 @@ def contend(cpu):
     t.join()
 
 
-def rmdir_once_empty(cgroup, wait_s=10):
-    """Removes a cgroup whose last process is on its way out (conmon exits
-    after `podman rm` returns): the kernel refuses (EBUSY) until it is gone."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            os.rmdir(cgroup)
-            return
-        except OSError as e:
-            if e.errno != 16 or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def case_hogpodman(_args):
     cpu = max(os.sched_getaffinity(0))
     # A busybox root file system, and podman's settings for this VM: runc
@@ -337,6 +327,7 @@ def case_hogpodman(_args):
         return out.stdout.strip()
 
     try:
+        made = hierarchies_without(parent)
         found = []
         for name in names:
             # Under this process's own CPU cgroup, each weighing what one of
@@ -354,19 +345,7 @@ def case_hogpodman(_args):
         for name in names:
             subprocess.run(["podman", "--runtime", "runc", "rm", "-f", "-t", "0", name], env=env,
                            capture_output=True)
-        # What podman made under the parent in each hierarchy (its own
-        # cgroups, conmon's), and the parent itself where podman made it.
-        for hierarchy in os.listdir("/sys/fs/cgroup"):
-            top = os.path.join("/sys/fs/cgroup", hierarchy, parent.lstrip("/"))
-            if not os.path.isdir(top) or os.path.islink(os.path.join("/sys/fs/cgroup", hierarchy)):
-                continue
-            for d, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
-                if d != top and (os.path.basename(d) == "conmon" or "libpod-" in d):
-                    rmdir_once_empty(d)
-            try:
-                os.rmdir(top)
-            except OSError:
-                pass  # the cpu hierarchy's: this process's own cgroup
+        remove_podman_cgroups(parent, made)
 
 
 def case_pgrowlock(args):
