@@ -216,6 +216,11 @@ pub(crate) fn to_host_tids(spans: &mut [Span], scan: &ProcessScan, notes: &mut V
     let mut resources: FxHashMap<*const Resource, (Arc<Resource>, Arc<Resource>)> =
         FxHashMap::default();
     for s in spans.iter_mut() {
+        // On a host without containers of their own PID namespace (no
+        // span says one, the scan knows none) nothing changes: no lookup.
+        if s.sync.pid_ns.is_none() && scan.namespaced_pids.is_empty() {
+            continue;
+        }
         let pid = s.resource.attributes.get("process.pid");
         let pid = pid
             .and_then(|v| v.as_i64())
