@@ -1165,6 +1165,67 @@ fn is_read(name: &str) -> bool {
     )
 }
 
+/// Bytes the read-like calls of `path`'s threads returned during their
+/// home segments, from a trace with the calls' exits: each call that
+/// began in a segment.
+fn bytes_read_by_traced_calls(ctx: &DiagnosisContext, path: &RequestPath) -> u64 {
+    let mut read_bytes = 0u64;
+    for &HomeSegment { start, end, tid } in &path.home {
+        let Some(th) = ctx.model.thread(tid) else {
+            continue;
+        };
+        for s in th.syscalls_in(start, end) {
+            if s.start >= start
+                && s.exit_seen
+                && s.ret > 0
+                && ctx.syscall_base(s).is_some_and(is_read)
+            {
+                read_bytes += s.ret as u64;
+            }
+        }
+    }
+    read_bytes
+}
+
+/// The same from a recording without the calls' exits (`lean`), from the
+/// threads' counts of bytes read at their sleeps: per thread, what the
+/// count grew by between the sleeps around each home segment, stretches
+/// shared by two segments counted once. Reads between the sleep before a
+/// segment and its start, or between its end and the next sleep, count
+/// too: a thread's reads between two sleeps have no time of their own.
+/// None when none of the threads has counts.
+fn bytes_read_between_sleeps(ctx: &DiagnosisContext, path: &RequestPath) -> Option<u64> {
+    let mut stretches: Vec<(Tid, usize, usize)> = path
+        .home
+        .iter()
+        .filter_map(|h| {
+            let th = ctx.model.thread(h.tid)?;
+            let (from, to) = th.read_chars_around(h.start, h.end)?;
+            Some((h.tid, from, to))
+        })
+        .collect();
+    if stretches.is_empty() {
+        return None;
+    }
+    stretches.sort_unstable();
+    let mut merged: Vec<(Tid, usize, usize)> = Vec::with_capacity(stretches.len());
+    for (tid, from, to) in stretches {
+        match merged.last_mut() {
+            Some(last) if last.0 == tid && from <= last.2 => last.2 = last.2.max(to),
+            _ => merged.push((tid, from, to)),
+        }
+    }
+    let bytes = merged
+        .iter()
+        .filter_map(|&(tid, from, to)| {
+            let counts = ctx.model.thread(tid)?.read_chars();
+            // A count that went down is another thread of a reused tid.
+            Some(counts[to].bytes.saturating_sub(counts[from].bytes))
+        })
+        .sum();
+    Some(bytes)
+}
+
 pub(crate) fn disk<'p>(
     ctx: &DiagnosisContext,
     path: &RequestPath,
@@ -1179,27 +1240,13 @@ pub(crate) fn disk<'p>(
         v
     };
     // Page-cache misses of the request's threads: bytes the block layer
-    // read for them against bytes their read calls returned. Only a trace
-    // with the calls' exits says what they returned (a lean recording
-    // sees a call only where it sleeps): without one, neither figure is
-    // given rather than a miss ratio of 100 %.
-    let mut read_bytes = 0u64;
-    let mut returns_seen = false;
-    for &HomeSegment { start, end, tid } in &path.home {
-        let Some(th) = ctx.model.thread(tid) else {
-            continue;
-        };
-        for s in th.syscalls_in(start, end) {
-            returns_seen |= s.exit_seen;
-            if s.start >= start
-                && s.exit_seen
-                && s.ret > 0
-                && ctx.syscall_base(s).is_some_and(is_read)
-            {
-                read_bytes += s.ret as u64;
-            }
-        }
-    }
+    // read for them against bytes their read calls returned. Without
+    // either source of the latter, neither figure is given rather than a
+    // miss ratio of 100 %.
+    let read_bytes = match ctx.model.stats().syscall_exits > 0 {
+        true => Some(bytes_read_by_traced_calls(ctx, path)),
+        false => bytes_read_between_sleeps(ctx, path),
+    };
     let mut disk_read_bytes = 0u64;
     let mut own_requests = 0u64;
     let mut by_dev: Vec<(u32, u64)> = Vec::new();
@@ -1244,13 +1291,14 @@ pub(crate) fn disk<'p>(
     sort_culprits(&mut culprits);
     by_dev.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut evidence = vec![("block_device_ns", bdev_ns as f64)];
-    let miss = (returns_seen && read_bytes + disk_read_bytes > 0)
-        .then(|| disk_read_bytes as f64 / read_bytes.max(disk_read_bytes) as f64);
+    let miss = read_bytes
+        .filter(|read| read + disk_read_bytes > 0)
+        .map(|read| disk_read_bytes as f64 / read.max(disk_read_bytes) as f64);
     if let Some(m) = miss {
         evidence.push(("page_cache_miss_ratio", m));
     }
-    if returns_seen {
-        evidence.push(("read_bytes", read_bytes as f64));
+    if let Some(read) = read_bytes {
+        evidence.push(("read_bytes", read as f64));
     }
     evidence.push(("disk_read_bytes", disk_read_bytes as f64));
     evidence.push(("own_block_requests", own_requests as f64));

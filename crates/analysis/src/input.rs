@@ -36,6 +36,8 @@ pub enum Input {
         tid: deepspan_model::Tid,
         nr: i32,
         args: [u64; 3],
+        /// The thread's bytes read so far (`rchar`), when recorded.
+        read_chars: Option<u64>,
     },
     /// A socket receive or send returned (the recorder's
     /// socket-call capture; see [`crate::StateBuilder::socket_call`]).
@@ -124,9 +126,13 @@ where
                 key,
                 direction,
             } => builder.segment(ts, cpu, tid, key, direction),
-            Input::BlockedSyscall { ts, tid, nr, args } => {
-                builder.blocked_syscall(ts, tid, nr, args)
-            }
+            Input::BlockedSyscall {
+                ts,
+                tid,
+                nr,
+                args,
+                read_chars,
+            } => builder.blocked_syscall(ts, tid, nr, args, read_chars),
             Input::SocketCall {
                 ts,
                 tid,

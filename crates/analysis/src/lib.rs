@@ -63,9 +63,9 @@ pub use root_cause::{ChainIndex, RootCause};
 pub use state::{
     host_tid, softirq_name, split_host_tid, tid_label, BlockIo, BlockPhase, BlockReason,
     CgroupMove, CpuHistory, CpuInterval, InitialStatus, Interrupt, InterruptInterval, KernelModel,
-    LostRange, ModelStats, NetworkEnds, PacketDirection, RemoteCall, StateBuilder, StateInterval,
-    SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState, HOST_TID_SHIFT, MAX_CPUS,
-    NO_CPU, SEGMENT_WAKE_NS,
+    LostRange, ModelStats, NetworkEnds, PacketDirection, ReadChars, RemoteCall, StateBuilder,
+    StateInterval, SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState,
+    HOST_TID_SHIFT, MAX_CPUS, NO_CPU, SEGMENT_WAKE_NS,
 };
 pub use summary::{
     aggregate, group_causes, summarize, CauseGroup, OperationRow, OperationSummary, RequestSummary,

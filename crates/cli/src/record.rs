@@ -38,7 +38,7 @@ pub struct RecordArgs {
     /// from eBPF captures instead, at a fraction of the cost on
     /// syscall-heavy services); `analysis` (`lean` and every system call
     /// with its return value, for a deep dive: the calls that never sleep
-    /// in the system-call table, read sizes for page-cache miss ratios);
+    /// in the system-call table, each call's return value);
     /// `minimal` (the scheduler only).
     #[arg(long, default_value = "lean")]
     events: String,

@@ -436,6 +436,7 @@ fn blocked_syscall_input(call: &deepspan_record::BlockedSyscall) -> Input {
         tid: call.tid,
         nr: call.nr,
         args: call.args,
+        read_chars: call.read_chars,
     }
 }
 

@@ -32,6 +32,15 @@ pub(crate) trait CaptureLine: Copy + Send + 'static {
     fn from_record(record: &[u8]) -> Option<Self>;
     /// One line of the file (without its newline).
     fn from_line(line: &str) -> Result<Self, String>;
+    /// Older versions of the file that [`CaptureLine::from_line_of`]
+    /// still reads; the current one is [`CaptureLine::HEADER`]'s.
+    const OLDER_VERSIONS: &'static [u32] = &[];
+    /// One line of a file whose header says `version`: the current one or
+    /// one of [`CaptureLine::OLDER_VERSIONS`].
+    fn from_line_of(version: u32, line: &str) -> Result<Self, String> {
+        let _ = version;
+        Self::from_line(line)
+    }
     /// The line [`CaptureLine::from_line`] reads back.
     fn to_line(&self) -> String;
     /// CLOCK_MONOTONIC ns.
@@ -73,29 +82,39 @@ pub(crate) struct Written {
 
 /// Parses the text of a capture's file: every record, in file order. A
 /// last line without its newline is what a killed recorder left
-/// mid-write: it is left out. A header of another version than v1 is an
-/// error, as is any bad line; the error names the line and says why.
+/// mid-write: it is left out. A header of a version this deepspan does not
+/// read is an error, as is any bad line; the error names the line and
+/// says why.
 pub(crate) fn parse_file<L: CaptureLine>(text: &str) -> Result<Vec<L>, String> {
-    // "# deepspan NAME " whatever the version, and "# deepspan NAME v1:".
-    let (name, _) = L::HEADER
-        .split_once(" v1:")
-        .expect("a capture's header is `# deepspan NAME v1: COLUMNS`");
-    let (any_version, v1) = (format!("{name} "), format!("{name} v1:"));
+    // "# deepspan NAME vN: COLUMNS".
+    let (name, current) = L::HEADER
+        .split_once(" v")
+        .and_then(|(name, rest)| Some((name, rest.split_once(':')?.0.parse::<u32>().ok()?)))
+        .expect("a capture's header is `# deepspan NAME vN: COLUMNS`");
+    let any_version = format!("{name} v");
     let complete = &text[..text.rfind('\n').map_or(0, |n| n + 1)];
+    let mut version = current;
     let mut records = Vec::new();
     for (n, line) in complete.lines().enumerate() {
-        // Another version's columns would read as numbers of this one's.
-        if line.starts_with(&any_version) && !line.starts_with(&v1) {
-            return Err(format!(
-                "line {}: {line:?} is not this deepspan's format ({})",
-                n + 1,
-                L::HEADER
-            ));
+        if let Some(rest) = line.strip_prefix(&any_version) {
+            // Another version's columns would read as numbers of this one's.
+            version = rest
+                .split_once(':')
+                .and_then(|(v, _)| v.parse::<u32>().ok())
+                .filter(|v| *v == current || L::OLDER_VERSIONS.contains(v))
+                .ok_or_else(|| {
+                    format!(
+                        "line {}: {line:?} is not this deepspan's format ({})",
+                        n + 1,
+                        L::HEADER
+                    )
+                })?;
+            continue;
         }
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
-        records.push(L::from_line(line).map_err(|e| format!("line {}: {e}", n + 1))?);
+        records.push(L::from_line_of(version, line).map_err(|e| format!("line {}: {e}", n + 1))?);
     }
     Ok(records)
 }

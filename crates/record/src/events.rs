@@ -41,8 +41,10 @@ impl fmt::Display for EventId {
 /// recorder's switch-out capture instead (`kernel/blocked_syscalls.tsv`,
 /// see `blocked_syscalls.rs`), and the socket receives and sends that
 /// place spans without an SDK from its socket capture (`socket_calls.rs`).
-/// What it cannot give: calls that never sleep (the system-call table of
-/// those), and return values (page-cache misses against bytes read).
+/// The bytes a thread read, for page-cache miss ratios, come from the
+/// kernel's count of them at each of its sleeps (same capture). What it
+/// cannot give: calls that never sleep (the system-call table of those),
+/// and each call's return value.
 const LEAN: &[&str] = &[
     "sched:sched_switch",
     "sched:sched_waking",

@@ -591,8 +591,8 @@ mod tests {
         // As the capture's writer left it: the header, a whole line, and
         // one the crash cut short.
         let path = Run::new(dir.path()).blocked_syscalls();
-        let text = "# deepspan blocked syscalls v1: mono_ns cpu tid tgid nr arg0 arg1 arg2\n\
-                    2000000100 0 42 42 0 0x3 0x7f0000001000 0x40\n\
+        let text = "# deepspan blocked syscalls v2: mono_ns cpu tid tgid nr arg0 arg1 arg2 rchar\n\
+                    2000000100 0 42 42 0 0x3 0x7f0000001000 0x40 8192\n\
                     2000000200 0 4";
         std::fs::write(&path, text).unwrap();
         recover_from_files(dir.path()).unwrap();

@@ -26,7 +26,7 @@ use super::network::LocalPacket;
 use super::waker::Waker;
 use super::{
     softirq_name, BlockIo, BlockPhase, BlockReason, CgroupMove, CpuHistory, CpuInterval, Interrupt,
-    InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds, StateInterval,
+    InterruptInterval, KernelModel, LostRange, ModelStats, NetworkEnds, ReadChars, StateInterval,
     SyscallInterval, ThreadHistory, ThreadState, NO_CPU,
 };
 
@@ -454,7 +454,19 @@ impl StateBuilder {
     /// that sleeps twice in one call has two intervals. A trace with the
     /// system-call events should not be given these: they would end its
     /// traced calls early.
-    pub fn blocked_syscall(&mut self, ts: u64, tid: Tid, nr: i32, args: [u64; 3]) {
+    ///
+    /// `read_chars`, when known, is the bytes the thread's read-like calls
+    /// had returned by the sleep (the kernel's `rchar`): two of a thread's
+    /// sleeps bracket what it read between them, cache hits included
+    /// ([`ThreadHistory::read_chars_around`](crate::ThreadHistory::read_chars_around)).
+    pub fn blocked_syscall(
+        &mut self,
+        ts: u64,
+        tid: Tid,
+        nr: i32,
+        args: [u64; 3],
+        read_chars: Option<u64>,
+    ) {
         if tid <= 0 {
             return;
         }
@@ -462,6 +474,9 @@ impl StateBuilder {
         self.switch_out_calls = true;
         let t = self.thread(tid);
         let th = &mut self.threads[t];
+        if let Some(bytes) = read_chars {
+            th.hist.read_chars.push(ReadChars { ts, bytes });
+        }
         if let Some(mut s) = th.open_syscall.take() {
             // It ran since its last sleep, but its switch-in was lost.
             s.end = ts.max(s.start);
@@ -1442,6 +1457,7 @@ impl StateBuilder {
 
     fn sys_exit(&mut self, ts: u64, cpu: u32, id: i64, name: Option<&Name>, ret: i64) {
         let Some(t) = self.caller(cpu) else { return };
+        self.stats.syscall_exits += 1;
         let name = name.map_or(0, |n| self.syscall_names.intern(n));
         let id = i32::try_from(id).unwrap_or(-1);
         let th = &mut self.threads[t];

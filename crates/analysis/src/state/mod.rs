@@ -43,7 +43,7 @@ pub use builder::{InitialStatus, StateBuilder, SwitchOut, ThreadInfo, MAX_CPUS};
 pub use hosts::{host_tid, split_host_tid, tid_label, RemoteCall, HOST_TID_SHIFT};
 pub use model::{
     softirq_name, BlockIo, BlockPhase, BlockReason, CgroupMove, CpuHistory, CpuInterval, Interrupt,
-    InterruptInterval, KernelModel, LostRange, ModelStats, StateInterval, SyscallInterval,
-    ThreadHistory, ThreadState, KERNEL_WORKER, NO_CPU,
+    InterruptInterval, KernelModel, LostRange, ModelStats, ReadChars, StateInterval,
+    SyscallInterval, ThreadHistory, ThreadState, KERNEL_WORKER, NO_CPU,
 };
 pub use network::{NetworkEnds, PacketDirection, SEGMENT_WAKE_NS};

@@ -170,6 +170,16 @@ pub struct ThreadHistory {
     pub(super) syscalls: Vec<SyscallInterval>,
     pub(super) names: Vec<(u64, Comm)>,
     pub(super) deaths: Vec<u64>,
+    pub(super) read_chars: Vec<ReadChars>,
+}
+
+/// How many bytes a thread's read-like system calls had returned by `ts`
+/// (the kernel's per-thread `rchar`, read by the recorder at the thread's
+/// sleeps; see [`StateBuilder::blocked_syscall`](crate::StateBuilder::blocked_syscall)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadChars {
+    pub ts: u64,
+    pub bytes: u64,
 }
 
 impl ThreadHistory {
@@ -242,6 +252,29 @@ impl ThreadHistory {
     /// Times at which the thread died (more than one if its tid was reused).
     pub fn deaths(&self) -> &[u64] {
         &self.deaths
+    }
+
+    /// The thread's counts of bytes read so far, in time order (empty when
+    /// the recording has none).
+    pub fn read_chars(&self) -> &[ReadChars] {
+        &self.read_chars
+    }
+
+    /// The two counts that bracket `[start, end]` as closely as the
+    /// thread's sleeps allow, as indices into
+    /// [`ThreadHistory::read_chars`]: the last taken at or before `start`
+    /// (else the first), and the first taken at or after `end` (else the
+    /// last). Reads between a count and `start`, or between `end` and the
+    /// next count, fall inside: the thread's reads between its sleeps have
+    /// no time of their own. None without counts.
+    pub fn read_chars_around(&self, start: u64, end: u64) -> Option<(usize, usize)> {
+        let last = self.read_chars.len().checked_sub(1)?;
+        let from = self
+            .read_chars
+            .partition_point(|r| r.ts <= start)
+            .saturating_sub(1);
+        let to = self.read_chars.partition_point(|r| r.ts < end).min(last);
+        Some((from, to.max(from)))
     }
 }
 
@@ -405,6 +438,10 @@ pub struct ModelStats {
     pub wakeups_from_other_hosts: u64,
     /// Other events of that kind, left out.
     pub other_host_events: u64,
+    /// System-call exits in the trace: where there are none, no call's
+    /// return value is known (a `lean` recording, or a trace without the
+    /// system-call events).
+    pub syscall_exits: u64,
 }
 
 /// The tid of a host's kernel worker: the graph row of the work done in

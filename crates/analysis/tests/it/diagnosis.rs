@@ -277,6 +277,69 @@ fn a_cached_read_has_a_zero_miss_ratio() {
     assert_eq!(evidence(disk, "page_cache_miss_ratio"), Some(0.0));
 }
 
+/// Request 0 on thread 1 (8..95), recorded lean: no call's return, only
+/// the thread's sleeps with its bytes read so far (`read_chars`). It
+/// waited for its request in a receive (sleep at 5, 1000 bytes read),
+/// read 8 KiB from the page cache and then slept in a pread64 whose 4 KiB
+/// came from the disk (sleep at 12), and slept again after it (at 100).
+fn lean_disk_read(read_chars: [Option<u64>; 3]) -> Diagnosis {
+    let mut s = Script::default();
+    s.switch(1, 0, 0, 0, 1)
+        .sleep(5, 1, RECVFROM as i32, 4, read_chars[0])
+        .switch(5, 0, 1, 1, 0)
+        .waking(7, 0, 1)
+        .switch(8, 0, 0, 0, 1)
+        .block(11, 0, 1, BlockPhase::Insert, 100)
+        .sleep(12, 1, PREAD64 as i32, 3, read_chars[1])
+        .switch(12, 0, 1, 2, 0)
+        .ev_by(
+            90,
+            0,
+            0,
+            EventKind::IrqHandlerEntry {
+                irq: 24,
+                name: "virtio2-req.0".into(),
+            },
+        )
+        .block(90, 0, 0, BlockPhase::Complete, 100)
+        .waking(90, 0, 1)
+        .ev_by(91, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
+        .switch(92, 0, 0, 0, 1)
+        .sleep(100, 1, RECVFROM as i32, 4, read_chars[2])
+        .switch(100, 0, 1, 1, 0);
+    let model = s.model();
+    assert_eq!(model.stats().syscall_exits, 0, "a lean model");
+    let spans = vec![request(1, 8, 95)];
+    let d = diagnoses(&model, &spans, &Work(vec![(1, 8, 95, 0)]), &[(1, 1)]);
+    d[&0].1.clone()
+}
+
+#[test]
+fn a_lean_recording_reads_the_miss_ratio_from_the_threads_bytes_read_at_its_sleeps() {
+    let disk = lean_disk_read([Some(1000), Some(1000 + 8192), Some(1000 + 8192 + 4096)]);
+    assert_eq!(disk.cause, Cause::Disk, "{disk:#?}");
+    // Between the sleeps around the request: 12 KiB read, 4 KiB of them
+    // from the disk.
+    assert_eq!(evidence(&disk, "read_bytes"), Some(12288.0));
+    assert_eq!(evidence(&disk, "disk_read_bytes"), Some(4096.0));
+    assert_eq!(
+        evidence(&disk, "page_cache_miss_ratio"),
+        Some(4096.0 / 12288.0)
+    );
+    assert!(
+        disk.headline.contains("cache miss 33%"),
+        "{}",
+        disk.headline
+    );
+    // Without the counts (a kernel without them, or an older recording),
+    // no figure rather than a guess.
+    let uncounted = lean_disk_read([None; 3]);
+    assert_eq!(uncounted.cause, Cause::Disk, "{uncounted:#?}");
+    assert_eq!(evidence(&uncounted, "page_cache_miss_ratio"), None);
+    assert_eq!(evidence(&uncounted, "read_bytes"), None);
+    assert_eq!(evidence(&uncounted, "disk_read_bytes"), Some(4096.0));
+}
+
 #[test]
 fn waiting_for_packets_names_the_client_span_and_its_downstream_service() {
     // Request 0 on thread 1; inside it, client span 1 calls a server span

@@ -245,7 +245,13 @@ fn parallel_build_gives_the_sequential_model() {
                 key,
                 direction,
             } => b.segment(*ts, *cpu, *tid, *key, *direction),
-            Input::BlockedSyscall { ts, tid, nr, args } => b.blocked_syscall(*ts, *tid, *nr, *args),
+            Input::BlockedSyscall {
+                ts,
+                tid,
+                nr,
+                args,
+                read_chars,
+            } => b.blocked_syscall(*ts, *tid, *nr, *args, *read_chars),
             Input::SocketCall {
                 ts,
                 tid,

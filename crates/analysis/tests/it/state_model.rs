@@ -340,7 +340,7 @@ fn sleeps_in_calls_are_calls_from_the_sleep_to_the_next_run() {
     let mut sleeps = sleeps.iter().peekable();
     for e in &s.events {
         while let Some(&&(ts, nr, args)) = sleeps.peek().filter(|c| c.0 <= e.ts) {
-            b.blocked_syscall(ts, 1, nr, args);
+            b.blocked_syscall(ts, 1, nr, args, None);
             sleeps.next();
         }
         b.push(e);
@@ -385,7 +385,7 @@ fn socket_calls_are_receives_and_sends_of_no_length() {
     for e in events.by_ref().take(1) {
         b.push(e);
     }
-    b.blocked_syscall(12, 1, 45, [7, 0, 0]);
+    b.blocked_syscall(12, 1, 45, [7, 0, 0], None);
     for e in events {
         b.push(e);
     }
@@ -393,7 +393,7 @@ fn socket_calls_are_receives_and_sends_of_no_length() {
     b.socket_call(25, 1, true, 120);
     // A sleep whose switch-in is lost, then a send: the sleep's call ends
     // at the send.
-    b.blocked_syscall(30, 1, 45, [7, 0, 0]);
+    b.blocked_syscall(30, 1, 45, [7, 0, 0], None);
     b.socket_call(33, 1, true, 10);
     let m = b.finish();
     let calls: Vec<_> = m

@@ -72,9 +72,7 @@ struct Case {
 
 /// Records `cases.py CASE OUT EXTRA…` under `deepspan record` (spans sent
 /// to the run's receiver on ports the system picks) and analyses the run.
-/// The full preset: every system call with its return value. A disk
-/// diagnosis's page-cache miss ratio needs what the reads returned, which
-/// the default (`lean`) does not record.
+/// The full preset: every system call with its return value.
 const FULL_PRESET: &[&str] = &["--events", "analysis"];
 
 /// [`record_case_with`] and `record`'s default events.
@@ -520,7 +518,25 @@ fn o_direct_read_waits_on_the_block_device() {
     let Some(_one) = exclusive_kernel_test("o_direct_read_waits_on_the_block_device") else {
         return;
     };
-    let case = record_case_with("odirect", &[], FULL_PRESET);
+    o_direct_read(FULL_PRESET);
+}
+
+/// The same recorded `lean`: no call's return, the bytes read from the
+/// threads' counts at their sleeps.
+#[test]
+#[ignore = "system: root and tracefs"]
+fn o_direct_read_recorded_lean_has_its_miss_ratio_too() {
+    let Some(_one) = exclusive_kernel_test("o_direct_read_recorded_lean_has_its_miss_ratio_too")
+    else {
+        return;
+    };
+    o_direct_read(&[]);
+}
+
+/// Case odirect recorded with `record_args`: its request waits on the
+/// block device for its own reads, all from the disk.
+fn o_direct_read(record_args: &[&str]) {
+    let case = record_case_with("odirect", &[], record_args);
     let report = case.report_json("read");
     assert_well_formed(&report);
     let total = duration(&report);
@@ -541,6 +557,7 @@ fn o_direct_read_waits_on_the_block_device() {
     );
     // O_DIRECT bypasses the page cache: every byte read came from the disk.
     let d = diagnosis(&report);
+    eprintln!("odirect recorded with {record_args:?}: {}", d["evidence"]);
     assert_eq!(d["cause"], "disk", "{d}\n{text}");
     let miss = d["evidence"]["page_cache_miss_ratio"].as_f64().unwrap();
     assert!(miss > 0.9, "page-cache miss ratio {miss}: {d}");
@@ -593,7 +610,9 @@ fn a_process_flooding_the_disk_is_named_for_a_read_that_waits() {
     else {
         return;
     };
-    let case = record_case_with("diskflood", &[], FULL_PRESET);
+    // The default preset (lean): the miss ratio from the threads' counts
+    // of bytes read.
+    let case = record_case("diskflood", &[]);
     let report = case.report_json("read");
     assert_well_formed(&report);
     let text = case.report_text("read");

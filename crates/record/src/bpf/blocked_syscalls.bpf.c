@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR GPL-2.0-only
 //
 // deepspan record: each time a user thread goes to sleep inside a system
-// call, which call it is and its first three arguments.
+// call, which call it is, its first three arguments, and how many bytes
+// the thread's read-like calls have returned so far.
 //
 // Why: to say what a blocked thread waits in (a read on which fd, a futex
 // on which address, a sleep), the recorder has traced
@@ -22,6 +23,15 @@
 // number from the call's entry to its return to user space, and -1
 // elsewhere: the entry of an exception or interrupt sets it to -1, so a
 // thread sleeping in a page fault is left out too.
+//
+// The bytes read so far are the kernel's own per-thread count, `rchar` of
+// task_io_accounting (/proc/PID/task/TID/io): vfs_read, vfs_readv,
+// sendfile and copy_file_range add what they return. A read that hits the
+// page cache never sleeps, so no switch-out sees it; the count at the
+// thread's next sleep does, and two sleeps bracket the bytes read between
+// them (a request's page-cache miss ratio without the system-call events).
+// A kernel without CONFIG_TASK_XACCT has no such field: the record then
+// says so (NO_READ_CHARS).
 //
 // x86_64 only: orig_ax and the argument registers di, si, dx are its
 // names. Other architectures keep the number elsewhere (arm64:
@@ -55,14 +65,19 @@ struct thread_info {
 	__u32 status;
 } __attribute__((preserve_access_index));
 
+struct task_io_accounting {
+	__u64 rchar;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	struct thread_info thread_info;
+	struct task_io_accounting ioac;
 	unsigned int flags;
 	int pid;
 	int tgid;
 } __attribute__((preserve_access_index));
 
-// One sleep in a system call, as blocked_syscalls.rs reads it (48 bytes,
+// One sleep in a system call, as blocked_syscalls.rs reads it (56 bytes,
 // native byte order). The number is an int as the kernel's own
 // syscall_get_nr makes it: the sys_enter event's id is the same value.
 struct blocked {
@@ -72,13 +87,17 @@ struct blocked {
 	__s32 tgid;
 	__s32 nr;
 	__u64 args[3];
+	// The thread's rchar, or NO_READ_CHARS.
+	__u64 read_chars;
 };
+
+#define NO_READ_CHARS (~0ULL)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	// Every sleep of every thread in a call: far more than the throttled
-	// switch-outs. 2 MiB holds 37 000 records (48 bytes and the ring's
-	// 8-byte header), 3.7 million a second at the reader's 10 ms.
+	// switch-outs. 2 MiB holds 32 000 records (56 bytes and the ring's
+	// 8-byte header), 3.2 million a second at the reader's 10 ms.
 	__uint(max_entries, 1 << 21);
 } BLOCKED SEC(".maps");
 
@@ -116,6 +135,10 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 	b.args[0] = BPF_CORE_READ(regs, di);
 	b.args[1] = BPF_CORE_READ(regs, si);
 	b.args[2] = BPF_CORE_READ(regs, dx);
+	if (bpf_core_field_exists(prev->ioac))
+		b.read_chars = BPF_CORE_READ(prev, ioac.rchar);
+	else
+		b.read_chars = NO_READ_CHARS;
 	output_or_count(&BLOCKED, &b, sizeof(b));
 	return 0;
 }

@@ -13,6 +13,12 @@
 //! mark on any CPU between the call's entry and exit. Each of the three
 //! calls repeats hundreds of times, so each must be compared at least once
 //! whatever the kernel drops.
+//!
+//! The bytes read so far (`rchar`) against the same oracle: between two
+//! records of one of the workload's threads, the count grows by what the
+//! thread's read-like calls returned in the trace between them, when no
+//! event was lost in between (nor outside the trace). The reader reads one byte at a time, so
+//! every one of its calls counts.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -335,11 +341,14 @@ fn each_sleep_in_a_system_call_names_the_call_the_trace_entered() {
             _ => {}
         }
     }
+    let (reads_compared, read_mismatches) =
+        read_chars_against_the_trace(&sleeps, &tids, &calls, &losses);
     let seconds = (manifest.end.mono_ns - manifest.start.mono_ns) as f64 / 1e9;
     eprintln!(
         "blocked syscalls: {} records ({:.0}/s, {} lost to the ring), {compared} compared with the \
          trace ({workload_compared} of the workload's), {} mismatches; the workload's read matched {}, \
-         nanosleep {}, futex {}; {} lost-event stretches in the trace",
+         nanosleep {}, futex {}; {} lost-event stretches in the trace; {reads_compared} rchar \
+         differences compared",
         sleeps.len(),
         sleeps.len() as f64 / seconds,
         section.lost,
@@ -354,6 +363,15 @@ fn each_sleep_in_a_system_call_names_the_call_the_trace_entered() {
         "{} of {compared}: {mismatches:#?}",
         mismatches.len()
     );
+    assert!(
+        read_mismatches.is_empty(),
+        "{} of {reads_compared} rchar differences: {read_mismatches:#?}",
+        read_mismatches.len()
+    );
+    assert!(
+        reads_compared > 0,
+        "no two records of the reader's sleeps had the trace whole between them"
+    );
     for (n, call) in known
         .iter()
         .zip(["read on the pipe", "nanosleep", "futex on the word"])
@@ -363,6 +381,79 @@ fn each_sleep_in_a_system_call_names_the_call_the_trace_entered() {
             "no record of the workload's {call} matched the trace (compared {compared})"
         );
     }
+}
+
+/// The system calls whose return the kernel adds to a thread's `rchar`
+/// (fs/read_write.c: vfs_read, vfs_readv, sendfile, copy_file_range).
+const READ_LIKE: [i64; 7] = [
+    libc::SYS_read,
+    libc::SYS_pread64,
+    libc::SYS_readv,
+    libc::SYS_preadv,
+    libc::SYS_preadv2,
+    libc::SYS_sendfile,
+    libc::SYS_copy_file_range,
+];
+
+/// Compares, for each pair of consecutive records of a thread of `tids`
+/// that read something between them, the growth of `rchar` with the
+/// trace's read-like returns between the two records. Returns the pairs
+/// compared and the mismatches.
+fn read_chars_against_the_trace(
+    sleeps: &[BlockedSyscall],
+    tids: &[i32],
+    calls: &Calls,
+    losses: &Losses,
+) -> (usize, Vec<String>) {
+    let (mut compared, mut mismatches) = (0, Vec::new());
+    for &tid in tids {
+        let ours: Vec<&BlockedSyscall> = sleeps.iter().filter(|s| s.tid == tid).collect();
+        let thread_calls = calls.get(&tid).map_or(&[][..], Vec::as_slice);
+        for pair in ours.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let (Some(from), Some(to)) = (a.read_chars, b.read_chars) else {
+                mismatches.push(format!("no rchar in {a:?} or {b:?}"));
+                continue;
+            };
+            // The capture starts before the trace does and ends after it;
+            // and the trace may lose events.
+            let traced_since = thread_calls.first().map_or(u64::MAX, Call::ts);
+            let traced_until = thread_calls.last().map_or(0, Call::ts);
+            if a.mono_ns < traced_since
+                || b.mono_ns > traced_until
+                || losses
+                    .iter()
+                    .any(|&(l0, l1)| l0 <= b.mono_ns && l1 >= a.mono_ns)
+            {
+                continue;
+            }
+            let returned: i64 = thread_calls
+                .iter()
+                .filter_map(|c| match *c {
+                    Call::Exit { ts, id, ret }
+                        if ts > a.mono_ns
+                            && ts <= b.mono_ns
+                            && ret > 0
+                            && READ_LIKE.contains(&id) =>
+                    {
+                        Some(ret)
+                    }
+                    _ => None,
+                })
+                .sum();
+            if returned == 0 && to == from {
+                continue;
+            }
+            compared += 1;
+            if to.checked_sub(from) != Some(returned as u64) {
+                mismatches.push(format!(
+                    "thread {tid}: rchar {from} at {} and {to} at {}, the trace's reads returned {returned}",
+                    a.mono_ns, b.mono_ns
+                ));
+            }
+        }
+    }
+    (compared, mismatches)
 }
 
 /// A flight recorder window holds the sleeps in system calls of its time

@@ -21,6 +21,9 @@ pub struct Script {
     pub names: HashMap<Tid, &'static str>,
     /// The name of a thread not in `names`; `None`: thread `t` is `t<t>`.
     pub unnamed: Option<&'static str>,
+    /// The recorder's sleeps in system calls, as a lean recording has
+    /// them: `(ts, tid, nr, arg0, read_chars)`, in time order.
+    pub sleeps: Vec<(u64, Tid, i32, u64, Option<u64>)>,
 }
 
 impl Script {
@@ -138,6 +141,20 @@ impl Script {
             .waking(ts, cpu, wakes)
             .ev(ts, cpu, EventKind::SoftirqExit { vec })
     }
+    /// The recorder's capture of `tid` going to sleep in call `nr` at `ts`
+    /// with `read_chars` bytes read so far (a lean recording; given to the
+    /// model before the events of the same time).
+    pub fn sleep(
+        &mut self,
+        ts: u64,
+        tid: Tid,
+        nr: i32,
+        arg0: u64,
+        read_chars: Option<u64>,
+    ) -> &mut Self {
+        self.sleeps.push((ts, tid, nr, arg0, read_chars));
+        self
+    }
     /// A block request event (a read of 8 sectors of device 253:0) of `tid`.
     pub fn block(
         &mut self,
@@ -192,8 +209,15 @@ impl Script {
     /// The model of the events as they were added.
     pub fn model(&self) -> KernelModel {
         let mut b = StateBuilder::new();
+        let mut sleeps = self.sleeps.iter().peekable();
         for e in &self.events {
+            while let Some(&(ts, tid, nr, arg0, read_chars)) = sleeps.next_if(|s| s.0 <= e.ts) {
+                b.blocked_syscall(ts, tid, nr, [arg0, 0, 0], read_chars);
+            }
             b.push(e);
+        }
+        for &(ts, tid, nr, arg0, read_chars) in sleeps {
+            b.blocked_syscall(ts, tid, nr, [arg0, 0, 0], read_chars);
         }
         b.finish()
     }
