@@ -116,33 +116,32 @@ int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_
 {
 	if (preempt || prev_state == TASK_RUNNING || (prev_state & TASK_DEAD))
 		return 0;
-	if (BPF_CORE_READ(prev, flags) & PF_KTHREAD)
+	if (prev->flags & PF_KTHREAD)
 		return 0;
-	if (BPF_CORE_READ(prev, thread_info.status) & TS_COMPAT)
+	if (prev->thread_info.status & TS_COMPAT)
 		return 0;
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)prev);
 	if (!regs)
 		return 0;
-	int nr = (int)BPF_CORE_READ(regs, orig_ax);
+	int nr = (int)regs->orig_ax;
 	if (nr < 0)
 		return 0;
 	struct blocked b = {};
 	b.ts = bpf_ktime_get_ns();
 	b.cpu = bpf_get_smp_processor_id();
-	b.tid = BPF_CORE_READ(prev, pid);
-	b.tgid = BPF_CORE_READ(prev, tgid);
+	b.tid = prev->pid;
+	b.tgid = prev->tgid;
 	b.nr = nr;
-	b.args[0] = BPF_CORE_READ(regs, di);
-	b.args[1] = BPF_CORE_READ(regs, si);
-	b.args[2] = BPF_CORE_READ(regs, dx);
+	b.args[0] = regs->di;
+	b.args[1] = regs->si;
+	b.args[2] = regs->dx;
 	if (bpf_core_field_exists(prev->ioac))
-		b.read_chars = BPF_CORE_READ(prev, ioac.rchar);
+		b.read_chars = prev->ioac.rchar;
 	else
 		b.read_chars = NO_READ_CHARS;
 	output_or_count(&BLOCKED, &b, sizeof(b));
 	return 0;
 }
 
-// bpf_task_pt_regs and bpf_probe_read_kernel are for GPL-compatible
-// programs only.
+// bpf_task_pt_regs is for GPL-compatible programs only.
 char LICENSE[] SEC("license") = "GPL";

@@ -26,7 +26,6 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/bpf_core_read.h>
 
 #include "ring.h"
 
@@ -63,17 +62,17 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	if (prev_state != TASK_RUNNING || !BPF_CORE_READ(prev, throttled))
+	if (prev_state != TASK_RUNNING || !prev->throttled)
 		return 0;
-	if (BPF_CORE_READ(prev, se.cfs_rq, throttle_count) <= 0)
+	struct cfs_rq *cfs_rq = prev->se.cfs_rq;
+	if (!cfs_rq || cfs_rq->throttle_count <= 0)
 		return 0;
 	struct held h = {};
 	h.ts = bpf_ktime_get_ns();
 	h.cpu = bpf_get_smp_processor_id();
-	h.tid = BPF_CORE_READ(prev, pid);
+	h.tid = prev->pid;
 	output_or_count(&HELD, &h, sizeof(h));
 	return 0;
 }
 
-// bpf_probe_read_kernel is for GPL-compatible programs only.
 char LICENSE[] SEC("license") = "GPL";

@@ -28,7 +28,6 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/bpf_core_read.h>
 
 #include "ring.h"
 
@@ -59,20 +58,18 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	if (BPF_CORE_READ(prev, pid) != 0)
+	if (prev->pid != 0)
 		return 0;
-	int tid = BPF_CORE_READ(next, pid);
+	int tid = next->pid;
 	if (tid == 0)
 		return 0;
 	struct idle_switch s = {};
 	s.ts = bpf_ktime_get_ns();
 	s.cpu = bpf_get_smp_processor_id();
 	s.tid = tid;
-	s.tgid = BPF_CORE_READ(next, tgid);
+	s.tgid = next->tgid;
 	output_or_count(&SWITCHES, &s, sizeof(s));
 	return 0;
 }
 
-// bpf_probe_read_kernel (BPF_CORE_READ) is for GPL-compatible programs
-// only.
 char LICENSE[] SEC("license") = "GPL";

@@ -49,7 +49,6 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/bpf_core_read.h>
 
 #include "ring.h"
 
@@ -84,8 +83,8 @@ struct {
 
 static __always_inline void output(__u32 sent, __u64 bytes)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	if (BPF_CORE_READ(task, flags) & PF_KTHREAD)
+	struct task_struct *task = bpf_get_current_task_btf();
+	if (task->flags & PF_KTHREAD)
 		return;
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct call c = {};
@@ -114,6 +113,5 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 	return 0;
 }
 
-// bpf_probe_read_kernel (BPF_CORE_READ) is for GPL-compatible programs
-// only.
+// bpf_get_current_task_btf is for GPL-compatible programs only.
 char LICENSE[] SEC("license") = "GPL";
