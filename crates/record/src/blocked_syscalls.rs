@@ -142,15 +142,7 @@ impl BlockedSyscall {
 
     /// The line [`BlockedSyscall::parse`] reads back.
     pub fn line(&self) -> String {
-        let [a0, a1, a2] = self.args;
-        let rchar = match self.read_chars {
-            Some(n) => n.to_string(),
-            None => "-".into(),
-        };
-        format!(
-            "{} {} {} {} {} {a0:#x} {a1:#x} {a2:#x} {rchar}",
-            self.mono_ns, self.cpu, self.tid, self.tgid, self.nr
-        )
+        self.to_string()
     }
 
     /// A record of the program's ring buffer, or None when it is not one.
@@ -172,6 +164,23 @@ impl BlockedSyscall {
     }
 }
 
+/// The line, written without an allocation (the capture's thread writes
+/// thousands a second).
+impl std::fmt::Display for BlockedSyscall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a0, a1, a2] = self.args;
+        write!(
+            f,
+            "{} {} {} {} {} {a0:#x} {a1:#x} {a2:#x} ",
+            self.mono_ns, self.cpu, self.tid, self.tgid, self.nr
+        )?;
+        match self.read_chars {
+            Some(n) => write!(f, "{n}"),
+            None => f.write_str("-"),
+        }
+    }
+}
+
 impl CaptureLine for BlockedSyscall {
     const HEADER: &'static str = HEADER;
     const WHAT: &'static str = "blocked system calls";
@@ -188,10 +197,6 @@ impl CaptureLine for BlockedSyscall {
 
     fn from_line_of(version: u32, line: &str) -> Result<BlockedSyscall, String> {
         BlockedSyscall::parse_version(version, line)
-    }
-
-    fn to_line(&self) -> String {
-        self.line()
     }
 
     fn mono_ns(&self) -> u64 {

@@ -22,9 +22,10 @@ use crate::bpf::{Capture, RecordSink, Ring};
 use crate::Error;
 
 /// One record of a capture: a line of its file and a record of its
-/// program's ring buffer.
-pub(crate) trait CaptureLine: Copy + Send + 'static {
-    /// The file's first line, `# deepspan NAME v1: COLUMNS`.
+/// program's ring buffer. Its `Display` is the line (without its
+/// newline), written straight into the file's buffer.
+pub(crate) trait CaptureLine: Copy + Send + std::fmt::Display + 'static {
+    /// The file's first line, `# deepspan NAME vN: COLUMNS`.
     const HEADER: &'static str;
     /// What the file holds, for messages ("blocked system calls").
     const WHAT: &'static str;
@@ -41,8 +42,6 @@ pub(crate) trait CaptureLine: Copy + Send + 'static {
         let _ = version;
         Self::from_line(line)
     }
-    /// The line [`CaptureLine::from_line`] reads back.
-    fn to_line(&self) -> String;
     /// CLOCK_MONOTONIC ns.
     fn mono_ns(&self) -> u64;
 }
@@ -185,7 +184,7 @@ impl<L: CaptureLine> FileSink<L> {
                 return Ok(());
             }
         }
-        writeln!(self.out, "{}", record.to_line()).map_err(write_error::<L>)?;
+        writeln!(self.out, "{record}").map_err(write_error::<L>)?;
         self.written.records += 1;
         Ok(())
     }
@@ -432,6 +431,12 @@ mod tests {
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     struct Tick(u64, u32);
 
+    impl std::fmt::Display for Tick {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{} {}", self.0, self.1)
+        }
+    }
+
     impl CaptureLine for Tick {
         const HEADER: &'static str = "# deepspan ticks v1: mono_ns n";
         const WHAT: &'static str = "ticks";
@@ -447,9 +452,6 @@ mod tests {
                 t.parse().map_err(|_| "time")?,
                 n.parse().map_err(|_| "n")?,
             ))
-        }
-        fn to_line(&self) -> String {
-            format!("{} {}", self.0, self.1)
         }
         fn mono_ns(&self) -> u64 {
             self.0

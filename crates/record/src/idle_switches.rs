@@ -81,7 +81,18 @@ impl IdleSwitch {
 
     /// The line [`IdleSwitch::parse`] reads back.
     pub fn line(&self) -> String {
-        format!("{} {} {} {}", self.mono_ns, self.cpu, self.tid, self.tgid)
+        self.to_string()
+    }
+}
+
+/// The line, written without an allocation.
+impl std::fmt::Display for IdleSwitch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {} {}",
+            self.mono_ns, self.cpu, self.tid, self.tgid
+        )
     }
 }
 
@@ -105,10 +116,6 @@ impl CaptureLine for IdleSwitch {
 
     fn from_line(line: &str) -> Result<IdleSwitch, String> {
         IdleSwitch::parse(line)
-    }
-
-    fn to_line(&self) -> String {
-        self.line()
     }
 
     fn mono_ns(&self) -> u64 {

@@ -96,15 +96,7 @@ impl SocketCall {
 
     /// The line [`SocketCall::parse`] reads back.
     pub fn line(&self) -> String {
-        format!(
-            "{} {} {} {} {} {}",
-            self.mono_ns,
-            self.cpu,
-            self.tid,
-            self.tgid,
-            if self.sent { "send" } else { "recv" },
-            self.bytes
-        )
+        self.to_string()
     }
 
     /// A record of the program's ring buffer, or None when it is not one.
@@ -125,6 +117,23 @@ impl SocketCall {
     }
 }
 
+/// The line, written without an allocation (the capture's thread writes
+/// thousands a second).
+impl std::fmt::Display for SocketCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {} {} {} {}",
+            self.mono_ns,
+            self.cpu,
+            self.tid,
+            self.tgid,
+            if self.sent { "send" } else { "recv" },
+            self.bytes
+        )
+    }
+}
+
 impl CaptureLine for SocketCall {
     const HEADER: &'static str = HEADER;
     const WHAT: &'static str = "socket calls";
@@ -135,10 +144,6 @@ impl CaptureLine for SocketCall {
 
     fn from_line(line: &str) -> Result<SocketCall, String> {
         SocketCall::parse(line)
-    }
-
-    fn to_line(&self) -> String {
-        self.line()
     }
 
     fn mono_ns(&self) -> u64 {

@@ -92,7 +92,15 @@ impl TcpSegment {
 
     /// The line [`TcpSegment::parse`] reads back.
     pub fn line(&self) -> String {
-        format!(
+        self.to_string()
+    }
+}
+
+/// The line, written without an allocation.
+impl std::fmt::Display for TcpSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
             "{} {} {} {} {} {} {} {} {} {} {}",
             if self.sent { "S" } else { "R" },
             self.mono_ns,
@@ -119,10 +127,6 @@ impl CaptureLine for TcpSegment {
 
     fn from_line(line: &str) -> Result<TcpSegment, String> {
         TcpSegment::parse(line)
-    }
-
-    fn to_line(&self) -> String {
-        self.line()
     }
 
     fn mono_ns(&self) -> u64 {

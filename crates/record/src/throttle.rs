@@ -59,7 +59,7 @@ impl ThrottledSwitch {
 
     /// The line [`ThrottledSwitch::parse`] reads back.
     pub fn line(&self) -> String {
-        format!("{} {} {}", self.mono_ns, self.cpu, self.tid)
+        self.to_string()
     }
 
     /// A record of the program's ring buffer, or None when it is not one.
@@ -76,6 +76,13 @@ impl ThrottledSwitch {
     }
 }
 
+/// The line, written without an allocation.
+impl std::fmt::Display for ThrottledSwitch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.mono_ns, self.cpu, self.tid)
+    }
+}
+
 impl CaptureLine for ThrottledSwitch {
     const HEADER: &'static str = HEADER;
     const WHAT: &'static str = "throttled switch-outs";
@@ -86,10 +93,6 @@ impl CaptureLine for ThrottledSwitch {
 
     fn from_line(line: &str) -> Result<ThrottledSwitch, String> {
         ThrottledSwitch::parse(line)
-    }
-
-    fn to_line(&self) -> String {
-        self.line()
     }
 
     fn mono_ns(&self) -> u64 {
