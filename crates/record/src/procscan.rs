@@ -13,8 +13,17 @@
 //! started late and gone before the next scan is named too, since its name
 //! is readable only while it exists. [`crate::FlightRecorder::snapshot`]
 //! scans once, as it writes its window.
+//!
+//! A later scan reads only what can have changed: the cgroup and PID
+//! namespace of every process, the rest of a process it has not seen. The
+//! listening sockets' owners are found by reading every descriptor of a
+//! process (the socket inodes they point to), the dearest part of a scan:
+//! it is done for new processes, and for all of them only when a
+//! listening socket no earlier scan found appears (a service that binds
+//! late). A known process handed a known listener's descriptor later is
+//! not seen holding it: a forked worker is a new process, and is.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -76,6 +85,11 @@ pub struct ContainerEntry {
 pub struct ProcessScan {
     pub processes: BTreeMap<i32, ProcessEntry>,
     runtimes: RuntimeWatch,
+    /// Listening sockets' inodes some scan has looked for already.
+    listeners_looked_for: HashSet<u64>,
+    /// Processes whose descriptors were read, in scans that looked for
+    /// all of those.
+    descriptors_read: HashSet<i32>,
 }
 
 impl ProcessScan {
@@ -91,6 +105,9 @@ impl ProcessScan {
     /// Scans /proc now and merges what it finds.
     pub fn scan(&mut self) {
         let listening = listening_inodes();
+        let new_listener = listening
+            .keys()
+            .any(|inode| !self.listeners_looked_for.contains(inode));
         let mut names = RuntimeNames::default();
         let Ok(procs) = fs::read_dir("/proc") else {
             return;
@@ -104,17 +121,30 @@ impl ProcessScan {
                 continue;
             };
             let dir = entry.path();
-            let Ok(comm) = fs::read_to_string(dir.join("comm")) else {
-                continue;
-            };
-            let cmdline = fs::read(dir.join("cmdline")).unwrap_or_default();
-            let cmdline = cmdline
-                .split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(String::from_utf8_lossy)
-                .collect::<Vec<_>>();
+            if !self.processes.contains_key(&pid) {
+                // Gone meanwhile: no entry.
+                let Ok(comm) = fs::read_to_string(dir.join("comm")) else {
+                    continue;
+                };
+                let cmdline = fs::read(dir.join("cmdline")).unwrap_or_default();
+                let cmdline = cmdline
+                    .split(|&b| b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(String::from_utf8_lossy)
+                    .collect::<Vec<_>>();
+                self.processes.insert(
+                    pid,
+                    ProcessEntry {
+                        pid,
+                        comm: comm.trim_end_matches('\n').to_string(),
+                        cmdline: cmdline.join(" "),
+                        ..ProcessEntry::default()
+                    },
+                );
+            }
             let mut ports: Vec<u16> = Vec::new();
-            if !listening.is_empty() {
+            if !listening.is_empty() && (new_listener || self.descriptors_read.insert(pid)) {
+                self.descriptors_read.insert(pid);
                 for fd in fs::read_dir(dir.join("fd")).into_iter().flatten().flatten() {
                     let Ok(target) = fs::read_link(fd.path()) else {
                         continue;
@@ -137,12 +167,7 @@ impl ProcessScan {
                 .ok()
                 .and_then(|text| ContainerRef::from_proc_cgroup(&text))
                 .map(|c| names.entry(c));
-            let e = self.processes.entry(pid).or_insert_with(|| ProcessEntry {
-                pid,
-                comm: comm.trim_end_matches('\n').to_string(),
-                cmdline: cmdline.join(" "),
-                ..ProcessEntry::default()
-            });
+            let e = self.processes.get_mut(&pid).expect("inserted above");
             if let Some(ns) = pid_namespace(&dir).filter(|&ns| ns != INITIAL_PID_NS) {
                 e.pid_ns = Some(ns);
                 e.namespaced_tids.extend(namespaced_tids(&dir));
@@ -158,6 +183,7 @@ impl ProcessScan {
                 }
             }
         }
+        self.listeners_looked_for.extend(listening.keys());
     }
 
     /// The scan as `processes.json` holds it.
@@ -807,5 +833,15 @@ mod tests {
         let me = &scan.processes[&(std::process::id() as i32)];
         assert!(me.listening_ports.contains(&port), "{me:?}");
         assert!(!me.cmdline.is_empty());
+        // A listener bound after the first scan, by a process that scan
+        // saw: the next scan reads the descriptors again and finds it.
+        let late = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let late_port = late.local_addr().unwrap().port();
+        scan.scan();
+        let me = &scan.processes[&(std::process::id() as i32)];
+        assert!(
+            me.listening_ports.contains(&late_port) && me.listening_ports.contains(&port),
+            "{me:?}"
+        );
     }
 }
