@@ -150,6 +150,10 @@ pub(crate) struct FileSink<L> {
     out: BufWriter<File>,
     keep: Option<Filter<L>>,
     written: Written,
+    /// The line being made: formatted into memory, then written at once
+    /// (formatting straight into the file's buffer goes through an
+    /// io::Write call per piece of the line).
+    line: String,
 }
 
 impl<L: CaptureLine> FileSink<L> {
@@ -168,6 +172,7 @@ impl<L: CaptureLine> FileSink<L> {
             out,
             keep: None,
             written: Written::default(),
+            line: String::with_capacity(128),
         })
     }
 
@@ -184,7 +189,13 @@ impl<L: CaptureLine> FileSink<L> {
                 return Ok(());
             }
         }
-        writeln!(self.out, "{record}").map_err(write_error::<L>)?;
+        use std::fmt::Write as _;
+        self.line.clear();
+        // Formatting into a String cannot fail.
+        let _ = writeln!(self.line, "{record}");
+        self.out
+            .write_all(self.line.as_bytes())
+            .map_err(write_error::<L>)?;
         self.written.records += 1;
         Ok(())
     }
