@@ -1,7 +1,7 @@
 //! Compiles the recorder's eBPF programs (`src/bpf/NAME.bpf.c`: the TCP
-//! headers of `record --tcp-keys`, the CFS throttling, the sleeps in
-//! system calls, the socket calls and the switches out of idle of every
-//! recording) with clang into `OUT_DIR/NAME.bpf.o`,
+//! headers of `record --tcp-keys`, the socket calls, and what every
+//! recording takes at each context switch: CPU throttling, sleeps in system
+//! calls, switches out of idle) with clang into `OUT_DIR/NAME.bpf.o`,
 //! which the crate embeds.
 //!
 //! Without clang (or libbpf's headers) the crate still builds, with a
@@ -10,17 +10,15 @@
 //! from idle CPUs, as it does for CTF traces) and without blocked system
 //! calls or socket calls.
 //!
-//! The blocked-syscall program reads x86_64 registers: it is compiled for
-//! x86_64 only (`cfg(deepspan_bpf_syscalls)`), and other architectures
-//! record without it.
+//! The sleeps in system calls are read from x86_64 registers: other
+//! architectures compile the context-switch program without that part
+//! (`cfg(deepspan_bpf_syscalls)` is set on x86_64 only), and record
+//! without it.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-const PROGRAMS: [&str; 4] = ["tcp_keys", "cfs_throttle", "socket_calls", "idle_switches"];
-/// Programs that read one architecture's registers, and that architecture
-/// (as `CARGO_CFG_TARGET_ARCH` spells it).
-const ARCH_PROGRAMS: [(&str, &str); 1] = [("blocked_syscalls", "x86_64")];
+const PROGRAMS: [&str; 3] = ["tcp_keys", "socket_calls", "sched_switch"];
 
 fn main() {
     println!("cargo:rerun-if-env-changed=CLANG");
@@ -28,23 +26,16 @@ fn main() {
     println!("cargo:rustc-check-cfg=cfg(deepspan_bpf_syscalls)");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-changed=src/bpf/ring.h");
-    for program in PROGRAMS.iter().chain(ARCH_PROGRAMS.iter().map(|(p, _)| p)) {
+    for program in PROGRAMS {
         println!("cargo:rerun-if-changed=src/bpf/{program}.bpf.c");
     }
-    let arch = target_arch();
-    let programs = PROGRAMS.iter().copied().chain(
-        ARCH_PROGRAMS
-            .iter()
-            .filter(|(_, only)| *only == arch)
-            .map(|(p, _)| *p),
-    );
-    match programs
-        .clone()
+    match PROGRAMS
+        .iter()
         .try_for_each(|program| compile(program, &out_dir))
     {
         Ok(()) => {
             println!("cargo:rustc-cfg=deepspan_bpf");
-            if programs.clone().any(|p| p == "blocked_syscalls") {
+            if target_arch() == "x86_64" {
                 println!("cargo:rustc-cfg=deepspan_bpf_syscalls");
             }
         }

@@ -7,7 +7,7 @@
 //! which address, a sleep) has come from the `raw_syscalls:sys_enter` and
 //! `sys_exit` events, which put every thread of the host on the system-call
 //! slow path and are most of a trace's events. Only a thread that sleeps
-//! waits in its call, so an eBPF program (`bpf/blocked_syscalls.bpf.c`) on
+//! waits in its call, so an eBPF program (`bpf/sched_switch.bpf.c`) on
 //! the BTF-typed `sched_switch` tracepoint reads the call from the saved
 //! user registers of each thread that switches out to sleep (not
 //! preempted, not a kernel thread, not a 32-bit call), as
@@ -50,6 +50,7 @@ use std::path::Path;
 
 use crate::bpf::Ring;
 use crate::capture_file::{self, CaptureLine, Recorded, Written};
+use crate::sched_switch::{SwitchPart, SwitchProgram};
 use crate::Error;
 use deepspan_run::{layout::BLOCKED_SYSCALLS, BlockedSyscallsManifest};
 
@@ -226,8 +227,8 @@ impl Recorded for BlockedSyscall {
     const HISTORY: usize = 500_000;
     type Section = BlockedSyscallsManifest;
 
-    fn attach() -> Result<Ring, String> {
-        program::attach()
+    fn attach(switch: &mut SwitchProgram) -> Result<Ring, String> {
+        switch.ring(SwitchPart::Blocked)
     }
 
     fn section(written: Written) -> BlockedSyscallsManifest {
@@ -236,43 +237,6 @@ impl Recorded for BlockedSyscall {
             records: written.records,
             lost: written.lost,
         }
-    }
-}
-
-#[cfg(deepspan_bpf_syscalls)]
-mod program {
-    use crate::bpf::Ring;
-
-    /// The ELF reader needs the object aligned, which include_bytes! is not.
-    static OBJECT: &[u8] =
-        aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/blocked_syscalls.bpf.o"));
-
-    pub(super) fn attach() -> Result<Ring, String> {
-        crate::bpf::load_sched_switch(
-            OBJECT,
-            "the blocked-syscall program",
-            "BLOCKED",
-            "it needs bpf_task_pt_regs, Linux 5.15 and later",
-        )
-    }
-}
-
-/// A build with the other programs, for an architecture whose registers
-/// the program does not read.
-#[cfg(all(deepspan_bpf, not(deepspan_bpf_syscalls)))]
-mod program {
-    pub(super) fn attach() -> Result<crate::bpf::Ring, String> {
-        Err(format!(
-            "blocked system calls: the program reads x86_64's registers (orig_ax, di, si, dx), and this is {}",
-            std::env::consts::ARCH
-        ))
-    }
-}
-
-#[cfg(not(deepspan_bpf))]
-mod program {
-    pub(super) fn attach() -> Result<crate::bpf::Ring, String> {
-        Err(crate::bpf::not_built("blocked system calls"))
     }
 }
 

@@ -196,37 +196,50 @@ impl<T: Send + 'static> Capture<T> {
 }
 
 #[cfg(deepspan_bpf)]
-pub(crate) use loaded::{load, load_sched_switch, load_tracepoints, Ring};
+pub(crate) use loaded::{attach_tracepoints, load, load_parts, load_tracepoints, Ring};
 
 /// The programs, when this build has them (build.rs compiles them with
 /// clang when clang is there).
 #[cfg(deepspan_bpf)]
 mod loaded {
-    use aya::maps::{MapData, PerCpuArray, RingBuf};
-    use aya::Ebpf;
+    use std::sync::{Arc, Mutex};
 
-    /// A loaded object's ring buffer (`name`), and its per-CPU count of
-    /// records that did not fit (`LOST`). Holds the object's maps and
-    /// links alive: dropping it detaches the programs.
+    use aya::maps::{MapData, PerCpuArray, RingBuf};
+    use aya::{Ebpf, EbpfLoader};
+
+    /// A loaded object's ring buffer, and its per-CPU count of records
+    /// that did not fit. Holds the object alive: its programs stay
+    /// attached until the last ring of it is dropped.
     pub(crate) struct Ring {
         ring: RingBuf<MapData>,
         /// The ring's size in bytes.
         capacity: usize,
         lost: PerCpuArray<MapData, u64>,
-        _ebpf: Ebpf,
+        _object: Arc<Mutex<Ebpf>>,
     }
 
-    /// Loads an object; `configure` attaches its programs (and fills its
-    /// maps), then its ring `ring` and counter `LOST` are taken. `what`
-    /// names the capture in errors.
-    pub(crate) fn load(
+    /// Loads `object` with its `globals` (name, value) set;
+    /// `configure` attaches its programs (and fills its maps). `what`
+    /// names the object in errors.
+    fn load_object(
         object: &[u8],
         what: &str,
-        ring: &str,
+        globals: &[(&str, u8)],
         configure: impl FnOnce(&mut Ebpf) -> Result<(), String>,
-    ) -> Result<Ring, String> {
-        let mut ebpf = Ebpf::load(object).map_err(|e| format!("cannot load {what}: {e}"))?;
+    ) -> Result<Ebpf, String> {
+        let mut loader = EbpfLoader::new();
+        for (name, value) in globals {
+            loader.set_global(name, value, true);
+        }
+        let mut ebpf = loader
+            .load(object)
+            .map_err(|e| format!("cannot load {what}: {e}"))?;
         configure(&mut ebpf)?;
+        Ok(ebpf)
+    }
+
+    /// Takes ring `ring` and its counter `lost` out of `ebpf`.
+    fn take_ring(ebpf: &mut Ebpf, what: &str, ring: &str, lost: &str) -> Result<Taken, String> {
         let map = ebpf
             .take_map(ring)
             .ok_or_else(|| format!("{what} has no map {ring}"))?;
@@ -239,34 +252,94 @@ mod loaded {
         };
         let ring = RingBuf::try_from(map).map_err(|e| format!("cannot open {what}'s ring: {e}"))?;
         let lost = ebpf
-            .take_map("LOST")
-            .ok_or_else(|| format!("{what} has no map LOST"))?;
+            .take_map(lost)
+            .ok_or_else(|| format!("{what} has no map {lost}"))?;
         let lost = PerCpuArray::try_from(lost)
-            .map_err(|e| format!("cannot open {what}'s LOST map: {e}"))?;
-        Ok(Ring {
+            .map_err(|e| format!("cannot open {what}'s lost-record counter: {e}"))?;
+        Ok(Taken {
             ring,
             capacity,
             lost,
-            _ebpf: ebpf,
         })
     }
 
-    /// Loads an object whose one program, `sched_switch`, hooks the
-    /// BTF-typed `sched_switch` tracepoint, and attaches it; `needs` says
-    /// what the kernel must have when the program does not load.
-    pub(crate) fn load_sched_switch(
+    /// A ring taken out of its object, before it is a [`Ring`].
+    struct Taken {
+        ring: RingBuf<MapData>,
+        capacity: usize,
+        lost: PerCpuArray<MapData, u64>,
+    }
+
+    /// Loads an object; `configure` attaches its programs (and fills its
+    /// maps), then its ring `ring` and counter `LOST` are taken. `what`
+    /// names the capture in errors.
+    pub(crate) fn load(
         object: &[u8],
         what: &str,
         ring: &str,
-        needs: &str,
+        configure: impl FnOnce(&mut Ebpf) -> Result<(), String>,
     ) -> Result<Ring, String> {
-        load_tracepoints(object, what, ring, &["sched_switch"], needs)
+        let mut rings = load_parts(object, what, &[], configure, &[(ring, "LOST")])?;
+        Ok(rings.remove(0))
+    }
+
+    /// Loads an object with its `globals` set; `configure` attaches its
+    /// programs; then each of `rings` (a ring and its lost-record counter)
+    /// is taken. The rings keep the object, and its programs attached,
+    /// until the last of them is dropped.
+    pub(crate) fn load_parts(
+        object: &[u8],
+        what: &str,
+        globals: &[(&str, u8)],
+        configure: impl FnOnce(&mut Ebpf) -> Result<(), String>,
+        rings: &[(&str, &str)],
+    ) -> Result<Vec<Ring>, String> {
+        let mut ebpf = load_object(object, what, globals, configure)?;
+        let taken = rings
+            .iter()
+            .map(|(ring, lost)| take_ring(&mut ebpf, what, ring, lost))
+            .collect::<Result<Vec<_>, String>>()?;
+        let object = Arc::new(Mutex::new(ebpf));
+        Ok(taken
+            .into_iter()
+            .map(|t| Ring {
+                ring: t.ring,
+                capacity: t.capacity,
+                lost: t.lost,
+                _object: object.clone(),
+            })
+            .collect())
+    }
+
+    /// Attaches the programs of `ebpf` that hook the BTF-typed tracepoints
+    /// `tracepoints`, each program named as its tracepoint; `needs` says
+    /// what the kernel must have when one does not load.
+    pub(crate) fn attach_tracepoints(
+        ebpf: &mut Ebpf,
+        tracepoints: &[&str],
+        needs: &str,
+    ) -> Result<(), String> {
+        use aya::programs::BtfTracePoint;
+        let btf = aya::Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?;
+        for &name in tracepoints {
+            let program: &mut BtfTracePoint = ebpf
+                .program_mut(name)
+                .ok_or_else(|| format!("no program {name}"))?
+                .try_into()
+                .map_err(|e| format!("{name}: {e}"))?;
+            program
+                .load(name, &btf)
+                .map_err(|e| format!("cannot load the {name} hook ({needs}): {e}"))?;
+            program
+                .attach()
+                .map_err(|e| format!("cannot attach to {name}: {e}"))?;
+        }
+        Ok(())
     }
 
     /// Loads an object whose programs hook the BTF-typed tracepoints
     /// `tracepoints`, each program named as its tracepoint, and attaches
-    /// them; `needs` says what the kernel must have when one does not
-    /// load.
+    /// them; then takes its ring `ring` (and its counter `LOST`).
     pub(crate) fn load_tracepoints(
         object: &[u8],
         what: &str,
@@ -274,23 +347,8 @@ mod loaded {
         tracepoints: &[&str],
         needs: &str,
     ) -> Result<Ring, String> {
-        use aya::programs::BtfTracePoint;
-        let btf = aya::Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?;
         load(object, what, ring, |ebpf| {
-            for &name in tracepoints {
-                let program: &mut BtfTracePoint = ebpf
-                    .program_mut(name)
-                    .ok_or_else(|| format!("no program {name}"))?
-                    .try_into()
-                    .map_err(|e| format!("{name}: {e}"))?;
-                program
-                    .load(name, &btf)
-                    .map_err(|e| format!("cannot load the {name} hook ({needs}): {e}"))?;
-                program
-                    .attach()
-                    .map_err(|e| format!("cannot attach to {name}: {e}"))?;
-            }
-            Ok(())
+            attach_tracepoints(ebpf, tracepoints, needs)
         })
     }
 

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::bpf::{Capture, RecordSink, Ring};
+use crate::sched_switch::SwitchProgram;
 use crate::Error;
 
 /// One record of a capture: a line of its file and a record of its
@@ -62,9 +63,10 @@ pub(crate) trait Recorded: CaptureLine {
     const WITHOUT: &'static str = "";
     /// The manifest's section.
     type Section;
-    /// Loads and attaches the program: once this returns, every record is
-    /// captured. An error says why this kernel or build cannot.
-    fn attach() -> Result<Ring, String>;
+    /// Loads and attaches the program (or takes its ring from the
+    /// recording's context-switch program): once this returns, every
+    /// record is captured. An error says why this kernel or build cannot.
+    fn attach(switch: &mut SwitchProgram) -> Result<Ring, String>;
     /// The manifest's section for what was written.
     fn section(written: Written) -> Self::Section;
 }
@@ -263,8 +265,12 @@ pub(crate) struct RunCapture<C> {
 impl<C: Recorded> RunCapture<C> {
     /// Starts the capture into `run`'s file; None, with a warning saying
     /// why, when this kernel or build cannot.
-    pub(crate) fn start(run: &Path, warnings: &mut Vec<String>) -> Option<RunCapture<C>> {
-        let started = C::attach().and_then(|ring| {
+    pub(crate) fn start(
+        run: &Path,
+        switch: &mut SwitchProgram,
+        warnings: &mut Vec<String>,
+    ) -> Option<RunCapture<C>> {
+        let started = C::attach(switch).and_then(|ring| {
             let path = run.join(C::FILE);
             let sink = FileSink::<C>::create(&path)?;
             FileCapture::start(C::THREAD, ring, sink, &path).map_err(|e| e.to_string())
@@ -325,10 +331,13 @@ impl<L> Kept<L> {
 impl<C: Recorded> History<C> {
     /// Keeps the capture's records; None, with a warning saying why, when
     /// this kernel or build cannot.
-    pub(crate) fn start(warnings: &mut Vec<String>) -> Option<History<C>> {
+    pub(crate) fn start(
+        switch: &mut SwitchProgram,
+        warnings: &mut Vec<String>,
+    ) -> Option<History<C>> {
         let kept = Arc::new(Mutex::new(Kept::new(C::HISTORY)));
         let sink = HistorySink(kept.clone());
-        let started = C::attach()
+        let started = C::attach(switch)
             .and_then(|ring| Capture::start(C::THREAD, ring, sink).map_err(|e| e.to_string()));
         match started {
             Ok(capture) => Some(History { kept, capture }),

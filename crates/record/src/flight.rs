@@ -39,6 +39,7 @@ use crate::capture_file::History;
 use crate::events::{resolve_events, EventId};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::ProcessScan;
+use crate::sched_switch::SwitchProgram;
 use crate::session::{clock_point, cpu_manifest, create_instance, instance_page_size};
 use crate::tracefs::{Instance, Tracefs};
 use crate::{sys, Error, EventSelection};
@@ -214,10 +215,11 @@ impl FlightRecorder {
         }
         let mut tasks = Tasks::default();
         tasks.scan_proc();
-        let throttle = History::start(&mut warnings);
-        let syscalls = History::start(&mut warnings);
-        let sockets = History::start(&mut warnings);
-        let idle = History::start(&mut warnings);
+        let mut switch = SwitchProgram::default();
+        let throttle = History::start(&mut switch, &mut warnings);
+        let syscalls = History::start(&mut switch, &mut warnings);
+        let sockets = History::start(&mut switch, &mut warnings);
+        let idle = History::start(&mut switch, &mut warnings);
         let start = clock_point();
         instance.write("tracing_on", "1")?;
         let cpus = (0..cpu_count)

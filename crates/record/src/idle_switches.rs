@@ -4,7 +4,7 @@
 //! Why: the kernel model knows who runs on a CPU from its switches. On
 //! the VM this was written on, ftrace keeps most switches but loses most
 //! of those out of the idle task, while a BPF program on the same
-//! `sched_switch` tracepoint sees every one (`bpf/idle_switches.bpf.c`
+//! `sched_switch` tracepoint sees every one (`bpf/sched_switch.bpf.c`
 //! gives the figures). The model infers a lost switch-in from the
 //! thread's next event of its own: with the system-call events that is
 //! microseconds later, without them (the `lean` preset) it can be the
@@ -33,6 +33,7 @@ use std::path::Path;
 
 use crate::bpf::Ring;
 use crate::capture_file::{self, CaptureLine, Recorded, Written};
+use crate::sched_switch::{SwitchPart, SwitchProgram};
 use crate::Error;
 use deepspan_run::{layout::IDLE_SWITCHES, CaptureManifest};
 
@@ -145,8 +146,8 @@ impl Recorded for IdleSwitch {
     const HISTORY: usize = 1_000_000;
     type Section = CaptureManifest;
 
-    fn attach() -> Result<Ring, String> {
-        program::attach()
+    fn attach(switch: &mut SwitchProgram) -> Result<Ring, String> {
+        switch.ring(SwitchPart::Idle)
     }
 
     fn section(written: Written) -> CaptureManifest {
@@ -155,32 +156,6 @@ impl Recorded for IdleSwitch {
             records: written.records,
             lost: written.lost,
         }
-    }
-}
-
-#[cfg(deepspan_bpf)]
-mod program {
-    use crate::bpf::Ring;
-
-    /// The ELF reader needs the object aligned, which include_bytes! is not.
-    static OBJECT: &[u8] =
-        aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/idle_switches.bpf.o"));
-
-    pub(super) fn attach() -> Result<Ring, String> {
-        crate::bpf::load_tracepoints(
-            OBJECT,
-            "the idle-switch program",
-            "SWITCHES",
-            &["sched_switch"],
-            "it needs BTF and the sched_switch tracepoint",
-        )
-    }
-}
-
-#[cfg(not(deepspan_bpf))]
-mod program {
-    pub(super) fn attach() -> Result<crate::bpf::Ring, String> {
-        Err(crate::bpf::not_built("idle switches"))
     }
 }
 

@@ -41,6 +41,7 @@ mod journal;
 mod meta;
 mod procscan;
 mod recover;
+mod sched_switch;
 mod session;
 mod socket_calls;
 mod sys;

@@ -121,7 +121,7 @@ impl ProcessScan {
                 continue;
             };
             let dir = entry.path();
-            if !self.processes.contains_key(&pid) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = self.processes.entry(pid) {
                 // Gone meanwhile: no entry.
                 let Ok(comm) = fs::read_to_string(dir.join("comm")) else {
                     continue;
@@ -132,15 +132,12 @@ impl ProcessScan {
                     .filter(|a| !a.is_empty())
                     .map(String::from_utf8_lossy)
                     .collect::<Vec<_>>();
-                self.processes.insert(
+                slot.insert(ProcessEntry {
                     pid,
-                    ProcessEntry {
-                        pid,
-                        comm: comm.trim_end_matches('\n').to_string(),
-                        cmdline: cmdline.join(" "),
-                        ..ProcessEntry::default()
-                    },
-                );
+                    comm: comm.trim_end_matches('\n').to_string(),
+                    cmdline: cmdline.join(" "),
+                    ..ProcessEntry::default()
+                });
             }
             let mut ports: Vec<u16> = Vec::new();
             if !listening.is_empty() && (new_listener || self.descriptors_read.insert(pid)) {

@@ -16,6 +16,7 @@ use crate::events::{resolve_events, EventId};
 use crate::journal::{InstanceOwner, Journal, ProcessId};
 use crate::meta::{instance_cpus, read_stats, static_meta, Tasks};
 use crate::procscan::ProcessScan;
+use crate::sched_switch::SwitchProgram;
 use crate::tcpkeys::TcpKeyCapture;
 use crate::tracefs::{CpuStats, Instance, Tracefs, INSTANCE_PREFIX};
 use crate::{sys, Error, EventSelection, Mode, Progress, RecordOptions, RecordSummary};
@@ -278,17 +279,18 @@ impl Session {
         // recorder keeps its own (`flight.rs`).
         let standard = opts.mode == Mode::Standard;
         let warnings = &mut self.warnings;
+        let mut switch = SwitchProgram::default();
         let throttle = standard
-            .then(|| RunCapture::<ThrottledSwitch>::start(&run.path, warnings))
+            .then(|| RunCapture::<ThrottledSwitch>::start(&run.path, &mut switch, warnings))
             .flatten();
         let syscalls = standard
-            .then(|| RunCapture::<BlockedSyscall>::start(&run.path, warnings))
+            .then(|| RunCapture::<BlockedSyscall>::start(&run.path, &mut switch, warnings))
             .flatten();
         let sockets = standard
-            .then(|| RunCapture::<SocketCall>::start(&run.path, warnings))
+            .then(|| RunCapture::<SocketCall>::start(&run.path, &mut switch, warnings))
             .flatten();
         let idle = standard
-            .then(|| RunCapture::<IdleSwitch>::start(&run.path, warnings))
+            .then(|| RunCapture::<IdleSwitch>::start(&run.path, &mut switch, warnings))
             .flatten();
         self.instance.write("tracing_on", "1")?;
         let mut sampler = match opts.profile_hz {

@@ -43,6 +43,7 @@ use std::path::Path;
 
 use crate::bpf::Ring;
 use crate::capture_file::{self, CaptureLine, Recorded, Written};
+use crate::sched_switch::SwitchProgram;
 use crate::Error;
 use deepspan_run::{layout::SOCKET_CALLS, SocketCallsManifest};
 
@@ -173,7 +174,7 @@ impl Recorded for SocketCall {
     const HISTORY: usize = 1_000_000;
     type Section = SocketCallsManifest;
 
-    fn attach() -> Result<Ring, String> {
+    fn attach(_switch: &mut SwitchProgram) -> Result<Ring, String> {
         program::attach()
     }
 

@@ -6,7 +6,7 @@
 //! wait looks like any runnable wait in the trace, and the analysis can
 //! tell the two apart only by the CPU going idle while the thread waits:
 //! when other work keeps that CPU busy, throttling reads as contention. An
-//! eBPF program (`bpf/cfs_throttle.bpf.c`) on the BTF-typed `sched_switch`
+//! eBPF program (`bpf/sched_switch.bpf.c`) on the BTF-typed `sched_switch`
 //! tracepoint reads the mark Linux 6.18 and later put on a throttled task;
 //! see its header for why that mark.
 //!
@@ -20,6 +20,7 @@ use std::path::Path;
 
 use crate::bpf::Ring;
 use crate::capture_file::{self, CaptureLine, Recorded, Written};
+use crate::sched_switch::{SwitchPart, SwitchProgram};
 use crate::Error;
 use deepspan_run::{layout::CFS_THROTTLE, ThrottleManifest};
 
@@ -116,8 +117,8 @@ impl Recorded for ThrottledSwitch {
     const WITHOUT: &'static str = ": the analysis infers CPU throttling from idle CPUs";
     type Section = ThrottleManifest;
 
-    fn attach() -> Result<Ring, String> {
-        program::attach()
+    fn attach(switch: &mut SwitchProgram) -> Result<Ring, String> {
+        switch.ring(SwitchPart::Throttle)
     }
 
     fn section(written: Written) -> ThrottleManifest {
@@ -126,31 +127,6 @@ impl Recorded for ThrottledSwitch {
             switches: written.records,
             lost: written.lost,
         }
-    }
-}
-
-#[cfg(deepspan_bpf)]
-mod program {
-    use crate::bpf::Ring;
-
-    /// The ELF reader needs the object aligned, which include_bytes! is not.
-    static OBJECT: &[u8] =
-        aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cfs_throttle.bpf.o"));
-
-    pub(super) fn attach() -> Result<Ring, String> {
-        crate::bpf::load_sched_switch(
-            OBJECT,
-            "the CPU throttling program",
-            "HELD",
-            "it reads the throttled mark of Linux 6.18 and later",
-        )
-    }
-}
-
-#[cfg(not(deepspan_bpf))]
-mod program {
-    pub(super) fn attach() -> Result<crate::bpf::Ring, String> {
-        Err(crate::bpf::not_built("CPU throttling"))
     }
 }
 

@@ -77,6 +77,7 @@ struct {
 	// 5 million a second at the reader's 10 ms.
 	__uint(max_entries, 1 << 21);
 } CALLS SEC(".maps");
+LOST_COUNTER(LOST);
 
 // PF_KTHREAD: a kernel thread.
 #define PF_KTHREAD 0x00200000
@@ -94,7 +95,7 @@ static __always_inline void output(__u32 sent, __u64 bytes)
 	c.tgid = (__s32)(pid_tgid >> 32);
 	c.sent = sent;
 	c.bytes = bytes;
-	output_or_count(&CALLS, &c, sizeof(c));
+	output_or_count(&CALLS, &LOST, &c, sizeof(c));
 }
 
 SEC("tp_btf/sock_recv_length")

@@ -74,6 +74,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 22);
 } SEGMENTS SEC(".maps");
+LOST_COUNTER(LOST);
 
 // The network namespaces (inodes) to keep; all zero keeps every one.
 struct {
@@ -147,7 +148,7 @@ static __always_inline int record(struct skb_event *ctx, int sent)
 	s.flags = tcp[13];
 	s.len = BPF_CORE_READ(skb, len);
 	s.sent = sent;
-	output_or_count(&SEGMENTS, &s, sizeof(s));
+	output_or_count(&SEGMENTS, &LOST, &s, sizeof(s));
 	return 0;
 }
 
