@@ -10,8 +10,8 @@
 //! RUN/kernel/snapshots/NNN.dat flight-mode snapshots (one per SIGUSR2)
 //! RUN/kernel/saved_tgids       `tid tgid` lines: which threads belong to which process
 //! RUN/kernel/cfs_throttle.tsv  threads switched out by their CPU cgroup's quota (eBPF; standard mode)
-//! RUN/kernel/blocked_syscalls.tsv  sleeps inside system calls: the call and its first arguments
-//!                              (eBPF, x86_64; standard mode)
+//! RUN/kernel/blocked_syscalls.tsv  sleeps inside system calls: the call, its first arguments and
+//!                              the thread's bytes read so far (eBPF, x86_64; standard mode)
 //! RUN/kernel/socket_calls.tsv  socket receives and sends that moved data: thread, time, bytes
 //!                              (eBPF; standard mode)
 //! RUN/kernel/idle_switches.tsv idle CPUs' switches to a thread, which ftrace loses (eBPF)

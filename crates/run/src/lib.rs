@@ -18,7 +18,7 @@
 //!   kernel/snapshots/NNN.dat    flight-recorder snapshots of a recording
 //!   kernel/tcp_segments.tsv     `record --tcp-keys`
 //!   kernel/cfs_throttle.tsv     CPU-quota switch-outs
-//!   kernel/blocked_syscalls.tsv sleeps in system calls: number, first arguments
+//!   kernel/blocked_syscalls.tsv sleeps in system calls: number, first arguments, bytes read so far
 //!   kernel/socket_calls.tsv     socket receives' returns and sends' starts, with bytes
 //!   kernel/idle_switches.tsv    idle CPUs' switches to a thread (ftrace loses many)
 //!   spans/                      OTLP span files (deepspan-spans)
