@@ -33,7 +33,10 @@ per second over all clients, about half what the shop serves flat out on
 two cores) or, with `--rate 0`, a closed loop (each client sends as soon as
 its last answer came). With `--workload hotrod` the workload is HotROD
 instead (bench/hotrod.py, seed 000's own workload), in an open loop at
-`--rate` dispatches per second. Per run: throughput, client p50 and p99, and the
+`--rate` dispatches per second. With `--warmup S`, each run's services
+first serve S seconds of the same load, not measured: the first requests
+(imports, connections), the recorder's first /proc scans and the agent's
+first baselines are then left out of a short run. Per run: throughput, client p50 and p99, and the
 whole machine's CPU time per request from /proc/stat (the kernel's tracing
 work and deepspan's threads included; this is the figure that matters at a
 fixed rate, where throughput does not move). The table gives each case's
@@ -163,14 +166,21 @@ def run_case(case, kind, flags, i, shop, base_env, jaeger, work, args):
         extra, run = common.start_record(shop.cleanup, work, i, flags)
     shop.env = env
     shop.start_services()
+
+    def load(seconds):
+        if isinstance(shop, hotrod.Hotrod):
+            return shop.measure(seconds, args.rate)
+        interval = args.clients / args.rate if args.rate > 0 else 0
+        return common.measure(shop, seconds, args.clients, interval)
+
+    if args.warmup > 0:
+        # Not measured: the services' first requests (imports, connections,
+        # caches), the recorder's first scans, the agent's first baselines.
+        load(args.warmup)
     own = extra is not None
     if own:
         own_before = (process_cpu_ms(extra.pid), bpf_run_ms(extra.pid))
-    if isinstance(shop, hotrod.Hotrod):
-        stats = shop.measure(args.seconds, args.rate)
-    else:
-        interval = args.clients / args.rate if args.rate > 0 else 0
-        stats = common.measure(shop, args.seconds, args.clients, interval)
+    stats = load(args.seconds)
     if own:
         stats["own_ms"] = (process_cpu_ms(extra.pid) - own_before[0]) / stats["requests"]
         stats["bpf_ms"] = (bpf_run_ms(extra.pid) - own_before[1]) / stats["requests"]
@@ -211,6 +221,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=15.0, help="load per run")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="load before each run's measured load, not measured (seconds)")
     p.add_argument("--clients", type=int, default=6)
     p.add_argument("--workload", choices=["shop", "hotrod"], default="shop")
     p.add_argument("--rate", type=float,
@@ -273,7 +285,8 @@ def main():
 
     load = f"a fixed {args.rate:g} requests/s" if args.rate > 0 else "a closed loop"
     workload = "HotROD" if args.workload == "hotrod" else f"Demo shop, {args.clients} clients"
-    print(f"\n{workload}, {load}, {args.seconds:.0f} s per run, "
+    warmup = f" after {args.warmup:.0f} s of warm-up" if args.warmup > 0 else ""
+    print(f"\n{workload}, {load}, {args.seconds:.0f} s per run{warmup}, "
           f"{args.rounds} rounds; each case against B of the same round: median (min .. max)\n")
     keys = ["throughput", "p50_ms", "p99_ms", "cpu_ms"]
     print("| case | events/s | requests/s | p50 | p99 | CPU per request |")
