@@ -293,7 +293,8 @@ def main():
     print("|---|---:|---:|---:|---:|---:|")
     for case in chosen:
         runs = results[case]
-        events = [s["events"] / args.seconds for s in runs if s.get("events")]
+        # The recording spans the warm-up too.
+        events = [s["events"] / (args.seconds + args.warmup) for s in runs if s.get("events")]
         ev = f"{statistics.median(events):,.0f}" if events else "-"
         if case == "B":
             med = {k: statistics.median(s[k] for s in runs) for k in keys}
