@@ -181,41 +181,9 @@ fn a_read_from_disk_names_the_miss_ratio_the_queue_and_who_filled_it() {
         .block(11, 0, 1, BlockPhase::Insert, 100)
         .switch(12, 0, 1, 2, 0)
         .switch(15, 1, 5, 1, 0)
-        .ev_by(
-            40,
-            0,
-            0,
-            EventKind::IrqHandlerEntry {
-                irq: 24,
-                name: "virtio2-req.0".into(),
-            },
-        )
-        .block(40, 0, 0, BlockPhase::Complete, 1000)
-        .block(40, 0, 0, BlockPhase::Complete, 2000)
-        .ev_by(41, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
-        .ev_by(
-            60,
-            0,
-            0,
-            EventKind::IrqHandlerEntry {
-                irq: 24,
-                name: "virtio2-req.0".into(),
-            },
-        )
-        .block(60, 0, 0, BlockPhase::Complete, 3000)
-        .ev_by(61, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
-        .ev_by(
-            90,
-            0,
-            0,
-            EventKind::IrqHandlerEntry {
-                irq: 24,
-                name: "virtio2-req.0".into(),
-            },
-        )
-        .block(90, 0, 0, BlockPhase::Complete, 100)
-        .waking(90, 0, 1)
-        .ev_by(91, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
+        .disk_interrupt(40, 0, &[1000, 2000], None)
+        .disk_interrupt(60, 0, &[3000], None)
+        .disk_interrupt(90, 0, &[100], Some(1))
         .switch(92, 0, 0, 0, 1)
         .exit(93, 0, PREAD64, 4096)
         .switch(100, 0, 1, 1, 0);
@@ -255,18 +223,7 @@ fn a_cached_read_has_a_zero_miss_ratio() {
         .enter(26, 0, READ, 3)
         .exit(28, 0, READ, 8192)
         .switch(30, 0, 1, 1, 0)
-        .ev_by(
-            50,
-            0,
-            0,
-            EventKind::IrqHandlerEntry {
-                irq: 24,
-                name: "virtio2-req.0".into(),
-            },
-        )
-        .block(50, 0, 0, BlockPhase::Complete, 7)
-        .waking(50, 0, 1)
-        .ev_by(51, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
+        .disk_interrupt(50, 0, &[7], Some(1))
         .switch(52, 0, 0, 0, 1)
         .switch(60, 0, 1, 1, 0);
     let model = s.model();
@@ -292,18 +249,7 @@ fn lean_disk_read(read_chars: [Option<u64>; 3]) -> Diagnosis {
         .block(11, 0, 1, BlockPhase::Insert, 100)
         .sleep(12, 1, PREAD64 as i32, 3, read_chars[1])
         .switch(12, 0, 1, 2, 0)
-        .ev_by(
-            90,
-            0,
-            0,
-            EventKind::IrqHandlerEntry {
-                irq: 24,
-                name: "virtio2-req.0".into(),
-            },
-        )
-        .block(90, 0, 0, BlockPhase::Complete, 100)
-        .waking(90, 0, 1)
-        .ev_by(91, 0, 0, EventKind::IrqHandlerExit { irq: 24, ret: 1 })
+        .disk_interrupt(90, 0, &[100], Some(1))
         .switch(92, 0, 0, 0, 1)
         .sleep(100, 1, RECVFROM as i32, 4, read_chars[2])
         .switch(100, 0, 1, 1, 0);

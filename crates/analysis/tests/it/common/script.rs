@@ -178,6 +178,38 @@ impl Script {
         };
         self.ev_by(ts, cpu, tid, kind)
     }
+    /// The disk's interrupt on `cpu` from `ts` to `ts + 1` (irq 24,
+    /// `virtio2-req.0`): it completes the block requests at `sectors` and
+    /// wakes `wakes`, if any.
+    pub fn disk_interrupt(
+        &mut self,
+        ts: u64,
+        cpu: u32,
+        sectors: &[u64],
+        wakes: Option<Tid>,
+    ) -> &mut Self {
+        self.ev_by(
+            ts,
+            cpu,
+            0,
+            EventKind::IrqHandlerEntry {
+                irq: 24,
+                name: "virtio2-req.0".into(),
+            },
+        );
+        for &sector in sectors {
+            self.block(ts, cpu, 0, BlockPhase::Complete, sector);
+        }
+        if let Some(t) = wakes {
+            self.waking(ts, cpu, t);
+        }
+        self.ev_by(
+            ts + 1,
+            cpu,
+            0,
+            EventKind::IrqHandlerExit { irq: 24, ret: 1 },
+        )
+    }
     /// `sender` (running on `cpu`) sends a packet over `lo`, delivered in a
     /// NET_RX softirq in its context that wakes `wakes`.
     pub fn loopback(&mut self, ts: u64, cpu: u32, sender: Tid, wakes: Tid) -> &mut Self {
