@@ -22,9 +22,9 @@
 //! a line, fields separated by one space (see [`SocketCall`]):
 //!
 //! ```text
-//! # deepspan socket calls v1: mono_ns cpu tid tgid dir bytes
-//! 457084414274 1 8193 8190 recv 512
-//! 457084502113 1 8193 8190 send 2048
+//! # deepspan socket calls v2: mono_ns cpu tid tgid dir bytes socket local_port remote_port
+//! 457084414274 1 8193 8190 recv 512 4097 8080 41236
+//! 457084502113 1 8193 8190 send 2048 4097 8080 41236
 //! ```
 //!
 //! `mono_ns` is CLOCK_MONOTONIC (the trace's clock) at the end of the
@@ -34,6 +34,12 @@
 //! blocking send, all it was asked to send). A call that moved no data
 //! (0, an error, EAGAIN) has no line. Lines are in the order the program
 //! wrote them: time order, but for calls on two CPUs a moment apart.
+//!
+//! `socket` is the socket's cookie (see [`Socket`]): an acceptor's receive
+//! of a request and a pool thread's send of its answer have the same one.
+//! The ports are TCP's or UDP's (0 for other families): a server span's
+//! `client.port` is its connection's `remote_port`. Files of v1, before
+//! the socket was recorded, still read, with no socket (`-`).
 //!
 //! The flight recorder keeps them in memory and writes each window's with
 //! it. A kernel without BPF, BTF or these tracepoints, or a build without
@@ -45,13 +51,15 @@ use crate::bpf::Ring;
 use crate::capture_file::{self, CaptureLine, Recorded, Written};
 use crate::sched_switch::SwitchProgram;
 use crate::Error;
+use deepspan_model::Socket;
 use deepspan_run::{layout::SOCKET_CALLS, SocketCallsManifest};
 
 /// The file's first line; the columns of every other line.
-const HEADER: &str = "# deepspan socket calls v1: mono_ns cpu tid tgid dir bytes";
+const HEADER: &str =
+    "# deepspan socket calls v2: mono_ns cpu tid tgid dir bytes socket local_port remote_port";
 
 /// A record of the program's ring buffer (`struct call`).
-const RECORD_BYTES: usize = 32;
+const RECORD_BYTES: usize = 48;
 
 /// A socket receive or send that moved data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,14 +75,35 @@ pub struct SocketCall {
     pub sent: bool,
     /// What the receive returned, or what the send sent (more than 0).
     pub bytes: u64,
+    /// The socket; `None` in a file of v1.
+    pub socket: Option<Socket>,
 }
 
 impl SocketCall {
     /// Parses one line of the socket-call file.
     pub fn parse(line: &str) -> Result<SocketCall, String> {
+        SocketCall::parse_version(2, line)
+    }
+
+    /// Parses one line of a file of `version` (1: without the socket).
+    fn parse_version(version: u32, line: &str) -> Result<SocketCall, String> {
         let fields: Vec<&str> = line.split_ascii_whitespace().collect();
-        let [mono_ns, cpu, tid, tgid, dir, bytes] = fields[..] else {
-            return Err(format!("{} fields, expected 6 ({HEADER})", fields.len()));
+        let (&[mono_ns, cpu, tid, tgid, dir, bytes], socket) = (match (version, &fields[..]) {
+            (1, f @ [_, _, _, _, _, _]) => Some((f, None)),
+            (_, [f @ .., socket, local, remote]) if version > 1 && f.len() == 6 => {
+                Some((f, Some([*socket, *local, *remote])))
+            }
+            _ => None,
+        })
+        .ok_or_else(|| {
+            format!(
+                "{} fields, expected {} ({HEADER})",
+                fields.len(),
+                if version == 1 { 6 } else { 9 }
+            )
+        })?
+        else {
+            unreachable!("six fields matched")
         };
         fn num<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, String> {
             text.parse()
@@ -85,6 +114,14 @@ impl SocketCall {
             "recv" => false,
             other => return Err(format!("direction {other:?}, expected recv or send")),
         };
+        let socket = match socket {
+            None | Some(["-", "-", "-"]) => None,
+            Some([cookie, local, remote]) => Some(Socket {
+                cookie: num("socket", cookie)?,
+                local_port: num("local port", local)?,
+                remote_port: num("remote port", remote)?,
+            }),
+        };
         Ok(SocketCall {
             mono_ns: num("time", mono_ns)?,
             cpu: num("cpu", cpu)?,
@@ -92,6 +129,7 @@ impl SocketCall {
             tgid: num("tgid", tgid)?,
             sent,
             bytes: num("bytes", bytes)?,
+            socket,
         })
     }
 
@@ -105,8 +143,10 @@ impl SocketCall {
         if b.len() < RECORD_BYTES {
             return None;
         }
+        let u16_at = |at: usize| u16::from_ne_bytes(b[at..at + 2].try_into().expect("2 bytes"));
         let u32_at = |at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"));
         let u64_at = |at: usize| u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        let cookie = u64_at(32);
         Some(SocketCall {
             mono_ns: u64_at(0),
             cpu: u32_at(8),
@@ -114,6 +154,12 @@ impl SocketCall {
             tgid: u32_at(16) as i32,
             sent: u32_at(20) != 0,
             bytes: u64_at(24),
+            // A cookie is never 0: 0 is a kernel that gave none.
+            socket: (cookie != 0).then(|| Socket {
+                cookie,
+                local_port: u16_at(40),
+                remote_port: u16_at(42),
+            }),
         })
     }
 }
@@ -131,7 +177,11 @@ impl std::fmt::Display for SocketCall {
             self.tgid,
             if self.sent { "send" } else { "recv" },
             self.bytes
-        )
+        )?;
+        match self.socket {
+            Some(s) => write!(f, " {} {} {}", s.cookie, s.local_port, s.remote_port),
+            None => f.write_str(" - - -"),
+        }
     }
 }
 
@@ -147,6 +197,12 @@ impl CaptureLine for SocketCall {
         SocketCall::parse(line)
     }
 
+    const OLDER_VERSIONS: &'static [u32] = &[1];
+
+    fn from_line_of(version: u32, line: &str) -> Result<SocketCall, String> {
+        SocketCall::parse_version(version, line)
+    }
+
     fn mono_ns(&self) -> u64 {
         self.mono_ns
     }
@@ -154,8 +210,8 @@ impl CaptureLine for SocketCall {
 
 /// Parses the text of a socket-call file: every call, in file order. A
 /// last line without its newline is what a killed recorder left
-/// mid-write: it is left out. A header of another version than v1 is an
-/// error, as is any bad line; the error names the line and says why.
+/// mid-write: it is left out. A header of another version than v1 or v2
+/// is an error, as is any bad line; the error names the line and says why.
 pub fn parse_socket_calls(text: &str) -> Result<Vec<SocketCall>, String> {
     capture_file::parse_file(text)
 }
@@ -168,7 +224,7 @@ pub fn read_socket_calls(path: &Path) -> Result<Vec<SocketCall>, Error> {
 impl Recorded for SocketCall {
     const FILE: &'static str = SOCKET_CALLS;
     const THREAD: &'static str = "deepspan-sockets";
-    /// 32 bytes each, 32 MB: a host making 20 000 socket calls a second
+    /// 48 bytes each, 48 MB: a host making 20 000 socket calls a second
     /// fills it in 50 s, longer than the trace's own history on such a
     /// host.
     const HISTORY: usize = 1_000_000;
@@ -227,6 +283,11 @@ mod tests {
             tgid: 8190,
             sent: false,
             bytes: 512,
+            socket: Some(Socket {
+                cookie: 4097,
+                local_port: 8080,
+                remote_port: 41236,
+            }),
         }
     }
 
@@ -242,8 +303,15 @@ mod tests {
     #[test]
     fn a_line_reads_back() {
         for (line, call) in [
-            ("457084414274 1 8193 8190 recv 512", recv()),
-            ("457084502113 1 8193 8190 send 2048", send()),
+            ("457084414274 1 8193 8190 recv 512 4097 8080 41236", recv()),
+            ("457084502113 1 8193 8190 send 2048 4097 8080 41236", send()),
+            (
+                "457084502113 1 8193 8190 send 2048 - - -",
+                SocketCall {
+                    socket: None,
+                    ..send()
+                },
+            ),
         ] {
             let c = SocketCall::parse(line).unwrap();
             assert_eq!(c, call);
@@ -255,6 +323,11 @@ mod tests {
             tid: i32::MAX,
             tgid: i32::MIN,
             bytes: u64::MAX,
+            socket: Some(Socket {
+                cookie: u64::MAX,
+                local_port: u16::MAX,
+                remote_port: u16::MAX,
+            }),
             ..send()
         };
         assert_eq!(SocketCall::parse(&max.line()).unwrap(), max);
@@ -263,18 +336,21 @@ mod tests {
     #[test]
     fn bad_lines_say_why() {
         for (line, expected) in [
-            ("x 1 2 3 recv 5", "time"),
-            ("1 x 2 3 recv 5", "cpu"),
-            ("1 0 2147483648 3 recv 5", "tid"),
-            ("1 0 2 3.0 recv 5", "tgid"),
-            ("1 0 2 3 recv -5", "bytes"),
-            ("1 0 2 3 recv 18446744073709551616", "bytes"),
+            ("x 1 2 3 recv 5 7 80 9", "time"),
+            ("1 x 2 3 recv 5 7 80 9", "cpu"),
+            ("1 0 2147483648 3 recv 5 7 80 9", "tid"),
+            ("1 0 2 3.0 recv 5 7 80 9", "tgid"),
+            ("1 0 2 3 recv -5 7 80 9", "bytes"),
+            ("1 0 2 3 recv 18446744073709551616 7 80 9", "bytes"),
             (
-                "1 0 2 3 RECV 5",
+                "1 0 2 3 RECV 5 7 80 9",
                 "direction \"RECV\", expected recv or send",
             ),
-            ("1 0 2 3 recv", "5 fields, expected 6"),
-            ("1 0 2 3 send 5 6", "7 fields, expected 6"),
+            ("1 0 2 3 recv 5 -7 80 9", "socket \"-7\""),
+            ("1 0 2 3 recv 5 7 65536 9", "local port"),
+            ("1 0 2 3 recv 5 7 80 -", "remote port"),
+            ("1 0 2 3 recv 5 7 80", "8 fields, expected 9"),
+            ("1 0 2 3 send 5", "6 fields, expected 9"),
         ] {
             let e = SocketCall::parse(line).unwrap_err();
             assert!(e.contains(expected), "{line}: {e}");
@@ -291,17 +367,29 @@ mod tests {
             vec![recv(), send()]
         );
         for (bad, expected) in [
-            ("1 0 2 3 recv\n", "line 4: 5 fields"),
-            ("1 0 2 3 sent 5\n", "line 4: direction \"sent\""),
-            ("1 0 2 3 send 0x5\n", "line 4: bytes \"0x5\""),
+            ("1 0 2 3 recv 5\n", "line 4: 6 fields"),
+            ("1 0 2 3 sent 5 7 80 9\n", "line 4: direction \"sent\""),
+            ("1 0 2 3 send 0x5 7 80 9\n", "line 4: bytes \"0x5\""),
         ] {
             let e = parse_socket_calls(&format!("{text}{bad}")).unwrap_err();
             assert!(e.starts_with(expected), "{bad}: {e}");
         }
+        // A file of v1, before the socket was recorded, reads with none.
+        let v1 = "# deepspan socket calls v1: mono_ns cpu tid tgid dir bytes\n\
+                  457084414274 1 8193 8190 recv 512\n";
+        assert_eq!(
+            parse_socket_calls(v1).unwrap(),
+            vec![SocketCall {
+                socket: None,
+                ..recv()
+            }]
+        );
+        let e = parse_socket_calls(&format!("{v1}1 0 2 3 recv 5 7 80 9\n")).unwrap_err();
+        assert!(e.starts_with("line 3: 9 fields, expected 6"), "{e}");
         // Another version's file is refused, not misread.
-        let e = parse_socket_calls("# deepspan socket calls v2: mono_ns tid dir\n1 2 recv\n")
+        let e = parse_socket_calls("# deepspan socket calls v3: mono_ns tid dir\n1 2 recv\n")
             .unwrap_err();
-        assert!(e.starts_with("line 1: ") && e.contains("v2"), "{e}");
+        assert!(e.starts_with("line 1: ") && e.contains("v3"), "{e}");
         // A line before the header, a wrong header: the line is still read
         // for what it is, and bad text is never a panic.
         for junk in ["\u{0}", "recv", " \t ", "1 2 3 4 send 5 ", "é 1 2 3 recv 4"] {
@@ -319,8 +407,17 @@ mod tests {
         record[16..20].copy_from_slice(&8190i32.to_ne_bytes());
         record[20..24].copy_from_slice(&1u32.to_ne_bytes());
         record[24..32].copy_from_slice(&2048u64.to_ne_bytes());
+        record[32..40].copy_from_slice(&4097u64.to_ne_bytes());
+        record[40..42].copy_from_slice(&8080u16.to_ne_bytes());
+        record[42..44].copy_from_slice(&41236u16.to_ne_bytes());
         assert_eq!(SocketCall::from_record(&record), Some(send()));
-        assert_eq!(SocketCall::from_record(&record[..24]), None);
+        assert_eq!(SocketCall::from_record(&record[..32]), None);
+        // No cookie: a kernel that named no socket.
+        record[32..40].fill(0);
+        assert_eq!(
+            SocketCall::from_record(&record).and_then(|c| c.socket),
+            None
+        );
     }
 
     #[test]
@@ -344,14 +441,14 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(
             text,
-            "# deepspan socket calls v1: mono_ns cpu tid tgid dir bytes\n\
-             457084414274 1 8193 8190 recv 512\n\
-             457084502113 1 8193 8190 send 2048\n"
+            "# deepspan socket calls v2: mono_ns cpu tid tgid dir bytes socket local_port remote_port\n\
+             457084414274 1 8193 8190 recv 512 4097 8080 41236\n\
+             457084502113 1 8193 8190 send 2048 4097 8080 41236\n"
         );
         assert_eq!(read_socket_calls(&path).unwrap(), vec![recv(), send()]);
         // A bad complete line is an error that says which file, which line
         // and why.
-        std::fs::write(&path, format!("{text}5 0 42 42 recv x\n")).unwrap();
+        std::fs::write(&path, format!("{text}5 0 42 42 recv x 7 80 9\n")).unwrap();
         let e = read_socket_calls(&path).unwrap_err().to_string();
         assert!(
             e.contains("line 4") && e.contains("bytes") && e.contains("socket_calls.tsv"),

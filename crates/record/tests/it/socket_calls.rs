@@ -18,7 +18,10 @@
 //!   workload's sends block until all is sent; one that returned 0 or an
 //!   error holds none (the capture takes a send at its end, see
 //!   `bpf/socket_calls.bpf.c`);
-//! - any other call holds none.
+//! - any other call holds none;
+//! - a record on one of the workload's sockets names that socket: the
+//!   cookie `getsockopt(SO_COOKIE)` gives this test, and for TCP the ports
+//!   of its end of the connection (for the Unix pair, none).
 //!
 //! And every record of these threads must lie inside such a call: one
 //! between two calls, or inside another call, is a mismatch, unless the
@@ -33,6 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use deepspan_model::Socket;
 use deepspan_record::{clock_sample, read_socket_calls, record, RecordOptions, SocketCall};
 use deepspan_run::Manifest;
 
@@ -44,6 +48,33 @@ const REQUEST: usize = 100;
 const RESPONSE: usize = 1500;
 /// The client's pause between exchanges.
 const PACE: Duration = Duration::from_micros(500);
+
+/// `SO_COOKIE` of asm-generic/socket.h (x86_64 and arm64 alike).
+const SO_COOKIE: i32 = 57;
+
+/// The socket `fd` is, as the capture names it: its cookie, and the ports
+/// of an IPv4 TCP socket.
+fn socket_of(fd: i32, tcp: Option<(&std::net::SocketAddr, &std::net::SocketAddr)>) -> Socket {
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: cookie and len are valid for the size given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(r, 0, "SO_COOKIE: {}", std::io::Error::last_os_error());
+    let (local_port, remote_port) = tcp.map_or((0, 0), |(l, r)| (l.port(), r.port()));
+    Socket {
+        cookie,
+        local_port,
+        remote_port,
+    }
+}
 
 /// How a thread sends or receives, turn by turn.
 #[derive(Clone, Copy, Debug)]
@@ -161,8 +192,8 @@ struct Workload {
     stop: Arc<AtomicBool>,
     /// Each workload thread's tid and the length of its sends.
     senders: Arc<Mutex<HashMap<i32, u64>>>,
-    /// The connections' fds.
-    fds: Vec<i32>,
+    /// The connections' fds, and the socket each is.
+    sockets: HashMap<i32, Socket>,
     threads: Vec<std::thread::JoinHandle<usize>>,
     _keep: Vec<Box<dyn AsRawFd + Send>>,
 }
@@ -177,6 +208,36 @@ impl Workload {
         tcp_client.set_nodelay(true).unwrap();
         tcp_server.set_nodelay(true).unwrap();
         let (unix_client, unix_server) = UnixStream::pair().unwrap();
+        let sockets = HashMap::from([
+            (
+                tcp_client.as_raw_fd(),
+                socket_of(
+                    tcp_client.as_raw_fd(),
+                    Some((
+                        &tcp_client.local_addr().unwrap(),
+                        &tcp_client.peer_addr().unwrap(),
+                    )),
+                ),
+            ),
+            (
+                tcp_server.as_raw_fd(),
+                socket_of(
+                    tcp_server.as_raw_fd(),
+                    Some((
+                        &tcp_server.local_addr().unwrap(),
+                        &tcp_server.peer_addr().unwrap(),
+                    )),
+                ),
+            ),
+            (
+                unix_client.as_raw_fd(),
+                socket_of(unix_client.as_raw_fd(), None),
+            ),
+            (
+                unix_server.as_raw_fd(),
+                socket_of(unix_server.as_raw_fd(), None),
+            ),
+        ]);
         let pairs = [
             (tcp_client.as_raw_fd(), tcp_server.as_raw_fd()),
             (unix_client.as_raw_fd(), unix_server.as_raw_fd()),
@@ -214,7 +275,7 @@ impl Workload {
         Workload {
             stop,
             senders,
-            fds: pairs.iter().flat_map(|&(c, s)| [c, s]).collect(),
+            sockets,
             threads,
             _keep: vec![
                 Box::new(tcp_client),
@@ -293,10 +354,10 @@ fn whole_calls(calls: &[Call], losses: &Losses) -> Vec<WholeCall> {
         .collect()
 }
 
-/// What `call` must hold; `fds` are the sockets whose read and write reach
+/// What `call` must hold; `sockets` are the fds whose read and write reach
 /// a socket, `send_len` the length of the thread's sendmsg messages.
-fn expected(call: &WholeCall, fds: &[i32], send_len: Option<u64>) -> Expected {
-    let on_socket = fds.iter().any(|&fd| fd as u64 == call.args[0]);
+fn expected(call: &WholeCall, sockets: &HashMap<i32, Socket>, send_len: Option<u64>) -> Expected {
+    let on_socket = sockets.keys().any(|&fd| fd as u64 == call.args[0]);
     let received = match call.ret {
         n if n > 0 => Expected::Recv(n as u64),
         _ => Expected::Nothing,
@@ -322,7 +383,7 @@ fn compare_thread(
     records: &[&SocketCall],
     calls: &[Call],
     losses: &Losses,
-    fds: &[i32],
+    sockets: &HashMap<i32, Socket>,
     send_len: Option<u64>,
 ) -> (Vec<String>, HashMap<i64, usize>, usize) {
     let whole = whole_calls(calls, losses);
@@ -339,21 +400,28 @@ fn compare_thread(
         for &(i, _) in &held {
             inside[i] = true;
         }
-        let want = expected(call, fds, send_len);
+        let want = expected(call, sockets, send_len);
         if want != Expected::Nothing {
             *compared.entry(call.id).or_default() += 1;
         }
-        let ok = match (want, &held[..]) {
-            (Expected::Nothing, []) => true,
-            (Expected::Recv(n), [(_, r)]) => !r.sent && r.bytes == n,
-            (Expected::Send(n, asked), [(_, r)]) => {
-                // A sendmsg of a thread whose message length is not known
-                // here (none of this test's threads) is judged by what it
-                // returned alone.
-                r.sent && r.bytes == n && asked.is_none_or(|asked| asked == n)
-            }
-            _ => false,
-        };
+        // The call's socket, when it is one of the workload's: the record
+        // must name it.
+        let socket = i32::try_from(call.args[0])
+            .ok()
+            .and_then(|fd| sockets.get(&fd));
+        let named = |r: &SocketCall| socket.is_none_or(|s| r.socket.as_ref() == Some(s));
+        let ok = held.iter().all(|(_, r)| named(r))
+            && match (want, &held[..]) {
+                (Expected::Nothing, []) => true,
+                (Expected::Recv(n), [(_, r)]) => !r.sent && r.bytes == n,
+                (Expected::Send(n, asked), [(_, r)]) => {
+                    // A sendmsg of a thread whose message length is not known
+                    // here (none of this test's threads) is judged by what it
+                    // returned alone.
+                    r.sent && r.bytes == n && asked.is_none_or(|asked| asked == n)
+                }
+                _ => false,
+            };
         if !ok {
             mismatches.push(format!("{call:?}: expected {want:?}, holds {held:?}"));
         }
@@ -402,7 +470,7 @@ fn each_socket_call_of_the_trace_has_its_record_and_no_other() {
     // The oracle: the trace's own system-call events.
     opts.events = "analysis".into();
     let workload = Workload::start();
-    let fds = workload.fds.clone();
+    let sockets = workload.sockets.clone();
     let summary = record(&opts, &mut |_| {}).expect("record");
     let (senders, turns) = workload.stop();
     assert_eq!(senders.len(), 4, "{senders:?}");
@@ -453,7 +521,7 @@ fn each_socket_call_of_the_trace_has_its_record_and_no_other() {
             thread_records,
             thread_calls,
             &losses,
-            &fds,
+            &sockets,
             senders.get(tid).copied(),
         );
         mismatches.extend(m.into_iter().map(|m| format!("tid {tid}: {m}")));
