@@ -46,6 +46,7 @@ pub enum Input {
         tid: deepspan_model::Tid,
         sent: bool,
         bytes: u64,
+        socket: Option<deepspan_model::Socket>,
     },
     /// The idle task gave `cpu` to `tid` (the recorder's capture of the
     /// switches out of idle that ftrace loses; see
@@ -138,7 +139,8 @@ where
                 tid,
                 sent,
                 bytes,
-            } => builder.socket_call(ts, tid, sent, bytes),
+                socket,
+            } => builder.socket_call(ts, tid, sent, bytes, socket),
             Input::IdleSwitch { cpu, ts, tid } => builder.idle_switch(ts, cpu, tid),
         }
         merged += 1;

@@ -22,7 +22,11 @@
 //!    [`RUN_WEIGHT`] times more: a span's times are taken while its thread
 //!    runs; the I/O distances leave out time the thread waited for a CPU,
 //!    which delays a request on its own thread under a quota or load); the
-//!    thread with the smallest sum wins. A thread that hands
+//!    thread with the smallest sum wins. When the span names its client's
+//!    port (`client.port`, `net.peer.port`) and the recording named each
+//!    call's socket (the socket-call capture), only calls on the server end
+//!    of that connection are the request's: time alone cannot tell two
+//!    requests handed to two pool threads at once apart ([`Connection`]). A thread that hands
 //!    many requests over is an acceptor and serves none; a pool thread that
 //!    took a queued request without a wake-up has the acceptor's receive. A `thread.name`
 //!    attribute must equal the thread's comm (cut to 15 bytes) at the
@@ -100,6 +104,9 @@ pub struct PlacementSpan {
     /// The port the request came in on (`server.port`, `net.host.port`,
     /// `url.full` …).
     pub port: Option<u16>,
+    /// The client's port (`client.port`, `net.peer.port`,
+    /// `network.peer.port`): with [`PlacementSpan::port`], the connection.
+    pub client_port: Option<u16>,
     /// Resource `telemetry.sdk.language` (`go`, `java`, `python` …): some
     /// runtimes run a request on whichever OS thread is free
     /// ([`runs_requests_on_any_thread`]).
@@ -327,6 +334,39 @@ impl Gap {
     }
 }
 
+/// The connection a request came on, as its span names it. A receive or
+/// send whose socket the recording named ([`SyscallInterval::socket`]) is
+/// the request's only on the server end of that connection; one with no
+/// named socket (a trace with the system-call events, a span without the
+/// client's port) may be any request's, as time alone says.
+#[derive(Clone, Copy, Debug, Default)]
+struct Connection {
+    client_port: Option<u16>,
+    server_port: Option<u16>,
+}
+
+impl Connection {
+    fn of(span: &PlacementSpan) -> Connection {
+        Connection {
+            client_port: span.client_port,
+            server_port: span.port,
+        }
+    }
+
+    /// Whether the call may be the request's.
+    fn admits(&self, call: &SyscallInterval) -> bool {
+        match (self.client_port, call.socket()) {
+            (Some(client), Some(socket)) => socket.serves(client, self.server_port),
+            _ => true,
+        }
+    }
+
+    /// Whether the call is known to be on this connection.
+    fn is_on(&self, call: &SyscallInterval) -> bool {
+        self.client_port.is_some() && call.socket().is_some() && self.admits(call)
+    }
+}
+
 /// A candidate thread's fit to a request.
 #[derive(Clone, Debug)]
 struct Fit {
@@ -489,13 +529,28 @@ impl<'a> Finder<'a> {
     fn candidates(&self, span: &PlacementSpan) -> Option<Candidates> {
         let (start, end) = span.times?;
         let (pids, process_evidence, process_confidence) = self.processes_for(span);
-        let mut fits: Vec<Fit> = Vec::new();
-        for &pid in &pids {
-            for &tid in self.threads_of.get(&pid).into_iter().flatten() {
-                if let Some(f) = self.fit(tid, pid, start, end, span.thread_name.as_deref()) {
-                    fits.push(f);
+        let fits_on = |conn: &Connection| {
+            let mut fits: Vec<Fit> = Vec::new();
+            for &pid in &pids {
+                for &tid in self.threads_of.get(&pid).into_iter().flatten() {
+                    let name = span.thread_name.as_deref();
+                    if let Some(f) = self.fit(tid, pid, start, end, name, conn) {
+                        fits.push(f);
+                    }
                 }
             }
+            fits
+        };
+        let mut conn = Connection::of(span);
+        let mut fits = fits_on(&conn);
+        if conn.client_port.is_some()
+            && fits.iter().all(|f| f.receive.is_none() && f.send.is_none())
+        {
+            // No thread of the process did I/O on the connection the span
+            // names (a proxy between, a port the SDK took from a header):
+            // placed as if it named none.
+            conn = Connection::default();
+            fits = fits_on(&conn);
         }
         fits.sort_by_key(|f| (f.cost(), f.tid));
         Some(Candidates {
@@ -511,6 +566,7 @@ impl<'a> Finder<'a> {
             process_evidence,
             process_confidence,
             fits,
+            conn,
             notes: Vec::new(),
         })
     }
@@ -530,6 +586,8 @@ struct Candidates {
     process_confidence: f64,
     /// Best first.
     fits: Vec<Fit>,
+    /// The connection the fits' I/O is on.
+    conn: Connection,
     /// Threads passed over before the fits were scored, and why.
     notes: Vec<String>,
 }
@@ -732,7 +790,7 @@ fn pass_over_acceptors(finder: &Finder, requests: &mut [(usize, Candidates)]) {
                 .filter_map(|&a| {
                     let th = finder.model.thread(a)?;
                     (pid_of(th, finder.processes) == Some(f.pid)).then_some(())?;
-                    let (gap, call) = finder.receive_before(th, c.start)?;
+                    let (gap, call) = finder.receive_before(th, c.start, &c.conn)?;
                     Some((gap, a, call))
                 })
                 .min_by_key(|r| r.0);
@@ -1069,6 +1127,7 @@ impl<'a> Finder<'a> {
         start: u64,
         end: u64,
         thread_name: Option<&str>,
+        conn: &Connection,
     ) -> Option<Fit> {
         let th = self.model.thread(tid)?;
         let mut name_matched = false;
@@ -1087,10 +1146,10 @@ impl<'a> Finder<'a> {
         let run_start = self.run_distance(th, start)?;
         let run_end = self.run_distance(th, end)?;
         let receive = self
-            .receive_before(th, start)
+            .receive_before(th, start, conn)
             .map(|(g, c)| (Gap::on(th, start.saturating_sub(g), start), None, c))
-            .or_else(|| self.handed_over(th, pid, start));
-        let send = self.send_near(th, start, end);
+            .or_else(|| self.handed_over(th, pid, start, conn));
+        let send = self.send_near(th, start, end, conn);
         Some(Fit {
             tid,
             pid,
@@ -1115,12 +1174,14 @@ impl<'a> Finder<'a> {
     /// request's); the first whose waker received data at most
     /// [`HANDOFF_RECEIVE_NS`] before waking it is the hand-off. Wake-ups by
     /// threads that received nothing just before (a lock or an interpreter
-    /// lock passed between pool threads) are passed over.
+    /// lock passed between pool threads) are passed over, as are those
+    /// whose waker's receive was on another connection than `conn`.
     fn handed_over(
         &self,
         th: &ThreadHistory,
         pid: Tid,
         start: u64,
+        conn: &Connection,
     ) -> Option<(Gap, Option<Tid>, &'static str)> {
         let window_start = start.saturating_sub(IO_WINDOW_NS);
         let since = th
@@ -1142,7 +1203,7 @@ impl<'a> Finder<'a> {
                     return None;
                 }
                 let (gap, call) = self
-                    .receive_before(waker, s.end)
+                    .receive_before(waker, s.end, conn)
                     .filter(|r| r.0 <= HANDOFF_RECEIVE_NS)?;
                 let on_waker = Gap::on(waker, s.end.saturating_sub(gap), s.end);
                 let on_th = Gap::on(th, s.end, start);
@@ -1170,24 +1231,39 @@ impl<'a> Finder<'a> {
             .min()
     }
 
-    /// The last receive that returned data before `t` (within the window):
-    /// its gap to `t` and name. A read counts, dearer (it may be a file).
-    fn receive_before(&self, th: &ThreadHistory, t: u64) -> Option<(u64, &'static str)> {
+    /// The last receive on `conn` that returned data before `t` (within
+    /// the window): its gap to `t` and name. A read counts, dearer (it may
+    /// be a file).
+    fn receive_before(
+        &self,
+        th: &ThreadHistory,
+        t: u64,
+        conn: &Connection,
+    ) -> Option<(u64, &'static str)> {
         let calls = th.syscalls_in(t.saturating_sub(IO_WINDOW_NS), t);
         calls
             .iter()
             .rev()
-            .filter(|s| s.exit_seen && s.ret > 0 && s.end <= t)
+            .filter(|s| s.exit_seen && s.ret > 0 && s.end <= t && conn.admits(s))
             .find_map(|s| match self.io(s) {
+                Io::Receive if conn.is_on(s) => {
+                    Some((t - s.end, "socket receive on the span's connection"))
+                }
                 Io::Receive => Some((t - s.end, "socket receive")),
                 Io::Read => Some((t - s.end + 1_000, "read")),
                 _ => None,
             })
     }
 
-    /// The send nearest the end (inside the span or after it), nearest by
-    /// the gap's [`Gap::counted`] time.
-    fn send_near(&self, th: &ThreadHistory, start: u64, end: u64) -> Option<(Gap, &'static str)> {
+    /// The send on `conn` nearest the end (inside the span or after it),
+    /// nearest by the gap's [`Gap::counted`] time.
+    fn send_near(
+        &self,
+        th: &ThreadHistory,
+        start: u64,
+        end: u64,
+        conn: &Connection,
+    ) -> Option<(Gap, &'static str)> {
         let calls = th.syscalls_in(start, end + IO_WINDOW_NS);
         // A send after the thread received again past the end belongs to
         // the next exchange: a client receives its answer after the
@@ -1199,10 +1275,11 @@ impl<'a> Finder<'a> {
             .map_or(u64::MAX, |s| s.end);
         calls
             .iter()
-            .filter(|s| s.start >= start && s.start < next_receive)
+            .filter(|s| s.start >= start && s.start < next_receive && conn.admits(s))
             .filter_map(|s| {
                 // A write may be to a file or a pipe: dearer by 1 µs.
                 let (call, dearer) = match self.io(s) {
+                    Io::Send if conn.is_on(s) => ("socket send on the span's connection", 0),
                     Io::Send => ("socket send", 0),
                     Io::Write => ("write", 1_000),
                     _ => return None,
@@ -1344,7 +1421,7 @@ pub fn clock_offset_bound(
         };
         let mut lower = a.0.max(b.0);
         let upper = a.1.min(b.1);
-        if let Some((gap, _)) = finder.receive_before(th, s) {
+        if let Some((gap, _)) = finder.receive_before(th, s, &Connection::of(span)) {
             // The receive returned `gap` before the mapped start.
             lower = lower.max(-(gap as i64));
         }

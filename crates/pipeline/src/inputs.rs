@@ -111,6 +111,10 @@ pub(crate) fn placement_span(s: &Span, input: &SpanInput) -> PlacementSpan {
                 .iter()
                 .find_map(|k| attr(k).and_then(|v| v.as_str()).and_then(port_of))
         });
+    let client_port = ["client.port", "net.peer.port", "network.peer.port"]
+        .iter()
+        .find_map(|k| int(k))
+        .and_then(|p| u16::try_from(p).ok());
     PlacementSpan {
         parent: input.parent,
         entry: input.entry,
@@ -122,6 +126,7 @@ pub(crate) fn placement_span(s: &Span, input: &SpanInput) -> PlacementSpan {
             .and_then(|v| v.as_str())
             .map(str::to_string),
         port,
+        client_port,
         sdk_language: s
             .resource
             .attributes

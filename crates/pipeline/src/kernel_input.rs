@@ -426,6 +426,7 @@ fn socket_call_input(call: &deepspan_record::SocketCall) -> Input {
         tid: call.tid,
         sent: call.sent,
         bytes: call.bytes,
+        socket: call.socket,
     }
 }
 

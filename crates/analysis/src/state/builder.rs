@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use deepspan_model::container::ContainerRef;
 use deepspan_model::{
-    softirq, BlockRq, Comm, Event, EventKind, Fields, Name, SchedSwitch, Tid, Value, Wakeup,
+    softirq, BlockRq, Comm, Event, EventKind, Fields, Name, SchedSwitch, Socket, Tid, Value, Wakeup,
 };
 
 use crate::graph::{EdgeType, Graph, VertexId};
@@ -501,10 +501,18 @@ impl StateBuilder {
     /// returned, the end of the call but for its return to user space.
     /// For a trace recorded without the system-call events, these are the
     /// receives and sends that place spans on threads: each is a call of
-    /// no length named `recv` or `send` at `ts`; a receive carries its
-    /// bytes as its return value, as a traced call's exit does. Like [`StateBuilder::blocked_syscall`],
-    /// not for a trace with the system-call events.
-    pub fn socket_call(&mut self, ts: u64, tid: Tid, sent: bool, bytes: u64) {
+    /// no length named `recv` or `send` at `ts`, with its `socket` when
+    /// the capture named it ([`SyscallInterval::socket_call`]). Like
+    /// [`StateBuilder::blocked_syscall`], not for a trace with the
+    /// system-call events.
+    pub fn socket_call(
+        &mut self,
+        ts: u64,
+        tid: Tid,
+        sent: bool,
+        bytes: u64,
+        socket: Option<Socket>,
+    ) {
         if tid <= 0 {
             return;
         }
@@ -524,17 +532,10 @@ impl StateBuilder {
             s.end = ts.max(s.start);
             th.hist.syscalls.push(s);
         }
-        th.hist.syscalls.push(SyscallInterval {
-            start: ts,
-            end: ts,
-            id: -1,
-            name: if sent { send } else { recv },
-            arg0: 0,
-            arg1: 0,
-            ret: if sent { 0 } else { bytes as i64 },
-            entry_seen: false,
-            exit_seen: !sent,
-        });
+        let name = if sent { send } else { recv };
+        th.hist
+            .syscalls
+            .push(SyscallInterval::socket_call(ts, name, sent, bytes, socket));
     }
 
     /// The idle task gave `cpu` to thread `tid` at `ts` (the recorder's

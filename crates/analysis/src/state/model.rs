@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use deepspan_model::container::ContainerRef;
-use deepspan_model::{softirq, Comm, Name, Tid};
+use deepspan_model::{softirq, Comm, Name, Socket, Tid};
 
 use crate::graph::{EdgeType, Graph};
 use crate::held::HeldBack;
@@ -156,6 +156,47 @@ pub struct SyscallInterval {
     /// has its arguments, so this is true, but `start` is the sleep's.
     pub entry_seen: bool,
     pub exit_seen: bool,
+}
+
+/// In `arg1` of a socket call from the recorder's capture: the socket's
+/// ports follow (a traced call with no entry has no arguments, 0).
+const SOCKET_KNOWN: u64 = 1 << 63;
+
+impl SyscallInterval {
+    /// A receive (`sent` false, `name` recv) or send from the recorder's
+    /// socket-call capture at `ts`: a call of no length whose entry was not
+    /// seen, carrying its socket in its arguments (`arg0` the cookie,
+    /// `arg1` [`SOCKET_KNOWN`] and the ports), and a receive its bytes as
+    /// its return value, as a traced call's exit does.
+    pub fn socket_call(ts: u64, name: u16, sent: bool, bytes: u64, socket: Option<Socket>) -> Self {
+        let (arg0, arg1) = socket.map_or((0, 0), |s| {
+            (
+                s.cookie,
+                SOCKET_KNOWN | u64::from(s.local_port) << 16 | u64::from(s.remote_port),
+            )
+        });
+        SyscallInterval {
+            start: ts,
+            end: ts,
+            id: -1,
+            name,
+            arg0,
+            arg1,
+            ret: if sent { 0 } else { bytes as i64 },
+            entry_seen: false,
+            exit_seen: !sent,
+        }
+    }
+
+    /// The socket of a call from the socket-call capture
+    /// ([`SyscallInterval::socket_call`]), when it was recorded.
+    pub fn socket(&self) -> Option<Socket> {
+        (self.id == -1 && !self.entry_seen && self.arg1 & SOCKET_KNOWN != 0).then(|| Socket {
+            cookie: self.arg0,
+            local_port: (self.arg1 >> 16) as u16,
+            remote_port: self.arg1 as u16,
+        })
+    }
 }
 
 /// Everything known about one thread over the trace.

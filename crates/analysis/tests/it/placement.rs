@@ -11,7 +11,7 @@ use deepspan_analysis::{
     KernelModel, Placement, PlacementMethod, PlacementSpan, Processes, RequestPath, ScannedProcess,
     SpanInput, SyncSource,
 };
-use deepspan_model::Tid;
+use deepspan_model::{Socket, Tid};
 
 const RECVFROM: i64 = 45;
 const SENDTO: i64 = 44;
@@ -194,6 +194,73 @@ fn a_request_handed_over_by_an_acceptor_is_placed_on_the_pool_thread() {
         text.contains("on thread 301, which then woke it (hand-off)"),
         "{text}"
     );
+}
+
+/// A lean recording of an acceptor (301) and two pool threads: 301
+/// receives a request on connection A (client port 40001) and wakes 303,
+/// then one on connection B (40002) and wakes 302. B's request carries no
+/// span (sampled out, or an untraced client), yet its I/O lies right at
+/// A's span: 302 was woken just before A's start and answers B exactly at
+/// A's end, while 303 answers A 400 ns later.
+fn two_connections() -> KernelModel {
+    let on = |cookie, remote_port| {
+        Some(Socket {
+            cookie,
+            local_port: 8080,
+            remote_port,
+        })
+    };
+    let mut s = Script::named(&[(301, "srv"), (302, "srv"), (303, "srv")]);
+    s.switch(0, 0, 0, 0, 301)
+        .socket_call(100, 301, false, 80, on(11, 40001))
+        .waking(300, 0, 303)
+        .switch(310, 2, 0, 0, 303)
+        .socket_call(900, 301, false, 80, on(12, 40002))
+        .waking(1_000, 0, 302)
+        .switch(1_010, 1, 0, 0, 302)
+        .switch(1_100, 0, 301, SLEEPING, 0)
+        .socket_call(5_000, 302, true, 300, on(12, 40002))
+        .socket_call(5_400, 303, true, 300, on(11, 40001))
+        .switch(6_000, 1, 302, SLEEPING, 0)
+        .switch(6_000, 2, 303, SLEEPING, 0);
+    s.model_in_time_order()
+}
+
+#[test]
+fn the_client_port_of_the_span_picks_the_thread_that_served_its_connection() {
+    let model = two_connections();
+    let threads = processes(&[(301, 300), (302, 300), (303, 300)]);
+    let span = |client_port| PlacementSpan {
+        port: Some(8080),
+        client_port,
+        ..server_span("srv", 1_050, 5_000)
+    };
+    // Time alone: 302, whose hand-off and send lie nearest.
+    let p = place(&model, &[span(None)], &threads);
+    assert_eq!(p[0].as_ref().and_then(|x| x.tid), Some(302), "{p:?}");
+    // The span's connection: 303, which answered on it.
+    let p = place(&model, &[span(Some(40001))], &threads);
+    let placed = p[0].as_ref().expect("placed");
+    assert_eq!(placed.tid, Some(303), "{placed:?}");
+    let text = placed.evidence.join("\n");
+    assert!(
+        text.contains("socket receive on the span's connection returned")
+            && text.contains("on thread 301, which then woke it (hand-off)")
+            && text.contains("socket send on the span's connection 400 ns from the end"),
+        "{text}"
+    );
+    // Another server port than the connection's: not that connection, and
+    // with no thread left on the span's connection, placed by time alone.
+    let other_port = PlacementSpan {
+        port: Some(9090),
+        ..span(Some(40001))
+    };
+    let p = place(&model, &[other_port], &threads);
+    assert_eq!(p[0].as_ref().and_then(|x| x.tid), Some(302), "{p:?}");
+    // A client port no socket of the process has (a proxy between): as
+    // if the span named none.
+    let p = place(&model, &[span(Some(55555))], &threads);
+    assert_eq!(p[0].as_ref().and_then(|x| x.tid), Some(302), "{p:?}");
 }
 
 #[test]

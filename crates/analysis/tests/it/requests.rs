@@ -257,7 +257,8 @@ fn parallel_build_gives_the_sequential_model() {
                 tid,
                 sent,
                 bytes,
-            } => b.socket_call(*ts, *tid, *sent, *bytes),
+                socket,
+            } => b.socket_call(*ts, *tid, *sent, *bytes, *socket),
             Input::IdleSwitch { cpu, ts, tid } => b.idle_switch(*ts, *cpu, *tid),
         }
     }

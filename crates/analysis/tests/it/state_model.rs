@@ -7,7 +7,9 @@ use crate::common::script::Script;
 use deepspan_analysis::{
     critical_path, BlockReason, Direction, EdgeType, KernelModel, StateBuilder, ThreadState, NO_CPU,
 };
-use deepspan_model::{softirq, BlockRq, Comm, Event, EventKind, Name, SchedSwitch, Tid, Wakeup};
+use deepspan_model::{
+    softirq, BlockRq, Comm, Event, EventKind, Name, SchedSwitch, Socket, Tid, Wakeup,
+};
 
 fn states(m: &KernelModel, tid: Tid) -> Vec<(u64, u64, ThreadState)> {
     m.thread(tid)
@@ -389,28 +391,42 @@ fn socket_calls_are_receives_and_sends_of_no_length() {
     for e in events {
         b.push(e);
     }
-    b.socket_call(22, 1, false, 300);
-    b.socket_call(25, 1, true, 120);
+    let socket = Socket {
+        cookie: u64::MAX,
+        local_port: 8080,
+        remote_port: u16::MAX,
+    };
+    b.socket_call(22, 1, false, 300, Some(socket));
+    b.socket_call(25, 1, true, 120, Some(socket));
     // A sleep whose switch-in is lost, then a send: the sleep's call ends
-    // at the send.
+    // at the send. A file of v1 names no socket.
     b.blocked_syscall(30, 1, 45, [7, 0, 0], None);
-    b.socket_call(33, 1, true, 10);
+    b.socket_call(33, 1, true, 10, None);
     let m = b.finish();
     let calls: Vec<_> = m
         .thread(1)
         .unwrap()
         .syscalls()
         .iter()
-        .map(|c| (c.start, c.end, m.syscall_name(c), c.ret, c.exit_seen))
+        .map(|c| {
+            (
+                c.start,
+                c.end,
+                m.syscall_name(c),
+                c.ret,
+                c.exit_seen,
+                c.socket(),
+            )
+        })
         .collect();
     assert_eq!(
         calls,
         [
-            (12, 21, None, 0, false),
-            (22, 22, Some("recv"), 300, true),
-            (25, 25, Some("send"), 0, false),
-            (30, 33, None, 0, false),
-            (33, 33, Some("send"), 0, false),
+            (12, 21, None, 0, false, None),
+            (22, 22, Some("recv"), 300, true, Some(socket)),
+            (25, 25, Some("send"), 0, false, Some(socket)),
+            (30, 33, None, 0, false, None),
+            (33, 33, Some("send"), 0, false, None),
         ]
     );
 }

@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use deepspan_analysis::{BlockPhase, KernelModel, StateBuilder};
-use deepspan_model::{softirq, BlockRq, Comm, Event, EventKind, Packet, SchedSwitch, Tid, Wakeup};
+use deepspan_model::{
+    softirq, BlockRq, Comm, Event, EventKind, Packet, SchedSwitch, Socket, Tid, Wakeup,
+};
 
 /// The name of thread `t` in a script without names: `t<t>`.
 pub fn comm(t: Tid) -> Comm {
@@ -21,9 +23,36 @@ pub struct Script {
     pub names: HashMap<Tid, &'static str>,
     /// The name of a thread not in `names`; `None`: thread `t` is `t<t>`.
     pub unnamed: Option<&'static str>,
-    /// The recorder's sleeps in system calls, as a lean recording has
-    /// them: `(ts, tid, nr, arg0, read_chars)`, in time order.
-    pub sleeps: Vec<(u64, Tid, i32, u64, Option<u64>)>,
+    /// What the recorder's eBPF programs captured, as a lean recording
+    /// has it, in time order.
+    captured: Vec<Captured>,
+}
+
+/// One record of the recorder's captures.
+enum Captured {
+    /// `tid` went to sleep in call `nr` with `arg0` and `read_chars`.
+    Sleep(u64, Tid, i32, u64, Option<u64>),
+    /// `tid` received (or sent) `bytes` on `socket`.
+    SocketCall(u64, Tid, bool, u64, Option<Socket>),
+}
+
+impl Captured {
+    fn ts(&self) -> u64 {
+        match *self {
+            Captured::Sleep(ts, ..) | Captured::SocketCall(ts, ..) => ts,
+        }
+    }
+
+    fn give(&self, b: &mut StateBuilder) {
+        match *self {
+            Captured::Sleep(ts, tid, nr, arg0, read_chars) => {
+                b.blocked_syscall(ts, tid, nr, [arg0, 0, 0], read_chars)
+            }
+            Captured::SocketCall(ts, tid, sent, bytes, socket) => {
+                b.socket_call(ts, tid, sent, bytes, socket)
+            }
+        }
+    }
 }
 
 impl Script {
@@ -152,7 +181,23 @@ impl Script {
         arg0: u64,
         read_chars: Option<u64>,
     ) -> &mut Self {
-        self.sleeps.push((ts, tid, nr, arg0, read_chars));
+        self.captured
+            .push(Captured::Sleep(ts, tid, nr, arg0, read_chars));
+        self
+    }
+    /// The recorder's capture of `tid` receiving (or, `sent`, sending)
+    /// `bytes` on `socket` at `ts` (a lean recording; given to the model
+    /// before the events of the same time).
+    pub fn socket_call(
+        &mut self,
+        ts: u64,
+        tid: Tid,
+        sent: bool,
+        bytes: u64,
+        socket: Option<Socket>,
+    ) -> &mut Self {
+        self.captured
+            .push(Captured::SocketCall(ts, tid, sent, bytes, socket));
         self
     }
     /// A block request event (a read of 8 sectors of device 253:0) of `tid`.
@@ -241,15 +286,17 @@ impl Script {
     /// The model of the events as they were added.
     pub fn model(&self) -> KernelModel {
         let mut b = StateBuilder::new();
-        let mut sleeps = self.sleeps.iter().peekable();
+        let mut captured: Vec<&Captured> = self.captured.iter().collect();
+        captured.sort_by_key(|c| c.ts());
+        let mut captured = captured.into_iter().peekable();
         for e in &self.events {
-            while let Some(&(ts, tid, nr, arg0, read_chars)) = sleeps.next_if(|s| s.0 <= e.ts) {
-                b.blocked_syscall(ts, tid, nr, [arg0, 0, 0], read_chars);
+            while let Some(c) = captured.next_if(|c| c.ts() <= e.ts) {
+                c.give(&mut b);
             }
             b.push(e);
         }
-        for &(ts, tid, nr, arg0, read_chars) in sleeps {
-            b.blocked_syscall(ts, tid, nr, [arg0, 0, 0], read_chars);
+        for c in captured {
+            c.give(&mut b);
         }
         b.finish()
     }
