@@ -50,7 +50,8 @@ struct Recorded {
     served_pid: i64,
 }
 
-/// Records `stock_server.py` in `mode` (`threads` or `asyncio`) under
+/// Records `stock_server.py` in `mode` (`threads`, `asyncio`, `waitress`
+/// or `pool`) under
 /// `deepspan record`, REQUESTS requests from 4 client threads.
 fn record_stock_server(mode: &str) -> Recorded {
     let _one = one_at_a_time();
@@ -359,6 +360,57 @@ fn a_waitress_server_is_placed_on_the_worker_its_acceptor_handed_each_request_to
             "{detail}"
         );
     }
+}
+
+#[test]
+#[ignore = "system: root and tracefs"]
+fn a_thread_pool_fed_by_an_acceptor_is_placed_on_the_worker_that_answered_each_connection() {
+    if !kernel_or_skip("a_thread_pool_fed_by_an_acceptor_is_placed_on_the_worker") {
+        return;
+    }
+    // An acceptor thread reads each request and submits it to a
+    // ThreadPoolExecutor of 4 workers; the worker's span names the
+    // client's port, as the stock HTTP instrumentations do. The lean
+    // recording names the socket of every receive and send, so the
+    // worker that answered on the span's connection is the request's,
+    // whatever the times of the other workers' I/O: never a wrong thread.
+    let Recorded {
+        _dir, run, served, ..
+    } = record_stock_server("pool");
+    let workers: std::collections::HashSet<i64> = served.values().copied().collect();
+    assert!(
+        (2..=4).contains(&workers.len()),
+        "the requests were spread over the pool's workers: {workers:?}"
+    );
+    let analyzed = analyze(&run, "auto");
+    let stderr = String::from_utf8_lossy(&analyzed.stderr);
+    let requests = requests_json(&run);
+    assert_eq!(requests.len(), REQUESTS);
+    let placements = placements_by_span(&run);
+    let mut right = 0;
+    for r in &requests {
+        let id = r["span_id"].as_str().unwrap();
+        if r["sync"] != "inferred" {
+            continue;
+        }
+        assert_eq!(
+            r["tid"].as_i64(),
+            served.get(id).copied(),
+            "request {id} placed on another thread than the one that served it: {}\n{stderr}",
+            placements[id]
+        );
+        right += 1;
+        let evidence = placements[id]["evidence"].to_string();
+        assert!(
+            evidence.contains("socket send on the span's connection"),
+            "{evidence}"
+        );
+    }
+    eprintln!("{right} of {REQUESTS} requests placed on the worker that ran them");
+    assert!(
+        right * 100 >= REQUESTS * 95,
+        "{right} of {REQUESTS} on the worker that ran them:\n{stderr}"
+    );
 }
 
 #[test]

@@ -2,13 +2,16 @@
 the placement test records it and checks that `deepspan analyze` finds the
 thread that served each request from the kernel trace alone.
 
-    stock_server.py OUT [REQUESTS] [CLIENTS] [threads|asyncio|waitress]
+    stock_server.py OUT [REQUESTS] [CLIENTS] [threads|asyncio|waitress|pool]
 
 Serves on 127.0.0.1 (`threads`: ThreadingHTTPServer, a thread per
 connection; `asyncio`: one event loop thread serving all connections,
 requests interleaved; `waitress`: the waitress WSGI server, whose main
 thread accepts and reads each request and hands it through a queue to one
-of its worker threads, which runs the application), one server span per
+of its worker threads, which runs the application; `pool`: a hand-written
+acceptor thread that accepts and reads each request and hands it through
+`concurrent.futures.ThreadPoolExecutor`'s queue to one of 4 workers, which
+makes the span and answers), one server span per
 request, exported over OTLP/HTTP to
 OTEL_EXPORTER_OTLP_ENDPOINT (what `deepspan record` gives its command).
 A client process sends REQUESTS requests from CLIENTS threads. The oracle,
@@ -114,6 +117,62 @@ def serve_waitress(provider, served, requests, clients):
     return client.returncode
 
 
+def serve_pool(tracer, served, requests, clients):
+    """An acceptor thread reads each request (up to its blank line) and
+    submits it to a ThreadPoolExecutor of 4 workers; a worker makes the
+    server span, with the connection's ports as the stock HTTP
+    instrumentations name them, works and answers. Returns the client's
+    exit code."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock = threading.Lock()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    pool = ThreadPoolExecutor(max_workers=4)
+
+    def handle(conn, peer):
+        with tracer.start_as_current_span(
+            "GET /work",
+            kind=SpanKind.SERVER,
+            attributes={
+                "http.request.method": "GET",
+                "server.port": port,
+                "client.address": peer[0],
+                "client.port": peer[1],
+            },
+        ) as span:
+            digest = hashlib.sha256(b"x" * 200_000).hexdigest()
+            time.sleep(0.002)
+            body = json.dumps({"digest": digest, "n": sum(range(20_000))}).encode()
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            ctx = span.get_span_context()
+            with lock:
+                served.append({"span_id": format(ctx.span_id, "016x"), "tid": threading.get_native_id(), "pid": os.getpid()})
+        conn.close()
+
+    def accept():
+        while True:
+            try:
+                conn, peer = listener.accept()
+            except OSError:
+                return
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                request += chunk
+            pool.submit(handle, conn, peer)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    client = subprocess.run([sys.executable, "-c", CLIENT, str(port), str(requests), str(clients)], timeout=120)
+    pool.shutdown(wait=True)
+    listener.close()
+    return client.returncode
+
+
 def main():
     out = sys.argv[1]
     requests = int(sys.argv[2]) if len(sys.argv) > 2 else 80
@@ -131,6 +190,12 @@ def main():
         write_served(out, served)
         sys.stdout.flush()
         os._exit(code)
+    if mode == "pool":
+        code = serve_pool(tracer, served, requests, clients)
+        provider.force_flush(10_000)
+        provider.shutdown()
+        write_served(out, served)
+        sys.exit(code)
     if mode == "asyncio":
         code = serve_asyncio(tracer, served, requests, clients)
         provider.force_flush(10_000)
