@@ -67,8 +67,8 @@ demo: setup-build
 
 # The fast loop, after each change: format, clippy, and every test that
 # needs no root, no tracefs and no service (tests that do are marked
-# `#[ignore = "system: …"]`, which `make test` lifts), the Python SDK's
-# own tests, and the web UI's number formats against
+# `#[ignore = "system: …"]`, which `make test` lifts), the Python and
+# Node.js SDKs' own tests, and the web UI's number formats against
 # docs/format-vectors.json. Shares the release build with `make demo` and
 # `make test`: `cargo test` without --workspace takes the default members,
 # which leave out the criterion benchmarks (crates/bench says why).
@@ -77,6 +77,7 @@ check: setup-check ui
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 	$(CARGO) test --release
 	python3 -m pytest -q -p no:cacheprovider sdk/python/tests
+	node --test sdk/node/test/
 	node ui/test/units.test.mjs
 
 # The whole suite; system tests need root and tracefs, and fail instead of

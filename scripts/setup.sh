@@ -122,6 +122,14 @@ install_ui() {
 }
 step "npm packages of the web UI" install_ui
 
+# --- npm packages of the Node.js SDK (its tests, and the CLI's Node server) --
+install_node_sdk() {
+  local lock=sdk/node/node_modules/.package-lock.json
+  [ -f "$lock" ] && [ "$lock" -nt sdk/node/package-lock.json ] && return 0
+  (cd sdk/node && npm ci --no-audit --no-fund --loglevel=error)
+}
+wants check && step "npm packages of the Node.js SDK" install_node_sdk
+
 # --- what only the whole suite uses ------------------------------------------
 if wants test; then
   need_command go "Go builds Jaeger and the placement test's Go service"

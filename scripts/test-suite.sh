@@ -10,7 +10,7 @@
 #
 #   build: release binaries, CLI tests ─┬─ CLI tests, system tests one at a time ──────┬─ system tests of the
 #                                       └─ build the other tests (nice 19), their       │  other crates, fleet
-#                                          tests that need no root, Python SDK, UI units ┘  tables, UI end to end
+#                                          tests that need no root, SDKs, UI units      ┘  tables, UI end to end
 #
 # The build beside them takes only the CPU time the system tests leave; if
 # they end first, it gets its full share back (a busy machine would starve
@@ -99,6 +99,7 @@ else
   failed=1
 fi
 run "Python SDK tests (beside)" python3 -m pytest -q -p no:cacheprovider sdk/python/tests
+run "Node.js SDK tests (beside)" node --test sdk/node/test/
 run "UI units (beside)" node ui/test/units.test.mjs
 
 wait "$cli" || failed=1

@@ -30,6 +30,7 @@ mod java_app;
 mod opaque_ids;
 mod placement_compare;
 mod placement_go;
+mod placement_node;
 mod placement_real;
 mod profile_real;
 mod record_real_program;
