@@ -74,7 +74,7 @@ enum Command {
     /// Each host's clock as a linear transform of a reference host's, from
     /// client/server span pairs (run folders) and TCP segments (LTTng CTF
     /// folders, runs recorded with --tcp-keys) matched across hosts, with
-    /// its quality.
+    /// its quality and bounds.
     Sync(sync::SyncArgs),
     /// In-band critical paths (`deepspan-dcpt-path` reply headers written
     /// by the deepspan_otel.dcpt middleware).

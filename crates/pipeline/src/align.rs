@@ -18,17 +18,23 @@
 //! recorded by deepspan (spans placed by their deepspan fields, else mapped
 //! through the run's clock samples), the CTF clock's absolute time for a CTF
 //! folder and for a run imported with `--ctf`.
+//!
+//! Each input's time range is the first and last time it holds on that
+//! clock: its CTF trace's events, a recorded run's start and end, and every
+//! span and segment time gathered from it. A host's bounds (the lines that
+//! fit its messages, see `deepspan_sync::Bounds`) are judged over that
+//! range, and a note says them for every host but the reference.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use deepspan_ctf::CtfTrace;
 use deepspan_model::Value;
 use deepspan_spans::clock::span_mono_exact;
 use deepspan_spans::{read_run_spans, ClockMap, SpanId, SpanKind, TraceId};
-use deepspan_sync::{HostGraph, HostSync};
+use deepspan_sync::{Bounds, Estimator, HostGraph, HostSync};
 
-use deepspan_run::Run;
+use deepspan_run::{Manifest, Run};
 
 use crate::Error;
 
@@ -43,15 +49,35 @@ pub struct Alignment {
     pub hosts: Vec<HostSync>,
     /// The inputs, in order.
     pub inputs: Vec<PathBuf>,
+    /// One per input, in input order: its time range on its own clock
+    /// (None when it holds no time).
+    pub ranges: Vec<Option<TimeRange>>,
     /// What the user should know (counts of pairs matched by kind, inputs
-    /// with nothing matched, ...).
+    /// with nothing matched, each host's bounds, ...).
     pub notes: Vec<String>,
+}
+
+/// The first and last time an input holds, on its own clock, in ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimeRange {
+    pub first_ns: u64,
+    pub last_ns: u64,
 }
 
 /// Aligns the clocks of `inputs` (run folders and LTTng CTF folders, one
 /// per host) onto the clock of the host named `reference` (default: the
-/// first input's host).
+/// first input's host), with the default estimator.
 pub fn align_inputs(inputs: &[PathBuf], reference: Option<&str>) -> Result<Alignment, Error> {
+    align_inputs_with_estimator(inputs, reference, Estimator::default())
+}
+
+/// [`align_inputs`] with the line `estimator` takes between each pair's
+/// extreme lines.
+pub fn align_inputs_with_estimator(
+    inputs: &[PathBuf],
+    reference: Option<&str>,
+    estimator: Estimator,
+) -> Result<Alignment, Error> {
     let mut graph = HostGraph::new();
     let mut collected = Collected::default();
     let mut notes = Vec::new();
@@ -92,13 +118,52 @@ pub fn align_inputs(inputs: &[PathBuf], reference: Option<&str>) -> Result<Align
                 })?
         }
     };
-    let solved = graph.solve(reference).map_err(Error::Solve)?;
+    let solved = graph.solve(reference, estimator).map_err(Error::Solve)?;
+    let ranges: Vec<Option<TimeRange>> = (0..inputs.len())
+        .map(|input| collected.ranges.get(&input).copied())
+        .collect();
+    // The hosts the tree reached, but the reference: their inputs hold
+    // their messages' times.
+    for (host, range) in solved.iter().zip(&ranges) {
+        if let (Some(_), Some(range)) = (&host.parent, range) {
+            notes.push(bounds_note(host, *range));
+        }
+    }
     Ok(Alignment {
         reference,
         hosts: solved,
         inputs: inputs.to_vec(),
+        ranges,
         notes,
     })
+}
+
+/// What a host's bounds say over its time range: the drifts that fit and
+/// the largest error of a mapped time, or why there is no bound.
+fn bounds_note(host: &HostSync, range: TimeRange) -> String {
+    let name = &host.host;
+    match &host.bounds {
+        Bounds::Enclosed(envelope) => {
+            let (low, high) = envelope.slopes();
+            let error = envelope.max_error_ns(&host.transform, range.first_ns, range.last_ns);
+            format!(
+                "host {name}: every clock that fits the messages drifts {:+.3} to {:+.3} ppm \
+                 from the reference's; a mapped time of {}..{} ns is off by at most {error:.0} ns",
+                (low - 1.0) * 1e6,
+                (high - 1.0) * 1e6,
+                range.first_ns,
+                range.last_ns
+            )
+        }
+        Bounds::Unbounded => format!(
+            "host {name}: no bound on the error of its clock's transform: on its path to the \
+             reference, messages go one way only or the two ways do not interleave in time"
+        ),
+        Bounds::Contradicted => format!(
+            "host {name}: no linear transform fits every message on its path to the reference \
+             (a clock stepped, or messages were matched wrongly), so no bound on its error"
+        ),
+    }
 }
 
 /// A run folder, as opposed to a CTF trace folder.
@@ -132,6 +197,24 @@ struct Collected {
     sent: HashMap<TcpKey, VecDeque<Stamp>>,
     /// TCP segments entering a host.
     received: Vec<(TcpKey, Stamp)>,
+    /// Each input's time range so far, by input.
+    ranges: BTreeMap<usize, TimeRange>,
+}
+
+impl Collected {
+    /// Input `input` holds time `ns`.
+    fn saw(&mut self, input: usize, ns: u64) {
+        self.ranges
+            .entry(input)
+            .and_modify(|range| {
+                range.first_ns = range.first_ns.min(ns);
+                range.last_ns = range.last_ns.max(ns);
+            })
+            .or_insert(TimeRange {
+                first_ns: ns,
+                last_ns: ns,
+            });
+    }
 }
 
 /// A run folder: its host name and its CLIENT/SERVER spans.
@@ -160,6 +243,18 @@ fn read_run(
             })
         }
     };
+    // A recorded kernel trace runs from the recording's start to its end.
+    if Run::new(path).trace_dat().is_file() {
+        match Manifest::load(path) {
+            Ok(manifest) => {
+                collected.saw(input, manifest.start.mono_ns);
+                collected.saw(input, manifest.end.mono_ns);
+            }
+            Err(e) => notes.push(format!(
+                "{e}; the run's time range is that of its spans and segments only"
+            )),
+        }
+    }
     // The imported trace's TCP segments are on the same clock as the
     // run's spans (the CTF clock's absolute time).
     if let Some(trace) = &ctf {
@@ -185,6 +280,7 @@ fn read_run(
                 input,
                 ns: s.mono_ns,
             };
+            collected.saw(input, s.mono_ns);
             if s.sent {
                 collected.sent.entry(key).or_default().push_back(stamp);
             } else {
@@ -232,6 +328,8 @@ fn read_run(
             unplaced += 1;
             continue;
         };
+        collected.saw(input, start);
+        collected.saw(input, end);
         let (start, end) = (Stamp { input, ns: start }, Stamp { input, ns: end });
         match (span.kind, span.parent_span_id) {
             (SpanKind::Client, _) => {
@@ -342,6 +440,7 @@ fn read_tcp_segments(
             path: path.to_path_buf(),
             source,
         })?;
+        collected.saw(input, event.ts());
         let name = event.name();
         let sending = TCP_SEND_EVENTS.contains(&name);
         if !sending && !TCP_RECEIVE_EVENTS.contains(&name) {
@@ -563,7 +662,7 @@ mod tests {
         let inputs = [PathBuf::from("zero"), PathBuf::from("one")];
         let (spans, tcp) = match_messages(&collected, &mut graph, &inputs).unwrap();
         assert_eq!((spans, tcp), (0, 2));
-        let estimate = graph.pair_estimate(0, 1).unwrap();
+        let estimate = graph.pair_estimate(0, 1, Estimator::MostRoom).unwrap();
         assert_eq!(estimate.matched, 2);
         assert_eq!(estimate.quality, deepspan_sync::Quality::Incomplete);
         // One way only, 1 ms (+ 50 ns) later on host zero's clock.
@@ -605,9 +704,49 @@ mod tests {
             match_messages(&collected, &mut graph, &inputs).unwrap(),
             (0, 4)
         );
-        let estimate = graph.pair_estimate(0, 1).unwrap();
+        let estimate = graph.pair_estimate(0, 1, Estimator::MostRoom).unwrap();
         assert_eq!(estimate.matched, 4);
         assert_eq!(estimate.quality, deepspan_sync::Quality::Accurate);
+    }
+
+    #[test]
+    fn notes_give_each_hosts_bounds_or_why_it_has_none() {
+        let mut graph = HostGraph::new();
+        let [zero, one, two, three] = ["zero", "one", "two", "three"].map(|h| graph.host(h));
+        // one: segments both ways, interleaved, 1 µs in flight.
+        for (from, to, ns) in [
+            (zero, one, 1_000),
+            (one, zero, 5_000),
+            (zero, one, 10_000),
+            (one, zero, 15_000),
+        ] {
+            graph.add_message(from, ns, to, ns + 1_000).unwrap();
+        }
+        // two: one way only.
+        graph.add_message(two, 3_000, zero, 4_000).unwrap();
+        // three: a segment received 200 ns before it was sent, whatever
+        // the clocks are, between two that bracket it.
+        graph.add_message(zero, 1_000, three, 1_100).unwrap();
+        graph.add_message(three, 2_000, zero, 1_800).unwrap();
+        graph.add_message(zero, 3_000, three, 3_100).unwrap();
+        let hosts = graph.solve(zero, Estimator::MostRoom).unwrap();
+        let range = TimeRange {
+            first_ns: 0,
+            last_ns: 20_000,
+        };
+        let note = bounds_note(&hosts[one], range);
+        assert!(
+            note.starts_with("host one: every clock that fits the messages drifts")
+                && note.contains("a mapped time of 0..20000 ns is off by at most"),
+            "{note}"
+        );
+        let note = bounds_note(&hosts[two], range);
+        assert!(
+            note.contains("no bound") && note.contains("one way only"),
+            "{note}"
+        );
+        let note = bounds_note(&hosts[three], range);
+        assert!(note.contains("no linear transform fits"), "{note}");
     }
 
     #[test]

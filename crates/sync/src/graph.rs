@@ -1,17 +1,26 @@
 //! More than two hosts: a [`ClockPair`] for every pair of hosts that
 //! exchanged messages, and a spanning tree from the reference host along
-//! which the pairwise transforms are composed.
+//! which the pairwise transforms and their bounds are composed.
+//!
+//! Each pair of hosts is kept both ways round, each host the reference of
+//! one [`ClockPair`], so that an edge's estimate is always computed on its
+//! parent's clock rather than inverted from the other way: neither
+//! estimator is symmetric (the most room is measured on the reference's
+//! clock; Trace Compass's bisector averages lines written against it). Both
+//! pairs see every message in the same order, in coordinates that are each
+//! other's mirror, so a message one refuses the other refuses too.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
-use crate::{ClockPair, Estimate, Quality, SyncError, Transform};
+use crate::bounds::Envelope;
+use crate::{Bounds, ClockPair, Estimate, Estimator, Quality, SyncError, Transform};
 
 /// Hosts and the messages matched between them.
 #[derive(Clone, Debug, Default)]
 pub struct HostGraph {
     hosts: Vec<String>,
-    /// Keyed by (a, b) with a < b; host a is the pair's reference.
+    /// Keyed by (reference, other): each pair of hosts both ways round.
     pairs: BTreeMap<(usize, usize), ClockPair>,
 }
 
@@ -21,6 +30,11 @@ pub struct HostSync {
     pub host: String,
     /// Maps this host's times onto the reference host's clock.
     pub transform: Transform,
+    /// The lines that fit every message along the tree path, composed as
+    /// the transform is: enclosed when every edge's are (the reference's
+    /// is its own clock, exactly), unbounded for a host the tree does not
+    /// reach.
+    pub bounds: Bounds,
     /// The worst quality along the tree path to the reference (the
     /// reference itself is accurate; a host the tree does not reach fails).
     pub quality: Quality,
@@ -77,33 +91,32 @@ impl HostGraph {
                 host: self.hosts[sender].clone(),
             });
         }
-        let key = (sender.min(receiver), sender.max(receiver));
-        let pair = self.pairs.entry(key).or_default();
-        if sender == key.1 {
-            pair.add_to_reference(send_ns, receive_ns)
-        } else {
-            pair.add_from_reference(send_ns, receive_ns)
-        }
+        self.pairs
+            .entry((receiver, sender))
+            .or_default()
+            .add_to_reference(send_ns, receive_ns)?;
+        self.pairs
+            .entry((sender, receiver))
+            .or_default()
+            .add_from_reference(send_ns, receive_ns)
     }
 
-    /// The estimate for the pair (a, b), as a transform of b's clock onto
-    /// a's, if they exchanged any message.
-    pub fn pair_estimate(&self, a: usize, b: usize) -> Option<Estimate> {
-        let key = (a.min(b), a.max(b));
-        let mut estimate = self.pairs.get(&key)?.estimate();
-        if a > b {
-            estimate.transform = estimate.transform.inverse();
-            estimate.slope_bounds = estimate.slope_bounds.map(|(lo, hi)| (1.0 / hi, 1.0 / lo));
-        }
-        Some(estimate)
+    /// The estimate by `estimator` for the pair (a, b), as a transform of
+    /// b's clock onto a's, if they exchanged any message.
+    pub fn pair_estimate(&self, a: usize, b: usize, estimator: Estimator) -> Option<Estimate> {
+        Some(self.pairs.get(&(a, b))?.estimate(estimator))
     }
 
-    /// Every host's transform onto `reference`'s clock, in host order.
-    /// The tree is breadth-first from the reference (fewest hops); a host
-    /// that can hang from several hosts of the same depth takes the edge
-    /// giving it the best quality, then the most messages, then the
-    /// earliest parent.
-    pub fn solve(&self, reference: usize) -> Result<Vec<HostSync>, SyncError> {
+    /// Every host's transform onto `reference`'s clock by `estimator`, in
+    /// host order. The tree is breadth-first from the reference (fewest
+    /// hops); a host that can hang from several hosts of the same depth
+    /// takes the edge giving it the best quality, then the most messages,
+    /// then the earliest parent.
+    pub fn solve(
+        &self,
+        reference: usize,
+        estimator: Estimator,
+    ) -> Result<Vec<HostSync>, SyncError> {
         let n = self.hosts.len();
         if reference >= n {
             return Err(SyncError::UnknownHost {
@@ -117,6 +130,7 @@ impl HostGraph {
             .map(|host| HostSync {
                 host: host.clone(),
                 transform: Transform::IDENTITY,
+                bounds: Bounds::Unbounded,
                 quality: Quality::Fail,
                 matched: 0,
                 parent: None,
@@ -124,6 +138,7 @@ impl HostGraph {
             })
             .collect();
         result[reference].quality = Quality::Accurate;
+        result[reference].bounds = Bounds::Enclosed(Envelope::exact(Transform::IDENTITY));
         let mut reached = vec![false; n];
         reached[reference] = true;
         // Layer by layer, so that a host reachable from several parents at
@@ -133,7 +148,7 @@ impl HostGraph {
             let mut candidates: Vec<(Quality, Reverse<u64>, usize, usize, Estimate)> = Vec::new();
             for &parent in &layer {
                 for child in (0..n).filter(|&child| !reached[child]) {
-                    let Some(edge) = self.pair_estimate(parent, child) else {
+                    let Some(edge) = self.pair_estimate(parent, child, estimator) else {
                         continue;
                     };
                     if edge.quality != Quality::Fail {
@@ -152,6 +167,7 @@ impl HostGraph {
                 result[child] = HostSync {
                     host: self.hosts[child].clone(),
                     transform: result[parent].transform.after(&edge.transform),
+                    bounds: result[parent].bounds.after(&edge.bounds),
                     quality,
                     matched: edge.matched,
                     parent: Some(self.hosts[parent].clone()),

@@ -5,31 +5,39 @@
 //! a CLIENT span and its SERVER child, or a TCP segment seen leaving one
 //! kernel and entering another), this crate computes, for every host, the
 //! linear transform `t ↦ slope·t + offset_ns` onto a reference host's clock,
-//! with a quality:
+//! with a quality and its bounds:
 //!
 //! - [`ClockPair`]: two hosts, the fully incremental convex hull algorithm
 //!   (Jabbarifar, Dagenais and Shameli-Sendi; as in Trace Compass's
-//!   `SyncAlgorithmFullyIncremental`);
-//! - [`HostGraph`]: any number of hosts, a [`ClockPair`] per pair of hosts
-//!   that exchanged messages, combined over a breadth-first spanning tree
-//!   from the reference.
+//!   `SyncAlgorithmFullyIncremental`), with two [`Estimator`]s between the
+//!   extreme lines: the line with the most room (the default) and Trace
+//!   Compass's bisector;
+//! - [`Bounds`]: every line that fits the messages, by the corners of that
+//!   set: the extreme slopes, and how far a mapped time can be from the
+//!   true one at any time, hence over a trace's time range;
+//! - [`HostGraph`]: any number of hosts, a [`ClockPair`] each way round per
+//!   pair of hosts that exchanged messages, combined over a breadth-first
+//!   spanning tree from the reference, the bounds composed along the
+//!   tree's paths.
 //!
 //! No I/O: callers match the messages (see `deepspan sync`).
 
+mod bounds;
 mod graph;
 mod hull;
 mod pair;
 
+pub use bounds::{Bounds, Envelope};
 pub use graph::{HostGraph, HostSync};
-pub use pair::{ClockPair, Estimate};
+pub use pair::{ClockPair, Estimate, Estimator};
 
 /// How far a transform can be trusted, best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Quality {
     /// Messages in both directions bound the slope on both sides and are
-    /// consistent: the true slope lies between the two extreme lines, and
-    /// the estimate is the separating line with the most room on both sides.
+    /// consistent: the true line lies between the extreme lines (the bounds
+    /// are enclosed), and the estimate is the estimator's line between them.
     Accurate,
     /// Messages in both directions, but either no linear transform fits
     /// them all (the hulls cross: a clock stepped, or a message was matched
@@ -86,14 +94,6 @@ impl Transform {
         Transform {
             slope: self.slope * inner.slope,
             offset_ns: self.slope * inner.offset_ns + self.offset_ns,
-        }
-    }
-
-    /// The transform back from the target clock to the source clock.
-    pub fn inverse(&self) -> Transform {
-        Transform {
-            slope: 1.0 / self.slope,
-            offset_ns: -self.offset_ns / self.slope,
         }
     }
 }

@@ -13,17 +13,44 @@
 //! hull of the second can touch a separating line, and those hulls are kept
 //! as messages arrive ([`crate::hull`]).
 //!
-//! The estimate is the separating line with the most vertical room on both
-//! sides (the slope where the hulls are furthest apart, the offset halfway
-//! between them there). Trace Compass takes instead the bisector of the
-//! min- and max-slope lines; on the synthetic tests' traffic (10 s, 400
-//! messages each way, delays of 20 µs plus an exponential of mean 50 µs,
-//! 40 seeds) the bisector's worst error over the 10 s had a median of
-//! 1.2 µs and a maximum of 3.4 µs, the widest-room line's 0.25 µs and
-//! 0.77 µs: the extreme lines pivot on single messages at the ends of the
-//! trace, and their errors cancel only when those messages happen to be
-//! symmetric.
+//! With A(s) the intercept of the highest line of slope s under the first
+//! hull and B(s) that of the lowest line over the second, the separating
+//! lines are the (s, c) with B(s) < c < A(s): A is concave, B convex, and
+//! the gap A − B is positive exactly between the extreme slopes. The set's
+//! corners ([`Bounds`]) are the two extreme lines (each touches both
+//! hulls), the lines along the edges of the first hull whose slopes lie
+//! between the extremes (the highest separating lines) and those along the
+//! edges of the second (the lowest). The set is bounded only when messages
+//! both ways interleave in time (a message from the reference followed, on
+//! the x axis, by one to it bounds the slope from above, the reverse from
+//! below) and the hulls do not cross: the estimate is then accurate and its
+//! bounds enclosed. One direction only, or directions that do not
+//! interleave, leave it unbounded; crossing hulls leave no line at all.
+//!
+//! The estimate between the extreme lines ([`Estimator`]):
+//! - `MostRoom` (the default): the separating line with the most vertical
+//!   room on both sides (the slope where the hulls are furthest apart, the
+//!   offset halfway between them there);
+//! - `Bisector`: Trace Compass's line. Trace Compass writes the extreme
+//!   lines as the other host's time against the reference's and averages
+//!   their slopes and their intercepts; on the reference's clock that is the
+//!   line through the extreme lines' crossing whose slope is the harmonic
+//!   mean of theirs, 2·s₁·s₂ / (s₁ + s₂). It is not symmetric: it is Trace
+//!   Compass's transform when the reference is the host Trace Compass takes
+//!   as the reference (the first of the two traces by name). A slope range
+//!   that reaches 0 or below (a clock that may not run forward) has no such
+//!   mean, and gets the most-room line.
+//!
+//! On the synthetic tests' traffic (10 s, 400 messages each way, delays of
+//! 20 µs plus an exponential of mean 50 µs, 40 seeds) Trace Compass's
+//! bisector's worst error over the 10 s had a median of 1.2 µs and a
+//! maximum of 3.4 µs, the most-room line's 0.25 µs and 0.77 µs: the
+//! extreme lines pivot on single messages at the ends of the trace, and
+//! their errors cancel only when those messages happen to be symmetric.
+//! Without both extreme lines (not accurate) the two estimators give the
+//! same fit.
 
+use crate::bounds::{Bounds, Envelope};
 use crate::hull::{slope, Hull, Point, Side};
 use crate::{Quality, SyncError, Transform};
 
@@ -49,16 +76,38 @@ pub struct ClockPair {
     from_reference: Hull,
 }
 
+/// Which separating line an estimate takes (see the module's doc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Estimator {
+    /// The separating line with the most vertical room on both sides.
+    #[default]
+    MostRoom,
+    /// Trace Compass's: through the extreme lines' crossing, with the
+    /// harmonic mean of their slopes.
+    Bisector,
+}
+
+impl Estimator {
+    /// The name `deepspan sync` takes and prints (`most-room`, `bisector`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Estimator::MostRoom => "most-room",
+            Estimator::Bisector => "bisector",
+        }
+    }
+}
+
 /// What the messages say about the transform from the other host's clock
 /// to the reference's.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Estimate {
     /// Maps a time of the other host onto the reference clock.
     pub transform: Transform,
     pub quality: Quality,
-    /// Slopes of the min- and max-slope separating lines (accurate only):
-    /// the true relative rate of the clocks lies between them.
-    pub slope_bounds: Option<(f64, f64)>,
+    /// The lines that fit every message: enclosed exactly when the quality
+    /// is accurate, so that the true transform (if linear) lies between the
+    /// envelope's extreme lines.
+    pub bounds: Bounds,
     /// Vertical room between the two hulls along the chosen slope, in ns:
     /// positive is the slack the offset has (the sum of the smallest delays
     /// in each direction); negative (approximate only) is how far the
@@ -131,15 +180,15 @@ impl ClockPair {
         })
     }
 
-    /// The current estimate (computed from the hulls, so its cost follows
-    /// the hull sizes, not the number of messages).
-    pub fn estimate(&self) -> Estimate {
+    /// The current estimate by `estimator` (computed from the hulls, so its
+    /// cost follows the hull sizes, not the number of messages).
+    pub fn estimate(&self, estimator: Estimator) -> Estimate {
         let (above, below) = (&self.to_reference, &self.from_reference);
         let matched = self.matched();
-        let estimate = |s: f64, c: f64, quality, slope_bounds, gap_ns| Estimate {
+        let estimate = |s: f64, c: f64, quality, bounds, gap_ns| Estimate {
             transform: self.absolute(s, c),
             quality,
-            slope_bounds,
+            bounds,
             gap_ns,
             matched,
         };
@@ -147,7 +196,7 @@ impl ClockPair {
             return Estimate {
                 transform: Transform::IDENTITY,
                 quality: Quality::Fail,
-                slope_bounds: None,
+                bounds: Bounds::Unbounded,
                 gap_ns: None,
                 matched,
             };
@@ -158,7 +207,8 @@ impl ClockPair {
             // smallest one-way delay).
             let hull = if above.is_empty() { below } else { above };
             let s = hull.slope_at_mean().unwrap_or(1.0);
-            return estimate(s, hull.support(s), Quality::Incomplete, None, None);
+            let c = hull.support(s);
+            return estimate(s, c, Quality::Incomplete, Bounds::Unbounded, None);
         }
         let gap = |s: f64| above.support(s) - below.support(s);
         let middle = |s: f64| (above.support(s) + below.support(s)) / 2.0;
@@ -168,8 +218,15 @@ impl ClockPair {
         let has_max = b[0].x < a[a.len() - 1].x;
         let has_min = a[0].x < b[b.len() - 1].x;
         let Some((lo, hi)) = slope_bracket(a, b) else {
-            // Every message at the same instant of the other host: no slope.
-            return estimate(1.0, middle(1.0), Quality::Approximate, None, Some(gap(1.0)));
+            // Every message at the same instant of the other host: no slope,
+            // and the room is the same along every one.
+            let room = gap(1.0);
+            let bounds = if room > 0.0 {
+                Bounds::Unbounded
+            } else {
+                Bounds::Contradicted
+            };
+            return estimate(1.0, middle(1.0), Quality::Approximate, bounds, Some(room));
         };
         if !(has_max && has_min) {
             // Both directions, but they do not interleave in time, so one
@@ -183,32 +240,51 @@ impl ClockPair {
             } else {
                 slopes.iter().sum::<f64>() / slopes.len() as f64
             };
-            return estimate(s, middle(s), Quality::Approximate, None, Some(gap(s)));
+            return estimate(
+                s,
+                middle(s),
+                Quality::Approximate,
+                Bounds::Unbounded,
+                Some(gap(s)),
+            );
         }
         // gap(s) is concave (a min of lines minus a max of lines), positive
         // exactly on the open interval of feasible slopes. Its maximum is
         // the line with the most room on both sides; when the hulls cross,
         // the line that contradicts the messages least.
-        let best = maximise(gap, lo, hi);
-        let best_gap = gap(best);
-        if best_gap <= 0.0 {
+        let most_room = maximise(gap, lo, hi);
+        let most_room_gap = gap(most_room);
+        if most_room_gap <= 0.0 {
             return estimate(
-                best,
-                middle(best),
+                most_room,
+                middle(most_room),
                 Quality::Approximate,
-                None,
-                Some(best_gap),
+                Bounds::Contradicted,
+                Some(most_room_gap),
             );
         }
-        let min_slope = boundary(gap, best, lo);
-        let max_slope = boundary(gap, best, hi);
-        estimate(
-            best,
-            middle(best),
-            Quality::Accurate,
-            Some((min_slope, max_slope)),
-            Some(best_gap),
-        )
+        let min_slope = boundary(gap, most_room, lo);
+        let max_slope = boundary(gap, most_room, hi);
+        // The extreme lines touch both hulls: A and B meet there.
+        let (extreme_low, extreme_high) = (
+            (min_slope, middle(min_slope)),
+            (max_slope, middle(max_slope)),
+        );
+        let inside = |s: &f64| min_slope < *s && *s < max_slope;
+        let highest = edge_slopes(a).filter(inside).map(|s| (s, above.support(s)));
+        let lowest = edge_slopes(b).filter(inside).map(|s| (s, below.support(s)));
+        let corners = [extreme_low, extreme_high]
+            .into_iter()
+            .chain(highest)
+            .chain(lowest)
+            .map(|(s, c)| self.absolute(s, c))
+            .collect();
+        let bounds = Bounds::Enclosed(Envelope::spanned_by(corners));
+        let (s, c) = match estimator {
+            Estimator::Bisector if min_slope > 0.0 => bisector(extreme_low, extreme_high),
+            Estimator::MostRoom | Estimator::Bisector => (most_room, middle(most_room)),
+        };
+        estimate(s, c, Quality::Accurate, bounds, Some(gap(s)))
     }
 
     /// y = s·x + c in coordinates relative to the origin, as a transform of
@@ -224,9 +300,9 @@ impl ClockPair {
 }
 
 /// The range of every slope between two hull vertices of different x: it
-/// holds the slope bounds and the best slope. Any such slope is a weighted
-/// mean of the slopes between neighbours in x order, so the neighbours'
-/// extremes bound them all. None when all vertices share one x.
+/// holds the slope bounds and the most-room slope. Any such slope is a
+/// weighted mean of the slopes between neighbours in x order, so the
+/// neighbours' extremes bound them all. None when all vertices share one x.
 fn slope_bracket(a: &[Point], b: &[Point]) -> Option<(f64, f64)> {
     let mut all: Vec<Point> = a.iter().chain(b).copied().collect();
     all.sort_by_key(|p| (p.x, p.y));
@@ -244,6 +320,21 @@ fn slope_bracket(a: &[Point], b: &[Point]) -> Option<(f64, f64)> {
         }
     }
     range
+}
+
+/// The slopes of a hull's edges, in x order.
+fn edge_slopes(vertices: &[Point]) -> impl Iterator<Item = f64> + '_ {
+    vertices.windows(2).map(|edge| slope(edge[0], edge[1]))
+}
+
+/// Trace Compass's line between the extreme lines (s₁, c₁) and (s₂, c₂),
+/// both slopes positive: the mean of the two written the other way round
+/// (x on the reference's clock), written back. Through their crossing,
+/// with slope 2·s₁·s₂ / (s₁ + s₂); as a weighted mean of the two lines,
+/// each weighs the other's slope.
+fn bisector((s1, c1): (f64, f64), (s2, c2): (f64, f64)) -> (f64, f64) {
+    let sum = s1 + s2;
+    (2.0 * s1 * s2 / sum, (s2 * c1 + s1 * c2) / sum)
 }
 
 /// Golden-section search for the maximum of a concave function on [lo, hi].

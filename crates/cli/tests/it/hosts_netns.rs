@@ -504,6 +504,15 @@ fn two_namespaces_as_two_hosts_sync_to_the_microsecond_and_analyse_as_one() {
         "sync: worst error over the run {worst:.0} ns ({} segments matched)",
         host["matched"]
     );
+    // The bounds hold the true transform: over the run (within the input's
+    // time range) no time is further off than they allow (2 ns for the
+    // skew's rounding to the ns).
+    assert_eq!(host["bounds"], "enclosed", "{host}");
+    let max_error = host["max_error_ns"].as_f64().unwrap();
+    assert!(
+        worst <= max_error + 2.0,
+        "worst error {worst:.0} ns beyond the bounds' {max_error:.0} ns"
+    );
 
     // The merged analysis against the single run's.
     let merged = d.join("merged");

@@ -35,6 +35,7 @@ mod placement_real;
 mod profile_real;
 mod record_real_program;
 mod spans_cli;
+mod sync_bounds;
 mod sync_cli;
 mod ui_api;
 mod ui_snapshots;

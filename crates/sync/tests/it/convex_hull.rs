@@ -1,7 +1,7 @@
 //! Synthetic messages from a known clock transform: the convex hull
 //! estimate must recover it, bound it, and say how good it is.
 
-use deepspan_sync::{ClockPair, HostGraph, Quality, SyncError, Transform};
+use deepspan_sync::{Bounds, ClockPair, Estimator, HostGraph, Quality, SyncError, Transform};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -129,13 +129,13 @@ fn recovers_a_known_transform_within_a_microsecond_over_ten_seconds() {
     ] {
         let scenario = Scenario::typical(3_600 * SECOND, drift_ppb, offset_ns);
         let messages = scenario.messages(seed, 400, (0.0, 1.0), (0.0, 1.0));
-        let estimate = feed(&messages).estimate();
+        let estimate = feed(&messages).estimate(Estimator::MostRoom);
         assert_eq!(estimate.quality, Quality::Accurate, "seed {seed}");
         assert_eq!(estimate.matched, 800);
         let worst = scenario.worst_error_ns(&estimate.transform);
         assert!(worst < 1_000, "seed {seed}: off by {worst} ns");
         let true_slope = 1.0 + drift_ppb as f64 * 1e-9;
-        let (lo, hi) = estimate.slope_bounds.unwrap();
+        let (lo, hi) = estimate.bounds.envelope().expect("accurate").slopes();
         assert!(
             lo < true_slope && true_slope < hi,
             "{lo} < {true_slope} < {hi}"
@@ -147,11 +147,48 @@ fn recovers_a_known_transform_within_a_microsecond_over_ten_seconds() {
 }
 
 #[test]
+fn the_bounds_contain_the_true_transform_over_the_whole_trace() {
+    for (seed, drift_ppb, offset_ns) in [(81, 37_000, 2_500_000_000), (82, -41_000, -7_300_000_000)]
+    {
+        let scenario = Scenario::typical(3_600 * SECOND, drift_ppb, offset_ns);
+        // The trace runs a second either side of its messages.
+        let messages = scenario.messages(seed, 400, (0.1, 0.9), (0.1, 0.9));
+        let (first, last) = (scenario.start_ns, scenario.start_ns + scenario.length_ns);
+        for estimator in [Estimator::MostRoom, Estimator::Bisector] {
+            let estimate = feed(&messages).estimate(estimator);
+            let envelope = estimate.bounds.envelope().expect("accurate");
+            let transform = &estimate.transform;
+            for i in 0..=100 {
+                let t = first + scenario.length_ns / 100 * i;
+                let (lo, hi) = envelope.deviation_at(transform, t);
+                // map_ns rounds to the ns.
+                let off = (scenario.truth.reference(t) - transform.map_ns(t)) as f64;
+                assert!(
+                    lo - 1.0 <= off && off <= hi + 1.0,
+                    "seed {seed}, {estimator:?}, at {i}%: {off} ns not in [{lo}, {hi}]"
+                );
+            }
+            let worst = scenario.worst_error_ns(transform) as f64;
+            let bound = envelope.max_error_ns(transform, first, last);
+            assert!(
+                worst <= bound + 1.0,
+                "seed {seed}: off by {worst} ns, bound {bound}"
+            );
+            // Messages over 8 of the 10 s bound it within tens of µs.
+            assert!(
+                bound < 50_000.0,
+                "seed {seed}, {estimator:?}: bound {bound} ns"
+            );
+        }
+    }
+}
+
+#[test]
 fn epoch_scale_times_keep_their_precision() {
     // CTF absolute times are ns since 1970, beyond f64's integer range.
     let scenario = Scenario::typical(1_764_000_000 * SECOND, 23_000, -3_100_000_000);
     let messages = scenario.messages(7, 400, (0.0, 1.0), (0.0, 1.0));
-    let estimate = feed(&messages).estimate();
+    let estimate = feed(&messages).estimate(Estimator::MostRoom);
     assert_eq!(estimate.quality, Quality::Accurate);
     let worst = scenario.worst_error_ns(&estimate.transform);
     assert!(worst < 1_000, "off by {worst} ns");
@@ -195,8 +232,8 @@ fn slope_bounds_equal_the_brute_force_ones() {
     for seed in 10..20 {
         let scenario = Scenario::typical(SECOND, 30_000, 1_000_000);
         let messages = scenario.messages(seed, 60, (0.0, 1.0), (0.0, 1.0));
-        let estimate = feed(&messages).estimate();
-        let (lo, hi) = estimate.slope_bounds.expect("accurate");
+        let estimate = feed(&messages).estimate(Estimator::MostRoom);
+        let (lo, hi) = estimate.bounds.envelope().expect("accurate").slopes();
         let (blo, bhi) = brute_force_slope_bounds(&messages);
         assert!(
             (lo - blo).abs() < 1e-12 && (hi - bhi).abs() < 1e-12,
@@ -209,9 +246,9 @@ fn slope_bounds_equal_the_brute_force_ones() {
 fn arrival_order_does_not_change_the_estimate() {
     let scenario = Scenario::typical(3_600 * SECOND, -18_000, 400_000_000);
     let mut messages = scenario.messages(21, 300, (0.0, 1.0), (0.0, 1.0));
-    let in_order = feed(&messages).estimate();
+    let in_order = feed(&messages).estimate(Estimator::MostRoom);
     messages.shuffle(&mut ChaCha8Rng::seed_from_u64(22));
-    let shuffled = feed(&messages).estimate();
+    let shuffled = feed(&messages).estimate(Estimator::MostRoom);
     assert_eq!(shuffled.quality, Quality::Accurate);
     for o in [
         scenario.start_ns,
@@ -234,9 +271,9 @@ fn crossing_hulls_are_approximate_and_still_fitted() {
         let receive = scenario.truth.reference(send) - 100_000;
         messages.push(Message::ToReference(send, receive as u64));
     }
-    let estimate = feed(&messages).estimate();
+    let estimate = feed(&messages).estimate(Estimator::MostRoom);
     assert_eq!(estimate.quality, Quality::Approximate);
-    assert_eq!(estimate.slope_bounds, None);
+    assert_eq!(estimate.bounds, Bounds::Contradicted);
     let gap = estimate.gap_ns.unwrap();
     // 100 µs early, less the 20 µs that messages the other way take at least.
     assert!(
@@ -252,9 +289,9 @@ fn crossing_hulls_are_approximate_and_still_fitted() {
 fn directions_that_do_not_interleave_are_approximate() {
     let scenario = Scenario::typical(3_600 * SECOND, 30_000, 2_000_000_000);
     let messages = scenario.messages(41, 300, (0.0, 0.5), (0.5, 1.0));
-    let estimate = feed(&messages).estimate();
+    let estimate = feed(&messages).estimate(Estimator::MostRoom);
     assert_eq!(estimate.quality, Quality::Approximate);
-    assert_eq!(estimate.slope_bounds, None);
+    assert_eq!(estimate.bounds, Bounds::Unbounded);
     let worst = scenario.worst_error_ns(&estimate.transform);
     assert!(worst < 5_000, "off by {worst} ns");
 }
@@ -267,8 +304,9 @@ fn one_direction_is_incomplete_and_off_by_the_smallest_delay() {
         .into_iter()
         .filter(|m| matches!(m, Message::ToReference(..)))
         .collect();
-    let estimate = feed(&messages).estimate();
+    let estimate = feed(&messages).estimate(Estimator::MostRoom);
     assert_eq!(estimate.quality, Quality::Incomplete);
+    assert_eq!(estimate.bounds, Bounds::Unbounded);
     assert_eq!(estimate.matched, 400);
     for i in 0..=10 {
         let o = scenario.start_ns + i * SECOND;
@@ -276,16 +314,17 @@ fn one_direction_is_incomplete_and_off_by_the_smallest_delay() {
         assert!((19_000..22_000).contains(&error), "at {i} s: {error} ns");
     }
     // A single message: slope 1 through it.
-    let single = feed(&messages[..1]).estimate();
+    let single = feed(&messages[..1]).estimate(Estimator::MostRoom);
     assert_eq!(single.quality, Quality::Incomplete);
     assert_eq!(single.transform.slope, 1.0);
 }
 
 #[test]
 fn no_message_fails_with_the_identity() {
-    let estimate = ClockPair::new().estimate();
+    let estimate = ClockPair::new().estimate(Estimator::MostRoom);
     assert_eq!(estimate.quality, Quality::Fail);
     assert_eq!(estimate.transform, Transform::IDENTITY);
+    assert_eq!(estimate.bounds, Bounds::Unbounded);
     assert_eq!(estimate.matched, 0);
 }
 
@@ -325,7 +364,8 @@ fn three_hosts_are_combined_through_the_spanning_tree() {
         gamma,
         &beta_gamma.messages(62, 300, (0.0, 1.0), (0.0, 1.0)),
     );
-    let hosts = graph.solve(alpha).unwrap();
+    let hosts = graph.solve(alpha, Estimator::MostRoom).unwrap();
+    assert_eq!(hosts[delta].bounds, Bounds::Unbounded);
     assert_eq!(
         hosts.iter().map(|h| h.quality).collect::<Vec<_>>(),
         [
@@ -344,11 +384,19 @@ fn three_hosts_are_combined_through_the_spanning_tree() {
         let g = beta_gamma.start_ns + i * SECOND;
         let b = beta_gamma.truth.reference(g);
         let a = alpha_beta.truth.reference(b as u64);
-        let error = (hosts[gamma].transform.map_ns(g) - a).abs();
-        assert!(error < 2_000, "at {i} s: {error} ns");
+        let error = hosts[gamma].transform.map_ns(g) - a;
+        assert!(error.abs() < 2_000, "at {i} s: {error} ns");
+        // The bounds composed through beta hold the truth.
+        let envelope = hosts[gamma].bounds.envelope().expect("both edges accurate");
+        let (lo, hi) = envelope.deviation_at(&hosts[gamma].transform, g);
+        let off = -error as f64;
+        assert!(
+            lo - 1.0 <= off && off <= hi + 1.0,
+            "at {i} s: {off} not in [{lo}, {hi}]"
+        );
     }
     // The other way round: gamma as the reference, alpha through beta.
-    let from_gamma = graph.solve(gamma).unwrap();
+    let from_gamma = graph.solve(gamma, Estimator::MostRoom).unwrap();
     assert_eq!(from_gamma[alpha].parent.as_deref(), Some("beta"));
     let back = from_gamma[alpha].transform.after(&hosts[gamma].transform);
     let g = beta_gamma.start_ns + 5 * SECOND;
@@ -392,7 +440,7 @@ fn the_tree_prefers_the_better_edge_at_equal_depth() {
         z,
         &good.messages(74, 100, (0.0, 1.0), (0.0, 1.0)),
     );
-    let hosts = graph.solve(r).unwrap();
+    let hosts = graph.solve(r, Estimator::MostRoom).unwrap();
     assert_eq!(hosts[z].parent.as_deref(), Some("y"));
     assert_eq!(hosts[z].quality, Quality::Accurate);
 }
@@ -414,5 +462,5 @@ fn bad_messages_are_errors() {
         graph.add_message(a, 1, 5, 2),
         Err(SyncError::UnknownHost { index: 5, .. })
     ));
-    assert!(graph.solve(3).is_err());
+    assert!(graph.solve(3, Estimator::MostRoom).is_err());
 }
