@@ -49,7 +49,7 @@
 use std::path::Path;
 
 use crate::bpf::Ring;
-use crate::capture_file::{self, CaptureLine, Recorded, Written};
+use crate::capture_file::{self, CaptureLine, Fields, Recorded, Written};
 use crate::sched_switch::{SwitchPart, SwitchProgram};
 use crate::Error;
 use deepspan_run::{layout::BLOCKED_SYSCALLS, BlockedSyscallsManifest};
@@ -143,7 +143,29 @@ impl BlockedSyscall {
 
     /// The line [`BlockedSyscall::parse`] reads back.
     pub fn line(&self) -> String {
-        self.to_string()
+        let mut line = String::new();
+        self.write_line(&mut line);
+        line
+    }
+
+    /// Appends the line (without its newline) to `out`, with no
+    /// allocation: the capture's thread writes thousands a second.
+    pub fn write_line(&self, out: &mut String) {
+        let [a0, a1, a2] = self.args;
+        let mut fields = Fields::new(out);
+        fields
+            .num(self.mono_ns)
+            .num(self.cpu)
+            .num(self.tid)
+            .num(self.tgid)
+            .num(self.nr)
+            .hex(a0)
+            .hex(a1)
+            .hex(a2);
+        match self.read_chars {
+            Some(n) => fields.num(n),
+            None => fields.text("-"),
+        };
     }
 
     /// A record of the program's ring buffer, or None when it is not one.
@@ -165,25 +187,12 @@ impl BlockedSyscall {
     }
 }
 
-/// The line, written without an allocation (the capture's thread writes
-/// thousands a second).
-impl std::fmt::Display for BlockedSyscall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let [a0, a1, a2] = self.args;
-        write!(
-            f,
-            "{} {} {} {} {} {a0:#x} {a1:#x} {a2:#x} ",
-            self.mono_ns, self.cpu, self.tid, self.tgid, self.nr
-        )?;
-        match self.read_chars {
-            Some(n) => write!(f, "{n}"),
-            None => f.write_str("-"),
-        }
-    }
-}
-
 impl CaptureLine for BlockedSyscall {
     const HEADER: &'static str = HEADER;
+
+    fn write_line(&self, out: &mut String) {
+        Self::write_line(self, out)
+    }
     const WHAT: &'static str = "blocked system calls";
 
     fn from_record(record: &[u8]) -> Option<BlockedSyscall> {

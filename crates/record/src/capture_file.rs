@@ -23,11 +23,12 @@ use crate::sched_switch::SwitchProgram;
 use crate::Error;
 
 /// One record of a capture: a line of its file and a record of its
-/// program's ring buffer. Its `Display` is the line (without its
-/// newline), written straight into the file's buffer.
-pub(crate) trait CaptureLine: Copy + Send + std::fmt::Display + 'static {
+/// program's ring buffer.
+pub(crate) trait CaptureLine: Copy + Send + 'static {
     /// The file's first line, `# deepspan NAME vN: COLUMNS`.
     const HEADER: &'static str;
+    /// Appends the line (without its newline) to `out` ([`Fields`]).
+    fn write_line(&self, out: &mut String);
     /// What the file holds, for messages ("blocked system calls").
     const WHAT: &'static str;
     /// A record of the program's ring buffer, or None when it is not one.
@@ -45,6 +46,55 @@ pub(crate) trait CaptureLine: Copy + Send + std::fmt::Display + 'static {
     }
     /// CLOCK_MONOTONIC ns.
     fn mono_ns(&self) -> u64;
+}
+
+/// A capture line under construction: fields separated by one space.
+/// Numbers are written by `itoa` (decimal) or by hand (hexadecimal), not
+/// through `core::fmt`: a capture's thread writes tens of thousands of
+/// lines a second, and `core::fmt`'s machinery per field was the largest
+/// part of the recorder's own CPU samples (bench `capture_lines`).
+pub(crate) struct Fields<'a> {
+    out: &'a mut String,
+    first: bool,
+}
+
+impl<'a> Fields<'a> {
+    pub(crate) fn new(out: &'a mut String) -> Fields<'a> {
+        Fields { out, first: true }
+    }
+
+    fn separate(&mut self) {
+        if !std::mem::take(&mut self.first) {
+            self.out.push(' ');
+        }
+    }
+
+    /// A decimal integer.
+    pub(crate) fn num(&mut self, n: impl itoa::Integer) -> &mut Self {
+        self.separate();
+        self.out.push_str(itoa::Buffer::new().format(n));
+        self
+    }
+
+    /// `0x` and lowercase hexadecimal digits without leading zeros (`0x0`
+    /// for 0), as `{:#x}` writes it.
+    pub(crate) fn hex(&mut self, n: u64) -> &mut Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        self.separate();
+        self.out.push_str("0x");
+        let nibbles = (64 - n.leading_zeros()).div_ceil(4).max(1);
+        for k in (0..nibbles).rev() {
+            self.out.push(DIGITS[(n >> (4 * k) & 0xf) as usize] as char);
+        }
+        self
+    }
+
+    /// A word without spaces.
+    pub(crate) fn text(&mut self, word: &str) -> &mut Self {
+        self.separate();
+        self.out.push_str(word);
+        self
+    }
 }
 
 /// A capture that every standard recording and every flight window
@@ -191,10 +241,9 @@ impl<L: CaptureLine> FileSink<L> {
                 return Ok(());
             }
         }
-        use std::fmt::Write as _;
         self.line.clear();
-        // Formatting into a String cannot fail.
-        let _ = writeln!(self.line, "{record}");
+        record.write_line(&mut self.line);
+        self.line.push('\n');
         self.out
             .write_all(self.line.as_bytes())
             .map_err(write_error::<L>)?;
@@ -447,18 +496,41 @@ impl<L: CaptureLine> RecordSink for HistorySink<L> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn fields_write_what_core_fmt_writes() {
+        let mut line = String::new();
+        let values = [
+            0,
+            1,
+            9,
+            10,
+            15,
+            16,
+            255,
+            0x1000,
+            u32::MAX as u64,
+            u64::MAX >> 4,
+            u64::MAX,
+        ];
+        for v in values {
+            line.clear();
+            Fields::new(&mut line).num(v).hex(v).num(v as i64).text("-");
+            assert_eq!(line, format!("{v} {v:#x} {} -", v as i64));
+        }
+        line.clear();
+        Fields::new(&mut line).num(i32::MIN).num(u16::MAX);
+        assert_eq!(line, format!("{} {}", i32::MIN, u16::MAX));
+    }
+
     /// A record of one time and one number.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     struct Tick(u64, u32);
 
-    impl std::fmt::Display for Tick {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "{} {}", self.0, self.1)
-        }
-    }
-
     impl CaptureLine for Tick {
         const HEADER: &'static str = "# deepspan ticks v1: mono_ns n";
+        fn write_line(&self, out: &mut String) {
+            Fields::new(out).num(self.0).num(self.1);
+        }
         const WHAT: &'static str = "ticks";
         fn from_record(b: &[u8]) -> Option<Tick> {
             Some(Tick(

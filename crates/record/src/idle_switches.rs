@@ -32,7 +32,7 @@
 use std::path::Path;
 
 use crate::bpf::Ring;
-use crate::capture_file::{self, CaptureLine, Recorded, Written};
+use crate::capture_file::{self, CaptureLine, Fields, Recorded, Written};
 use crate::sched_switch::{SwitchPart, SwitchProgram};
 use crate::Error;
 use deepspan_run::{layout::IDLE_SWITCHES, CaptureManifest};
@@ -82,23 +82,29 @@ impl IdleSwitch {
 
     /// The line [`IdleSwitch::parse`] reads back.
     pub fn line(&self) -> String {
-        self.to_string()
+        let mut line = String::new();
+        self.write_line(&mut line);
+        line
+    }
+
+    /// Appends the line (without its newline) to `out`, with no
+    /// allocation: the capture's thread writes thousands a second.
+    pub fn write_line(&self, out: &mut String) {
+        Fields::new(out)
+            .num(self.mono_ns)
+            .num(self.cpu)
+            .num(self.tid)
+            .num(self.tgid);
     }
 }
 
 /// The line, written without an allocation.
-impl std::fmt::Display for IdleSwitch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {} {} {}",
-            self.mono_ns, self.cpu, self.tid, self.tgid
-        )
-    }
-}
-
 impl CaptureLine for IdleSwitch {
     const HEADER: &'static str = HEADER;
+
+    fn write_line(&self, out: &mut String) {
+        Self::write_line(self, out)
+    }
     const WHAT: &'static str = "idle switches";
 
     fn from_record(b: &[u8]) -> Option<IdleSwitch> {

@@ -48,7 +48,7 @@
 use std::path::Path;
 
 use crate::bpf::Ring;
-use crate::capture_file::{self, CaptureLine, Recorded, Written};
+use crate::capture_file::{self, CaptureLine, Fields, Recorded, Written};
 use crate::sched_switch::SwitchProgram;
 use crate::Error;
 use deepspan_model::Socket;
@@ -135,7 +135,26 @@ impl SocketCall {
 
     /// The line [`SocketCall::parse`] reads back.
     pub fn line(&self) -> String {
-        self.to_string()
+        let mut line = String::new();
+        self.write_line(&mut line);
+        line
+    }
+
+    /// Appends the line (without its newline) to `out`, with no
+    /// allocation: the capture's thread writes thousands a second.
+    pub fn write_line(&self, out: &mut String) {
+        let mut fields = Fields::new(out);
+        fields
+            .num(self.mono_ns)
+            .num(self.cpu)
+            .num(self.tid)
+            .num(self.tgid)
+            .text(if self.sent { "send" } else { "recv" })
+            .num(self.bytes);
+        match self.socket {
+            Some(s) => fields.num(s.cookie).num(s.local_port).num(s.remote_port),
+            None => fields.text("-").text("-").text("-"),
+        };
     }
 
     /// A record of the program's ring buffer, or None when it is not one.
@@ -164,29 +183,12 @@ impl SocketCall {
     }
 }
 
-/// The line, written without an allocation (the capture's thread writes
-/// thousands a second).
-impl std::fmt::Display for SocketCall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {} {} {} {} {}",
-            self.mono_ns,
-            self.cpu,
-            self.tid,
-            self.tgid,
-            if self.sent { "send" } else { "recv" },
-            self.bytes
-        )?;
-        match self.socket {
-            Some(s) => write!(f, " {} {} {}", s.cookie, s.local_port, s.remote_port),
-            None => f.write_str(" - - -"),
-        }
-    }
-}
-
 impl CaptureLine for SocketCall {
     const HEADER: &'static str = HEADER;
+
+    fn write_line(&self, out: &mut String) {
+        Self::write_line(self, out)
+    }
     const WHAT: &'static str = "socket calls";
 
     fn from_record(record: &[u8]) -> Option<SocketCall> {

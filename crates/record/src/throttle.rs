@@ -19,7 +19,7 @@
 use std::path::Path;
 
 use crate::bpf::Ring;
-use crate::capture_file::{self, CaptureLine, Recorded, Written};
+use crate::capture_file::{self, CaptureLine, Fields, Recorded, Written};
 use crate::sched_switch::{SwitchPart, SwitchProgram};
 use crate::Error;
 use deepspan_run::{layout::CFS_THROTTLE, ThrottleManifest};
@@ -60,7 +60,18 @@ impl ThrottledSwitch {
 
     /// The line [`ThrottledSwitch::parse`] reads back.
     pub fn line(&self) -> String {
-        self.to_string()
+        let mut line = String::new();
+        self.write_line(&mut line);
+        line
+    }
+
+    /// Appends the line (without its newline) to `out`, with no
+    /// allocation: the capture's thread writes thousands a second.
+    pub fn write_line(&self, out: &mut String) {
+        Fields::new(out)
+            .num(self.mono_ns)
+            .num(self.cpu)
+            .num(self.tid);
     }
 
     /// A record of the program's ring buffer, or None when it is not one.
@@ -78,14 +89,12 @@ impl ThrottledSwitch {
 }
 
 /// The line, written without an allocation.
-impl std::fmt::Display for ThrottledSwitch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} {}", self.mono_ns, self.cpu, self.tid)
-    }
-}
-
 impl CaptureLine for ThrottledSwitch {
     const HEADER: &'static str = HEADER;
+
+    fn write_line(&self, out: &mut String) {
+        Self::write_line(self, out)
+    }
     const WHAT: &'static str = "throttled switch-outs";
 
     fn from_record(record: &[u8]) -> Option<ThrottledSwitch> {
