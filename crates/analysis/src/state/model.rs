@@ -191,7 +191,7 @@ impl SyscallInterval {
     /// The socket of a call from the socket-call capture
     /// ([`SyscallInterval::socket_call`]), when it was recorded.
     pub fn socket(&self) -> Option<Socket> {
-        (self.id == -1 && !self.entry_seen && self.arg1 & SOCKET_KNOWN != 0).then(|| Socket {
+        (self.id == -1 && !self.entry_seen && self.arg1 & SOCKET_KNOWN != 0).then_some(Socket {
             cookie: self.arg0,
             local_port: (self.arg1 >> 16) as u16,
             remote_port: self.arg1 as u16,

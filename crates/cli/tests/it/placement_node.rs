@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 
 use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time};
 use serde_json::Value;
