@@ -242,11 +242,15 @@ fn merge_hosts(runs: &[PathBuf], out: &Path, reference: Option<&str>) -> Result<
     let clocks: Vec<HostClock> = alignment
         .hosts
         .iter()
-        .map(|h| HostClock {
+        .zip(&alignment.ranges)
+        .map(|(h, range)| HostClock {
             slope: h.transform.slope,
             offset_ns: h.transform.offset_ns,
             quality: h.quality.name(),
             matched: h.matched,
+            max_error_ns: h.bounds.envelope().zip(*range).map(|(envelope, range)| {
+                envelope.max_error_ns(&h.transform, range.first_ns, range.last_ns)
+            }),
         })
         .collect();
     for n in &alignment.notes {

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use deepspan_analysis::{host_tid, Input};
-use deepspan_model::{Event, EventKind, Tid};
+use deepspan_model::{human, Event, EventKind, Tid};
 use deepspan_spans::model::{
     Value, ATTR_MONO_END, ATTR_MONO_NS, ATTR_MONO_START, ATTR_PID_NS, ATTR_TID, EVENT_OFF, EVENT_ON,
 };
@@ -58,6 +58,12 @@ pub struct HostEntry {
     pub offset_ns: f64,
     /// `deepspan sync`'s quality of that transform.
     pub quality: String,
+    /// The most a mapped time of the host's run can be off, in ns, from
+    /// the bounds of every clock that fits the messages (`deepspan sync`'s
+    /// max error); absent when nothing bounds it (and in files written
+    /// before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_error_ns: Option<f64>,
     /// Messages matched with the host it was aligned through.
     pub matched: u64,
     /// The host's first CPU number in the merged model.
@@ -81,6 +87,9 @@ pub struct HostClock {
     /// `deepspan_sync::Quality::name`.
     pub quality: &'static str,
     pub matched: u64,
+    /// The most a mapped time of the host's run can be off, in ns, when
+    /// the messages bound it ([`HostEntry::max_error_ns`]).
+    pub max_error_ns: Option<f64>,
 }
 
 impl HostClock {
@@ -160,6 +169,7 @@ pub fn merge_runs(
             offset_ns: clock.offset_ns,
             quality: clock.quality.to_string(),
             matched: clock.matched,
+            max_error_ns: clock.max_error_ns,
             cpu_base,
             cpus,
             boot_id: manifest.boot_id.clone(),
@@ -430,6 +440,7 @@ impl HostMap {
                         offset_ns: h.offset_ns,
                         quality: "",
                         matched: h.matched,
+                        max_error_ns: h.max_error_ns,
                     },
                     cpu_base: h.cpu_base,
                     shared_kernel,
@@ -609,13 +620,16 @@ pub(crate) fn alignment_notes(file: &HostsFile) -> Vec<String> {
                 _ => format!("threads h{i}:TID"),
             };
             if i == file.reference {
-                format!("host {} ({threads}): the reference clock", h.host)
-            } else {
-                format!(
-                    "host {} ({threads}): clock aligned {} ({} messages matched): t × {:.9} {:+.0} ns",
-                    h.host, h.quality, h.matched, h.slope, h.offset_ns
-                )
+                return format!("host {} ({threads}): the reference clock", h.host);
             }
+            let bound = match h.max_error_ns {
+                Some(ns) => format!("; its times are off by at most {}", human::duration(ns as u64)),
+                None => String::new(),
+            };
+            format!(
+                "host {} ({threads}): clock aligned {} ({} messages matched): t × {:.9} {:+.0} ns{bound}",
+                h.host, h.quality, h.matched, h.slope, h.offset_ns
+            )
         })
         .collect()
 }
@@ -645,12 +659,59 @@ mod tests {
     }
 
     #[test]
+    fn a_merged_runs_notes_give_each_hosts_bound_as_hosts_json_keeps_it() {
+        let entry = |host: &str, max_error_ns| HostEntry {
+            host: host.into(),
+            run: PathBuf::from("/runs").join(host),
+            slope: 1.000_001,
+            offset_ns: -2_500.0,
+            quality: "accurate".into(),
+            matched: 40,
+            max_error_ns,
+            cpu_base: 0,
+            cpus: 2,
+            boot_id: None,
+            pids: Vec::new(),
+        };
+        let file = HostsFile {
+            reference: 0,
+            hosts: vec![
+                entry("a", Some(0.0)),
+                entry("b", Some(12_345.6)),
+                entry("c", None),
+            ],
+        };
+        let text = serde_json::to_string(&file).unwrap();
+        let back: HostsFile = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.hosts[1].max_error_ns, Some(12_345.6));
+        // Unbounded: no key, and a file without the key reads as unbounded.
+        assert_eq!(text.matches("max_error_ns").count(), 2, "{text}");
+        assert_eq!(back.hosts[2].max_error_ns, None);
+        let notes = alignment_notes(&back);
+        assert_eq!(
+            notes[0],
+            "host a (threads by their tid): the reference clock"
+        );
+        assert!(
+            notes[1].ends_with("t × 1.000001000 -2500 ns; its times are off by at most 12.3 µs"),
+            "{}",
+            notes[1]
+        );
+        assert!(
+            notes[2].ends_with("t × 1.000001000 -2500 ns"),
+            "{}",
+            notes[2]
+        );
+    }
+
+    #[test]
     fn host_numbering_keeps_a_containers_ids_for_the_merged_scan_to_map() {
         let clock = HostClock {
             slope: 1.0,
             offset_ns: 0.0,
             quality: "exact",
             matched: 0,
+            max_error_ns: None,
         };
         let ns = 4_026_532_999;
         let mut host = sdk_span(None);
