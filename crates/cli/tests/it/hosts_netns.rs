@@ -527,6 +527,26 @@ fn two_namespaces_as_two_hosts_sync_to_the_microsecond_and_analyse_as_one() {
             .output()
             .unwrap(),
     );
+    // The merged run keeps the bound: hosts.json has it, and analysing the
+    // merged run again notes it.
+    let hosts: Value =
+        serde_json::from_slice(&std::fs::read(merged.join("hosts.json")).unwrap()).unwrap();
+    let kept = hosts["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|h| h["max_error_ns"].as_f64().filter(|&e| e > 0.0))
+        .unwrap_or_else(|| panic!("a bound for the skewed host: {hosts}"));
+    assert!(
+        (kept - max_error).abs() <= 1.0,
+        "{kept} against sync's {max_error}"
+    );
+    let again = check(
+        "deepspan analyze (the merged run again)",
+        deepspan().arg("analyze").arg(&merged).output().unwrap(),
+    );
+    let notes = String::from_utf8_lossy(&again.stderr);
+    assert!(notes.contains("its times are off by at most"), "{notes}");
     check(
         "deepspan analyze (one run)",
         deepspan().arg("analyze").arg(&both).output().unwrap(),
