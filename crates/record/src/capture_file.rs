@@ -29,6 +29,14 @@ pub(crate) trait CaptureLine: Copy + Send + 'static {
     const HEADER: &'static str;
     /// Appends the line (without its newline) to `out` ([`Fields`]).
     fn write_line(&self, out: &mut String);
+    /// The line that [`CaptureLine::from_line`] reads back (the tests'
+    /// round trips).
+    #[cfg(test)]
+    fn line(&self) -> String {
+        let mut line = String::new();
+        self.write_line(&mut line);
+        line
+    }
     /// What the file holds, for messages ("blocked system calls").
     const WHAT: &'static str;
     /// A record of the program's ring buffer, or None when it is not one.

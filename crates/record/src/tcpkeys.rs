@@ -90,13 +90,6 @@ impl TcpSegment {
         })
     }
 
-    /// The line [`TcpSegment::parse`] reads back.
-    pub fn line(&self) -> String {
-        let mut line = String::new();
-        self.write_line(&mut line);
-        line
-    }
-
     /// Appends the line (without its newline) to `out`, with no
     /// allocation: the capture's thread writes thousands a second.
     pub fn write_line(&self, out: &mut String) {
