@@ -253,7 +253,7 @@ fn merge_hosts(runs: &[PathBuf], out: &Path, reference: Option<&str>) -> Result<
             }),
         })
         .collect();
-    for n in &alignment.notes {
+    for n in alignment.notes.iter().chain(&alignment.bounds_notes) {
         eprintln!("deepspan: note: {n}");
     }
     for h in &alignment.hosts {

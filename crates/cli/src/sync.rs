@@ -76,6 +76,8 @@ pub fn run(args: SyncArgs) -> Result<()> {
         inputs,
         ranges,
         notes,
+        // The table has them.
+        bounds_notes: _,
     } = alignment;
     let rows: Vec<Row> = hosts
         .iter()

@@ -53,8 +53,11 @@ pub struct Alignment {
     /// (None when it holds no time).
     pub ranges: Vec<Option<TimeRange>>,
     /// What the user should know (counts of pairs matched by kind, inputs
-    /// with nothing matched, each host's bounds, ...).
+    /// with nothing matched, ...).
     pub notes: Vec<String>,
+    /// Each host's bounds in a sentence, or why it has none (what
+    /// `deepspan sync`'s table shows in columns).
+    pub bounds_notes: Vec<String>,
 }
 
 /// The first and last time an input holds, on its own clock, in ns.
@@ -124,17 +127,21 @@ pub fn align_inputs_with_estimator(
         .collect();
     // The hosts the tree reached, but the reference: their inputs hold
     // their messages' times.
-    for (host, range) in solved.iter().zip(&ranges) {
-        if let (Some(_), Some(range)) = (&host.parent, range) {
-            notes.push(bounds_note(host, *range));
-        }
-    }
+    let bounds_notes = solved
+        .iter()
+        .zip(&ranges)
+        .filter_map(|(host, range)| match (&host.parent, range) {
+            (Some(_), Some(range)) => Some(bounds_note(host, *range)),
+            _ => None,
+        })
+        .collect();
     Ok(Alignment {
         reference,
         hosts: solved,
         inputs: inputs.to_vec(),
         ranges,
         notes,
+        bounds_notes,
     })
 }
 
