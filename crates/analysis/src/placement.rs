@@ -26,10 +26,11 @@
 //!    port (`client.port`, `net.peer.port`) and the recording named each
 //!    call's socket (the socket-call capture), only calls on the server end
 //!    of that connection are the request's: time alone cannot tell two
-//!    requests handed to two pool threads at once apart ([`Connection`]). A thread that hands
-//!    many requests over is an acceptor and serves none; a pool thread that
-//!    took a queued request without a wake-up has the acceptor's receive. A `thread.name`
-//!    attribute must equal the thread's comm (cut to 15 bytes) at the
+//!    requests handed to two pool threads at once apart ([`Connection`]).
+//!    A thread that hands many requests over is an acceptor and serves
+//!    none; a pool thread that took a queued request without a wake-up has
+//!    the acceptor's receive. A `thread.name` attribute must equal the
+//!    thread's comm (cut to 15 bytes) at the
 //!    start, or the next one the trace shows (a rename shows late). Requests
 //!    take their threads surest first; one whose thread is taken by an
 //!    overlapping request takes the next credible thread of the same
