@@ -3,7 +3,7 @@
 //! them), whose expected.json holds Trace Compass's transform of scp_src
 //! onto scp_dest and babeltrace2's first and last event times.
 
-use crate::common::{deepspan, read_json, testdata};
+use crate::common::{check, deepspan, read_json, testdata};
 use serde_json::Value as J;
 
 /// Trace Compass's line as expected.json gives it (decimal strings):
@@ -44,17 +44,15 @@ fn shift(host: &J, t: u64) -> f64 {
 /// host.
 fn sync_src(estimator: &str) -> J {
     let dir = testdata("kernel/ctf/synctraces");
-    let out = deepspan()
-        .arg("sync")
-        .arg(dir.join("scp_dest"))
-        .arg(dir.join("scp_src"))
-        .args(["--estimator", estimator, "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = check(
+        "deepspan sync of synctraces",
+        deepspan()
+            .arg("sync")
+            .arg(dir.join("scp_dest"))
+            .arg(dir.join("scp_src"))
+            .args(["--estimator", estimator, "--format", "json"])
+            .output()
+            .unwrap(),
     );
     let doc: J = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["estimator"], estimator);
