@@ -14,6 +14,12 @@
 //! the thread may then wait for its turn on a busy CPU; that turn is
 //! counted as throttled too, since without the quota the thread would not
 //! have left the CPU.
+//!
+//! A complete capture (it ran for the whole trace and lost nothing) also
+//! says when a thread was *not* throttled: the analysis then infers no
+//! throttling at all, since its inference misfires beside other busy
+//! threads (a thread kept from its fair turns by a dozen runnable ones on
+//! two CPUs is contention, not a quota).
 
 use deepspan_model::Tid;
 
@@ -22,15 +28,18 @@ use rustc_hash::FxHashMap;
 
 /// Per thread, the sorted, disjoint intervals `[start, end)` it was held
 /// back by its cgroup's quota.
+///
+/// The default is no capture: nothing recorded, and nothing known.
 #[derive(Clone, Debug, Default)]
 pub struct HeldBack {
     by_thread: FxHashMap<Tid, Vec<(u64, u64)>>,
+    complete: bool,
 }
 
 impl HeldBack {
-    /// From the recorded throttled switch-outs `(tid, ts)`, in any order:
-    /// each within the model holds its thread back from `ts` until the
-    /// thread next runs in `model`, or until the model's end.
+    /// From a complete capture's throttled switch-outs `(tid, ts)`, in any
+    /// order: each within the model holds its thread back from `ts` until
+    /// the thread next runs in `model`, or until the model's end.
     pub fn from_switches(
         switches: impl IntoIterator<Item = (Tid, u64)>,
         model: &KernelModel,
@@ -63,7 +72,26 @@ impl HeldBack {
                 overlaps
             });
         }
-        HeldBack { by_thread }
+        HeldBack {
+            by_thread,
+            complete: true,
+        }
+    }
+
+    /// The same intervals from a capture that missed some switch-outs
+    /// (records lost to its ring, or a host of a merged run without the
+    /// capture): a wait outside them may still have been throttled.
+    pub fn with_gaps(self) -> HeldBack {
+        HeldBack {
+            complete: false,
+            ..self
+        }
+    }
+
+    /// Whether every throttled switch-out of the trace is in the
+    /// intervals, so that a wait outside them was not throttled.
+    pub fn is_complete(&self) -> bool {
+        self.complete
     }
 
     /// `tid`'s intervals, sorted.
@@ -107,7 +135,10 @@ mod tests {
         for &(tid, s, e) in intervals {
             by_thread.entry(tid).or_default().push((s, e));
         }
-        HeldBack { by_thread }
+        HeldBack {
+            by_thread,
+            complete: true,
+        }
     }
 
     #[test]

@@ -154,15 +154,16 @@ pub trait ThreadWork {
 /// Who had the CPU while a thread of the path was runnable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuWait {
-    /// Held back rather than out-competed (CPU cgroup quota, or a much
-    /// lower priority): its CPU stayed idle, or one other thread kept it far
-    /// beyond a fair time slice ([`FAIR_SLICE_NS`]) or got more turns than a
-    /// fair share allows ([`FAIR_TURNS`]).
+    /// Held back rather than out-competed: recorded as throttled by its
+    /// CPU cgroup's quota; or, without a complete capture of that, inferred
+    /// (a quota or a much lower priority): its CPU stayed idle, or one other
+    /// thread kept it far beyond a fair time slice ([`FAIR_SLICE_NS`]) or
+    /// got more turns than a fair share allows ([`FAIR_TURNS`]).
     pub throttled_ns: u64,
     /// Other threads ran on the thread's CPU meanwhile.
     pub contended_ns: u64,
-    /// Woken, and its CPU still idle: the time the idle CPU took to switch
-    /// to it (wake-up latency).
+    /// Runnable, and its CPU still idle: the time the idle CPU took to
+    /// switch to it (wake-up latency).
     pub wakeup_ns: u64,
     /// The thread that ran longest instead, if any.
     pub holder: Option<Tid>,
@@ -1100,17 +1101,23 @@ pub const MIN_TURN_NS: u64 = 1_000_000;
 /// Who had the CPU while `tid` was runnable during `[start, end)`.
 ///
 /// Each moment is one of: *throttled* (recorded as held back by its CPU
-/// cgroup's quota, see [`crate::HeldBack`]; else inferred: its CPU stayed idle after it was
-/// preempted, or beyond [`WAKEUP_GRACE_NS`] after a wake-up; or one other
-/// thread kept the CPU beyond [`FAIR_SLICE_NS`]; or, from the moment one
-/// other thread started its turn number [`FAIR_TURNS`] + 1, the wait was
-/// not a fair share's); *wake-up* latency (idle within the grace);
-/// *contended* (other threads ran).
+/// cgroup's quota, see [`crate::HeldBack`]; else, when the recording has
+/// no complete capture of throttling, inferred: its CPU stayed idle after
+/// it was preempted, or beyond [`WAKEUP_GRACE_NS`] after a wake-up; or
+/// one other thread kept the CPU beyond [`FAIR_SLICE_NS`]; or, from the
+/// moment one other thread started its turn number [`FAIR_TURNS`] + 1, the
+/// wait was not a fair share's); *wake-up* latency (idle CPU, within the
+/// grace when inferring); *contended* (other threads ran).
+///
+/// A complete capture replaces the inference rather than adding to it:
+/// beside busy threads of other cgroups the fairness rules fire with no
+/// quota at all, and the capture says exactly when a quota held a thread.
 fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut Scratch) -> CpuWait {
     let mut wait = CpuWait::default();
     let Some(th) = model.thread(tid) else {
         return wait;
     };
+    let infer_throttling = !model.held_back().is_complete();
     // The other threads that ran meanwhile, and for how long (ns).
     let mut others: Vec<(Tid, u64)> = Vec::new();
     let mut free: Vec<(u64, u64)> = Vec::new();
@@ -1134,10 +1141,13 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
         // a fair scheduler none gets a third full turn before it.
         let mut turns: Vec<(Tid, u32)> = Vec::new();
         let mut held_since = u64::MAX;
-        let since_runnable =
+        let since_runnable = if infer_throttling {
             scratch.overlapping((Hint::Cpu, s.cpu.into()), cpu.timeline(), s.start, b, |c| {
                 (c.start, c.end)
-            });
+            })
+        } else {
+            &[]
+        };
         for run in since_runnable {
             if run.tid == tid || run.tid == 0 || run.start < s.start {
                 continue;
@@ -1175,7 +1185,9 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
             let since = run.start.max(s.start);
             for &(x, y) in &free {
                 let d = y - x;
-                if run.tid == 0 {
+                if run.tid == 0 && !infer_throttling {
+                    wait.wakeup_ns += d;
+                } else if run.tid == 0 {
                     if s.state == ThreadState::Preempted {
                         wait.throttled_ns += d;
                     } else {
@@ -1184,7 +1196,11 @@ fn cpu_wait(model: &KernelModel, tid: Tid, start: u64, end: u64, scratch: &mut S
                         wait.wakeup_ns += d - late;
                     }
                 } else {
-                    let fair_until = since.saturating_add(FAIR_SLICE_NS).min(held_since);
+                    let fair_until = if infer_throttling {
+                        since.saturating_add(FAIR_SLICE_NS).min(held_since)
+                    } else {
+                        u64::MAX
+                    };
                     let late = beyond(x, y, fair_until);
                     wait.throttled_ns += late;
                     wait.contended_ns += d - late;

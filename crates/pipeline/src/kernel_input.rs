@@ -20,7 +20,7 @@ use deepspan_ctf::CtfTrace;
 use deepspan_ftrace::{CpuRecords, Schema, TraceDat};
 use deepspan_model::{Tid, Timestamped};
 
-use deepspan_run::Run;
+use deepspan_run::{Manifest, Run};
 
 use crate::hosts::HostMap;
 use crate::{Error, Progress, Step};
@@ -35,8 +35,8 @@ pub enum KernelTrace {
         /// calls and socket calls for a trace without the system-call
         /// events.
         recorded: Vec<Input>,
-        /// The run's recorded throttled switch-outs: (tid, time).
-        throttling: Vec<(Tid, u64)>,
+        /// The run's recorded throttled switch-outs.
+        throttling: Throttling,
     },
     Ctf {
         path: PathBuf,
@@ -57,7 +57,7 @@ pub enum KernelTrace {
         recorded: Vec<Input>,
         /// Every host's recorded throttled switch-outs on the merged clock
         /// and thread numbers.
-        throttling: Vec<(Tid, u64)>,
+        throttling: Throttling,
     },
 }
 
@@ -82,15 +82,23 @@ impl KernelTrace {
             }
             let maps: Vec<Arc<HostMap>> = HostMap::all(&file).into_iter().map(Arc::new).collect();
             let mut recorded = Vec::new();
-            let mut throttling = Vec::new();
+            let mut throttling = Throttling {
+                switches: Vec::new(),
+                complete: true,
+            };
             for ((host, map), (_, trace)) in file.hosts.iter().zip(&maps).zip(&traces) {
                 recorded.extend(
                     recorded_inputs(&host.run, trace)?
                         .into_iter()
                         .map(|item| map.recorded(item)),
                 );
-                throttling.extend(
-                    read_throttling(&host.run)?
+                let host_throttling = read_throttling(&host.run)?;
+                // One host without a complete capture: the merged model
+                // infers throttling too (see `HeldBack`).
+                throttling.complete &= host_throttling.complete;
+                throttling.switches.extend(
+                    host_throttling
+                        .switches
                         .into_iter()
                         .map(|(tid, ts)| map.throttled_switch(tid, ts)),
                 );
@@ -345,24 +353,50 @@ fn read_capture<T, E: std::fmt::Display>(
     read(&path).map_err(|e| error(path.clone(), e.to_string()))
 }
 
-/// The throttled switch-outs the recorder saw in `run`: (tid, time).
-fn read_throttling(run: &Path) -> Result<Vec<(Tid, u64)>, Error> {
+/// The throttled switch-outs the recorder saw in a run.
+pub struct Throttling {
+    /// (tid, time) of each.
+    pub switches: Vec<(Tid, u64)>,
+    /// The capture ran for the whole run and lost no record: a wait it
+    /// does not cover was not throttled.
+    pub complete: bool,
+}
+
+/// The throttled switch-outs the recorder saw in `run`. The capture is
+/// complete when its file exists (the recorder creates it when the
+/// program attaches, even if nothing is throttled) and the manifest counts
+/// no record lost to the ring.
+fn read_throttling(run: &Path) -> Result<Throttling, Error> {
+    let path = Run::new(run).cfs_throttle();
+    let recorded = path.is_file();
     let switches = read_capture(
-        Run::new(run).cfs_throttle(),
+        path,
         deepspan_record::read_throttled_switches,
         |path, reason| Error::ThrottledSwitches { path, reason },
     )?;
-    Ok(switches.into_iter().map(|s| (s.tid, s.mono_ns)).collect())
+    // A run without a manifest (copied by hand) is judged by its file.
+    let lost = Manifest::load(run)
+        .ok()
+        .and_then(|m| m.cfs_throttle)
+        .map_or(0, |t| t.lost);
+    Ok(Throttling {
+        switches: switches.into_iter().map(|s| (s.tid, s.mono_ns)).collect(),
+        complete: recorded && lost == 0,
+    })
 }
 
 /// A built model with the recorded throttling in it.
 fn with_throttling(
     (mut model, lost): (KernelModel, LostEvents),
-    throttling: &[(Tid, u64)],
+    throttling: &Throttling,
 ) -> (KernelModel, LostEvents) {
-    if !throttling.is_empty() {
-        let held = HeldBack::from_switches(throttling.iter().copied(), &model);
-        model.set_held_back(held);
+    if throttling.complete || !throttling.switches.is_empty() {
+        let held = HeldBack::from_switches(throttling.switches.iter().copied(), &model);
+        model.set_held_back(if throttling.complete {
+            held
+        } else {
+            held.with_gaps()
+        });
     }
     (model, lost)
 }

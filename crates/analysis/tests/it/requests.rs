@@ -5,8 +5,8 @@ use crate::common::requests::{request, Work};
 use crate::common::script::Script;
 
 use deepspan_analysis::{
-    aggregate, analyze_requests, build_model, summarize, Arch, EdgeType, Input, KernelModel,
-    RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder, SyncSource,
+    aggregate, analyze_requests, build_model, summarize, Arch, CpuWait, EdgeType, HeldBack, Input,
+    KernelModel, RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder, SyncSource,
 };
 use deepspan_model::{Event, EventKind, Tid};
 
@@ -429,10 +429,9 @@ fn parallel_merge_keeps_the_readers_order_on_random_streams() {
     }
 }
 
-#[test]
-fn a_thread_skipped_in_the_rotation_is_held_back() {
-    // Thread 3 waits 20 ms while threads 4 and 5 take ten 2 ms turns: a
-    // fair scheduler would have run 3 before either got a third turn.
+/// Thread 3 waits 20 ms while threads 4 and 5 take ten 2 ms turns, then
+/// runs the rest of its request: (model, the request's end).
+fn skipped_in_the_rotation() -> (KernelModel, u64) {
     let mut s = Script::default();
     s.switch(1, 0, 0, 0, 3);
     let turn = 2_000_000;
@@ -444,17 +443,65 @@ fn a_thread_skipped_in_the_rotation_is_held_back() {
     }
     s.switch(10 + 10 * turn, 0, prev, 0, 3)
         .switch(10 + 10 * turn + 100, 0, 3, 1, 0);
-    let model = s.model();
-    let spans = vec![request(3, 5, 10 + 10 * turn + 50)];
-    let work = Work(vec![(3, 5, 10 + 10 * turn + 50, 0)]);
-    let a = analyze(&model, &spans, &work);
-    let waits: Vec<_> = a.paths[0]
-        .pieces
-        .iter()
-        .filter_map(|p| p.cpu_wait)
-        .collect();
-    let throttled: u64 = waits.iter().map(|w| w.throttled_ns).sum();
-    let contended: u64 = waits.iter().map(|w| w.contended_ns).sum();
+    (s.model(), 10 + 10 * turn + 50)
+}
+
+/// The CPU waits on the critical path of thread 3's request from 5 to
+/// `end`.
+fn cpu_waits(model: &KernelModel, end: u64) -> Vec<CpuWait> {
+    let spans = vec![request(3, 5, end)];
+    let work = Work(vec![(3, 5, end, 0)]);
+    let a = analyze(model, &spans, &work);
+    let pieces = &a.paths[0].pieces;
+    pieces.iter().filter_map(|p| p.cpu_wait).collect()
+}
+
+/// (contended, throttled, wake-up) ns of `waits`.
+fn wait_sums(waits: &[CpuWait]) -> (u64, u64, u64) {
+    let sum = |f: fn(&CpuWait) -> u64| waits.iter().map(f).sum();
+    (
+        sum(|w| w.contended_ns),
+        sum(|w| w.throttled_ns),
+        sum(|w| w.wakeup_ns),
+    )
+}
+
+#[test]
+fn a_thread_skipped_in_the_rotation_is_held_back() {
+    // A fair scheduler would have run 3 before either got a third turn.
+    let (model, end) = skipped_in_the_rotation();
+    let waits = cpu_waits(&model, end);
+    let turn = 2_000_000;
     // From the third turn of thread 4 (at 8 ms into the wait) on.
-    assert_eq!((contended, throttled), (4 * turn, 6 * turn), "{waits:?}");
+    assert_eq!(wait_sums(&waits), (4 * turn, 6 * turn, 0), "{waits:?}");
+}
+
+#[test]
+fn a_complete_throttling_capture_replaces_the_inference() {
+    // The recorder's capture saw no throttled switch-out: the rotation
+    // that skipped thread 3 was contention (busy threads of other cgroups
+    // do that with no quota at all), and the idle CPU after a preemption
+    // was the scheduler's latency.
+    let (mut model, end) = skipped_in_the_rotation();
+    model.set_held_back(HeldBack::from_switches([], &model));
+    let waits = cpu_waits(&model, end);
+    assert_eq!(wait_sums(&waits), (20_000_000, 0, 0), "{waits:?}");
+
+    let mut s = Script::default();
+    s.switch(1, 0, 0, 0, 3)
+        .switch(10, 0, 3, 0, 0) // preempted, CPU left idle
+        .switch(50, 0, 0, 0, 3)
+        .switch(80, 0, 3, 1, 0);
+    let mut model = s.model();
+    assert_eq!(wait_sums(&cpu_waits(&model, 75)), (0, 40, 0));
+    model.set_held_back(HeldBack::from_switches([], &model));
+    assert_eq!(wait_sums(&cpu_waits(&model, 75)), (0, 0, 40));
+    // A capture with gaps (records lost) keeps the inference.
+    model.set_held_back(HeldBack::from_switches([], &model).with_gaps());
+    assert_eq!(wait_sums(&cpu_waits(&model, 75)), (0, 40, 0));
+    // What the capture recorded is throttled whoever ran.
+    let (mut model, end) = skipped_in_the_rotation();
+    model.set_held_back(HeldBack::from_switches([(3, 10)], &model));
+    let waits = cpu_waits(&model, end);
+    assert_eq!(wait_sums(&waits), (0, 20_000_000, 0), "{waits:?}");
 }
