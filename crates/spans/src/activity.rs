@@ -175,12 +175,14 @@ impl ThreadActivity {
                 no_clock += 1;
                 continue;
             };
-            // A span with `deepspan.tid` comes from an SDK processor that reports
-            // activations (deepspan's does): its start only holds the thread, and
-            // it is active only while an activation says so (a span never made
-            // current works for nobody). Other spans are the paper's: active
-            // from start to end.
-            let start_kind = if s.sync.tid.is_some() {
+            // A span with `deepspan.tid` from an SDK processor that reports
+            // activations (deepspan's Python and Java ones do): its start only
+            // holds the thread, and it is active only while an activation says
+            // so (a span never made current works for nobody). Other spans are
+            // the paper's: active from start to end; so are those of the
+            // Node.js processor, which has no hook on Node's async context
+            // switches and reports none.
+            let start_kind = if s.sync.tid.is_some() && reports_activations(s) {
                 SyncKind::Hold
             } else {
                 SyncKind::SpanStart {
@@ -300,6 +302,14 @@ impl ThreadActivity {
             .flatten()
             .map(move |s| (tl.expect("segments come from tl"), s))
     }
+}
+
+/// Whether the SDK that gave `span` its `deepspan.tid` reports the span's
+/// activations (`deepspan.on`/`off`): every deepspan SDK but the Node.js
+/// processor (resource `telemetry.sdk.language` `nodejs`).
+fn reports_activations(span: &Span) -> bool {
+    let language = span.resource.attributes.get("telemetry.sdk.language");
+    language.and_then(Value::as_str) != Some("nodejs")
 }
 
 fn sweep(tid: u32, events: &[SyncEvent], notes: &mut Vec<String>) -> Timeline {

@@ -342,6 +342,34 @@ fn interleaved_requests_on_one_thread_asyncio_style() {
 }
 
 #[test]
+fn spans_of_the_nodejs_processor_are_active_from_start_to_end() {
+    // deepspan's Node.js processor gives `deepspan.tid` and monotonic times
+    // but no activations (Node's async context has no hook for it): its
+    // spans work for their thread from start to end, nested as the
+    // paper's. The same span from an SDK that reports activations only
+    // holds its thread.
+    let span = |language: &str| {
+        let mut s = Span::new(TraceId(4), SpanId(4), None, "GET", 0, 0);
+        s.attributes.insert(ATTR_TID, Value::Int(12));
+        s.attributes.insert(ATTR_MONO_START, Value::Int(100));
+        s.attributes.insert(ATTR_MONO_END, Value::Int(300));
+        std::sync::Arc::make_mut(&mut s.resource)
+            .attributes
+            .insert("telemetry.sdk.language", Value::String(language.into()));
+        s.refresh_sync();
+        s
+    };
+    let node = span("nodejs");
+    let a = ThreadActivity::from_spans([&node], None, ActivityOptions::default());
+    assert_eq!(a.active_at(12, 150), Some(SpanRef::of(&node)));
+    assert_eq!(a.active_at(12, 300), None);
+    let python = span("python");
+    let a = ThreadActivity::from_spans([&python], None, ActivityOptions::default());
+    assert_eq!(a.active_at(12, 150), None);
+    assert_eq!(a.held_at(12, 150), &[SpanRef::of(&python)]);
+}
+
+#[test]
 fn migrating_span_from_spans_with_activation_events() {
     // A span started on thread 1, handed to a pool worker (thread 2), then back.
     let mut s = Span::new(TraceId(9), SpanId(9), None, "req", 0, 0);
