@@ -15,6 +15,8 @@
 //!   path, each piece attributed to the request or to the request it was
 //!   blocked by (Gelle et al. 2021, §3.4); [`summarize`] and [`aggregate`]
 //!   tell where the time went, per request and per operation (§3.5).
+//! - [`arrivals`] finds when each request reached its host, so that its
+//!   time queued before its server span started gets a path too.
 //! - [`infer_placements`] places spans without deepspan fields on the
 //!   process and thread that served them, from the kernel trace alone.
 //! - [`diagnose`] names the cause of a request's waiting, with evidence and
@@ -31,6 +33,7 @@ mod held;
 mod input;
 mod merge;
 mod placement;
+mod queue;
 mod record;
 mod request;
 mod root_cause;
@@ -53,7 +56,8 @@ pub use placement::{
     clock_offset_bound, infer_placements, OffsetBound, Placement, PlacementMethod, PlacementSpan,
     Processes, ScannedProcess,
 };
-pub use record::{RequestRecord, RequestTotals};
+pub use queue::{arrivals, Arrival, ArrivalBy};
+pub use record::{QueueRecord, RequestRecord, RequestTotals};
 pub use request::{
     analyze_requests, is_request, syscall_label, ActivationInput, CpuWait, HomeSegment,
     InferredPlace, RequestAnalysis, RequestPath, RequestPiece, SpanIdx, SpanInput, SyncSource,

@@ -6,6 +6,7 @@
 use crate::diagnosis::Diagnosis;
 use crate::graph::EdgeType;
 use crate::input::LostEvents;
+use crate::queue::Arrival;
 use crate::request::RequestPath;
 use crate::state::KernelModel;
 use crate::summary::{summarize, RequestSummary};
@@ -28,6 +29,22 @@ pub struct RequestRecord {
     pub baseline_ns: Option<u64>,
     /// Well above the baseline ([`crate::is_anomalous`]).
     pub anomalous: bool,
+    /// Its time queued before the span started, when its arrival is known.
+    pub queue: Option<QueueRecord>,
+}
+
+/// A request's time queued before its span started
+/// ([`RequestPath::queue`]), as kept.
+#[derive(Clone, Debug)]
+pub struct QueueRecord {
+    pub arrival: Arrival,
+    /// From the arrival to the span's start.
+    pub ns: u64,
+    /// Where that time went, as a request's summary.
+    pub summary: RequestSummary,
+    /// What it mostly waited for: [`crate::Cause::BlockedByRequest`] is
+    /// queued behind other requests (`None` without a path of it).
+    pub diagnosis: Option<Diagnosis>,
 }
 
 impl RequestRecord {
@@ -43,8 +60,18 @@ impl RequestRecord {
         let summary = summarize(model, arch, &path);
         let totals = RequestTotals::of(&path);
         let lost_events = lost.in_range(path.start, path.end);
+        let queue = path.arrival.map(|arrival| QueueRecord {
+            arrival,
+            ns: path.queue_ns(),
+            summary: path
+                .queue_path()
+                .map(|q| summarize(model, arch, &q))
+                .unwrap_or_default(),
+            diagnosis: None,
+        });
         if !keep {
             path.pieces = Vec::new();
+            path.queue = Vec::new();
         }
         RequestRecord {
             path,
@@ -54,6 +81,7 @@ impl RequestRecord {
             diagnosis: None,
             baseline_ns: None,
             anomalous: false,
+            queue,
         }
     }
 }

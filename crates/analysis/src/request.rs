@@ -47,6 +47,7 @@ use deepspan_model::{Comm, Tid};
 use crate::critical::Piece;
 use crate::graph::EdgeType;
 use crate::merge::{join_adjacent, merge_paths};
+use crate::queue::Arrival;
 use crate::state::{BlockReason, KernelModel, SyscallInterval, ThreadState, NO_CPU};
 use crate::syscalls::{syscall_name, Arch};
 use rustc_hash::FxHashMap;
@@ -121,6 +122,9 @@ pub struct SpanInput {
     /// How the span was placed when it has no deepspan fields (`holder`
     /// then holds the inferred thread).
     pub inferred: Option<InferredPlace>,
+    /// When its request reached the host, before `times`' start
+    /// ([`crate::arrivals`]): the time between is its queue.
+    pub arrival: Option<Arrival>,
 }
 
 /// Placement of a span without deepspan fields, from the kernel trace.
@@ -230,6 +234,12 @@ pub struct RequestPath {
     /// Time-ordered, non-overlapping, covering `[start, end)` (empty when
     /// the request has no kernel path).
     pub pieces: Vec<RequestPiece>,
+    /// When the request reached its host, if known and before `start`.
+    pub arrival: Option<Arrival>,
+    /// The path of its time queued before its span started: as `pieces`,
+    /// covering `[arrival, start)` on the thread that then took it up
+    /// (empty without an arrival or a kernel path).
+    pub queue: Vec<RequestPiece>,
     /// A thread critical path under it ran out of its step budget.
     pub truncated: bool,
 }
@@ -237,6 +247,40 @@ pub struct RequestPath {
 impl RequestPath {
     pub fn duration(&self) -> u64 {
         self.end.saturating_sub(self.start)
+    }
+
+    /// Time from the request's arrival to its span's start (0 when its
+    /// arrival is not known).
+    pub fn queue_ns(&self) -> u64 {
+        self.arrival.map_or(0, |a| self.start.saturating_sub(a.ts))
+    }
+
+    /// The path of its queue alone, as a path of its own (`[arrival,
+    /// start)`, its pieces [`RequestPath::queue`]), for what reads a path:
+    /// summaries, diagnoses. `None` without a queue.
+    pub fn queue_path(&self) -> Option<RequestPath> {
+        let arrival = self.arrival?;
+        (!self.queue.is_empty()).then(|| RequestPath {
+            request: self.request,
+            start: arrival.ts,
+            end: self.start,
+            sync: self.sync,
+            home: self
+                .queue
+                .first()
+                .and_then(|p| p.tid)
+                .map(|tid| HomeSegment {
+                    start: arrival.ts,
+                    end: self.start,
+                    tid,
+                })
+                .into_iter()
+                .collect(),
+            pieces: self.queue.clone(),
+            arrival: None,
+            queue: Vec::new(),
+            truncated: self.truncated,
+        })
     }
 }
 
@@ -295,9 +339,10 @@ pub fn analyze_requests(
     let mut requests: Vec<RequestTimes> = (0..spans.len() as SpanIdx)
         .filter(|&i| request_of[i as usize] == i)
         .map(|i| {
-            let (start, end) = spans[i as usize].times.unwrap_or((0, 0));
+            let span = &spans[i as usize];
+            let (_, end) = span.times.unwrap_or((0, 0));
             RequestTimes {
-                start,
+                start: queue_start(span),
                 end,
                 request: i,
             }
@@ -331,8 +376,36 @@ pub fn analyze_requests(
     out
 }
 
+/// Where a request's path begins: its arrival when it queued before its
+/// span, else its span's start (0 when unknown).
+fn queue_start(span: &SpanInput) -> u64 {
+    let start = span.times.map_or(0, |t| t.0);
+    span.arrival.map_or(start, |a| a.ts.min(start))
+}
+
+/// The request's home segments preceded by its queue's: `[arrival,
+/// start)` on the thread that took the request up at its start.
+fn with_queue(span: &SpanInput, mut home: Vec<HomeSegment>) -> Vec<HomeSegment> {
+    let (Some((start, _)), Some(arrival)) = (span.times, span.arrival) else {
+        return home;
+    };
+    let taken_up_by = home.first().filter(|h| h.start == start).map(|h| h.tid);
+    if let (Some(tid), true) = (taken_up_by, arrival.ts < start) {
+        home.insert(
+            0,
+            HomeSegment {
+                start: arrival.ts,
+                end: start,
+                tid,
+            },
+        );
+    }
+    home
+}
+
 /// A request's span and its time on the kernel clock (`[0, 0)` when
-/// unknown). Ordered by `start`, then `end`, then `request`.
+/// unknown), from its arrival when it queued. Ordered by `start`, then
+/// `end`, then `request`.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct RequestTimes {
     start: u64,
@@ -353,9 +426,15 @@ fn analyze_group(
 ) {
     // Where each request runs, then each home thread's critical path once
     // per time range where requests overlap on it.
-    let homes: Vec<Vec<HomeSegment>> = group
+    let own_homes: Vec<Vec<HomeSegment>> = group
         .iter()
         .map(|&r| home_segments(&spans[r as usize]))
+        .collect();
+    // The threads' paths cover each request's queue too.
+    let homes: Vec<Vec<HomeSegment>> = group
+        .iter()
+        .zip(&own_homes)
+        .map(|(&r, own)| with_queue(&spans[r as usize], own.clone()))
         .collect();
     let served = served_by(model, group, &homes);
     let mut ranges: HashMap<Tid, Vec<(u64, u64)>> = HashMap::new();
@@ -442,6 +521,11 @@ fn analyze_group(
         let span = &spans[r as usize];
         let sync = sync_source(span);
         let (start, end) = span.times.unwrap_or((0, 0));
+        // Where the path begins: the queue's start when it has one.
+        let from = match (sync, &span.inferred) {
+            (SyncSource::Process, _) => queue_start(span),
+            _ => homes[n].first().map_or(start, |h| h.start.min(start)),
+        };
         let mut pieces = Vec::with_capacity(
             match &merged {
                 Some(m) => m.path_len(n as u32),
@@ -452,24 +536,25 @@ fn analyze_group(
         );
         if let (SyncSource::Process, Some(InferredPlace::Process(threads))) = (sync, &span.inferred)
         {
-            for base in process_pieces(model, threads, start, end) {
-                let owner = Owner {
-                    request: r,
-                    home: None,
-                };
-                attribute(
-                    model,
-                    spans,
-                    &out.request_of,
-                    work,
-                    owner,
-                    &served,
-                    base,
-                    scratch,
-                    &mut pieces,
-                );
+            for piece in process_pieces(model, threads, from, end) {
+                for base in split_at(piece, start) {
+                    let owner = Owner {
+                        request: r,
+                        home: None,
+                    };
+                    attribute(
+                        model,
+                        spans,
+                        &out.request_of,
+                        work,
+                        owner,
+                        &served,
+                        base,
+                        scratch,
+                        &mut pieces,
+                    );
+                }
             }
-            fill_gaps(model, &homes[n], start, end, &mut pieces);
         } else if sync != SyncSource::None {
             // (piece, how many other paths share it)
             let nodes: Box<dyn Iterator<Item = (Piece, u32)>> = match &merged {
@@ -490,8 +575,8 @@ fn analyze_group(
                 None => Box::new(alone.iter().map(|p| (p.clone(), 0))),
             };
             for (node, shared) in nodes {
-                let base = RequestPiece {
-                    start: node.start.max(start),
+                let piece = RequestPiece {
+                    start: node.start.max(from),
                     end: node.end.min(end),
                     state: node.state,
                     tid: Some(node.tid),
@@ -506,7 +591,10 @@ fn analyze_group(
                     lost: node.lost,
                     cpu_wait: None,
                 };
-                if base.end > base.start {
+                if piece.end <= piece.start {
+                    continue;
+                }
+                for base in split_at(piece, start) {
                     let home = homes[n]
                         .iter()
                         .find(|h| h.start <= base.start && base.start < h.end)
@@ -524,19 +612,47 @@ fn analyze_group(
                     );
                 }
             }
+        }
+        // The queue's pieces and the span's, each tiling its own range.
+        let (mut queue, mut pieces): (Vec<_>, Vec<_>) =
+            pieces.into_iter().partition(|p| p.end <= start);
+        if sync != SyncSource::None {
             fill_gaps(model, &homes[n], start, end, &mut pieces);
-            resume_timeouts(model, &mut pieces);
+            if from < start {
+                fill_gaps(model, &homes[n], from, start, &mut queue);
+            }
+            if sync != SyncSource::Process {
+                resume_timeouts(model, &mut pieces);
+                resume_timeouts(model, &mut queue);
+            }
         }
         on_path(RequestPath {
             request: r,
             start,
             end,
             sync,
-            home: homes[n].clone(),
+            home: own_homes[n].clone(),
             pieces: join(pieces),
+            arrival: span.arrival.filter(|a| a.ts < start),
+            queue: join(queue),
             truncated: truncated[n],
         });
     }
+}
+
+/// `piece` cut at `at` when it spans it: the queue's part and the span's
+/// are attributed (and their CPU waits measured) apart.
+fn split_at(piece: RequestPiece, at: u64) -> impl Iterator<Item = RequestPiece> {
+    let (first, second) = if piece.start < at && at < piece.end {
+        let mut after = piece.clone();
+        after.start = at;
+        let mut before = piece;
+        before.end = at;
+        (before, Some(after))
+    } else {
+        (piece, None)
+    };
+    std::iter::once(first).chain(second)
 }
 
 /// How far along a state is, for process-level paths: the process is

@@ -672,6 +672,7 @@ mod tests {
             holder: None,
             activations: Vec::new(),
             inferred: None,
+            arrival: None,
         }
     }
 
@@ -708,6 +709,8 @@ mod tests {
             sync: SyncSource::Exact,
             home: vec![HomeSegment { start, end, tid }],
             pieces,
+            arrival: None,
+            queue: Vec::new(),
             truncated: false,
         }
     }

@@ -16,7 +16,7 @@ use deepspan_pipeline::{
     read_placement, AnalysisOutcome, AnalyzeOptions, PlacementRecord, Progress, Step,
 };
 use deepspan_store::json::{CulpritDoc, Evidence};
-use deepspan_store::report::Report;
+use deepspan_store::report::{Report, ReportPiece, ReportQueue};
 use deepspan_store::tables::thread_label;
 use indicatif::ProgressBar;
 
@@ -590,6 +590,9 @@ fn print_report(
             "  (a thread critical path was cut short: parts are left unexplained)"
         )?;
     }
+    if let Some(queue) = &r.queue {
+        print_queue(out, queue)?;
+    }
     if r.critical_path.is_empty() {
         writeln!(
             out,
@@ -695,18 +698,55 @@ fn print_report(
             )?;
         }
     }
+    if let Some(queue) = r.queue.as_ref().filter(|q| !q.critical_path.is_empty()) {
+        writeln!(
+            out,
+            "\nQueued before the span ({} pieces, from the arrival)",
+            queue.critical_path.len()
+        )?;
+        print_pieces(out, &queue.critical_path, queue.arrival_ns, max_pieces)?;
+    }
     writeln!(out, "\nCritical path ({} pieces)", r.critical_path.len())?;
+    print_pieces(out, &r.critical_path, q.start_ns, max_pieces)
+}
+
+/// A request's time queued before its span, when known: how long, what
+/// says when it arrived, and its largest cause.
+fn print_queue(out: &mut impl Write, queue: &ReportQueue) -> Result<()> {
+    let by = match queue.arrival_by.as_str() {
+        "client_send" => "the client's send",
+        "server_receive" => "the server's first receive of it",
+        other => other,
+    };
+    writeln!(
+        out,
+        "  queued {} before its span started (arrival: {by})",
+        human::duration(queue.ns)
+    )?;
+    if let Some(cause) = &queue.cause {
+        writeln!(out, "    {}", fit(cause, 76))?;
+    }
+    Ok(())
+}
+
+/// A path's pieces, times from `origin_ns`, at most `max_pieces` (0: all).
+fn print_pieces(
+    out: &mut impl Write,
+    pieces: &[ReportPiece],
+    origin_ns: u64,
+    max_pieces: usize,
+) -> Result<()> {
     writeln!(
         out,
         "  {:>10} {:>10}  {:<12} {:<16} in / for",
         "at", "duration", "state", "thread"
     )?;
     let shown = if max_pieces == 0 {
-        r.critical_path.len()
+        pieces.len()
     } else {
-        max_pieces.min(r.critical_path.len())
+        max_pieces.min(pieces.len())
     };
-    for p in &r.critical_path[..shown] {
+    for p in &pieces[..shown] {
         let mut what = Vec::new();
         if let Some(b) = &p.blocked_by_request {
             what.push(format!("blocked by {b}"));
@@ -734,7 +774,7 @@ fn print_report(
         writeln!(
             out,
             "  {:>10} {:>10}  {:<12} {:<16} {}",
-            fit(&human::duration(p.start_ns.saturating_sub(q.start_ns)), 10),
+            fit(&human::duration(p.start_ns.saturating_sub(origin_ns)), 10),
             fit(&human::duration(p.end_ns.saturating_sub(p.start_ns)), 10),
             p.state,
             fit(
@@ -744,11 +784,11 @@ fn print_report(
             fit(&what.join(", "), 24)
         )?;
     }
-    if shown < r.critical_path.len() {
+    if shown < pieces.len() {
         writeln!(
             out,
             "  … {} more pieces (--max-pieces 0 shows all, --format json gives them all)",
-            r.critical_path.len() - shown
+            pieces.len() - shown
         )?;
     }
     Ok(())

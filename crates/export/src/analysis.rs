@@ -43,6 +43,21 @@ pub struct Request {
     pub diagnosis: Option<deepspan_store::json::DiagnosisDoc>,
     /// In path order.
     pub pieces: Vec<Piece>,
+    /// Its time queued before the span started, when its arrival is known.
+    pub queue: Option<Queue>,
+}
+
+/// A request's time queued at its host before its span started.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Queue {
+    /// CLOCK_MONOTONIC ns of the recording host, before the request's start.
+    pub arrival_ns: u64,
+    /// `client_send` or `server_receive`.
+    pub arrival_by: String,
+    /// The label of its largest cause (`queued behind 3 requests of …`).
+    pub cause: Option<String>,
+    /// The requests it was queued behind, most time first.
+    pub behind: Vec<(TraceId, SpanId)>,
 }
 
 impl Request {
@@ -231,6 +246,9 @@ fn assemble(
     min_syscall_ns: u64,
 ) -> Result<RunAnalysis, Error> {
     let mut requests = Vec::with_capacity(entries.len());
+    // The span ids each request was queued behind, resolved to requests
+    // (of any trace) once all are read.
+    let mut queued_behind: Vec<Vec<SpanId>> = Vec::with_capacity(entries.len());
     for (i, r) in entries.into_iter().enumerate() {
         let trace_id = TraceId::from_hex(&r.trace_id)
             .ok_or_else(|| bad(json_path, format!("requests[{i}].trace_id is not hex")))?;
@@ -252,7 +270,31 @@ fn assemble(
             baseline_ns: r.baseline_ns,
             diagnosis: r.diagnosis,
             pieces: Vec::new(),
+            queue: r.queue.as_ref().map(|q| Queue {
+                arrival_ns: q.arrival_ns,
+                arrival_by: q.arrival_by.clone(),
+                cause: q.cause_groups.first().map(|g| g.label.clone()),
+                behind: Vec::new(),
+            }),
         });
+        queued_behind.push(
+            r.queue
+                .iter()
+                .flat_map(|q| &q.cause_groups)
+                .flat_map(|g| &g.blocked_by_requests)
+                .filter_map(|id| SpanId::from_hex(id))
+                .collect(),
+        );
+    }
+    let trace_of: HashMap<SpanId, TraceId> =
+        requests.iter().map(|r| (r.span_id, r.trace_id)).collect();
+    for (request, behind) in requests.iter_mut().zip(queued_behind) {
+        if let Some(q) = request.queue.as_mut() {
+            q.behind = behind
+                .into_iter()
+                .filter_map(|span| Some((*trace_of.get(&span)?, span)))
+                .collect();
+        }
     }
 
     let index: HashMap<(TraceId, SpanId), usize> = requests

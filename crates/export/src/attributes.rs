@@ -38,6 +38,12 @@ pub const PATH_PIECES: &str = "deepspan.kernel.path_pieces";
 pub const CHILD_SPANS: &str = "deepspan.kernel.child_spans";
 pub const FOLD_THRESHOLD_NS: &str = "deepspan.kernel.fold_threshold_ns";
 pub const EVENTS_DROPPED: &str = "deepspan.kernel.events_dropped";
+/// The request's time queued at its host before its span started, what
+/// says when it arrived (`client_send`, `server_receive`), and its largest
+/// cause (`queued behind 3 requests of [node] GET /slow`).
+pub const QUEUE_NS: &str = "deepspan.queue_ns";
+pub const QUEUE_ARRIVAL_BY: &str = "deepspan.queue.arrival_by";
+pub const QUEUE_CAUSE: &str = "deepspan.queue.cause";
 
 // On a kernel child span (and partly on its events).
 pub const KIND: &str = "deepspan.kernel.kind";
@@ -81,6 +87,7 @@ pub const LINK_REASON: &str = "deepspan.link.reason";
 pub const KIND_PATH: &str = "path";
 pub const KIND_FOLDED: &str = "folded";
 pub const KIND_SYSCALL: &str = "syscall";
+pub const KIND_QUEUE: &str = "queue";
 
 // Span events on a request span.
 pub const EVENT_WOKEN_BY_REQUEST: &str = "deepspan.kernel.woken_by_request";

@@ -22,7 +22,7 @@ use deepspan_spans::model::{Attributes, Event, Link, Scope, SpanKind, Status, Sy
 use deepspan_spans::{Span, SpanId, TraceId};
 use deepspan_store::json::CulpritDoc;
 
-use crate::analysis::{Piece, Request, RunAnalysis, Syscall};
+use crate::analysis::{Piece, Queue, Request, RunAnalysis, Syscall};
 use crate::attributes as a;
 
 /// A piece of the path after joining: one thread in one state, with what
@@ -379,6 +379,16 @@ fn request_attributes(span: &mut Span, request: &Request, threshold_ns: u64) {
     }
     at.insert(a::PATH_PIECES, int(request.pieces.len() as u64));
     at.insert(a::FOLD_THRESHOLD_NS, int(threshold_ns));
+    if let Some(q) = &request.queue {
+        at.insert(
+            a::QUEUE_NS,
+            int(request.start_ns.saturating_sub(q.arrival_ns)),
+        );
+        at.insert(a::QUEUE_ARRIVAL_BY, string(&q.arrival_by));
+        if let Some(c) = &q.cause {
+            at.insert(a::QUEUE_CAUSE, string(c));
+        }
+    }
     let Some(d) = &request.diagnosis else {
         return;
     };
@@ -775,9 +785,68 @@ pub fn enrich_request(
         index += 1;
     }
     counts.syscall_spans = index as usize;
+    if let Some(q) = request
+        .queue
+        .as_ref()
+        .filter(|q| q.arrival_ns < request.start_ns)
+    {
+        children.push(queue_span(span, request, q, cx));
+    }
     span.attributes
         .insert(a::CHILD_SPANS, int(children.len() as u64));
     Enriched { children, counts }
+}
+
+/// The child span of a request's time queued before its span started: it
+/// ends where the request span starts and begins as long before (the two
+/// clocks run at the same rate), linked to the requests it was queued
+/// behind.
+fn queue_span(span: &Span, request: &Request, q: &Queue, cx: &Context<'_>) -> Span {
+    let queued_ns = request.start_ns - q.arrival_ns;
+    let mut at = Attributes::default();
+    at.insert(a::KIND, string(a::KIND_QUEUE));
+    at.insert(a::QUEUE_NS, int(queued_ns));
+    at.insert(a::QUEUE_ARRIVAL_BY, string(&q.arrival_by));
+    if let Some(c) = &q.cause {
+        at.insert(a::QUEUE_CAUSE, string(c));
+    }
+    at.insert(a::MONO_START_NS, int(q.arrival_ns));
+    at.insert(a::MONO_END_NS, int(request.start_ns));
+    let links = q
+        .behind
+        .iter()
+        .filter(|id| cx.by_id.contains_key(id))
+        .map(|&(trace_id, span_id)| {
+            let mut at = Attributes::default();
+            at.insert(a::LINK_REASON, string("queued_behind_request"));
+            Link {
+                trace_id,
+                span_id,
+                trace_state: String::new(),
+                attributes: at,
+            }
+        })
+        .collect();
+    Span {
+        trace_id: span.trace_id,
+        span_id: child_id(span.trace_id, span.span_id, b'q', 0),
+        parent_span_id: Some(span.span_id),
+        trace_state: String::new(),
+        name: match &q.cause {
+            Some(c) => format!("queued: {c}"),
+            None => "queued".to_string(),
+        },
+        kind: SpanKind::Internal,
+        resource: span.resource.clone(),
+        scope: cx.scope.clone(),
+        start_ns: span.start_ns.saturating_sub(queued_ns),
+        end_ns: span.start_ns,
+        attributes: at,
+        events: Vec::new(),
+        links,
+        status: Status::default(),
+        sync: SyncInfo::default(),
+    }
 }
 
 #[cfg(test)]

@@ -90,6 +90,8 @@ pub(crate) fn span_input(
             })
             .collect(),
         inferred: None,
+        // Set once the span is placed (`stages::set_arrivals`).
+        arrival: None,
     }
 }
 

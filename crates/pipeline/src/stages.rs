@@ -46,11 +46,11 @@ use std::time::{Duration, Instant};
 
 use deepspan_analysis::RequestRecord;
 use deepspan_analysis::{
-    aggregate, analyze_requests, baselines, clock_offset_bound, diagnose, infer_placements,
-    is_anomalous, usual_durations, Arch, ChainIndex, Containers, DiagnosisContext, InferredPlace,
-    KernelModel, LostEvents, OffsetBound, OperationSummary, Placement, PlacementMethod,
-    PlacementSpan, Processes, RequestAnalysis, RequestPath, ScannedProcess, SpanIdx, SpanInput,
-    StateBuilder, SyncSource,
+    aggregate, analyze_requests, arrivals, baselines, clock_offset_bound, diagnose,
+    infer_placements, is_anomalous, usual_durations, Arch, ChainIndex, Containers,
+    DiagnosisContext, InferredPlace, KernelModel, LostEvents, OffsetBound, OperationSummary,
+    Placement, PlacementMethod, PlacementSpan, Processes, RequestAnalysis, RequestPath,
+    ScannedProcess, SpanIdx, SpanInput, StateBuilder, SyncSource,
 };
 use deepspan_model::Tid;
 use deepspan_run::analysis;
@@ -298,6 +298,7 @@ pub(crate) fn place_spans(
     apply_placements(&mut span_inputs, &placements, |pid| {
         process_threads(pid, &pids, kernel.model.threads().map(|t| (t.tid, t.pid)))
     });
+    set_arrivals(&kernel.model, &spans, &mut span_inputs);
     let inferred_tid = |i: usize, _: &Span| {
         placements
             .get(i)
@@ -318,6 +319,19 @@ pub(crate) fn place_spans(
         pids,
         activity,
         containers,
+    }
+}
+
+/// Gives each server span the arrival of its request at the host
+/// ([`arrivals`]), from its connection and its placed times.
+fn set_arrivals(model: &KernelModel, spans: &[Span], span_inputs: &mut [SpanInput]) {
+    let connections: Vec<PlacementSpan> = spans
+        .iter()
+        .zip(span_inputs.iter())
+        .map(|(s, i)| placement_span(s, i))
+        .collect();
+    for (input, arrival) in span_inputs.iter_mut().zip(arrivals(model, &connections)) {
+        input.arrival = arrival;
     }
 }
 
@@ -619,6 +633,7 @@ fn write_paths(
     if let Some(columns) = keep {
         table.keep(columns);
     }
+    let mut queue_table = CriticalPathWriter::create(&staging.file(analysis::QUEUE_PATH))?;
     let mut records = Vec::new();
     // Every path, for the root causes through chains of requests (a
     // request's blockers may come later).
@@ -626,15 +641,24 @@ fn write_paths(
     let mut diagnosing = Duration::ZERO;
     for path in paths {
         table.write(&ctx, &path)?;
+        let queue = path.queue_path();
+        if let Some(q) = &queue {
+            queue_table.write(&ctx, q)?;
+        }
         let clock = Instant::now();
         let d = diagnose(&diagnosis, &path);
+        let queue_diagnosis = queue.as_ref().and_then(|q| diagnose(&diagnosis, q));
         chains.add(&diagnosis, &path);
         diagnosing += clock.elapsed();
         let mut rec = RequestRecord::new(&kernel.model, kernel.arch, &kernel.lost, path, false);
         rec.diagnosis = d;
+        if let Some(q) = rec.queue.as_mut() {
+            q.diagnosis = queue_diagnosis;
+        }
         records.push(rec);
     }
     let (_, kept) = table.finish()?;
+    queue_table.finish()?;
     Ok(Written {
         records,
         chains,
@@ -840,6 +864,8 @@ mod tests {
                 sync: deepspan_analysis::SyncSource::Exact,
                 home: Vec::new(),
                 pieces: Vec::new(),
+                arrival: None,
+                queue: Vec::new(),
                 truncated: false,
             },
             summary: deepspan_analysis::RequestSummary::default(),
@@ -848,6 +874,7 @@ mod tests {
             diagnosis: None,
             baseline_ns: None,
             anomalous: false,
+            queue: None,
         }
     }
 

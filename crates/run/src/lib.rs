@@ -79,6 +79,9 @@ pub mod analysis {
     pub const SYSCALLS: &str = "syscalls.parquet";
     pub const REQUESTS: &str = "requests.parquet";
     pub const CRITICAL_PATH: &str = "critical_path.parquet";
+    /// The paths of the requests' time queued before their spans, in
+    /// `critical_path`'s columns.
+    pub const QUEUE_PATH: &str = "queue_path.parquet";
     pub const REQUEST_SUMMARY: &str = "request_summary.parquet";
     pub const REQUEST_SYSCALLS: &str = "request_syscalls.parquet";
     pub const OPERATION_SUMMARY: &str = "operation_summary.parquet";

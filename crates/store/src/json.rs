@@ -114,6 +114,31 @@ pub struct RequestEntry {
     /// Null without a kernel path (and in analyses made before diagnoses).
     #[serde(default)]
     pub diagnosis: Option<DiagnosisDoc>,
+    /// Its time queued at its host before its span started; null when its
+    /// arrival is not known.
+    #[serde(default)]
+    pub queue: Option<QueueDoc>,
+}
+
+/// A request's time queued at its host before its span started (an event
+/// loop or a pool busy with other requests, a lock, a CPU).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueDoc {
+    /// When the request reached the host (CLOCK_MONOTONIC ns).
+    pub arrival_ns: u64,
+    /// What says so: `client_send` (the client's send, on a traced host)
+    /// or `server_receive` (the server's first receive of it).
+    pub arrival_by: String,
+    /// From the arrival to the span's start.
+    pub ns: u64,
+    /// Where that time went, the requests it was queued behind grouped
+    /// by `[service] operation`, largest first.
+    #[serde(default)]
+    pub cause_groups: Vec<CauseGroup>,
+    /// What it mostly waited for: `blocked_by_request` when the thread that
+    /// took it up was busy with other requests meanwhile.
+    #[serde(default)]
+    pub diagnosis: Option<DiagnosisDoc>,
 }
 
 /// A request's time by kind.
@@ -378,39 +403,7 @@ fn request_entry(r: &AnalysisResults, i: usize) -> Option<RequestEntry> {
                 wakeup_ns: row.wakeup_ns,
             })
             .collect(),
-        cause_groups: crate::cause_groups(s, r.spans)
-            .into_iter()
-            .take(TOP)
-            .map(|g| CauseGroup {
-                label: crate::cause_group_label(&g, r.spans),
-                blocked_by_requests: g
-                    .requests
-                    .iter()
-                    .filter_map(|(b, _)| r.spans.get(*b as usize))
-                    .map(|b| span_hex(b.span_id))
-                    .collect(),
-                state: g
-                    .parts
-                    .first()
-                    .map_or("UNKNOWN", |p| path_state_name(p.state))
-                    .into(),
-                ns: g.ns,
-                share: g.ns as f64 / total,
-                parts: g
-                    .parts
-                    .iter()
-                    .map(|row| CausePart {
-                        label: part_label(row, r.spans),
-                        state: path_state_name(row.state).into(),
-                        ns: row.ns,
-                        throttled_ns: row.throttled_ns,
-                        contended_ns: row.contended_ns,
-                        wakeup_ns: row.wakeup_ns,
-                    })
-                    .collect(),
-                blocked_by_operation: g.blocked_by,
-            })
-            .collect(),
+        cause_groups: cause_group_docs(s, r.spans, crate::cause_group_label),
         syscalls: s
             .by_syscall
             .iter()
@@ -426,7 +419,57 @@ fn request_entry(r: &AnalysisResults, i: usize) -> Option<RequestEntry> {
             .diagnosis
             .as_ref()
             .map(|d| DiagnosisDoc::new(d, r.spans)),
+        queue: rec.queue.as_ref().map(|q| QueueDoc {
+            arrival_ns: q.arrival.ts,
+            arrival_by: q.arrival.by.name().to_string(),
+            ns: q.ns,
+            cause_groups: cause_group_docs(&q.summary, r.spans, crate::queue_group_label),
+            diagnosis: q.diagnosis.as_ref().map(|d| DiagnosisDoc::new(d, r.spans)),
+        }),
     })
+}
+
+/// The summary's causes, the blocking requests grouped by operation, each
+/// group named by `label`, largest first ([`TOP`] of them).
+fn cause_group_docs(
+    summary: &deepspan_analysis::RequestSummary,
+    spans: &[crate::SpanMeta],
+    label: fn(&deepspan_analysis::CauseGroup<String>, &[crate::SpanMeta]) -> String,
+) -> Vec<CauseGroup> {
+    let total = summary.total_ns.max(1) as f64;
+    crate::cause_groups(summary, spans)
+        .into_iter()
+        .take(TOP)
+        .map(|g| CauseGroup {
+            label: label(&g, spans),
+            blocked_by_requests: g
+                .requests
+                .iter()
+                .filter_map(|(b, _)| spans.get(*b as usize))
+                .map(|b| span_hex(b.span_id))
+                .collect(),
+            state: g
+                .parts
+                .first()
+                .map_or("UNKNOWN", |p| path_state_name(p.state))
+                .into(),
+            ns: g.ns,
+            share: g.ns as f64 / total,
+            parts: g
+                .parts
+                .iter()
+                .map(|row| CausePart {
+                    label: part_label(row, spans),
+                    state: path_state_name(row.state).into(),
+                    ns: row.ns,
+                    throttled_ns: row.throttled_ns,
+                    contended_ns: row.contended_ns,
+                    wakeup_ns: row.wakeup_ns,
+                })
+                .collect(),
+            blocked_by_operation: g.blocked_by,
+        })
+        .collect()
 }
 
 /// A part of a group, labelled as its thread's state (the group names the

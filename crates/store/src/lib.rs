@@ -141,6 +141,18 @@ pub fn cause_group_label(g: &CauseGroup<String>, spans: &[SpanMeta]) -> String {
     }
 }
 
+/// A group of a request's queue (its time before its span started) as
+/// reports show it: `queued behind 3 requests of [node] GET /slow` for
+/// time the thread that took the request up spent on other requests, else
+/// the group's label.
+pub fn queue_group_label(g: &CauseGroup<String>, spans: &[SpanMeta]) -> String {
+    match (&g.blocked_by, g.requests.len()) {
+        (Some(op), 1) => format!("queued behind 1 request of {op}"),
+        (Some(op), n) => format!("queued behind {n} requests of {op}"),
+        _ => cause_group_label(g, spans),
+    }
+}
+
 /// What mostly kept a runnable thread off the CPU, as a label suffix
 /// (empty when nothing is known).
 pub fn cpu_wait_label(throttled_ns: u64, contended_ns: u64, wakeup_ns: u64) -> &'static str {

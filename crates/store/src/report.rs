@@ -16,7 +16,7 @@ use crate::tables::{
 };
 use crate::Error;
 use deepspan_run::analysis::{
-    CRITICAL_PATH, DIAGNOSES, REQUESTS, REQUEST_SUMMARY, REQUEST_SYSCALLS,
+    CRITICAL_PATH, DIAGNOSES, QUEUE_PATH, REQUESTS, REQUEST_SUMMARY, REQUEST_SYSCALLS,
 };
 use deepspan_run::Run;
 
@@ -30,8 +30,26 @@ pub struct Report {
     /// `evidence`, `culprits`, `root_cause` from version 2 tables on), as
     /// in `requests.json`; null without a kernel path.
     pub diagnosis: Option<DiagnosisDoc>,
+    /// Its time queued at its host before its span started; null when its
+    /// arrival is not known (and in analyses made before queues).
+    pub queue: Option<ReportQueue>,
     #[serde(skip)]
     pub details: ReportDetails,
+}
+
+/// A request's time queued before its span started.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReportQueue {
+    /// When the request reached its host.
+    pub arrival_ns: u64,
+    /// `client_send` or `server_receive`.
+    pub arrival_by: String,
+    /// From the arrival to the span's start.
+    pub ns: u64,
+    /// Its largest cause, `queued behind 3 requests of [node] GET /slow`.
+    pub cause: Option<String>,
+    /// Its path, `[arrival, start)` (empty without a kernel path).
+    pub critical_path: Vec<ReportPiece>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -197,6 +215,26 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
             diagnosis = diagnosis_doc(row, &diagnoses_path)?;
         }
     }
+    let queue = match (chosen.arrival_ns, &chosen.arrival_by) {
+        (Some(arrival), Some(by)) => {
+            let path = dir.join(QUEUE_PATH);
+            let pieces = if path.is_file() {
+                read_table(&path, |r: &CriticalPathRow| {
+                    r.span_id == span_id && r.trace_id == trace_id
+                })?
+            } else {
+                Vec::new()
+            };
+            Some(ReportQueue {
+                arrival_ns: ns(arrival),
+                arrival_by: by.clone(),
+                ns: ns(chosen.queue_ns),
+                cause: chosen.queue_cause.clone(),
+                critical_path: joined_pieces(pieces),
+            })
+        }
+        _ => None,
+    };
     let blockers = summary
         .iter()
         .filter_map(|s| s.blocked_by_request.clone())
@@ -208,6 +246,7 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
         summary,
         lost_events: ns(chosen.lost_events),
         diagnosis,
+        queue,
         details: ReportDetails {
             anomalous,
             baseline_ns,

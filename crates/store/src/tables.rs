@@ -82,6 +82,10 @@ table! {
         top_cause_ns: i64,
         lost_events: i64,
         truncated: bool,
+        arrival_ns: Option<i64>,
+        arrival_by: Option<String>,
+        queue_ns: i64,
+        queue_cause: Option<String>,
     }
 }
 
@@ -210,6 +214,10 @@ pub fn write_containers(path: &Path, containers: &Containers) -> Result<u64, Err
 /// Layout version of the `diagnoses` table: 2 added the root cause
 /// (`root_*` columns).
 pub const DIAGNOSES_VERSION: u32 = 2;
+
+/// Layout version of the `requests` table: 2 added the arrival and queue
+/// columns (docs/tables.md).
+pub const REQUESTS_VERSION: u32 = 2;
 
 table! {
     /// One cause of an operation's time over its requests
@@ -498,7 +506,7 @@ impl NameCache {
 
 /// One row per request.
 pub fn write_requests(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
-    let mut w = TableWriter::create(path, REQUESTS_COLUMNS)?;
+    let mut w = TableWriter::create_versioned(path, REQUESTS_COLUMNS, Some(REQUESTS_VERSION))?;
     for rec in r.requests {
         let (p, summary, t) = (&rec.path, &rec.summary, &rec.totals);
         let Some(span) = r.span(p.request) else {
@@ -532,6 +540,19 @@ pub fn write_requests(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
         w.u64(top.map_or(0, |g| g.ns));
         w.u64(rec.lost_events);
         w.bool(p.truncated);
+        w.opt_u64(p.arrival.map(|a| a.ts));
+        w.opt_str(p.arrival.map(|a| a.by.name()));
+        w.u64(p.queue_ns());
+        let queue_top = rec
+            .queue
+            .as_ref()
+            .and_then(|q| crate::cause_groups(&q.summary, r.spans).into_iter().next());
+        w.opt_str(
+            queue_top
+                .as_ref()
+                .map(|g| crate::queue_group_label(g, r.spans))
+                .as_deref(),
+        );
         w.end_row()?;
     }
     w.finish()

@@ -197,6 +197,12 @@ impl SyscallInterval {
             remote_port: self.arg1 as u16,
         })
     }
+
+    /// For a call of the socket-call capture, whether it sent (else it
+    /// received): its exit is the one a receive's return stands for.
+    pub fn socket_sent(&self) -> bool {
+        self.id == -1 && !self.entry_seen && !self.exit_seen
+    }
 }
 
 /// Everything known about one thread over the trace.

@@ -5,8 +5,9 @@ use crate::common::requests::{request, Work};
 use crate::common::script::Script;
 
 use deepspan_analysis::{
-    aggregate, analyze_requests, build_model, summarize, Arch, CpuWait, EdgeType, HeldBack, Input,
-    KernelModel, RequestAnalysis, RequestPath, SpanIdx, SpanInput, StateBuilder, SyncSource,
+    aggregate, analyze_requests, build_model, summarize, Arch, Arrival, ArrivalBy, CpuWait,
+    EdgeType, HeldBack, Input, KernelModel, RequestAnalysis, RequestPath, SpanIdx, SpanInput,
+    StateBuilder, SyncSource,
 };
 use deepspan_model::{Event, EventKind, Tid};
 
@@ -161,6 +162,73 @@ fn idle_cpu_while_preempted_is_throttling_and_others_are_contention() {
     assert_eq!((throttled, contended), (40, 10), "{pre:#?}");
     let holder = pre.iter().filter_map(|p| p.cpu_wait).find_map(|w| w.holder);
     assert_eq!(holder, Some(4));
+}
+
+#[test]
+fn a_request_that_arrived_while_its_loop_ran_another_is_queued_behind_it() {
+    // An event loop (thread 3) runs request 0 from 10 to 160; request 1
+    // arrived at 20 and its span runs from 170 to 200 on the same loop.
+    let mut s = Script::default();
+    s.switch(1, 0, 0, 0, 3).switch(300, 0, 3, 1, 0);
+    let model = s.model();
+    let mut spans = vec![request(3, 10, 160), request(3, 170, 200)];
+    let arrival = Arrival {
+        ts: 20,
+        by: ArrivalBy::ClientSend,
+    };
+    spans[1].arrival = Some(arrival);
+    let work = Work(vec![(3, 10, 160, 0), (3, 170, 200, 1)]);
+    let a = analyze(&model, &spans, &work);
+    let (first, queued) = (&a.paths[0], &a.paths[1]);
+    assert!(first.queue.is_empty() && first.arrival.is_none());
+    assert_eq!((queued.arrival, queued.queue_ns()), (Some(arrival), 150));
+    let q: Vec<_> = queued
+        .queue
+        .iter()
+        .map(|p| (p.start, p.end, p.state, p.blocked_by))
+        .collect();
+    assert_eq!(
+        q,
+        vec![
+            (20, 160, EdgeType::Running, Some(0)),
+            (160, 170, EdgeType::Running, None)
+        ]
+    );
+    // The span's own path is what it was without the queue.
+    let own: Vec<_> = queued.pieces.iter().map(|p| (p.start, p.end)).collect();
+    assert_eq!(own, vec![(170, 200)]);
+    assert_eq!(queued.home.first().map(|h| h.start), Some(170));
+    // The queue as a path of its own, for summaries and diagnoses.
+    let path = queued.queue_path().unwrap();
+    assert_eq!((path.start, path.end, path.pieces.len()), (20, 170, 2));
+}
+
+#[test]
+fn a_request_alone_on_an_idle_loop_is_queued_behind_nothing() {
+    // The loop (thread 3) sleeps until the request's bytes wake it at 150,
+    // reads and parses them, and starts the span at 160.
+    let mut s = Script::default();
+    s.switch(1, 0, 0, 0, 3)
+        .switch(5, 0, 3, 1, 0)
+        .waking(150, 0, 3)
+        .switch(151, 0, 0, 0, 3)
+        .switch(300, 0, 3, 1, 0);
+    let model = s.model();
+    let mut spans = vec![request(3, 160, 200)];
+    spans[0].arrival = Some(Arrival {
+        ts: 150,
+        by: ArrivalBy::ClientSend,
+    });
+    let a = analyze(&model, &spans, &Work(vec![(3, 160, 200, 0)]));
+    let path = &a.paths[0];
+    assert_eq!(path.queue_ns(), 10);
+    assert_eq!(path.queue.first().map(|p| p.start), Some(150));
+    assert_eq!(path.queue.last().map(|p| p.end), Some(160));
+    assert!(
+        path.queue.iter().all(|p| p.blocked_by.is_none()),
+        "{:#?}",
+        path.queue
+    );
 }
 
 #[test]

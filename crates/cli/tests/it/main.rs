@@ -7,7 +7,7 @@
 //! `#[ignore = "system: …"]`: root and tracefs (agent_jaeger, analyze_real,
 //! crash_recovery, demo_real, deploy, export_jaeger, hosts_netns, java_agent,
 //! java_app, placement_compare, placement_go, placement_real, profile_real,
-//! record_real_program, and one test each of spans_cli, ui_api and
+//! queue_node, record_real_program, and one test each of spans_cli, ui_api and
 //! ui_snapshots), some also cgroups, network namespaces, PostgreSQL and the
 //! demo's packages, Jaeger, podman, a JDK with Maven, or Go. The heavy ones take
 //! `common::one_at_a_time`.
@@ -33,6 +33,7 @@ mod placement_go;
 mod placement_node;
 mod placement_real;
 mod profile_real;
+mod queue_node;
 mod record_real_program;
 mod spans_cli;
 mod sync_bounds;

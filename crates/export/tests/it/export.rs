@@ -9,7 +9,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deepspan_export::analysis::{Piece, Request, RunAnalysis, Syscall};
+use deepspan_export::analysis::{Piece, Queue, Request, RunAnalysis, Syscall};
 use deepspan_export::attributes as a;
 use deepspan_export::{
     export_spans, send_otlp, write_json, Export, ExportOptions, Protocol, SendOptions,
@@ -156,6 +156,7 @@ fn fixture() -> (Vec<Span>, RunAnalysis) {
             piece(90, 95, "RUNNING", 7, "inventory"),
             lost,
         ],
+        queue: None,
     };
     let restock = Request {
         trace_id: RESTOCK_TRACE,
@@ -173,6 +174,14 @@ fn fixture() -> (Vec<Span>, RunAnalysis) {
         top_cause: None,
         diagnosis: None,
         pieces: vec![piece(0, 95, "RUNNING", 8, "inventory")],
+        // It reached the host 4 ms before its span began, while the
+        // thread that took it up worked for the checkout.
+        queue: Some(Queue {
+            arrival_ns: 996 * MS,
+            arrival_by: "client_send".into(),
+            cause: Some("queued behind 1 request of [inventory] POST /checkout".into()),
+            behind: vec![(CHECKOUT_TRACE, CHECKOUT)],
+        }),
     };
     let mut syscalls = HashMap::new();
     syscalls.insert(
@@ -353,6 +362,46 @@ fn a_request_gets_its_kernel_path_as_child_spans_inside_its_bounds() {
     assert_eq!(export.stats.folded_pieces, 1);
     assert_eq!(export.stats.path_spans, 5 + 1);
     assert_eq!(export.stats.syscall_spans, 2);
+}
+
+#[test]
+fn a_queued_request_gets_its_queue_as_a_child_span_just_before_it() {
+    let export = exported();
+    let parent = export.spans().find(|s| s.span_id == RESTOCK).unwrap();
+    let queued: Vec<&Span> = children_of(&export, RESTOCK)
+        .into_iter()
+        .filter(|c| attr(c, a::KIND) == &Value::String(a::KIND_QUEUE.into()))
+        .collect();
+    assert_eq!(queued.len(), 1, "one queue span");
+    let q = queued[0];
+    assert_eq!(
+        q.name,
+        "queued: queued behind 1 request of [inventory] POST /checkout"
+    );
+    assert_eq!(
+        (q.start_ns, q.end_ns),
+        (parent.start_ns - 4 * MS, parent.start_ns)
+    );
+    let four_ms = Value::Int((4 * MS) as i64);
+    assert_eq!(attr(q, a::QUEUE_NS), &four_ms);
+    assert_eq!(attr(parent, a::QUEUE_NS), &four_ms);
+    assert_eq!(
+        attr(parent, a::QUEUE_ARRIVAL_BY),
+        &Value::String("client_send".into())
+    );
+    assert_eq!(attr(q, a::MONO_START_NS), &Value::Int((996 * MS) as i64));
+    assert_eq!(q.links.len(), 1);
+    assert_eq!(
+        (q.links[0].trace_id, q.links[0].span_id),
+        (CHECKOUT_TRACE, CHECKOUT)
+    );
+    assert_eq!(
+        q.links[0].attributes.get(a::LINK_REASON),
+        Some(&Value::String("queued_behind_request".into()))
+    );
+    // A request that did not queue has neither.
+    let checkout = export.spans().find(|s| s.span_id == CHECKOUT).unwrap();
+    assert!(checkout.attributes.get(a::QUEUE_NS).is_none());
 }
 
 #[test]
