@@ -79,6 +79,7 @@ check: setup-check ui
 	python3 -m pytest -q -p no:cacheprovider sdk/python/tests
 	node --test sdk/node/test/
 	node ui/test/units.test.mjs
+	node ui/test/queue.test.mjs
 
 # The whole suite; system tests need root and tracefs, and fail instead of
 # skipping when DEEPSPAN_REQUIRE_KERNEL is set (.ci/run sets it). Each stage

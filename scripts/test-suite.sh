@@ -101,6 +101,7 @@ fi
 run "Python SDK tests (beside)" python3 -m pytest -q -p no:cacheprovider sdk/python/tests
 run "Node.js SDK tests (beside)" node --test sdk/node/test/
 run "UI units (beside)" node ui/test/units.test.mjs
+run "UI queue band (beside)" node ui/test/queue.test.mjs
 
 wait "$cli" || failed=1
 cat "$logs/cli.log"

@@ -30,6 +30,19 @@ export interface CauseGroup {
   parts: Array<{ label: string; state: string; ns: number }>;
 }
 
+/** A request's time at its host before its span started (requests.json's `queue`). */
+export interface QueueDoc {
+  /** When it reached the host (CLOCK_MONOTONIC ns, as `start_ns`). */
+  arrival_ns: number;
+  /** What says so: `client_send` or `server_receive`. */
+  arrival_by: string;
+  /** `start_ns - arrival_ns`. */
+  ns: number;
+  /** Where the time went, the requests it was queued behind grouped by `[service] operation`, largest first. */
+  cause_groups: CauseGroup[];
+  diagnosis?: Diagnosis | null;
+}
+
 export interface RequestRow {
   trace_id: string;
   span_id: string;
@@ -49,6 +62,8 @@ export interface RequestRow {
   anomalous?: boolean;
   baseline_ns?: number | null;
   diagnosis?: Diagnosis | null;
+  /** Null (or absent, in analyses made before queues) when its arrival is not known. */
+  queue?: QueueDoc | null;
 }
 
 /** One drawn interval: an original one (n = 1) or merged by the server's level of detail. */

@@ -2,6 +2,7 @@
 
 import { get, run, RequestRow } from "./api";
 import { el, esc, fmtNs, hostsLegend } from "./format";
+import { hasQueue, queueLabel } from "./queue";
 
 interface ListState {
   sort: "duration" | "start";
@@ -66,7 +67,7 @@ export async function listView(app: HTMLElement): Promise<void> {
         <td>${esc(r.service)}</td>
         <td><a href="#/request/${esc(r.span_id)}">${esc(r.operation)}</a></td>
         <td class="num">${fmtNs(r.start_ns - info.start_ns)}</td>
-        <td class="num">${fmtNs(r.duration_ns)}${r.baseline_ns ? ` <span class="muted">(median ${fmtNs(r.baseline_ns)})</span>` : ""}</td>
+        <td class="num">${fmtNs(r.duration_ns)}${r.baseline_ns ? ` <span class="muted">(median ${fmtNs(r.baseline_ns)})</span>` : ""}${queued(r)}</td>
         <td>${top ? `${esc(top.label)} <span class="muted">${Math.round(top.share * 100)}%</span>` : ""}</td>
         <td>${r.diagnosis ? `<span class="cause">${esc(r.diagnosis.cause)}</span>${root?.chain ? ` → root <span class="cause root" title="${esc(root.chain)}">${esc(root.cause)}</span>` : ""} ${esc(r.diagnosis.headline)}` : ""}</td>`;
       tr.addEventListener("click", (ev) => {
@@ -88,6 +89,12 @@ export async function listView(app: HTMLElement): Promise<void> {
       }),
     );
   };
+
+  /** The time it queued at its host before its span started, when it did (≥ 1 µs). */
+  function queued(r: RequestRow): string {
+    if (!hasQueue(r.queue)) return "";
+    return ` <span class="queued" title="${esc(queueLabel(r.queue, fmtNs))} (before its span started)">queued ${fmtNs(r.queue.ns)}</span>`;
+  }
 
   function select(key: keyof ListState, label: string, values: string[]): HTMLElement {
     const box = el("label", {}, `${esc(label)} `);

@@ -1,13 +1,14 @@
 // One request: diagnosis, span Gantt chart with the span-level critical
 // path, kernel critical path per thread (arrows where it moves to another
-// thread, pieces spent for a blocking request outlined), summary chart,
-// and the flame graph of its CPU samples when the run was recorded with
-// --profile.
+// thread, pieces spent for a blocking request outlined; its queue before
+// its span, hatched), summary chart, and the flame graph of its CPU
+// samples when the run was recorded with --profile.
 
-import { ApiError, CauseObject, Drawn, get, RequestRow, Diagnosis } from "./api";
+import { ApiError, CauseGroup, CauseObject, Drawn, get, RequestRow, Diagnosis } from "./api";
 import { FLAME_LEGEND, FlameGraph, ProfileResponse } from "./flame";
 import { BLOCKED_BY_REQUEST, containerLabel, el, esc, fmtEvidence, fmtNs, fmtShare, fmtTid, legend, stateColor, STATE_COLORS } from "./format";
-import { Lane, Timeline } from "./timeline";
+import { arrivalLabel, hasQueue, queueBand, queueLabel, withQueue } from "./queue";
+import { Band, Lane, Timeline } from "./timeline";
 
 interface SummaryRow {
   state: string;
@@ -36,6 +37,26 @@ interface Placement {
   evidence: string[];
 }
 
+/** The request's queue: its time at its host before its span started (`/api/requests/{id}`'s `queue`). */
+interface QueueView {
+  arrival_ns: number;
+  arrival_by: string;
+  ns: number;
+  /** The span's start: the queue is `[arrival_ns, start_ns)`. */
+  start_ns: number;
+  /** Its largest group's label; null when nothing is known of where the time went. */
+  label: string | null;
+  cause_groups: CauseGroup[];
+  diagnosis: Diagnosis | null;
+  /** Pieces of its queue path (none in analyses made before queues). */
+  pieces: number;
+  /** The requests it was queued behind. */
+  blockers: Blocker[];
+}
+
+/** Swatch of what is drawn hatched: the queue before the span. */
+const HATCH_STYLE = "background:repeating-linear-gradient(135deg,#bbb 0 2px,#fff 2px 4px)";
+
 interface RequestDetail {
   request: RequestRow;
   /** Null when the SDK placed the request, or nothing did. */
@@ -46,6 +67,8 @@ interface RequestDetail {
   pieces: number;
   threads: Array<{ tid: number; comm: string | null; ns: number; home: boolean }>;
   blockers: Blocker[];
+  /** Null when its arrival is not known (or in analyses made before queues). */
+  queue: QueueView | null;
 }
 
 interface GanttSpan {
@@ -94,11 +117,15 @@ export async function requestView(app: HTMLElement, id: string): Promise<void> {
   const detail = await get<RequestDetail>(`/api/requests/${encodeURIComponent(id)}`);
   const r = detail.request;
   app.innerHTML = "";
-  const blockerName = new Map(detail.blockers.map((b) => [b.span_id, b.operation ? `[${b.service}] ${b.operation}` : b.span_id]));
+  const queue = hasQueue(detail.queue) ? detail.queue : null;
+  const blockerName = new Map(
+    [...detail.blockers, ...(queue?.blockers ?? [])].map((b) => [b.span_id, b.operation ? `[${b.service}] ${b.operation}` : b.span_id]),
+  );
 
   const head = el("section", { class: "panel", id: "request-head" });
   head.innerHTML = `<h1>[${esc(r.service)}] ${esc(r.operation)} ${r.anomalous ? '<span class="badge">anomalous</span>' : ""}</h1>
     <p class="muted">duration <b>${fmtNs(r.duration_ns)}</b>${r.baseline_ns ? ` (median of its operation ${fmtNs(r.baseline_ns)})` : ""}
+    ${queue ? ` · <span class="queued">queued <b>${fmtNs(queue.ns)}</b> before it started (arrival: ${esc(arrivalLabel(queue.arrival_by))})</span>` : ""}
     · trace ${esc(r.trace_id)} · span ${esc(r.span_id)} · placed on threads by ${esc(placementLabel(r.sync))}
     ${r.lost_events ? ` · <span class="warn">${r.lost_events} kernel events lost during it</span>` : ""}
     ${r.truncated ? ' · <span class="warn">path truncated</span>' : ""}</p>`;
@@ -110,19 +137,25 @@ export async function requestView(app: HTMLElement, id: string): Promise<void> {
   const spansPanel = el("section", { class: "panel" }, "<h2>Spans of the trace <small>(dark: span-level critical path)</small></h2>");
   app.append(spansPanel);
   const spans = await get<{ request_span_id: string; trace: TraceView | null }>(`/api/requests/${encodeURIComponent(id)}/spans`);
-  if (spans.trace && spans.trace.spans.length) gantt(spansPanel, spans.trace, r);
+  if (spans.trace && spans.trace.spans.length) gantt(spansPanel, spans.trace, r, queue);
   else spansPanel.append(el("p", { class: "muted" }, "The run has no spans of this trace."));
 
   // Kernel critical path.
   const cp = el("section", { class: "panel", id: "kernel-path" });
-  cp.innerHTML = `<h2>Kernel critical path <small>(${detail.pieces} pieces on ${detail.threads.length} threads; arrows: the path moves to another thread; red outline: time spent for a blocking request)</small></h2>`;
+  cp.innerHTML = `<h2>Kernel critical path <small>(${detail.pieces} pieces on ${detail.threads.length} threads${queue?.pieces ? `, ${queue.pieces} before it, queued (hatched)` : ""}; arrows: the path moves to another thread; red outline: time spent for a blocking request)</small></h2>`;
   app.append(cp);
-  cp.append(legend(Object.keys(STATE_COLORS), [["for a blocking request", `border:2px solid ${BLOCKED_BY_REQUEST};background:#fff`]]));
+  const extra: Array<[string, string]> = [["for a blocking request", `border:2px solid ${BLOCKED_BY_REQUEST};background:#fff`]];
+  if (queue) extra.push(["queued before the span", HATCH_STYLE]);
+  cp.append(legend(Object.keys(STATE_COLORS), extra));
+  if (queue) cp.append(queueLine(queue, blockerName));
   const order = new Map(detail.threads.map((t, i) => [t.tid, i]));
+  const bands: Band[] = [{ start: r.start_ns, end: r.end_ns, color: "rgba(31,119,180,0.05)" }];
+  const band = queueBand(queue, r.start_ns);
+  if (band) bands.push({ ...band, color: "rgba(0,0,0,0.03)", hatch: true, label: queueLabel(queue, fmtNs) ?? undefined });
   const tl = new Timeline(cp, {
-    range: [r.start_ns, r.end_ns],
+    range: withQueue([r.start_ns, r.end_ns], queue, r.start_ns),
     origin: r.start_ns,
-    bands: [{ start: r.start_ns, end: r.end_ns, color: "rgba(31,119,180,0.05)" }],
+    bands,
     load: async (start, end, res) => {
       const d = await get<TimelineResponse>(`/api/requests/${encodeURIComponent(id)}/timeline`, {
         start_ns: start,
@@ -145,6 +178,7 @@ export async function requestView(app: HTMLElement, id: string): Promise<void> {
     },
     color: (iv) => stateColor(iv.state),
     outline: (iv) => (iv.blocked_by_request ? BLOCKED_BY_REQUEST : null),
+    hatch: (iv) => iv.queue === true,
     tooltip: (iv, lane) => pieceTooltip(iv, lane, r.start_ns, blockerName),
     onClick: (iv) => {
       if (typeof iv.blocked_by_request === "string") location.hash = `#/request/${iv.blocked_by_request}`;
@@ -191,6 +225,28 @@ async function flameGraph(panel: HTMLElement, id: string): Promise<void> {
   const graph = new FlameGraph(panel, p);
   graph.root.id = "flame-graph";
   graph.root.dataset.ready = "1";
+}
+
+/**
+ * The queue in one line over the kernel path: `queued 148.2 ms · queued behind 3 requests of [svc] op`, each
+ * group's requests one click away (as the summary's blocking requests), then its other groups.
+ */
+function queueLine(q: QueueView, blockerName: Map<string, string>): HTMLElement {
+  const line = el("div", { class: "queue", id: "queue" });
+  line.dataset.ns = String(q.ns);
+  line.dataset.pieces = String(q.pieces);
+  const groups = q.cause_groups.map((g) => {
+    const ids = g.blocked_by_requests ?? [];
+    const label = `${esc(g.label)} <span class="muted">${fmtNs(g.ns)}</span>`;
+    if (ids.length === 1) return `<a href="#/request/${esc(ids[0])}" title="${esc(blockerName.get(ids[0]) ?? ids[0])}">${esc(g.label)}</a> <span class="muted">${fmtNs(g.ns)}</span>`;
+    if (!ids.length) return label;
+    const list = ids.map((id) => `<a href="#/request/${esc(id)}">${esc(id)}</a>`).join("<br>");
+    return `<details class="group"><summary>${label}</summary>${list}</details>`;
+  });
+  line.innerHTML = `<i class="sw" style="${HATCH_STYLE}"></i> queued <b>${fmtNs(q.ns)}</b> before the span
+    <span class="muted">(arrival: ${esc(arrivalLabel(q.arrival_by))}${q.pieces ? "" : "; no path of it in this analysis"})</span>
+    ${groups.map((g) => ` · ${g}`).join("")}`;
+  return line;
 }
 
 /** Where the kernel trace put the request, how sure, and why. */
@@ -262,6 +318,7 @@ function causeHtml(d: CauseObject, blockerName: Map<string, string>): string {
 
 function pieceTooltip(iv: Drawn, lane: Lane, origin: number, blockers: Map<string, string>): string {
   const rows: string[] = [];
+  if (iv.queue === true) rows.push("<i>queued: before the span started</i>");
   rows.push(`<b style="color:${stateColor(iv.state)}">${esc(iv.state)}</b>${iv.n > 1 ? ` <span class="muted">(dominant of ${iv.n} pieces)</span>` : ""}`);
   rows.push(`thread ${esc(lane.label)}`);
   rows.push(`${fmtNs(iv.start_ns - origin)} → ${fmtNs(iv.end_ns - origin)} (${fmtNs(iv.end_ns - iv.start_ns)})`);
@@ -277,7 +334,7 @@ function pieceTooltip(iv: Drawn, lane: Lane, origin: number, blockers: Map<strin
   return rows.join("<br>");
 }
 
-function gantt(parent: HTMLElement, trace: TraceView, r: RequestRow): void {
+function gantt(parent: HTMLElement, trace: TraceView, r: RequestRow, queue: QueueView | null): void {
   const byId = new Map(trace.spans.map((s) => [s.span_id, s]));
   const sections = new Map<string, Array<[number, number]>>();
   for (const c of trace.critical_path) {
@@ -311,20 +368,32 @@ function gantt(parent: HTMLElement, trace: TraceView, r: RequestRow): void {
       t = Math.max(t, b);
     }
     if (t < s.end_ns) ivs.push({ start_ns: t, end_ns: s.end_ns, n: 1, on: false, span: s });
+    // The request's queue, immediately before its span.
+    const band = s.span_id === r.span_id ? queueBand(queue, s.start_ns) : null;
+    if (band) ivs.unshift({ start_ns: band.start, end_ns: band.end, n: 1, queue: true, span: s });
     return { key: s.span_id, label: `${"  ".repeat(Math.min(s.depth, 8))}[${s.service}] ${s.operation}`, intervals: ivs };
   });
   const start = Math.min(...ordered.map((s) => s.start_ns));
   const end = Math.max(...ordered.map((s) => s.end_ns));
-  parent.append(legend([], [["on the span critical path", "background:#1f4e79"], ["off it", "background:#9ecae1"], ["this request", "background:#fdd49e"]]));
+  const keys: Array<[string, string]> = [["on the span critical path", "background:#1f4e79"], ["off it", "background:#9ecae1"], ["this request", "background:#fdd49e"]];
+  if (queue) keys.push(["queued before it", HATCH_STYLE]);
+  parent.append(legend([], keys));
+  const bands: Band[] = [{ start: r.start_ns, end: r.end_ns, color: "rgba(253,212,158,0.35)" }];
+  const band = queueBand(queue, r.start_ns);
+  if (band) bands.push({ ...band, color: "rgba(0,0,0,0.03)", hatch: true });
   new Timeline(parent, {
-    range: [start, end],
+    range: withQueue([start, end], queue, r.start_ns),
     origin: r.start_ns,
     labelWidth: 260,
-    bands: [{ start: r.start_ns, end: r.end_ns, color: "rgba(253,212,158,0.35)" }],
+    bands,
     load: async () => ({ lanes }),
-    color: (iv) => (iv.on ? "#1f4e79" : "#9ecae1"),
+    color: (iv) => (iv.queue ? "#bbbbbb" : iv.on ? "#1f4e79" : "#9ecae1"),
+    hatch: (iv) => iv.queue === true,
     tooltip: (iv) => {
       const s = iv.span as GanttSpan;
+      if (iv.queue)
+        return `<b>${esc(queueLabel(queue, fmtNs) ?? "queued")}</b><br>${fmtNs(iv.start_ns - r.start_ns)} → ${fmtNs(iv.end_ns - r.start_ns)} (${fmtNs(iv.end_ns - iv.start_ns)}), before [${esc(s.service)}] ${esc(s.operation)} started
+          <br>arrival: ${esc(arrivalLabel(queue?.arrival_by ?? ""))}`;
       return `<b>[${esc(s.service)}] ${esc(s.operation)}</b><br>${fmtNs(s.start_ns - r.start_ns)} → ${fmtNs(s.end_ns - r.start_ns)} (${fmtNs(s.end_ns - s.start_ns)})<br>
         ${iv.on ? "on the span critical path" : "not on the span critical path"}: ${fmtNs(iv.end_ns - iv.start_ns)}<br>
         span ${esc(s.span_id)}${s.tid ? ` · thread ${esc(fmtTid(s.tid))}` : ""}${s.exact ? "" : " · times mapped from the wall clock"}`;

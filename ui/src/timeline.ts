@@ -33,13 +33,23 @@ export interface TimelineOptions {
   color: (iv: Drawn, lane: Lane) => string;
   /** Outline colour, if any (e.g. pieces spent for a blocking request). */
   outline?: (iv: Drawn, lane: Lane) => string | null;
+  /** Intervals drawn muted and hatched (e.g. a request's queue, before its span). */
+  hatch?: (iv: Drawn, lane: Lane) => boolean;
   tooltip: (iv: Drawn, lane: Lane) => string;
   onClick?: (iv: Drawn, lane: Lane) => void;
   onLoaded?: (data: Loaded) => void;
   laneHeight?: number;
   labelWidth?: number;
-  /** Extra time bands drawn behind the lanes (e.g. the request's span). */
-  bands?: Array<{ start: number; end: number; color: string }>;
+  /** Extra time bands drawn behind the lanes (e.g. the request's span), hatched or not, labelled in the axis row or not. */
+  bands?: Band[];
+}
+
+export interface Band {
+  start: number;
+  end: number;
+  color: string;
+  hatch?: boolean;
+  label?: string;
 }
 
 const AXIS = 22;
@@ -66,6 +76,7 @@ export class Timeline {
   private laneH: number;
   private labelW: number;
   private tip: HTMLElement;
+  private hatches = new Map<string, CanvasPattern | null>();
   /** Frame times (ms) of the last draws, read by the benchmark. */
   readonly frameTimes: number[] = [];
 
@@ -190,9 +201,15 @@ export class Timeline {
       if (x1 > x0) {
         ctx.fillStyle = band.color;
         ctx.fillRect(x0, AXIS, x1 - x0, lanes.length * this.laneH);
+        const hatch = band.hatch ? this.hatch("rgba(0,0,0,0.13)") : null;
+        if (hatch) {
+          ctx.fillStyle = hatch;
+          ctx.fillRect(x0, AXIS, x1 - x0, lanes.length * this.laneH);
+        }
       }
     }
     this.drawAxis();
+    this.drawBandLabels();
     // Lanes.
     const [va, vb] = this.view;
     const scale = this.plotWidth() / (vb - va);
@@ -221,9 +238,16 @@ export class Timeline {
         if (x0 < left) x0 = left;
         if (x1 > right) x1 = right;
         const w = Math.max(1, x1 - x0);
-        ctx.globalAlpha = iv.n > 1 ? 0.45 + 0.55 * (iv.coverage ?? 1) : 1;
+        const hatched = this.opts.hatch?.(iv, lane) ?? false;
+        ctx.globalAlpha = (iv.n > 1 ? 0.45 + 0.55 * (iv.coverage ?? 1) : 1) * (hatched ? 0.6 : 1);
         ctx.fillStyle = this.opts.color(iv, lane);
         ctx.fillRect(x0, y + 2, w, this.laneH - 4);
+        const stripes = hatched ? this.hatch("rgba(255,255,255,0.85)") : null;
+        if (stripes) {
+          ctx.globalAlpha = 1;
+          ctx.fillStyle = stripes;
+          ctx.fillRect(x0, y + 2, w, this.laneH - 4);
+        }
         const outline = this.opts.outline?.(iv, lane);
         if (outline && w >= 2) {
           ctx.globalAlpha = 1;
@@ -262,6 +286,46 @@ export class Timeline {
       ctx.stroke();
       ctx.fillText(fmtNs(t - origin), x + 2, 9);
     }
+  }
+
+  /** Band labels in the axis row, over the ticks, clipped to their band. */
+  private drawBandLabels(): void {
+    const ctx = this.ctx;
+    for (const band of this.opts.bands ?? []) {
+      if (!band.label) continue;
+      const x0 = Math.max(this.labelW, this.x(band.start));
+      const x1 = Math.min(this.width - 8, this.x(band.end));
+      if (x1 - x0 < 24) continue;
+      const text = clip(ctx, band.label, x1 - x0 - 6);
+      ctx.fillStyle = "#fff";
+      ctx.fillRect(x0, 0, Math.min(x1 - x0, ctx.measureText(text).width + 6), AXIS - 5);
+      ctx.fillStyle = "#555";
+      ctx.fillText(text, x0 + 3, 9);
+    }
+  }
+
+  /** Diagonal stripes of `color`, made once per colour. */
+  private hatch(color: string): CanvasPattern | null {
+    let p = this.hatches.get(color);
+    if (p === undefined) {
+      const tile = document.createElement("canvas");
+      tile.width = tile.height = 6;
+      const g = tile.getContext("2d");
+      p = null;
+      if (g) {
+        g.strokeStyle = color;
+        g.lineWidth = 1.5;
+        g.beginPath();
+        for (const d of [-6, 0, 6]) {
+          g.moveTo(d, 6);
+          g.lineTo(d + 6, 0);
+        }
+        g.stroke();
+        p = this.ctx.createPattern(tile, "repeat");
+      }
+      this.hatches.set(color, p);
+    }
+    return p;
   }
 
   private drawArrows(): void {

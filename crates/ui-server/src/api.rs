@@ -2,7 +2,7 @@
 //! handler turns a request parameter into a file path, so nothing outside
 //! the run folder can be reached through it.
 
-use deepspan_store::json::RequestEntry;
+use deepspan_store::json::{CauseGroup, DiagnosisDoc, QueueDoc, RequestEntry};
 use deepspan_store::tables::RequestSummaryRow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::data::{RunData, RunSpans, NONE};
+use crate::data::{Piece, RunData, RunSpans, NONE};
 use crate::lod::{reduce, Drawn};
 use crate::profile::Profiles;
 
@@ -328,8 +328,89 @@ fn find_request<'a>(st: &'a AppState, id: &str) -> Result<(&'a RequestEntry, Str
     Ok((r, r.span_id.clone()))
 }
 
+/// A request another one waited for, named for a link to its page; only
+/// `span_id` when the run does not hold it.
+#[derive(Debug, serde::Serialize)]
+pub struct BlockerView<'a> {
+    pub span_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_ns: Option<u64>,
+}
+
+fn blocker_view<'a>(d: &'a RunData, span_id: &'a str) -> BlockerView<'a> {
+    let x = d.request(span_id);
+    BlockerView {
+        span_id,
+        trace_id: x.map(|x| x.trace_id.as_str()),
+        service: x.map(|x| x.service.as_str()),
+        operation: x.map(|x| x.operation.as_str()),
+        start_ns: x.map(|x| x.start_ns),
+        end_ns: x.map(|x| x.end_ns),
+    }
+}
+
+/// A request's queue (its time at its host before its span started) as
+/// the request page shows it: `requests.json`'s `queue`, with its path's
+/// pieces counted and the requests it was queued behind named.
+#[derive(Debug, serde::Serialize)]
+pub struct QueueView<'a> {
+    /// When the request reached the host (CLOCK_MONOTONIC ns).
+    pub arrival_ns: u64,
+    /// `client_send` or `server_receive`.
+    pub arrival_by: &'a str,
+    /// `start_ns - arrival_ns`.
+    pub ns: u64,
+    /// The span's start: the queue covers `[arrival_ns, start_ns)`.
+    pub start_ns: u64,
+    /// The largest group's label (`queued behind 3 requests of [svc] op`);
+    /// null when nothing is known of where the time went.
+    pub label: Option<&'a str>,
+    /// Where the time went, largest first.
+    pub cause_groups: &'a [CauseGroup],
+    pub diagnosis: Option<&'a DiagnosisDoc>,
+    /// Pieces of its queue path (none in analyses made before queues).
+    pub pieces: usize,
+    /// The requests it was queued behind (of its groups, then of its
+    /// path's pieces), each once.
+    pub blockers: Vec<BlockerView<'a>>,
+}
+
+impl<'a> QueueView<'a> {
+    fn new(d: &'a RunData, r: &'a RequestEntry, q: &'a QueueDoc, pieces: &[Piece]) -> Self {
+        let mut seen: HashSet<&str> = HashSet::new();
+        let ids = q
+            .cause_groups
+            .iter()
+            .flat_map(|g| g.blocked_by_requests.iter().map(String::as_str))
+            .chain(pieces.iter().filter_map(|p| s(d, p.blocked_by_request)));
+        let blockers = ids
+            .filter(|id| seen.insert(id))
+            .map(|id| blocker_view(d, id))
+            .collect();
+        QueueView {
+            arrival_ns: q.arrival_ns,
+            arrival_by: &q.arrival_by,
+            ns: q.ns,
+            start_ns: r.start_ns,
+            label: q.cause_groups.first().map(|g| g.label.as_str()),
+            cause_groups: &q.cause_groups,
+            diagnosis: q.diagnosis.as_ref(),
+            pieces: pieces.len(),
+            blockers,
+        }
+    }
+}
+
 /// `GET /api/requests/{id}`: one request, its summary, system calls and
-/// diagnosis, the threads and blocking requests on its path.
+/// diagnosis, the threads and blocking requests on its path, and its queue.
 pub async fn request(
     State(st): State<Shared>,
     Path(id): Path<String>,
@@ -339,6 +420,7 @@ pub async fn request(
     let (r, span) = find_request(&st, &id)?;
     let d = &st.data;
     let pieces = d.paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
+    let queue_pieces = d.queue_paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
     let mut threads: BTreeMap<i32, (Option<&str>, i64)> = BTreeMap::new();
     let mut blockers: BTreeSet<&str> = BTreeSet::new();
     for p in pieces {
@@ -362,14 +444,11 @@ pub async fn request(
             std::cmp::Reverse(t["ns"].as_i64()),
         )
     });
-    let blockers: Vec<Value> = blockers
-        .iter()
-        .map(|b| match d.request(b) {
-            Some(x) => json!({"span_id": b, "trace_id": x.trace_id, "service": x.service, "operation": x.operation,
-                               "start_ns": x.start_ns, "end_ns": x.end_ns}),
-            None => json!({"span_id": b}),
-        })
-        .collect();
+    let blockers: Vec<BlockerView> = blockers.iter().map(|b| blocker_view(d, b)).collect();
+    let queue = r
+        .queue
+        .as_ref()
+        .map(|q| QueueView::new(d, r, q, queue_pieces));
     let mut summary: Vec<&RequestSummaryRow> =
         d.summaries.get(&span).into_iter().flatten().collect();
     summary.sort_by_key(|r| std::cmp::Reverse(r.ns));
@@ -394,6 +473,9 @@ pub async fn request(
         "threads": thread_list,
         "blockers": blockers,
         "lost_pieces": pieces.iter().filter(|p| p.lost).count(),
+        // Its time queued before its span started (null when its arrival
+        // is not known).
+        "queue": queue,
     })))
 }
 
@@ -456,7 +538,7 @@ pub async fn request_profile(
     })))
 }
 
-fn piece_json(d: &RunData, p: &crate::data::Piece, drawn: &Drawn) -> Value {
+fn piece_json(d: &RunData, p: &Piece, drawn: &Drawn) -> Value {
     let mut v = json!({
         "start_ns": drawn.start,
         "end_ns": drawn.end,
@@ -485,7 +567,9 @@ fn piece_json(d: &RunData, p: &crate::data::Piece, drawn: &Drawn) -> Value {
 
 /// `GET /api/requests/{id}/timeline?start_ns&end_ns&resolution_ns`: the
 /// request's kernel critical path per thread, reduced for drawing, and the
-/// hand-overs between threads (the arrows).
+/// hand-overs between threads (the arrows). The pieces of its queue path
+/// (before its span started) are in the same lanes, marked `"queue": true`;
+/// the default window starts at its arrival.
 pub async fn request_timeline(
     State(st): State<Shared>,
     Path(id): Path<String>,
@@ -494,37 +578,52 @@ pub async fn request_timeline(
     let p = Params::parse(q, &["start_ns", "end_ns", "resolution_ns"])?;
     let (r, span) = find_request(&st, &id)?;
     let d = &st.data;
-    let req_range = (r.start_ns as i64, r.end_ns as i64);
+    let arrival = r.queue.as_ref().map_or(r.start_ns, |q| q.arrival_ns);
+    let req_range = (arrival.min(r.start_ns) as i64, r.end_ns as i64);
     let (from, to, res) = p.window(req_range)?;
     let pieces = d.paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
-    // One lane per thread; the LOD runs per lane on that thread's pieces.
-    let mut by_tid: BTreeMap<i32, Vec<crate::data::Piece>> = BTreeMap::new();
-    for piece in pieces {
-        by_tid
-            .entry(piece.tid.unwrap_or(-1))
-            .or_default()
-            .push(piece.clone());
+    let queue_pieces = d.queue_paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
+    // One lane per thread; the LOD runs per lane on that thread's pieces,
+    // its queue's apart from its path's so that none is merged into the
+    // other (the queue's all come first: they end at the span's start).
+    let mut by_tid: BTreeMap<i32, [Vec<Piece>; 2]> = BTreeMap::new();
+    for (i, list) in [queue_pieces, pieces].into_iter().enumerate() {
+        for piece in list {
+            by_tid.entry(piece.tid.unwrap_or(-1)).or_default()[i].push(piece.clone());
+        }
     }
     let mut lanes = Vec::new();
     let mut truncated = false;
     let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
-    for (tid, lane) in &by_tid {
-        let (drawn, cut) = reduce(lane, from, to, res, LANE_LIMIT);
-        truncated |= cut;
-        for dr in &drawn {
-            *counts.entry(s(d, dr.category).unwrap_or("?")).or_default() += 1;
+    for (tid, parts) in &by_tid {
+        let mut intervals = Vec::new();
+        for (i, lane) in parts.iter().enumerate() {
+            let queue = i == 0;
+            let (drawn, cut) = reduce(lane, from, to, res, LANE_LIMIT);
+            truncated |= cut;
+            for dr in &drawn {
+                *counts.entry(s(d, dr.category).unwrap_or("?")).or_default() += 1;
+                let mut v = piece_json(d, &lane[dr.index], dr);
+                if queue {
+                    v["queue"] = json!(true);
+                }
+                intervals.push(v);
+            }
         }
+        let comm = parts.iter().flatten().next().and_then(|p| s(d, p.comm));
         lanes.push(json!({
             "tid": tid,
-            "comm": lane.first().and_then(|p| s(d, p.comm)),
-            "intervals": drawn.iter().map(|dr| piece_json(d, &lane[dr.index], dr)).collect::<Vec<_>>(),
+            "comm": comm,
+            "intervals": intervals,
         }));
     }
-    // Hand-overs: where the path moves from one thread to another. At a
-    // coarse resolution only the first per pixel is kept.
+    // Hand-overs: where the path (its queue's, then its own) moves from one
+    // thread to another. At a coarse resolution only the first per pixel
+    // is kept.
+    let path: Vec<&Piece> = queue_pieces.iter().chain(pieces).collect();
     let mut arrows = Vec::new();
     let mut last_at: Option<i64> = None;
-    for w in pieces.windows(2) {
+    for w in path.windows(2) {
         let at = w[1].start;
         if at < from || at >= to || w[0].tid == w[1].tid {
             continue;

@@ -1,6 +1,9 @@
 //! A run's analysis, loaded once into memory in the shapes the API serves:
-//! thread states per thread and per CPU, critical-path pieces per request,
-//! summaries, `requests.json`, and the spans of each trace.
+//! thread states per thread and per CPU, critical-path pieces per request
+//! and the pieces of its queue (its time at its host before its span
+//! started, `queue_path.parquet`: absent from older analyses, then no
+//! request has queue pieces), summaries, `requests.json`, and the spans of
+//! each trace.
 //!
 //! Every file is opened through [`RunDir::file`], which refuses anything
 //! that resolves (symlinks included) outside the run folder.
@@ -9,7 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use deepspan_run::analysis::{
-    CRITICAL_PATH, PLACEMENTS_JSON, REQUESTS_JSON, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES,
+    CRITICAL_PATH, PLACEMENTS_JSON, QUEUE_PATH, REQUESTS_JSON, REQUEST_SUMMARY, REQUEST_SYSCALLS,
+    THREAD_STATES,
 };
 use deepspan_run::{layout, Run};
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
@@ -91,6 +95,17 @@ impl RunDir {
 
     fn analysis(&self, table: &str) -> Result<PathBuf, DataError> {
         self.file(&format!("{}/{table}", layout::ANALYSIS_DIR))
+    }
+
+    /// As [`RunDir::analysis`] for a file older analyses did not write:
+    /// None when nothing is there under that name (not even a dangling
+    /// symlink); one there that leads outside the run is still refused.
+    fn optional_analysis(&self, table: &str) -> Result<Option<PathBuf>, DataError> {
+        let relative = format!("{}/{table}", layout::ANALYSIS_DIR);
+        if std::fs::symlink_metadata(self.root.join(&relative)).is_err() {
+            return Ok(None);
+        }
+        self.file(&relative).map(Some)
     }
 }
 
@@ -219,6 +234,10 @@ pub struct RunData {
     pub cpus: BTreeMap<i32, Vec<CpuSlice>>,
     /// Request span id → its pieces in path order.
     pub paths: HashMap<String, Vec<Piece>>,
+    /// Request span id → the pieces of its queue path, `[arrival, start)`,
+    /// in path order; empty when the analysis has no `queue_path.parquet`
+    /// (made before queues).
+    pub queue_paths: HashMap<String, Vec<Piece>>,
     /// Request span id → its summary rows.
     pub summaries: HashMap<String, Vec<RequestSummaryRow>>,
     /// Request span id → `(system call, ns)`, largest first.
@@ -401,39 +420,11 @@ impl RunData {
             slices.sort_by_key(|s| (s.start, s.end));
         }
 
-        let mut paths: HashMap<String, Vec<(i64, Piece)>> = HashMap::new();
-        for_each_row(&dir.analysis(CRITICAL_PATH)?, |r: CriticalPathRow| {
-            let piece = Piece {
-                start: r.start_ns,
-                end: r.end_ns,
-                state: strings.intern(Some(&r.state)),
-                tid: r.tid,
-                comm: strings.intern(r.comm.as_deref()),
-                syscall: strings.intern(r.syscall.as_deref()),
-                waiting_in: strings.intern(r.waiting_in.as_deref()),
-                detail: strings.intern(r.detail.as_deref()),
-                blocked_by_request: strings.intern(r.blocked_by_request.as_deref()),
-                shared: r.shared,
-                lost: r.lost,
-                preempted_by_tid: r.preempted_by_tid,
-                preempted_by_comm: strings.intern(r.preempted_by_comm.as_deref()),
-                throttled_ns: r.throttled_ns.unwrap_or(0),
-                contended_ns: r.contended_ns.unwrap_or(0),
-                wakeup_ns: r.wakeup_ns.unwrap_or(0),
-            };
-            paths
-                .entry(r.span_id)
-                .or_default()
-                .push((i64::from(r.seq), piece));
-        })
-        .map_err(store_err)?;
-        let paths = paths
-            .into_iter()
-            .map(|(k, mut v)| {
-                v.sort_by_key(|(seq, _)| *seq);
-                (k, join_pieces(v.into_iter().map(|(_, p)| p)))
-            })
-            .collect();
+        let paths = read_paths(&dir.analysis(CRITICAL_PATH)?, &mut strings)?;
+        let queue_paths = match dir.optional_analysis(QUEUE_PATH)? {
+            Some(path) => read_paths(&path, &mut strings)?,
+            None => HashMap::new(),
+        };
 
         let mut summaries: HashMap<String, Vec<RequestSummaryRow>> = HashMap::new();
         for_each_row(&dir.analysis(REQUEST_SUMMARY)?, |r: RequestSummaryRow| {
@@ -464,6 +455,7 @@ impl RunData {
             threads,
             cpus,
             paths,
+            queue_paths,
             summaries,
             syscalls,
             intervals,
@@ -482,6 +474,48 @@ impl RunData {
     pub fn requests(&self) -> &[RequestEntry] {
         &self.requests_doc.requests
     }
+}
+
+/// The pieces of a table in `critical_path`'s columns (`critical_path`,
+/// `queue_path`) by request span id, each request's in path order and
+/// joined as the UI shows them ([`join_pieces`]).
+fn read_paths(
+    path: &Path,
+    strings: &mut Strings,
+) -> Result<HashMap<String, Vec<Piece>>, DataError> {
+    let mut paths: HashMap<String, Vec<(i64, Piece)>> = HashMap::new();
+    for_each_row(path, |r: CriticalPathRow| {
+        let piece = Piece {
+            start: r.start_ns,
+            end: r.end_ns,
+            state: strings.intern(Some(&r.state)),
+            tid: r.tid,
+            comm: strings.intern(r.comm.as_deref()),
+            syscall: strings.intern(r.syscall.as_deref()),
+            waiting_in: strings.intern(r.waiting_in.as_deref()),
+            detail: strings.intern(r.detail.as_deref()),
+            blocked_by_request: strings.intern(r.blocked_by_request.as_deref()),
+            shared: r.shared,
+            lost: r.lost,
+            preempted_by_tid: r.preempted_by_tid,
+            preempted_by_comm: strings.intern(r.preempted_by_comm.as_deref()),
+            throttled_ns: r.throttled_ns.unwrap_or(0),
+            contended_ns: r.contended_ns.unwrap_or(0),
+            wakeup_ns: r.wakeup_ns.unwrap_or(0),
+        };
+        paths
+            .entry(r.span_id)
+            .or_default()
+            .push((i64::from(r.seq), piece));
+    })
+    .map_err(store_err)?;
+    Ok(paths
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by_key(|(seq, _)| *seq);
+            (k, join_pieces(v.into_iter().map(|(_, p)| p)))
+        })
+        .collect())
 }
 
 /// The records of `placements.json` by span id (none without the file).

@@ -1,8 +1,8 @@
 //! `deepspan ui`: a web server over one run's analysis.
 //!
 //! - `/api/…`: JSON over `RUN/analysis/` (requests, critical paths per
-//!   thread, concurrent requests, thread states and CPUs over a time
-//!   window) with level of detail computed here ([`lod`]), so a browser
+//!   thread and the queue before each request's span, concurrent
+//!   requests, thread states and CPUs over a time window) with level of detail computed here ([`lod`]), so a browser
 //!   draws at most about one interval per pixel whatever the run's size;
 //! - `/api/requests/{id}/profile`: the request's flame graph from the CPU
 //!   samples of `record --profile` ([`profile`]), loaded on first use;
