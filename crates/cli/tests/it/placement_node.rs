@@ -12,20 +12,18 @@
 //! `npm ci` there).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time};
 use serde_json::Value;
 
-const REQUESTS: usize = 80;
-
-#[test]
-#[ignore = "system: root and tracefs"]
-fn a_node_server_with_the_deepspan_processor_is_placed_exactly_on_its_event_loop() {
-    if !kernel_or_skip("a_node_server_with_the_deepspan_processor_is_placed_exactly") {
-        return;
-    }
-    let _one = one_at_a_time();
+/// Records `node SCRIPT OUT ARGS…` (a server of tests/placement) under
+/// `deepspan record`: the temporary folder, OUT (where the server writes
+/// its own account, the tests' oracle) and the run.
+pub(crate) fn record_node_server(
+    script: &str,
+    args: &[&str],
+) -> (tempfile::TempDir, PathBuf, PathBuf) {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let sdk = manifest_dir.join("../../sdk/node/node_modules/@opentelemetry/sdk-node");
     assert!(
@@ -40,19 +38,31 @@ fn a_node_server_with_the_deepspan_processor_is_placed_exactly_on_its_event_loop
     let mut rec = deepspan();
     crate::common::ahead_of_other_load(&mut rec);
     check(
-        "deepspan record of the Node.js server",
+        &format!("deepspan record of {script}"),
         rec.arg("record")
             .arg("-o")
             .arg(&run)
             .args(["--otlp-grpc-port", "0", "--otlp-http-port", "0", "--"])
             .arg("node")
-            .arg(manifest_dir.join("tests/placement/node_server.js"))
+            .arg(manifest_dir.join("tests/placement").join(script))
             .arg(&out)
-            .arg(REQUESTS.to_string())
-            .arg("4")
+            .args(args)
             .output()
             .expect("run deepspan record"),
     );
+    (dir, out, run)
+}
+
+const REQUESTS: usize = 80;
+
+#[test]
+#[ignore = "system: root and tracefs"]
+fn a_node_server_with_the_deepspan_processor_is_placed_exactly_on_its_event_loop() {
+    if !kernel_or_skip("a_node_server_with_the_deepspan_processor_is_placed_exactly") {
+        return;
+    }
+    let _one = one_at_a_time();
+    let (_dir, out, run) = record_node_server("node_server.js", &[&REQUESTS.to_string(), "4"]);
     let server: Value =
         serde_json::from_slice(&std::fs::read(out.join("server.json")).expect("server.json"))
             .expect("server.json is JSON");

@@ -5,7 +5,9 @@
 //! thread from the kernel trace alone (`sync: inferred`), and on the right
 //! one: the oracle is the server's own log of `threading.get_native_id()`
 //! per request, not anything the analysis computes. `--placement sdk`
-//! (today's behaviour without inference) places none.
+//! (today's behaviour without inference) places none. The acceptor-and-pool
+//! server with more clients than workers also checks queue time: each
+//! request's wait for a worker, and the request that worker ran before.
 //!
 //! Needs python3 with opentelemetry-sdk and the OTLP/HTTP exporter
 //! (scripts/setup.sh test).
@@ -45,6 +47,9 @@ fn analyze(run: &Path, placement: &str) -> Output {
 struct Recorded {
     _dir: tempfile::TempDir,
     run: PathBuf,
+    /// The server's and the clients' logs (`served.jsonl`,
+    /// `clients.jsonl`).
+    out: PathBuf,
     /// Span id → the OS thread that served it.
     served: HashMap<String, i64>,
     served_pid: i64,
@@ -54,6 +59,11 @@ struct Recorded {
 /// or `pool`) under
 /// `deepspan record`, REQUESTS requests from 4 client threads.
 fn record_stock_server(mode: &str) -> Recorded {
+    record_stock_server_with(mode, 4)
+}
+
+/// [`record_stock_server`] with `clients` clients.
+fn record_stock_server_with(mode: &str, clients: usize) -> Recorded {
     let _one = one_at_a_time();
     let probe = Command::new("python3")
         .args([
@@ -82,7 +92,7 @@ fn record_stock_server(mode: &str) -> Recorded {
         .arg(server_py())
         .arg(&out)
         .arg(REQUESTS.to_string())
-        .arg("4")
+        .arg(clients.to_string())
         .arg(mode)
         // Stock OpenTelemetry: no deepspan SDK on the path.
         .env_remove("PYTHONPATH");
@@ -117,6 +127,7 @@ fn record_stock_server(mode: &str) -> Recorded {
     Recorded {
         _dir: dir,
         run,
+        out,
         served,
         served_pid,
     }
@@ -135,6 +146,7 @@ fn a_stock_opentelemetry_server_is_placed_on_its_threads_from_the_kernel_trace()
         run,
         served,
         served_pid,
+        ..
     } = record_stock_server("threads");
 
     // Without inference (the SDK's fields only): no request has a path.
@@ -223,6 +235,7 @@ fn an_asyncio_server_is_placed_on_its_process_never_on_an_invented_thread() {
         run,
         served,
         served_pid,
+        ..
     } = record_stock_server("asyncio");
     let loop_threads: std::collections::HashSet<i64> = served.values().copied().collect();
     assert_eq!(loop_threads.len(), 1, "one event loop thread");
@@ -284,6 +297,7 @@ fn a_waitress_server_is_placed_on_the_worker_its_acceptor_handed_each_request_to
         run,
         served,
         served_pid,
+        ..
     } = record_stock_server("waitress");
     let workers: std::collections::HashSet<i64> = served.values().copied().collect();
     assert!(
@@ -410,6 +424,116 @@ fn a_thread_pool_fed_by_an_acceptor_is_placed_on_the_worker_that_answered_each_c
     assert!(
         right * 100 >= REQUESTS * 95,
         "{right} of {REQUESTS} on the worker that ran them:\n{stderr}"
+    );
+}
+
+#[test]
+#[ignore = "system: root and tracefs"]
+fn requests_waiting_for_a_busy_pool_are_queued_behind_what_its_workers_ran() {
+    if !kernel_or_skip("requests_waiting_for_a_busy_pool_are_queued_behind") {
+        return;
+    }
+    // Eight client processes on the acceptor and its 4 workers, each
+    // request 20 ms of waiting: a request read while every worker is busy
+    // waits in the executor's queue, and the worker that frees up first
+    // takes it. Two oracles, neither the analysis': the client's clock when
+    // its request was sent (its time to the span's start is the queue),
+    // and the server's log of when each worker began and ended each
+    // request (a request that arrived while its worker still ran the one
+    // before was queued behind that one).
+    let Recorded { _dir, run, out, .. } = record_stock_server_with("pool", 8);
+    let analyzed = analyze(&run, "auto");
+    let stderr = String::from_utf8_lossy(&analyzed.stderr);
+    let lines = |file: &str| -> Vec<Value> {
+        std::fs::read_to_string(out.join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e}"))
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    };
+    let ns = |v: &Value, key: &str| v[key].as_u64().unwrap_or_else(|| panic!("{key}: {v}"));
+    let sent_of: HashMap<i64, u64> = lines("clients.jsonl")
+        .iter()
+        .map(|v| (v["i"].as_i64().unwrap(), ns(v, "sent_ns")))
+        .collect();
+    assert_eq!(sent_of.len(), REQUESTS, "every client logged its requests");
+    let served = lines("served.jsonl");
+    let by_span: HashMap<&str, &Value> = served
+        .iter()
+        .map(|v| (v["span_id"].as_str().unwrap(), v))
+        .collect();
+    // The request each worker ran just before another, by span id.
+    let mut previous: HashMap<&str, &Value> = HashMap::new();
+    let mut by_worker: HashMap<i64, Vec<&Value>> = HashMap::new();
+    for v in &served {
+        by_worker
+            .entry(v["tid"].as_i64().unwrap())
+            .or_default()
+            .push(v);
+    }
+    for runs in by_worker.values_mut() {
+        runs.sort_by_key(|v| ns(v, "began_ns"));
+        for pair in runs.windows(2) {
+            previous.insert(pair[1]["span_id"].as_str().unwrap(), pair[0]);
+        }
+    }
+
+    let (mut queued, mut measured) = (0, 0);
+    let (mut behind, mut named) = (0, 0);
+    let mut off = Vec::new();
+    for r in &requests_json(&run) {
+        let id = r["span_id"].as_str().unwrap();
+        let logged = by_span[id];
+        let sent = sent_of[&logged["i"].as_i64().unwrap()];
+        let queue = &r["queue"];
+        let got = queue["ns"].as_u64();
+        let expected = ns(r, "start_ns").saturating_sub(sent);
+        if expected >= 2_000_000 {
+            queued += 1;
+            if got.is_some_and(|g| g.abs_diff(expected) <= (expected / 10).max(2_000_000)) {
+                measured += 1;
+            } else {
+                off.push(format!(
+                    "{id}: queue {got:?} ns, from the client's send {expected} ns"
+                ));
+            }
+        }
+        // Queued behind the worker's previous request: it still ran
+        // (by the server's log) 2 ms after this one was sent.
+        let Some(before) = previous
+            .get(id)
+            .filter(|b| ns(b, "ended_ns") > sent + 2_000_000)
+        else {
+            continue;
+        };
+        behind += 1;
+        let before_id = before["span_id"].as_str().unwrap();
+        let names: Vec<&str> = queue["cause_groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["blocked_by_requests"].as_array().into_iter().flatten())
+            .filter_map(Value::as_str)
+            .collect();
+        if names.contains(&before_id) {
+            named += 1;
+        } else {
+            off.push(format!(
+                "{id}: queued behind {names:?}, not the worker's previous {before_id}"
+            ));
+        }
+    }
+    eprintln!(
+        "pool queue: {measured} of {queued} queued requests as the client's send says; \
+         {named} of {behind} name the request their worker ran before; off: {off:#?}"
+    );
+    assert!(
+        queued >= 10 && behind >= 10,
+        "only {queued} requests waited, {behind} behind their worker's previous one"
+    );
+    assert!(
+        measured * 10 >= queued * 9 && named * 10 >= behind * 9,
+        "{measured} of {queued} as measured, {named} of {behind} named: {off:#?}\n{stderr}"
     );
 }
 

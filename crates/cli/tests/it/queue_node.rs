@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::common::{check, deepspan, kernel_or_skip, one_at_a_time};
+use crate::placement_node::record_node_server;
 use serde_json::Value;
 
 const BLOCKS: usize = 5;
@@ -52,33 +53,9 @@ fn requests_that_arrive_while_the_event_loop_is_blocked_are_queued_behind_the_bl
         return;
     }
     let _one = one_at_a_time();
-    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let sdk = manifest_dir.join("../../sdk/node/node_modules/@opentelemetry/sdk-node");
-    assert!(
-        sdk.is_dir(),
-        "sdk/node's npm packages are needed (scripts/setup.sh check runs npm ci there): {} is missing",
-        sdk.display()
-    );
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
-    let out = dir.path().join("out");
-    std::fs::create_dir_all(&out).expect("out dir");
-    let run = dir.path().join("run");
-    let mut rec = deepspan();
-    crate::common::ahead_of_other_load(&mut rec);
-    check(
-        "deepspan record of the blocked Node.js server",
-        rec.arg("record")
-            .arg("-o")
-            .arg(&run)
-            .args(["--otlp-grpc-port", "0", "--otlp-http-port", "0", "--"])
-            .arg("node")
-            .arg(manifest_dir.join("tests/placement/node_blocked.js"))
-            .arg(&out)
-            .arg("4")
-            .arg(BLOCKS.to_string())
-            .arg(BLOCK_MS.to_string())
-            .output()
-            .expect("run deepspan record"),
+    let (_dir, out, run) = record_node_server(
+        "node_blocked.js",
+        &["4", &BLOCKS.to_string(), &BLOCK_MS.to_string()],
     );
     let analyzed = check(
         "deepspan analyze",

@@ -11,12 +11,18 @@ thread accepts and reads each request and hands it through a queue to one
 of its worker threads, which runs the application; `pool`: a hand-written
 acceptor thread that accepts and reads each request and hands it through
 `concurrent.futures.ThreadPoolExecutor`'s queue to one of 4 workers, which
-makes the span and answers), one server span per
+makes the span, waits 20 ms and answers), one server span per
 request, exported over OTLP/HTTP to
 OTEL_EXPORTER_OTLP_ENDPOINT (what `deepspan record` gives its command).
-A client process sends REQUESTS requests from CLIENTS threads. The oracle,
-OUT/served.jsonl, is written by the server itself: each request's span id
-with `threading.get_native_id()` of the thread that served it."""
+A client process sends REQUESTS requests from CLIENTS threads (`pool`:
+CLIENTS client processes of one thread each, so that no client waits for
+its own interpreter lock). The oracle, OUT/served.jsonl, is written by the
+server itself: each request's span id with `threading.get_native_id()` of
+the thread that served it (`pool`: and the request's number, and when its
+worker began and ended it, inside its span). The clients
+write OUT/clients.jsonl: each request's number, and when (CLOCK_MONOTONIC,
+the kernel trace's clock) the client began it, had sent it, and had its
+whole answer."""
 
 import asyncio
 import hashlib
@@ -35,20 +41,46 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
+# Requests first, first + stride, … below n, from `threads` threads of
+# this process; each one's times appended to the file `times`.
 CLIENT = r"""
-import http.client, sys, threading
-port, n, clients = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+import http.client, json, sys, threading, time
+port, n, first, stride, threads = (int(a) for a in sys.argv[1:6])
+times = sys.argv[6]
+done, lock = [], threading.Lock()
 def run(k):
-    for i in range(k, n, clients):
+    for i in range(k, n, stride):
+        began = time.monotonic_ns()
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         c.request("GET", f"/work?i={i}")
+        sent = time.monotonic_ns()
         r = c.getresponse(); r.read(); c.close()
-ts = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
+        with lock:
+            done.append({"i": i, "began_ns": began, "sent_ns": sent, "done_ns": time.monotonic_ns()})
+ts = [threading.Thread(target=run, args=(first + k,)) for k in range(threads)]
 [t.start() for t in ts]; [t.join() for t in ts]
+with open(times, "a") as f:
+    f.write("".join(json.dumps(d) + "\n" for d in done))
 """
 
 
-def serve_asyncio(tracer, served, requests, clients):
+def client_args(port, requests, clients, out):
+    """The client process's command: `clients` threads."""
+    times = os.path.join(out, "clients.jsonl")
+    return [sys.executable, "-c", CLIENT, str(port), str(requests), "0", str(clients), str(clients), times]
+
+
+def run_client_processes(port, requests, clients, out):
+    """`clients` client processes of one thread each; the worst exit code."""
+    times = os.path.join(out, "clients.jsonl")
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CLIENT, str(port), str(requests), str(k), str(clients), "1", times])
+        for k in range(clients)
+    ]
+    return max(p.wait(timeout=120) for p in procs)
+
+
+def serve_asyncio(tracer, served, requests, clients, out):
     """One event loop: each request reads its line and headers, sleeps 5 ms
     (other requests run meanwhile), does some CPU work and answers."""
 
@@ -70,9 +102,7 @@ def serve_asyncio(tracer, served, requests, clients):
     async def run():
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        client = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CLIENT, str(port), str(requests), str(clients)
-        )
+        client = await asyncio.create_subprocess_exec(*client_args(port, requests, clients, out))
         code = await client.wait()
         server.close()
         await server.wait_closed()
@@ -81,7 +111,7 @@ def serve_asyncio(tracer, served, requests, clients):
     return asyncio.run(run())
 
 
-def serve_waitress(provider, served, requests, clients):
+def serve_waitress(provider, served, requests, clients, out):
     """waitress with 4 worker threads; the span is the stock WSGI
     instrumentation's (opentelemetry-instrumentation-wsgi), made on the
     worker thread that runs the application. Returns the client's exit code."""
@@ -111,13 +141,13 @@ def serve_waitress(provider, served, requests, clients):
     port = server.socket.getsockname()[1]
     loop = threading.Thread(target=server.run, daemon=True)
     loop.start()
-    client = subprocess.run([sys.executable, "-c", CLIENT, str(port), str(requests), str(clients)], timeout=120)
+    client = subprocess.run(client_args(port, requests, clients, out), timeout=120)
     # Every request was answered; waitress has no clean stop from another
     # thread, so the caller exits the process once the spans are out.
     return client.returncode
 
 
-def serve_pool(tracer, served, requests, clients):
+def serve_pool(tracer, served, requests, clients, out):
     """An acceptor thread reads each request (up to its blank line) and
     submits it to a ThreadPoolExecutor of 4 workers; a worker makes the
     server span, with the connection's ports as the stock HTTP
@@ -131,7 +161,7 @@ def serve_pool(tracer, served, requests, clients):
     port = listener.getsockname()[1]
     pool = ThreadPoolExecutor(max_workers=4)
 
-    def handle(conn, peer):
+    def handle(conn, peer, number):
         with tracer.start_as_current_span(
             "GET /work",
             kind=SpanKind.SERVER,
@@ -142,13 +172,26 @@ def serve_pool(tracer, served, requests, clients):
                 "client.port": peer[1],
             },
         ) as span:
+            began = time.monotonic_ns()
             digest = hashlib.sha256(b"x" * 200_000).hexdigest()
-            time.sleep(0.002)
+            # Mostly waiting, as a worker calling a database would: with
+            # more clients than workers, requests wait for a free worker,
+            # not for a CPU.
+            time.sleep(0.02)
             body = json.dumps({"digest": digest, "n": sum(range(20_000))}).encode()
             conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             ctx = span.get_span_context()
             with lock:
-                served.append({"span_id": format(ctx.span_id, "016x"), "tid": threading.get_native_id(), "pid": os.getpid()})
+                served.append(
+                    {
+                        "span_id": format(ctx.span_id, "016x"),
+                        "tid": threading.get_native_id(),
+                        "pid": os.getpid(),
+                        "i": number,
+                        "began_ns": began,
+                        "ended_ns": time.monotonic_ns(),
+                    }
+                )
         conn.close()
 
     def accept():
@@ -163,14 +206,17 @@ def serve_pool(tracer, served, requests, clients):
                 if not chunk:
                     break
                 request += chunk
-            pool.submit(handle, conn, peer)
+            # "GET /work?i=N HTTP/1.1"
+            target = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
+            number = int(target.partition(b"i=")[2] or -1)
+            pool.submit(handle, conn, peer, number)
 
     acceptor = threading.Thread(target=accept, daemon=True)
     acceptor.start()
-    client = subprocess.run([sys.executable, "-c", CLIENT, str(port), str(requests), str(clients)], timeout=120)
+    code = run_client_processes(port, requests, clients, out)
     pool.shutdown(wait=True)
     listener.close()
-    return client.returncode
+    return code
 
 
 def main():
@@ -184,20 +230,20 @@ def main():
     served = []
     lock = threading.Lock()
     if mode == "waitress":
-        code = serve_waitress(provider, served, requests, clients)
+        code = serve_waitress(provider, served, requests, clients, out)
         provider.force_flush(10_000)
         provider.shutdown()
         write_served(out, served)
         sys.stdout.flush()
         os._exit(code)
     if mode == "pool":
-        code = serve_pool(tracer, served, requests, clients)
+        code = serve_pool(tracer, served, requests, clients, out)
         provider.force_flush(10_000)
         provider.shutdown()
         write_served(out, served)
         sys.exit(code)
     if mode == "asyncio":
-        code = serve_asyncio(tracer, served, requests, clients)
+        code = serve_asyncio(tracer, served, requests, clients, out)
         provider.force_flush(10_000)
         provider.shutdown()
         write_served(out, served)
@@ -231,9 +277,7 @@ def main():
     server.daemon_threads = True
     worker = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
     worker.start()
-    client = subprocess.run(
-        [sys.executable, "-c", CLIENT, str(server.server_address[1]), str(requests), str(clients)], timeout=120
-    )
+    client = subprocess.run(client_args(server.server_address[1], requests, clients, out), timeout=120)
     server.shutdown()
     worker.join()
     server.server_close()

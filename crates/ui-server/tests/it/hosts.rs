@@ -5,8 +5,6 @@
 
 use std::path::Path;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
 use deepspan_run::analysis::{CRITICAL_PATH, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES};
 use deepspan_run::Run;
 use deepspan_store::table::TableWriter;
@@ -14,7 +12,6 @@ use deepspan_store::tables::{
     CRITICAL_PATH_COLUMNS, REQUEST_SUMMARY_COLUMNS, REQUEST_SYSCALLS_COLUMNS, THREAD_STATES_COLUMNS,
 };
 use serde_json::Value;
-use tower::ServiceExt;
 
 /// An analysed run with no requests and empty tables, at `dir/run`.
 fn empty_run(dir: &Path) -> std::path::PathBuf {
@@ -43,23 +40,7 @@ fn empty_run(dir: &Path) -> std::path::PathBuf {
 
 /// `/api/run` of the run at `run`.
 fn api_run(run: &Path) -> Value {
-    let state = deepspan_ui_server::load(run).expect("the run loads");
-    let app = deepspan_ui_server::router(state);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let res = app
-            .oneshot(Request::get("/api/run").body(Body::empty()).unwrap())
-            .await
-            .unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        serde_json::from_slice(&body).unwrap()
-    })
+    crate::get(run, "/api/run")
 }
 
 /// As `deepspan analyze alpha beta --out merged` writes it (fields the UI

@@ -4,3 +4,31 @@
 
 mod hosts;
 mod queue;
+
+use std::path::Path;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// `GET uri` on the run at `run`.
+pub fn get(run: &Path, uri: &str) -> Value {
+    let state = deepspan_ui_server::load(run).expect("the run loads");
+    let app = deepspan_ui_server::router(state);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let res = app
+            .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{uri}");
+        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).unwrap()
+    })
+}

@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use crate::get;
+
 use deepspan_run::analysis::{
     CRITICAL_PATH, QUEUE_PATH, REQUESTS_JSON, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES,
 };
@@ -19,7 +19,6 @@ use deepspan_store::tables::{
     THREAD_STATES_COLUMNS,
 };
 use serde_json::Value;
-use tower::ServiceExt;
 
 const TRACE: &str = "0000000000000000000000000000000a";
 /// Queued behind `BLOCKER` on thread 10, then waiting for a CPU on 11.
@@ -178,27 +177,6 @@ fn queued_run(dir: &Path) -> PathBuf {
         ],
     );
     run
-}
-
-/// `GET uri` on the run at `run`.
-fn get(run: &Path, uri: &str) -> Value {
-    let state = deepspan_ui_server::load(run).expect("the run loads");
-    let app = deepspan_ui_server::router(state);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let res = app
-            .oneshot(Request::get(uri).body(Body::empty()).unwrap())
-            .await
-            .unwrap();
-        assert_eq!(res.status(), StatusCode::OK, "{uri}");
-        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        serde_json::from_slice(&body).unwrap()
-    })
 }
 
 /// `(tid, start_ns, state, queue)` of every drawn interval of a timeline.
