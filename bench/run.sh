@@ -15,3 +15,4 @@ python3 bench/profile_overhead.py  # CPU sampling (record --profile) cost agains
 python3 bench/export_bench.py  # deepspan export: time and bytes per 1000 requests, spans per trace before/after folding
 python3 bench/java_extension_bench.py  # the Java agent extension's cost per span against the agent alone (needs make java-sdk)
 python3 bench/placement_bench.py  # placing spans by inference vs by the SDK: CPU s per 100 MB of trace
+python3 bench/queue_accuracy.py  # false queueing: share of the demo's normal requests queued under 1 ms (goal >= 99 %)

@@ -76,6 +76,14 @@ class _QuietHandler(WSGIRequestHandler):
     def log_message(self, *args):
         pass
 
+    def get_environ(self):
+        # The client's port, as gunicorn and waitress give it and wsgiref
+        # does not: OpenTelemetry's WSGI middleware makes it the span's
+        # peer port, which names the request's connection.
+        env = super().get_environ()
+        env["REMOTE_PORT"] = str(self.client_address[1])
+        return env
+
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True

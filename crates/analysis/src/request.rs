@@ -384,23 +384,51 @@ fn queue_start(span: &SpanInput) -> u64 {
 }
 
 /// The request's home segments preceded by its queue's: `[arrival,
-/// start)` on the thread that took the request up at its start.
-fn with_queue(span: &SpanInput, mut home: Vec<HomeSegment>) -> Vec<HomeSegment> {
+/// start)` on the thread that took the request up at its start. A thread
+/// made for the request after it arrived (a server with a thread per
+/// connection) did not exist before: until the trace first shows it, the
+/// queue is on the thread that made it (the acceptor, accepting and
+/// forking), when the fork was traced.
+fn with_queue(
+    model: &KernelModel,
+    span: &SpanInput,
+    mut home: Vec<HomeSegment>,
+) -> Vec<HomeSegment> {
     let (Some((start, _)), Some(arrival)) = (span.times, span.arrival) else {
         return home;
     };
-    let taken_up_by = home.first().filter(|h| h.start == start).map(|h| h.tid);
-    if let (Some(tid), true) = (taken_up_by, arrival.ts < start) {
-        home.insert(
-            0,
+    let Some(tid) = home.first().filter(|h| h.start == start).map(|h| h.tid) else {
+        return home;
+    };
+    if arrival.ts >= start {
+        return home;
+    }
+    let thread = model.thread(tid);
+    let born = thread
+        .and_then(|t| t.first_seen())
+        .filter(|&b| arrival.ts < b && b < start);
+    let parent = thread.and_then(|t| t.parent).filter(|&p| p != tid);
+    let mut queue = match (born, parent) {
+        (Some(born), Some(parent)) => vec![
             HomeSegment {
                 start: arrival.ts,
+                end: born,
+                tid: parent,
+            },
+            HomeSegment {
+                start: born,
                 end: start,
                 tid,
             },
-        );
-    }
-    home
+        ],
+        _ => vec![HomeSegment {
+            start: arrival.ts,
+            end: start,
+            tid,
+        }],
+    };
+    queue.append(&mut home);
+    queue
 }
 
 /// A request's span and its time on the kernel clock (`[0, 0)` when
@@ -434,7 +462,7 @@ fn analyze_group(
     let homes: Vec<Vec<HomeSegment>> = group
         .iter()
         .zip(&own_homes)
-        .map(|(&r, own)| with_queue(&spans[r as usize], own.clone()))
+        .map(|(&r, own)| with_queue(model, &spans[r as usize], own.clone()))
         .collect();
     let served = served_by(model, group, &homes);
     let mut ranges: HashMap<Tid, Vec<(u64, u64)>> = HashMap::new();

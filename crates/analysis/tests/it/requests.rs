@@ -232,6 +232,43 @@ fn a_request_alone_on_an_idle_loop_is_queued_behind_nothing() {
 }
 
 #[test]
+fn before_its_thread_was_made_a_queue_is_on_the_thread_that_made_it() {
+    // An acceptor (thread 2) runs from 1; the request arrives at 20; the
+    // acceptor forks thread 5 for its connection at 50, which starts the
+    // span at 70.
+    let mut s = Script::default();
+    let acceptor = s.comm(2);
+    s.switch(1, 0, 0, 0, 2).ev(
+        50,
+        0,
+        EventKind::SchedProcessFork {
+            parent_tid: 2,
+            parent_comm: acceptor,
+            child_tid: 5,
+            child_comm: acceptor,
+        },
+    );
+    s.switch(52, 1, 0, 0, 5)
+        .switch(100, 1, 5, 1, 0)
+        .switch(120, 0, 2, 1, 0);
+    let model = s.model();
+    let mut spans = vec![request(5, 70, 90)];
+    spans[0].arrival = Some(Arrival {
+        ts: 20,
+        by: ArrivalBy::ClientSend,
+    });
+    let a = analyze(&model, &spans, &Work(vec![(5, 70, 90, 0)]));
+    let queue = &a.paths[0].queue;
+    let first = queue.first().expect("a queue path");
+    assert_eq!((first.start, first.tid), (20, Some(2)), "{queue:#?}");
+    assert_eq!(queue.last().map(|p| (p.end, p.tid)), Some((70, Some(5))));
+    assert!(
+        queue.iter().all(|p| p.state != EdgeType::Unknown),
+        "{queue:#?}"
+    );
+}
+
+#[test]
 fn requests_without_threads_have_no_path_and_gaps_are_unknown() {
     let (model, mut spans, work) = lock_scenario();
     spans.push(SpanInput {
