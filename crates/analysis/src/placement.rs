@@ -11,7 +11,9 @@
 //! 1. **Process**: the resource's `process.pid`; else the processes whose
 //!    name (comm, 15 bytes) or command line names the service; else the
 //!    process listening on the span's server port (from the recording's
-//!    /proc scan); else the process where most of the service's requests
+//!    /proc scan), or whose threads received and sent on connections of
+//!    that port (the socket-call capture: a server that listened between
+//!    two scans); else the process where most of the service's requests
 //!    fit best (a majority vote over every process's threads).
 //! 2. **Thread**: of that process's threads, the one that was running at
 //!    the span's start and at its end, whose socket receive (its own, or the
@@ -404,17 +406,30 @@ struct Finder<'a> {
     processes: &'a Processes,
     /// Process → its threads.
     threads_of: BTreeMap<Tid, Vec<Tid>>,
+    /// Port → the processes whose threads received or sent on a connected
+    /// socket of that local port (the socket-call capture): a server's
+    /// port, seen in the trace even when no /proc scan caught its listener.
+    answering_on: BTreeMap<u16, Vec<Tid>>,
 }
 
 impl<'a> Finder<'a> {
     fn new(model: &'a KernelModel, arch: Arch, processes: &'a Processes) -> Finder<'a> {
         let mut threads_of: BTreeMap<Tid, Vec<Tid>> = BTreeMap::new();
+        let mut answering_on: BTreeMap<u16, Vec<Tid>> = BTreeMap::new();
         for th in model.threads() {
             if th.tid <= 0 {
                 continue;
             }
-            if let Some(pid) = pid_of(th, processes) {
-                threads_of.entry(pid).or_default().push(th.tid);
+            let Some(pid) = pid_of(th, processes) else {
+                continue;
+            };
+            threads_of.entry(pid).or_default().push(th.tid);
+            let ports = th.syscalls().iter().filter_map(|c| c.socket());
+            for socket in ports.filter(|s| s.local_port != 0 && s.remote_port != 0) {
+                let pids = answering_on.entry(socket.local_port).or_default();
+                if !pids.contains(&pid) {
+                    pids.push(pid);
+                }
             }
         }
         Finder {
@@ -422,6 +437,7 @@ impl<'a> Finder<'a> {
             arch,
             processes,
             threads_of,
+            answering_on,
         }
     }
 
@@ -495,6 +511,14 @@ impl<'a> Finder<'a> {
                 return (
                     listening,
                     format!("the process listening on port {port}"),
+                    0.8,
+                );
+            }
+            // A server that listened between two /proc scans.
+            if let Some(answering) = self.answering_on.get(&port) {
+                return (
+                    answering.clone(),
+                    format!("the process whose threads received and sent on port {port}"),
                     0.8,
                 );
             }
@@ -1390,6 +1414,7 @@ pub fn clock_offset_bound(
         arch,
         processes: &processes,
         threads_of: BTreeMap::new(),
+        answering_on: BTreeMap::new(),
     };
     let mut windows: Vec<(i64, i64)> = Vec::new();
     for (span, p) in spans.iter().zip(placements) {

@@ -468,6 +468,26 @@ fn the_listening_port_picks_the_process_when_the_name_does_not() {
 }
 
 #[test]
+fn without_a_scanned_listener_the_process_that_answered_on_the_port_is_picked() {
+    // No /proc scan caught a listener (the server came and went between
+    // two scans): of two python3 processes, 300's threads received and
+    // sent on connections of port 8080 (the socket-call capture).
+    let model = two_connections();
+    let threads = processes(&[(301, 300), (302, 300), (303, 300), (401, 400)]);
+    let span = PlacementSpan {
+        port: Some(8080),
+        ..server_span("unknown_service:python3", 1_050, 5_000)
+    };
+    let placed = place(&model, &[span], &threads);
+    let placed = placed[0].as_ref().expect("placed");
+    assert_eq!(placed.pid, 300, "{placed:?}");
+    assert!(
+        placed.evidence[0].contains("received and sent on port 8080"),
+        "{placed:?}"
+    );
+}
+
+#[test]
 fn placed_requests_bound_the_clock_mapping_offset() {
     // Thread 101 ran over [0, 6000) and received until 1000: a span mapped
     // to [1100, 5000] may move by -100 ns (back to the receive) to +1000 ns
