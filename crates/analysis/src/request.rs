@@ -339,10 +339,9 @@ pub fn analyze_requests(
     let mut requests: Vec<RequestTimes> = (0..spans.len() as SpanIdx)
         .filter(|&i| request_of[i as usize] == i)
         .map(|i| {
-            let span = &spans[i as usize];
-            let (_, end) = span.times.unwrap_or((0, 0));
+            let (start, end) = spans[i as usize].times.unwrap_or((0, 0));
             RequestTimes {
-                start: queue_start(span),
+                start,
                 end,
                 request: i,
             }
@@ -376,42 +375,28 @@ pub fn analyze_requests(
     out
 }
 
-/// Where a request's path begins: its arrival when it queued before its
-/// span, else its span's start (0 when unknown).
-fn queue_start(span: &SpanInput) -> u64 {
-    let start = span.times.map_or(0, |t| t.0);
-    span.arrival.map_or(start, |a| a.ts.min(start))
-}
-
-/// The request's home segments preceded by its queue's: `[arrival,
-/// start)` on the thread that took the request up at its start. A thread
-/// made for the request after it arrived (a server with a thread per
-/// connection) did not exist before: until the trace first shows it, the
-/// queue is on the thread that made it (the acceptor, accepting and
-/// forking), when the fork was traced.
-fn with_queue(
-    model: &KernelModel,
-    span: &SpanInput,
-    mut home: Vec<HomeSegment>,
-) -> Vec<HomeSegment> {
-    let (Some((start, _)), Some(arrival)) = (span.times, span.arrival) else {
-        return home;
+/// Where a request waited from its arrival (`arrival`) to its span's
+/// start: on the thread that took it up at the start; before that thread
+/// existed, when it was made for the request (a server with a thread per
+/// connection), on the thread that made it (the acceptor, accepting and
+/// forking), when the fork was traced. Empty without a home at the start.
+fn queue_homes(model: &KernelModel, span: &SpanInput, arrival: u64) -> Vec<HomeSegment> {
+    let Some((start, _)) = span.times.filter(|t| arrival < t.0) else {
+        return Vec::new();
     };
+    let home = home_segments(span);
     let Some(tid) = home.first().filter(|h| h.start == start).map(|h| h.tid) else {
-        return home;
+        return Vec::new();
     };
-    if arrival.ts >= start {
-        return home;
-    }
     let thread = model.thread(tid);
     let born = thread
         .and_then(|t| t.first_seen())
-        .filter(|&b| arrival.ts < b && b < start);
+        .filter(|&b| arrival < b && b < start);
     let parent = thread.and_then(|t| t.parent).filter(|&p| p != tid);
-    let mut queue = match (born, parent) {
+    match (born, parent) {
         (Some(born), Some(parent)) => vec![
             HomeSegment {
-                start: arrival.ts,
+                start: arrival,
                 end: born,
                 tid: parent,
             },
@@ -422,13 +407,110 @@ fn with_queue(
             },
         ],
         _ => vec![HomeSegment {
-            start: arrival.ts,
+            start: arrival,
             end: start,
             tid,
         }],
+    }
+}
+
+/// The path of request `r`'s queue ([`RequestPath::queue`]), from its
+/// arrival to its span's start: each queue home's thread critical path
+/// there ([`queue_homes`]; a process-level request, its process's), its
+/// pieces attributed as a span's are. Queue paths are computed on their
+/// own, never merged with the groups' paths: the span's own path is what
+/// it would be without them.
+#[allow(clippy::too_many_arguments)]
+fn queue_path(
+    model: &KernelModel,
+    spans: &[SpanInput],
+    request_of: &[SpanIdx],
+    work: &dyn ThreadWork,
+    served: &Served,
+    r: SpanIdx,
+    arrival: u64,
+    scratch: &mut Scratch,
+) -> Vec<RequestPiece> {
+    let span = &spans[r as usize];
+    let Some((start, _)) = span.times else {
+        return Vec::new();
     };
-    queue.append(&mut home);
-    queue
+    let sync = sync_source(span);
+    let mut pieces = Vec::new();
+    let homes = match (sync, &span.inferred) {
+        (SyncSource::None, _) => return Vec::new(),
+        (SyncSource::Process, Some(InferredPlace::Process(threads))) => {
+            for base in process_pieces(model, threads, arrival, start) {
+                let owner = Owner {
+                    request: r,
+                    home: None,
+                };
+                attribute(
+                    model,
+                    spans,
+                    request_of,
+                    work,
+                    owner,
+                    served,
+                    base,
+                    scratch,
+                    &mut pieces,
+                );
+            }
+            Vec::new()
+        }
+        _ => queue_homes(model, span, arrival),
+    };
+    for home in &homes {
+        let cp = crate::critical_path(model, home.tid, home.start, home.end);
+        let mut raw = cp.pieces;
+        if !raw.windows(2).all(|w| w[0].start <= w[1].start) {
+            raw.sort_by_key(|p| p.start);
+        }
+        for node in join_adjacent(&raw) {
+            let base = RequestPiece {
+                start: node.start.max(home.start),
+                end: node.end.min(home.end),
+                state: node.state,
+                tid: Some(node.tid),
+                comm: None,
+                qualifier: node.qualifier,
+                syscall: None,
+                waiting_in: None,
+                span: None,
+                blocked_by: None,
+                shared: 0,
+                vertical: node.vertical,
+                lost: node.lost,
+                cpu_wait: None,
+            };
+            if base.end > base.start {
+                let owner = Owner {
+                    request: r,
+                    home: Some(home.tid),
+                };
+                attribute(
+                    model,
+                    spans,
+                    request_of,
+                    work,
+                    owner,
+                    served,
+                    base,
+                    scratch,
+                    &mut pieces,
+                );
+            }
+        }
+    }
+    if pieces.is_empty() && homes.is_empty() && sync != SyncSource::Process {
+        return Vec::new();
+    }
+    fill_gaps(model, &homes, arrival, start, &mut pieces);
+    if sync != SyncSource::Process {
+        resume_timeouts(model, &mut pieces);
+    }
+    join(pieces)
 }
 
 /// A request's span and its time on the kernel clock (`[0, 0)` when
@@ -454,15 +536,9 @@ fn analyze_group(
 ) {
     // Where each request runs, then each home thread's critical path once
     // per time range where requests overlap on it.
-    let own_homes: Vec<Vec<HomeSegment>> = group
-        .iter()
-        .map(|&r| home_segments(&spans[r as usize]))
-        .collect();
-    // The threads' paths cover each request's queue too.
     let homes: Vec<Vec<HomeSegment>> = group
         .iter()
-        .zip(&own_homes)
-        .map(|(&r, own)| with_queue(model, &spans[r as usize], own.clone()))
+        .map(|&r| home_segments(&spans[r as usize]))
         .collect();
     let served = served_by(model, group, &homes);
     let mut ranges: HashMap<Tid, Vec<(u64, u64)>> = HashMap::new();
@@ -549,11 +625,6 @@ fn analyze_group(
         let span = &spans[r as usize];
         let sync = sync_source(span);
         let (start, end) = span.times.unwrap_or((0, 0));
-        // Where the path begins: the queue's start when it has one.
-        let from = match (sync, &span.inferred) {
-            (SyncSource::Process, _) => queue_start(span),
-            _ => homes[n].first().map_or(start, |h| h.start.min(start)),
-        };
         let mut pieces = Vec::with_capacity(
             match &merged {
                 Some(m) => m.path_len(n as u32),
@@ -564,25 +635,24 @@ fn analyze_group(
         );
         if let (SyncSource::Process, Some(InferredPlace::Process(threads))) = (sync, &span.inferred)
         {
-            for piece in process_pieces(model, threads, from, end) {
-                for base in split_at(piece, start) {
-                    let owner = Owner {
-                        request: r,
-                        home: None,
-                    };
-                    attribute(
-                        model,
-                        spans,
-                        &out.request_of,
-                        work,
-                        owner,
-                        &served,
-                        base,
-                        scratch,
-                        &mut pieces,
-                    );
-                }
+            for base in process_pieces(model, threads, start, end) {
+                let owner = Owner {
+                    request: r,
+                    home: None,
+                };
+                attribute(
+                    model,
+                    spans,
+                    &out.request_of,
+                    work,
+                    owner,
+                    &served,
+                    base,
+                    scratch,
+                    &mut pieces,
+                );
             }
+            fill_gaps(model, &homes[n], start, end, &mut pieces);
         } else if sync != SyncSource::None {
             // (piece, how many other paths share it)
             let nodes: Box<dyn Iterator<Item = (Piece, u32)>> = match &merged {
@@ -603,8 +673,8 @@ fn analyze_group(
                 None => Box::new(alone.iter().map(|p| (p.clone(), 0))),
             };
             for (node, shared) in nodes {
-                let piece = RequestPiece {
-                    start: node.start.max(from),
+                let base = RequestPiece {
+                    start: node.start.max(start),
                     end: node.end.min(end),
                     state: node.state,
                     tid: Some(node.tid),
@@ -619,10 +689,7 @@ fn analyze_group(
                     lost: node.lost,
                     cpu_wait: None,
                 };
-                if piece.end <= piece.start {
-                    continue;
-                }
-                for base in split_at(piece, start) {
+                if base.end > base.start {
                     let home = homes[n]
                         .iter()
                         .find(|h| h.start <= base.start && base.start < h.end)
@@ -640,47 +707,35 @@ fn analyze_group(
                     );
                 }
             }
-        }
-        // The queue's pieces and the span's, each tiling its own range.
-        let (mut queue, mut pieces): (Vec<_>, Vec<_>) =
-            pieces.into_iter().partition(|p| p.end <= start);
-        if sync != SyncSource::None {
             fill_gaps(model, &homes[n], start, end, &mut pieces);
-            if from < start {
-                fill_gaps(model, &homes[n], from, start, &mut queue);
-            }
-            if sync != SyncSource::Process {
-                resume_timeouts(model, &mut pieces);
-                resume_timeouts(model, &mut queue);
-            }
+            resume_timeouts(model, &mut pieces);
         }
+        let arrival = span.arrival.filter(|a| a.ts < start);
+        let queue = match arrival {
+            Some(a) => queue_path(
+                model,
+                spans,
+                &out.request_of,
+                work,
+                &served,
+                r,
+                a.ts,
+                scratch,
+            ),
+            None => Vec::new(),
+        };
         on_path(RequestPath {
             request: r,
             start,
             end,
             sync,
-            home: own_homes[n].clone(),
+            home: homes[n].clone(),
             pieces: join(pieces),
-            arrival: span.arrival.filter(|a| a.ts < start),
-            queue: join(queue),
+            arrival,
+            queue,
             truncated: truncated[n],
         });
     }
-}
-
-/// `piece` cut at `at` when it spans it: the queue's part and the span's
-/// are attributed (and their CPU waits measured) apart.
-fn split_at(piece: RequestPiece, at: u64) -> impl Iterator<Item = RequestPiece> {
-    let (first, second) = if piece.start < at && at < piece.end {
-        let mut after = piece.clone();
-        after.start = at;
-        let mut before = piece;
-        before.end = at;
-        (before, Some(after))
-    } else {
-        (piece, None)
-    };
-    std::iter::once(first).chain(second)
 }
 
 /// How far along a state is, for process-level paths: the process is
