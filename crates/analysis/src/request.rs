@@ -436,34 +436,23 @@ fn queue_path(
         return Vec::new();
     };
     let sync = sync_source(span);
-    let mut pieces = Vec::new();
+    // The pieces before attribution, each with the home thread it is on
+    // (none at process level).
+    let mut bases: Vec<(RequestPiece, Option<Tid>)> = Vec::new();
     let homes = match (sync, &span.inferred) {
         (SyncSource::None, _) => return Vec::new(),
         (SyncSource::Process, Some(InferredPlace::Process(threads))) => {
-            for base in process_pieces(model, threads, arrival, start) {
-                let owner = Owner {
-                    request: r,
-                    home: None,
-                };
-                attribute(
-                    model,
-                    spans,
-                    request_of,
-                    work,
-                    owner,
-                    served,
-                    base,
-                    scratch,
-                    &mut pieces,
-                );
-            }
+            let process = process_pieces(model, threads, arrival, start);
+            bases.extend(process.into_iter().map(|p| (p, None)));
             Vec::new()
         }
         _ => queue_homes(model, span, arrival),
     };
+    if homes.is_empty() && bases.is_empty() {
+        return Vec::new();
+    }
     for home in &homes {
-        let cp = crate::critical_path(model, home.tid, home.start, home.end);
-        let mut raw = cp.pieces;
+        let mut raw = crate::critical_path(model, home.tid, home.start, home.end).pieces;
         if !raw.windows(2).all(|w| w[0].start <= w[1].start) {
             raw.sort_by_key(|p| p.start);
         }
@@ -485,26 +474,24 @@ fn queue_path(
                 cpu_wait: None,
             };
             if base.end > base.start {
-                let owner = Owner {
-                    request: r,
-                    home: Some(home.tid),
-                };
-                attribute(
-                    model,
-                    spans,
-                    request_of,
-                    work,
-                    owner,
-                    served,
-                    base,
-                    scratch,
-                    &mut pieces,
-                );
+                bases.push((base, Some(home.tid)));
             }
         }
     }
-    if pieces.is_empty() && homes.is_empty() && sync != SyncSource::Process {
-        return Vec::new();
+    let mut pieces = Vec::with_capacity(bases.len());
+    for (base, home) in bases {
+        let owner = Owner { request: r, home };
+        attribute(
+            model,
+            spans,
+            request_of,
+            work,
+            owner,
+            served,
+            base,
+            scratch,
+            &mut pieces,
+        );
     }
     fill_gaps(model, &homes, arrival, start, &mut pieces);
     if sync != SyncSource::Process {
@@ -514,8 +501,7 @@ fn queue_path(
 }
 
 /// A request's span and its time on the kernel clock (`[0, 0)` when
-/// unknown), from its arrival when it queued. Ordered by `start`, then
-/// `end`, then `request`.
+/// unknown). Ordered by `start`, then `end`, then `request`.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct RequestTimes {
     start: u64,
