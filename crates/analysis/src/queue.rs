@@ -7,8 +7,8 @@
 //! reads as network time. The kernel saw the request arrive.
 //!
 //! For a span that names its connection (the client's port, `client.port`
-//! or `net.peer.port`, with the server's, `server.port` or
-//! `net.host.port`), the arrival is the earliest of these, on that
+//! or `net.peer.port`, with the server's, `network.local.port`,
+//! `server.port` or `net.host.port`), the arrival is the earliest of these, on that
 //! connection since the previous exchange on it:
 //! - the client's send, when the client is on a traced host: the
 //!   socket-call capture names the client's socket by its ports, the
@@ -18,6 +18,14 @@
 //!   then includes;
 //! - the server's first receive of it (an acceptor or an event loop that
 //!   reads the request before a pool thread takes it up).
+//!
+//! The server's port of a span is often not the one it answered on: HTTP
+//! instrumentations read it from the `Host` header, which names no port
+//! for a client that sent none, and a proxy's port behind one. When the
+//! trace shows no socket of that port talking to the span's client port,
+//! the connection is the one socket with the client's port at its remote
+//! end that the server used during the span (it sent the answer there);
+//! with none or several such sockets the span gets no arrival.
 //!
 //! The previous exchange ends at the server's last send on the connection
 //! before the span (its previous answer), or at the end of the previous
@@ -111,22 +119,36 @@ fn socket_io(model: &KernelModel) -> FxHashMap<Ports, Vec<SocketIo>> {
 /// nothing of the request before its span started.
 pub fn arrivals(model: &KernelModel, spans: &[PlacementSpan]) -> Vec<Option<Arrival>> {
     let mut out = vec![None; spans.len()];
+    if !spans
+        .iter()
+        .any(|s| s.entry && s.times.is_some() && s.client_port.is_some())
+    {
+        return out;
+    }
+    let io = socket_io(model);
+    // The local ports of the sockets whose remote end had each port.
+    let mut locals_of: FxHashMap<u16, Vec<u16>> = FxHashMap::default();
+    for &(local, remote) in io.keys() {
+        locals_of.entry(remote).or_default().push(local);
+    }
     // The entry spans of each connection: (start, end, index).
     let mut by_connection: FxHashMap<Ports, Vec<(u64, u64, usize)>> = FxHashMap::default();
     for (i, span) in spans.iter().enumerate() {
-        if let (true, Some((start, end)), Some(client), Some(server)) =
-            (span.entry, span.times, span.client_port, span.port)
-        {
+        let (true, Some((start, end)), Some(client)) = (span.entry, span.times, span.client_port)
+        else {
+            continue;
+        };
+        let server = span
+            .port
+            .filter(|&server| io.contains_key(&(server, client)))
+            .or_else(|| answered_on(&io, locals_of.get(&client), client, (start, end)));
+        if let Some(server) = server {
             by_connection
                 .entry((client, server))
                 .or_default()
                 .push((start, end, i));
         }
     }
-    if by_connection.is_empty() {
-        return out;
-    }
-    let io = socket_io(model);
     let none: Vec<SocketIo> = Vec::new();
     for ((client, server), mut exchanges) in by_connection {
         exchanges.sort_unstable();
@@ -165,6 +187,24 @@ pub fn arrivals(model: &KernelModel, spans: &[PlacementSpan]) -> Vec<Option<Arri
         }
     }
     out
+}
+
+/// The server's port of a span whose own names no socket of the trace: the
+/// one local port, of those whose remote end was the span's client port,
+/// that the server used between the span's `start` and `end` (module doc).
+fn answered_on(
+    io: &FxHashMap<Ports, Vec<SocketIo>>,
+    locals: Option<&Vec<u16>>,
+    client: u16,
+    (start, end): (u64, u64),
+) -> Option<u16> {
+    let mut used = locals?.iter().copied().filter(|&local| {
+        let calls = &io[&(local, client)];
+        let from = calls.partition_point(|c| c.ts < start);
+        calls.get(from).is_some_and(|c| c.ts <= end)
+    });
+    let server = used.next()?;
+    used.next().is_none().then_some(server)
 }
 
 #[cfg(test)]
@@ -263,5 +303,38 @@ mod tests {
         let mut unnamed = span(40000, 1300, 1400);
         unnamed.client_port = None;
         assert_eq!(arrivals(&m, &[unnamed]), vec![None]);
+    }
+
+    #[test]
+    fn a_server_port_the_trace_never_saw_is_the_one_the_span_answered_on() {
+        // The span says port 80 (a Host header without a port); the server
+        // listened on SERVER, read the request at 300 and answered at 1200,
+        // within its span. Another server talked to a client of the same
+        // port number earlier, not during the span.
+        let m = model(&[
+            (50, 5, true, 9000, 40000),
+            (300, 3, false, SERVER, 40000),
+            (1200, 3, true, SERVER, 40000),
+        ]);
+        let mut proxied = span(40000, 1000, 1400);
+        proxied.port = Some(80);
+        let unnamed_server = PlacementSpan {
+            port: None,
+            ..proxied.clone()
+        };
+        let expected = Some(Arrival {
+            ts: 300,
+            by: ArrivalBy::ServerReceive,
+        });
+        assert_eq!(arrivals(&m, &[proxied.clone()]), vec![expected]);
+        assert_eq!(arrivals(&m, &[unnamed_server]), vec![expected]);
+        // Two sockets of the client's port used during the span: which one
+        // was its connection is not known, so no arrival.
+        let ambiguous = model(&[
+            (300, 3, false, SERVER, 40000),
+            (1100, 5, true, 9000, 40000),
+            (1200, 3, true, SERVER, 40000),
+        ]);
+        assert_eq!(arrivals(&ambiguous, &[proxied]), vec![None]);
     }
 }

@@ -104,15 +104,20 @@ pub(crate) fn placement_span(s: &Span, input: &SpanInput) -> PlacementSpan {
                 .or_else(|| v.as_str().and_then(|t| t.parse().ok()))
         })
     };
-    let port = ["server.port", "net.host.port", "host.port"]
-        .iter()
-        .find_map(|k| int(k))
-        .and_then(|p| u16::try_from(p).ok())
-        .or_else(|| {
-            ["url.full", "http.url", "http.host", "server.address"]
-                .iter()
-                .find_map(|k| attr(k).and_then(|v| v.as_str()).and_then(port_of))
-        });
+    let port = [
+        "network.local.port",
+        "server.port",
+        "net.host.port",
+        "host.port",
+    ]
+    .iter()
+    .find_map(|k| int(k))
+    .and_then(|p| u16::try_from(p).ok())
+    .or_else(|| {
+        ["url.full", "http.url", "http.host", "server.address"]
+            .iter()
+            .find_map(|k| attr(k).and_then(|v| v.as_str()).and_then(port_of))
+    });
     let client_port = ["client.port", "net.peer.port", "network.peer.port"]
         .iter()
         .find_map(|k| int(k))

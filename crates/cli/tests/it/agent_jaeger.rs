@@ -199,17 +199,11 @@ impl Drop for AgentProcess {
 }
 
 fn mono_minus_wall_ns() -> i128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let mono = ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128;
-    mono - SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i128
+    crate::common::monotonic_ns() as i128
+        - SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i128
 }
 
 fn url_encode(s: &str) -> String {

@@ -20,8 +20,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    check, deepspan, java_agent_jars, kernel_or_skip, one_at_a_time, sdk_java, wait_exit,
-    KillOnDrop,
+    check, deepspan, java_agent_jars, kernel_or_skip, monotonic_ns, one_at_a_time, sdk_java,
+    wait_exit, KillOnDrop,
 };
 use deepspan_spans::{read_run_spans, ClockMap, Span, SpanKind};
 use serde_json::Value;
@@ -29,19 +29,6 @@ use serde_json::Value;
 /// Requests sent, from CLIENTS threads.
 const REQUESTS: usize = 40;
 const CLIENTS: usize = 2;
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes only the timespec given.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
-        0
-    );
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// GET `path` with an optional traceparent; the response body.
 fn get(port: u16, path: &str, traceparent: Option<&str>) -> std::io::Result<String> {

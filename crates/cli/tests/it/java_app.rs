@@ -8,12 +8,16 @@
 //!   `synchronized` monitor until the other requests of the application
 //!   wait on it, then for 600 ms more of CPU;
 //! - a CPU quota: this test moves the JVM into a CPU cgroup (v1) of 10 ms
-//!   per 100 ms while each request needs 30 ms of CPU.
+//!   per 100 ms while each request needs 30 ms of CPU;
+//! - a full pool: Jetty's pool serves two requests at a time, each asleep
+//!   for 20 ms, while six clients call: a request waits in Jetty's queue
+//!   until a worker is free, before its span starts.
 //!
 //! Each fault runs twice: with deepspan's agent extension (SDK placement)
 //! and with the plain agent alone, analysed with `--placement inferred`.
 //! The oracle is the set-up, not the analysis: the extension logs each
-//! request's role and kernel thread id, and the test set the quota.
+//! request's role and kernel thread id (a sleeper's also its start and
+//! end), the clients log when they sent, and the test set the quota.
 //!
 //! Needs root, a JDK and Maven (`make java-sdk` builds the extension,
 //! fetches the agent and WireMock; this test runs Maven when they are
@@ -27,8 +31,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    check, deepspan, java_agent_jars, kernel_or_skip, maven_package, one_at_a_time, poll, sdk_java,
-    wait_exit, CpuQuota, KillOnDrop,
+    check, deepspan, java_agent_jars, kernel_or_skip, maven_package, monotonic_ns, one_at_a_time,
+    poll, sdk_java, wait_exit, CpuQuota, KillOnDrop,
 };
 use serde_json::Value;
 
@@ -44,6 +48,15 @@ const WORK_CPU_MS: u64 = 30;
 /// 10 ms of CPU per 100 ms: a request alone needs three periods.
 const QUOTA_US: u64 = 10_000;
 const PERIOD_US: u64 = 100_000;
+/// Pool case: requests, each asleep SLEEP_MS on its worker, from
+/// POOL_CLIENTS.
+const POOL_REQUESTS: usize = 36;
+const POOL_CLIENTS: usize = 6;
+const SLEEP_MS: u64 = 20;
+/// WireMock's `--container-threads` for two workers: Jetty leases the rest
+/// of its pool to its acceptors and selectors (and keeps one in reserve),
+/// on the two cores of these machines.
+const POOL_THREADS: usize = 7;
 
 /// The jars: deepspan's extension, the stock agent, and WireMock's class
 /// path with the fault extension.
@@ -68,12 +81,15 @@ fn jars() -> Jars {
     }
 }
 
-/// GET `path` with a traceparent made of `trace_id`.
-fn get(port: u16, path: &str, trace_id: u128) {
+/// GET `path` with a traceparent made of `trace_id`; when it was sent: the
+/// CLOCK_MONOTONIC readings just before and after the request's write (a
+/// busy machine may run other threads between the write and either).
+fn get(port: u16, path: &str, trace_id: u128) -> (u64, u64) {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to WireMock");
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
+    let before = monotonic_ns();
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\
@@ -81,12 +97,14 @@ fn get(port: u16, path: &str, trace_id: u128) {
         trace_id as u64 | 1
     )
     .unwrap();
+    let sent = (before, monotonic_ns());
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     assert!(
         response.starts_with("HTTP/1.1 200"),
         "GET {path}: {response}"
     );
+    sent
 }
 
 /// WireMock's own admin call that stops it (and so the recording).
@@ -108,6 +126,9 @@ struct Served {
     role: String,
     tid: i64,
     pid: i64,
+    /// A sleeper's start and end (System.nanoTime); 0 for the others.
+    began_ns: u64,
+    ended_ns: u64,
 }
 
 /// The fault log by trace id.
@@ -124,6 +145,8 @@ fn served(log: &Path) -> HashMap<String, Served> {
                     role: v["role"].as_str().unwrap().to_string(),
                     tid: v["tid"].as_i64().unwrap(),
                     pid: v["pid"].as_i64().unwrap(),
+                    began_ns: v["began_ns"].as_u64().unwrap_or(0),
+                    ended_ns: v["ended_ns"].as_u64().unwrap_or(0),
                 },
             )
         })
@@ -142,6 +165,7 @@ fn wait_for_trace(log: &Path, trace_id: u128) -> Served {
 enum Fault {
     Lock,
     Quota,
+    Pool,
 }
 
 /// A recorded and analysed run of WireMock under one fault.
@@ -151,6 +175,9 @@ struct Analysed {
     served: HashMap<String, Served>,
     /// The trace ids sent under the fault (the warm-up's are not).
     under_fault: Vec<String>,
+    /// When each request under the fault was sent (between two readings of
+    /// the client's clock), by trace id.
+    sent: HashMap<String, (u64, u64)>,
     throttled_periods: u64,
     analyze_stderr: String,
 }
@@ -199,6 +226,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
     rec.arg(format!("-Ddeepspan.fault.log={}", log.display()))
         .arg(format!("-Ddeepspan.fault.hold_cpu_ms={HOLD_CPU_MS}"))
         .arg(format!("-Ddeepspan.fault.work_cpu_ms={WORK_CPU_MS}"))
+        .arg(format!("-Ddeepspan.fault.sleep_ms={SLEEP_MS}"))
         .arg("-cp")
         .arg(&jars.classpath)
         .arg("wiremock.Run")
@@ -206,8 +234,11 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
         .arg("--root-dir")
         .arg(&root)
         .args(["--extensions", "deepspan.fault.LockFault"])
-        .args(["--disable-banner", "--no-request-journal"])
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .args(["--disable-banner", "--no-request-journal"]);
+    if fault == Fault::Pool {
+        rec.args(["--container-threads", &POOL_THREADS.to_string()]);
+    }
+    rec.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
         .env("OTEL_SERVICE_NAME", "wiremock")
         .env("OTEL_METRICS_EXPORTER", "none")
@@ -240,6 +271,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
 
     let mut throttled_periods = 0;
     let mut under_fault = Vec::new();
+    let mut sent = HashMap::new();
     match fault {
         Fault::Lock => {
             for round in 0..ROUNDS {
@@ -277,6 +309,23 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
             // seconds that show nothing the test reads.
             throttled_periods = group.throttled_periods();
             drop(group);
+        }
+        Fault::Pool => {
+            let ids: Vec<u128> = (0..POOL_REQUESTS).map(|_| next()).collect();
+            under_fault.extend(&ids);
+            let times = std::sync::Mutex::new(Vec::new());
+            std::thread::scope(|s| {
+                for c in 0..POOL_CLIENTS {
+                    let (ids, times) = (&ids, &times);
+                    s.spawn(move || {
+                        for (i, &id) in ids.iter().enumerate().skip(c).step_by(POOL_CLIENTS) {
+                            let sent = get(port, &format!("/sleep/{i}"), id);
+                            times.lock().unwrap().push((format!("{id:032x}"), sent));
+                        }
+                    });
+                }
+            });
+            sent = times.into_inner().unwrap().into_iter().collect();
         }
     }
     shutdown(port);
@@ -317,6 +366,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
         requests,
         served,
         under_fault: under_fault.iter().map(|t| format!("{t:032x}")).collect(),
+        sent,
         throttled_periods,
         analyze_stderr: String::from_utf8_lossy(&analyzed.stderr).into_owned(),
     }
@@ -465,6 +515,105 @@ fn check_quota(a: &Analysed, mode: &str, placement: &str) {
     }
 }
 
+/// Requests that waited for a worker: each one's queue time matches the
+/// client's clock (from its send to the span's start, within 10 % or 2
+/// ms of the readings around the send), and names the request its worker
+/// ran before it when that one still ran 2 ms after the send (the server's
+/// log of each worker's requests).
+fn check_pool(a: &Analysed, mode: &str, placement: &str) {
+    let sleepers = of_role(a, "sleep");
+    assert_eq!(sleepers.len(), POOL_REQUESTS, "every request served");
+    // The set-up's own check: how many requests Jetty ran at once.
+    let most_at_once = sleepers
+        .iter()
+        .map(|(s, _)| {
+            sleepers
+                .iter()
+                .filter(|(o, _)| o.began_ns <= s.began_ns && s.began_ns < o.ended_ns)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    let trace_of = |r: &Value| r["trace_id"].as_str().unwrap().to_string();
+    // Each worker's requests in the order it ran them: (began, ended, trace).
+    let mut by_worker: HashMap<i64, Vec<(u64, u64, String)>> = HashMap::new();
+    for (s, r) in &sleepers {
+        by_worker
+            .entry(s.tid)
+            .or_default()
+            .push((s.began_ns, s.ended_ns, trace_of(r)));
+    }
+    for runs in by_worker.values_mut() {
+        runs.sort();
+    }
+
+    let (mut queued, mut measured) = (0, 0);
+    let (mut behind, mut named) = (0, 0);
+    let mut off = Vec::new();
+    for (s, r) in &sleepers {
+        assert_eq!(r["sync"], placement, "{r}\n{}", a.analyze_stderr);
+        let trace = trace_of(r);
+        let (before_send, sent) = a.sent[&trace];
+        let queue = &r["queue"];
+        let got = queue["ns"].as_u64();
+        let start = r["start_ns"].as_u64().unwrap();
+        let (least, most) = (
+            start.saturating_sub(sent),
+            start.saturating_sub(before_send),
+        );
+        if least >= 2_000_000 {
+            queued += 1;
+            let margin = (least / 10).max(2_000_000);
+            if got.is_some_and(|g| least.saturating_sub(margin) <= g && g <= most + margin) {
+                measured += 1;
+            } else {
+                off.push(format!(
+                    "{trace}: queue {got:?} ns, from the client's send {least}..{most} ns"
+                ));
+            }
+        }
+        let runs = &by_worker[&s.tid];
+        let at = runs.iter().position(|(_, _, t)| *t == trace).unwrap();
+        let Some((_, _, before)) = at
+            .checked_sub(1)
+            .map(|b| &runs[b])
+            .filter(|(_, ended, _)| *ended > sent + 2_000_000)
+        else {
+            continue;
+        };
+        behind += 1;
+        let before_span = a.requests[before]["span_id"].as_str().unwrap();
+        let names: Vec<&str> = queue["cause_groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["blocked_by_requests"].as_array().into_iter().flatten())
+            .filter_map(Value::as_str)
+            .collect();
+        if names.contains(&before_span) {
+            named += 1;
+        } else {
+            off.push(format!(
+                "{trace}: queued behind {names:?}, not its worker's previous {before_span}"
+            ));
+        }
+    }
+    eprintln!(
+        "pool, {mode}: Jetty ran at most {most_at_once} at once; {measured} of {queued} queued \
+         requests as the client's send says; {named} of {behind} name the request their worker \
+         ran before; off: {off:#?}"
+    );
+    assert!(
+        queued >= 10 && behind >= 10,
+        "only {queued} requests waited, {behind} behind their worker's previous one"
+    );
+    assert!(
+        measured * 10 >= queued * 9 && named * 10 >= behind * 9,
+        "{measured} of {queued} as measured, {named} of {behind} named: {off:#?}\n{}",
+        a.analyze_stderr
+    );
+}
+
 #[test]
 #[ignore = "system: root, tracefs, JDK and Maven"]
 fn wiremock_waiting_on_a_synchronized_lock_is_lock_contention_with_and_without_the_extension() {
@@ -490,6 +639,21 @@ fn wiremock_under_a_cpu_quota_is_cpu_throttled_with_and_without_the_extension() 
     check_quota(&run(Fault::Quota, true), "with the extension", "exact");
     check_quota(
         &run(Fault::Quota, false),
+        "agent alone, inferred",
+        "inferred",
+    );
+}
+
+#[test]
+#[ignore = "system: root, tracefs, JDK and Maven"]
+fn wiremock_with_two_workers_queues_requests_behind_the_ones_they_ran() {
+    if !kernel_or_skip("wiremock_with_two_workers_queues_requests") {
+        return;
+    }
+    let _one = one_at_a_time();
+    check_pool(&run(Fault::Pool, true), "with the extension", "exact");
+    check_pool(
+        &run(Fault::Pool, false),
         "agent alone, inferred",
         "inferred",
     );

@@ -107,6 +107,22 @@ impl Drop for HeavyTest {
     }
 }
 
+/// This process's CLOCK_MONOTONIC in ns: the clock the recorder traces on
+/// (`trace_clock` mono), Java's System.nanoTime and Python's
+/// time.monotonic_ns, so an application's readings compare with the trace's.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec given.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
+        0
+    );
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Calls `attempt` every `every` until it gives a value; `None` once
 /// `timeout` has passed without one (the caller says what never came).
 pub fn poll<T>(

@@ -26,18 +26,23 @@ import java.util.concurrent.ConcurrentHashMap;
  *       late a loaded machine runs the client that sends them;
  *   <li>{@code /api/...}: takes the same monitor for a moment (a request of the application that
  *       needs a lock another request holds);
- *   <li>{@code /cpu/...}: {@code deepspan.fault.work_cpu_ms} of CPU time, no lock.
+ *   <li>{@code /cpu/...}: {@code deepspan.fault.work_cpu_ms} of CPU time, no lock;
+ *   <li>{@code /sleep/...}: {@code deepspan.fault.sleep_ms} asleep on its pool thread (a request
+ *       that waits on something slow and keeps its worker while it does).
  * </ul>
  *
  * <p>The oracle for the test: one JSON line per request in the file named by {@code
  * deepspan.fault.log} with its traceparent, role and kernel thread id. A holder writes its line
- * as soon as it holds the monitor, so the test knows when to send the waiters.
+ * as soon as it holds the monitor, so the test knows when to send the waiters. A sleeper's line
+ * also says when it began and ended, on {@code System.nanoTime()} (CLOCK_MONOTONIC, the trace's
+ * clock).
  */
 public final class LockFault implements ResponseDefinitionTransformerV2 {
   private static final Object SHARED = new Object();
   private static final ThreadMXBean THREADS = ManagementFactory.getThreadMXBean();
   private static final long HOLD_CPU_NS = millis("deepspan.fault.hold_cpu_ms", 600) * 1_000_000L;
   private static final long WORK_CPU_NS = millis("deepspan.fault.work_cpu_ms", 30) * 1_000_000L;
+  private static final long SLEEP_MS = millis("deepspan.fault.sleep_ms", 20);
   private static final String LOG = System.getProperty("deepspan.fault.log", "fault.jsonl");
   /** How long a holder waits for its waiters before it gives up on them and holds anyway. */
   private static final long WAITERS_DEADLINE_NS = 60_000_000_000L;
@@ -81,6 +86,14 @@ public final class LockFault implements ResponseDefinitionTransformerV2 {
     } else if (url.startsWith("/cpu/")) {
       busy(WORK_CPU_NS);
       log(traceparent, "cpu");
+    } else if (url.startsWith("/sleep/")) {
+      long began = System.nanoTime();
+      try {
+        Thread.sleep(SLEEP_MS);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+      }
+      log(traceparent, "sleep", 0, began, System.nanoTime());
     }
     return serveEvent.getResponseDefinition();
   }
@@ -150,11 +163,23 @@ public final class LockFault implements ResponseDefinitionTransformerV2 {
     log(traceparent, role, 0);
   }
 
-  private static synchronized void log(String traceparent, String role, long waitedNs) {
+  private static void log(String traceparent, String role, long waitedNs) {
+    log(traceparent, role, waitedNs, 0, 0);
+  }
+
+  private static synchronized void log(
+      String traceparent, String role, long waitedNs, long beganNs, long endedNs) {
     String line =
         String.format(
-            "{\"traceparent\":\"%s\",\"role\":\"%s\",\"tid\":%d,\"pid\":%d,\"waited_ns\":%d}%n",
-            traceparent, role, kernelTid(), ProcessHandle.current().pid(), waitedNs);
+            "{\"traceparent\":\"%s\",\"role\":\"%s\",\"tid\":%d,\"pid\":%d,\"waited_ns\":%d,"
+                + "\"began_ns\":%d,\"ended_ns\":%d}%n",
+            traceparent,
+            role,
+            kernelTid(),
+            ProcessHandle.current().pid(),
+            waitedNs,
+            beganNs,
+            endedNs);
     try (FileWriter out = new FileWriter(LOG, true)) {
       out.write(line);
     } catch (IOException e) {
