@@ -19,20 +19,24 @@
 //! request's role and kernel thread id (a sleeper's also its start and
 //! end), the clients log when they sent, and the test set the quota.
 //!
+//! Apart from the kernel: WireMock as a hop of the in-band critical path
+//! (DCPT), called by the demo shop's Python services, through the
+//! extension's Jetty hook.
+//!
 //! Needs root, a JDK and Maven (`make java-sdk` builds the extension,
 //! fetches the agent and WireMock; this test runs Maven when they are
 //! missing).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{
     check, deepspan, java_agent_jars, kernel_or_skip, maven_package, monotonic_ns, one_at_a_time,
-    poll, sdk_java, wait_exit, CpuQuota, KillOnDrop,
+    poll, repo, sdk_java, wait_exit, CpuQuota, KillOnDrop,
 };
 use serde_json::Value;
 
@@ -657,4 +661,191 @@ fn wiremock_with_two_workers_queues_requests_behind_the_ones_they_ran() {
         "agent alone, inferred",
         "inferred",
     );
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// GET `path` from `port`, asking for the in-band path when `ask`: the
+/// status line and the `deepspan-dcpt-path` header, if any.
+fn get_dcpt(port: u16, path: &str, ask: bool) -> (String, Option<String>) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let ask = if ask { "deepspan-dcpt: 1\r\n" } else { "" };
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{ask}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let head = response.split("\r\n\r\n").next().unwrap_or_default();
+    let status = head.lines().next().unwrap_or_default().to_string();
+    let path = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("deepspan-dcpt-path")
+            .then(|| value.trim().to_string())
+    });
+    (status, path)
+}
+
+/// A demo shop service (`python3 -m shop.service NAME ARGS`) and its port,
+/// once it prints `READY <port>`.
+fn shop_service(name: &str, args: &[&str], logs: &Path) -> (KillOnDrop, u16) {
+    let repo = repo();
+    let mut child = Command::new("python3")
+        .args(["-m", "shop.service", name])
+        .args(args)
+        .env(
+            "PYTHONPATH",
+            format!(
+                "{}:{}",
+                repo.join("demo").display(),
+                repo.join("sdk/python").display()
+            ),
+        )
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(logs.join(format!("{name}.log"))).unwrap())
+        .spawn()
+        .expect("run python3 -m shop.service");
+    let stdout = child.stdout.take().unwrap();
+    let child = KillOnDrop(child);
+    let port = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("READY ").and_then(|p| p.trim().parse().ok()))
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} never got ready: {}",
+                std::fs::read_to_string(logs.join(format!("{name}.log"))).unwrap_or_default()
+            )
+        });
+    (child, port)
+}
+
+#[test]
+#[ignore = "system: JDK, Maven and the demo's Python packages"]
+fn wiremock_in_a_chain_of_demo_services_is_named_the_slow_hop_of_the_in_band_path() {
+    // The demo's front calls inventory, pricing and media in turn. Here
+    // inventory and pricing are WireMock stubs (pricing's answer 300 ms
+    // late), media the demo's own service. The path front gets back names
+    // WireMock's hops by their own service name (the extension's Jetty
+    // hook), not as the address front called, and pricing's as the hop
+    // that took the time.
+    let jars = jars();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let root = dir.path().join("wiremock");
+    std::fs::create_dir_all(root.join("mappings")).unwrap();
+    std::fs::write(
+        root.join("mappings/price.json"),
+        r#"{"request":{"method":"GET","urlPath":"/price"},"response":{"status":200,"jsonBody":{"price":12.5},"fixedDelayMilliseconds":300}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("mappings/stock.json"),
+        r#"{"request":{"method":"GET","urlPath":"/stock"},"response":{"status":200,"jsonBody":{"stock":4}}}"#,
+    )
+    .unwrap();
+    let images = dir.path().join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    std::fs::write(images.join("img-0.bin"), vec![7u8; 64 << 10]).unwrap();
+
+    let port = free_port();
+    let wiremock = KillOnDrop(
+        Command::new("java")
+            .arg(format!("-javaagent:{}", jars.agent.display()))
+            .arg(format!(
+                "-Dotel.javaagent.extensions={}",
+                jars.extension.display()
+            ))
+            .arg("-cp")
+            .arg(&jars.classpath)
+            .arg("wiremock.Run")
+            .args(["--port", &port.to_string()])
+            .arg("--root-dir")
+            .arg(&root)
+            .args(["--disable-banner", "--no-request-journal"])
+            .env("OTEL_SERVICE_NAME", "wiremock")
+            .env("OTEL_TRACES_EXPORTER", "none")
+            .env("OTEL_METRICS_EXPORTER", "none")
+            .env("OTEL_LOGS_EXPORTER", "none")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("wiremock.log")).unwrap())
+            .spawn()
+            .expect("run WireMock"),
+    );
+    let mut wiremock = wiremock;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            wiremock.0.try_wait().unwrap().is_none(),
+            "WireMock ended: {}",
+            std::fs::read_to_string(dir.path().join("wiremock.log")).unwrap_or_default()
+        );
+        assert!(Instant::now() < deadline, "WireMock never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_media, media_port) =
+        shop_service("media", &["--images", images.to_str().unwrap()], dir.path());
+    let stub = format!("http://127.0.0.1:{port}");
+    let media = format!("http://127.0.0.1:{media_port}");
+    let (_front, front_port) = shop_service(
+        "front",
+        &["--inventory", &stub, "--pricing", &stub, "--media", &media],
+        dir.path(),
+    );
+
+    // Asked nothing, WireMock adds nothing.
+    let (status, path) = get_dcpt(port, "/stock?id=1", false);
+    assert!(status.contains(" 200"), "{status}");
+    assert_eq!(path, None, "a path nobody asked for");
+
+    for id in 0..5 {
+        let (status, value) = get_dcpt(front_port, &format!("/product?id={id}"), true);
+        assert!(status.contains(" 200"), "front: {status}");
+        let value = value.expect("front answered with its path");
+        eprintln!("in-band path of /product?id={id}: {value}");
+        let decoded = check(
+            "deepspan dcpt decode",
+            deepspan()
+                .args(["dcpt", "decode", "--format", "json", &value])
+                .output()
+                .unwrap(),
+        );
+        let doc: Value = serde_json::from_slice(&decoded.stdout).unwrap();
+        let hops = doc["hops"].as_array().expect("hops");
+        let named = |service: &str, operation: &str| {
+            hops.iter()
+                .find(|h| h["service"] == service && h["operation"] == operation)
+                .unwrap_or_else(|| panic!("no {service} {operation} hop in {value}: {doc:#}"))
+        };
+        assert_eq!(hops[0]["service"], "front", "{value}");
+        let price = named("wiremock", "GET /price");
+        named("wiremock", "GET /stock");
+        named("media", "GET /image");
+        for h in &hops[1..] {
+            assert_eq!(h["depth"], 1, "calls made in turn are siblings: {value}");
+        }
+        // Its stub's delay is within its own time, which front waited
+        // through (a wire time of 0 or more: the call's time holds the
+        // hop's total).
+        assert!(
+            price["total_us"].as_i64().unwrap() >= 300_000,
+            "WireMock's 300 ms are its own: {value}"
+        );
+        assert!(price["wire_us"].as_i64().is_some(), "{doc:#}");
+        let slowest = hops
+            .iter()
+            .max_by_key(|h| h["self_us"].as_i64().unwrap())
+            .unwrap();
+        assert_eq!(slowest, price, "the slow hop: {value}");
+    }
 }
