@@ -179,6 +179,8 @@ struct Analysed {
     served: HashMap<String, Served>,
     /// The trace ids sent under the fault (the warm-up's are not).
     under_fault: Vec<String>,
+    /// Requests sent alone to the idle server (the pool case).
+    alone: Vec<String>,
     /// When each request under the fault was sent (between two readings of
     /// the client's clock), by trace id.
     sent: HashMap<String, (u64, u64)>,
@@ -275,6 +277,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
 
     let mut throttled_periods = 0;
     let mut under_fault = Vec::new();
+    let mut alone = Vec::new();
     let mut sent = HashMap::new();
     match fault {
         Fault::Lock => {
@@ -315,6 +318,11 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
             drop(group);
         }
         Fault::Pool => {
+            // Once the warm-up's tail is over, one request on its own.
+            std::thread::sleep(Duration::from_millis(500));
+            let id = next();
+            get(port, "/cpu/alone", id);
+            alone.push(format!("{id:032x}"));
             let ids: Vec<u128> = (0..POOL_REQUESTS).map(|_| next()).collect();
             under_fault.extend(&ids);
             let times = std::sync::Mutex::new(Vec::new());
@@ -370,6 +378,7 @@ fn run(fault: Fault, with_extension: bool) -> Analysed {
         requests,
         served,
         under_fault: under_fault.iter().map(|t| format!("{t:032x}")).collect(),
+        alone,
         sent,
         throttled_periods,
         analyze_stderr: String::from_utf8_lossy(&analyzed.stderr).into_owned(),
@@ -601,6 +610,23 @@ fn check_pool(a: &Analysed, mode: &str, placement: &str) {
                 "{trace}: queued behind {names:?}, not its worker's previous {before_span}"
             ));
         }
+    }
+    // A request sent alone to an idle server has nothing to queue behind.
+    // (The warm-up's requests, one right after another, may: a worker
+    // still finishing the previous one's reply when the next arrives.)
+    assert_eq!(a.alone.len(), 1, "the request sent alone");
+    for trace in &a.alone {
+        let r = &a.requests[trace];
+        let behind = r["queue"]["cause_groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|g| {
+                g["blocked_by_requests"]
+                    .as_array()
+                    .is_some_and(|b| !b.is_empty())
+            });
+        assert!(!behind, "a request alone queued behind others: {r}");
     }
     eprintln!(
         "pool, {mode}: Jetty ran at most {most_at_once} at once; {measured} of {queued} queued \
