@@ -29,12 +29,19 @@ pub fn run(args: UiArgs) -> Result<()> {
     let started = Instant::now();
     let state = deepspan_ui_server::load(&args.run)
         .with_context(|| format!("cannot serve {}", args.run.display()))?;
+    let threads = state
+        .data
+        .history
+        .lanes()
+        .iter()
+        .filter(|l| matches!(l.key, deepspan_store::history::LaneKey::Thread(_)))
+        .count();
     eprintln!(
-        "loaded {} requests, {} thread-state intervals of {} threads in {:.1} s",
+        "loaded {} requests in {:.1} s; {} thread-state intervals of {} threads stay on disk",
         state.data.requests().len(),
+        started.elapsed().as_secs_f64(),
         state.data.intervals,
-        state.data.threads.len(),
-        started.elapsed().as_secs_f64()
+        threads,
     );
     if !args.bind.is_loopback() {
         eprintln!(

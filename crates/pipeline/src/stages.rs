@@ -504,7 +504,11 @@ pub(crate) fn critical_paths(
     let work = Work::new(&placed.activity, &placed.index);
     let (states, syscalls, requests) = std::thread::scope(|scope| {
         let states = scope.spawn(|| {
-            tables::write_thread_states(&staging.file(analysis::THREAD_STATES), &kernel_tables)
+            tables::write_thread_states(
+                &staging.file(analysis::THREAD_STATES),
+                &staging.file(analysis::STATE_HISTORY),
+                &kernel_tables,
+            )
         });
         let syscalls = scope.spawn(|| {
             tables::write_syscalls(

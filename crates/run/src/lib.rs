@@ -87,6 +87,9 @@ pub mod analysis {
     pub const OPERATION_SUMMARY: &str = "operation_summary.parquet";
     pub const DIAGNOSES: &str = "diagnoses.parquet";
     pub const CONTAINERS: &str = "containers.parquet";
+    /// Every thread's states and every CPU's threads, per lane and time
+    /// (`deepspan_store::history`).
+    pub const STATE_HISTORY: &str = "state_history.bin";
 }
 
 /// File names inside `RUN/kernel/journal/`, the journal of a recording in

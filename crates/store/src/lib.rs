@@ -10,7 +10,10 @@
 //! - `placements.json`: how each span without deepspan fields was placed
 //!   ([`placements`]);
 //! - [`report`]: one request read back (critical path, summary) for
-//!   `deepspan report`.
+//!   `deepspan report`;
+//! - `state_history.bin`: every thread's states and every CPU's threads,
+//!   queried per thread or CPU and time window without loading the run
+//!   ([`history`]).
 //!
 //! A new analysis is written into a staging folder beside `analysis/` and
 //! swapped in only when complete ([`Staging`]), so a reader never sees a
@@ -21,6 +24,7 @@ mod columns;
 mod delta;
 pub mod diagnosis;
 mod error;
+pub mod history;
 pub mod json;
 pub mod kept;
 pub mod placements;

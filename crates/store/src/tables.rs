@@ -3,7 +3,7 @@
 //! times are CLOCK_MONOTONIC ns of the recording host, ids are lower-case
 //! hex as in OTLP.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +18,7 @@ use deepspan_model::{Comm, Tid};
 use rustc_hash::FxHashMap;
 
 use crate::columns::{columns, ColumnarTable, Optional, OptionalText, Required, Text};
+use crate::history::{HistoryWriter, LaneKey as HistoryLane, Record as HistoryRecord, NO_STRING};
 use crate::kept::KeptTable;
 use crate::rows::table;
 use crate::table::{interned, Column, TableWriter};
@@ -339,9 +340,34 @@ columns! {
     }
 }
 
-/// All thread states of the model.
-pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error> {
+/// The history's index of each string of the table's caches, by address:
+/// every one is either static or held by a cache until the table is
+/// written, so an address names one string (and hashing it is cheaper than
+/// hashing the text, once per record).
+#[derive(Default)]
+struct HistoryStrings(FxHashMap<(usize, usize), u32>);
+
+impl HistoryStrings {
+    fn id(&mut self, history: &mut HistoryWriter, s: &[u8]) -> u32 {
+        *self
+            .0
+            .entry((s.as_ptr() as usize, s.len()))
+            .or_insert_with(|| history.string(&String::from_utf8_lossy(s)))
+    }
+}
+
+/// All thread states of the model: the `thread_states` table at `path`,
+/// and the same states per thread, with each CPU's running threads, as the
+/// state history at `history_path` ([`crate::history`]).
+pub fn write_thread_states(
+    path: &Path,
+    history_path: &Path,
+    r: &KernelContext,
+) -> Result<u64, Error> {
     let mut table = ColumnarTable::<ThreadStateColumns>::create(path, THREAD_STATES_COLUMNS)?;
+    let mut history = HistoryWriter::create(history_path)?;
+    let mut ids = HistoryStrings::default();
+    let mut cpus: BTreeMap<i32, Vec<HistoryRecord>> = BTreeMap::new();
     let mut comms = StringCache::default();
     // Labels and details repeat: each made once.
     let mut labels = StringCache::default();
@@ -355,6 +381,7 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
         // stands for the time before it, as `name_at` says.
         let names = th.names();
         let mut name = 0;
+        let mut lane = Vec::with_capacity(th.states().len());
         for s in th.states() {
             while next_syscall < syscalls.len() && syscalls[next_syscall].end <= s.start {
                 next_syscall += 1;
@@ -408,11 +435,54 @@ pub fn write_thread_states(path: &Path, r: &KernelContext) -> Result<u64, Error>
                     syscall_label(r.model, r.arch, sc)
                 })
             });
+            let state = ids.id(&mut history, state_name(s.state).as_bytes());
+            let cpu = if s.cpu != deepspan_analysis::NO_CPU {
+                s.cpu as i32
+            } else {
+                -1
+            };
+            let record = HistoryRecord {
+                start: s.start as i64,
+                end: s.end as i64,
+                state,
+                cpu,
+                tid: waker.unwrap_or(-1),
+                syscall: syscall.map_or(NO_STRING, |b| ids.id(&mut history, b)),
+                detail: detail.map_or(NO_STRING, |b| ids.id(&mut history, b)),
+            };
             w.syscall.push(syscall);
             table.end_row()?;
+            if s.state == ThreadState::Running && cpu >= 0 {
+                cpus.entry(cpu).or_default().push(HistoryRecord {
+                    tid: th.tid,
+                    ..record
+                });
+            }
+            lane.push(record);
         }
+        let comm = names.first().map(|n| n.1.to_string_lossy());
+        history.lane(HistoryLane::Thread(th.tid), pid, comm, lane)?;
     }
+    for (cpu, mut slices) in cpus {
+        slices.sort_unstable_by_key(|s| (s.start, s.end));
+        history.lane(HistoryLane::Cpu(cpu), None, None, exclusive(slices))?;
+    }
+    history.finish()?;
     table.finish()
+}
+
+/// A CPU's running slices cut so that none overlaps the one before: two
+/// threads RUNNING on one CPU at once is the model's reading of a trace
+/// that lost a switch, and the history's lanes hold one interval at a time.
+fn exclusive(slices: Vec<HistoryRecord>) -> impl Iterator<Item = HistoryRecord> {
+    let mut last_end = i64::MIN;
+    slices.into_iter().filter_map(move |mut s| {
+        s.start = s.start.max(last_end);
+        (s.start < s.end).then(|| {
+            last_end = s.end;
+            s
+        })
+    })
 }
 
 columns! {

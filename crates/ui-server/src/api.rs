@@ -13,9 +13,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::data::{Piece, RunData, RunSpans, NONE};
+use crate::data::{CpuSlice, Piece, RunData, RunSpans, NONE};
 use crate::lod::{reduce, Drawn};
 use crate::profile::Profiles;
+use deepspan_store::history::{Lane, LaneKey};
 
 /// What every handler sees.
 pub struct AppState {
@@ -65,6 +66,10 @@ struct Params {
 
 /// Most intervals a lane returns; the LOD keeps real views far below it.
 const LANE_LIMIT: usize = 20_000;
+/// Most intervals of a lane read from the state history for one window:
+/// what a zoomed-out view of a long, busy run needs beyond it is not read
+/// (the answer says `truncated`).
+const WINDOW_LIMIT: usize = 2_000_000;
 
 impl Params {
     fn parse(raw: Option<String>, allowed: &[&str]) -> Result<Params, ApiError> {
@@ -188,14 +193,7 @@ fn s(data: &RunData, i: u32) -> Option<&str> {
 pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
     Params::parse(q, &[])?;
     let d = &st.data;
-    let mut states: BTreeSet<&str> = BTreeSet::new();
-    for lane in d.threads.values() {
-        for iv in &lane.intervals {
-            if let Some(n) = s(d, iv.state) {
-                states.insert(n);
-            }
-        }
-    }
+    let states: BTreeSet<&str> = d.history.states().collect();
     let services: BTreeSet<&str> = d.requests().iter().map(|r| r.service.as_str()).collect();
     let causes: BTreeSet<&str> = d.requests().iter().filter_map(cause).collect();
     let root_causes: BTreeSet<&str> = d.requests().iter().filter_map(root_cause).collect();
@@ -205,8 +203,8 @@ pub async fn run(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
         "notes": d.requests_doc.notes,
         "operations": d.requests_doc.operations,
         "requests": d.requests().len(),
-        "threads": d.threads.len(),
-        "cpus": d.cpus.keys().collect::<Vec<_>>(),
+        "threads": thread_lanes(d).count(),
+        "cpus": cpu_numbers(d),
         "intervals": d.intervals,
         "start_ns": d.range.0,
         "end_ns": d.range.1,
@@ -717,14 +715,44 @@ pub async fn concurrent(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiR
     })))
 }
 
+/// The thread lanes of the history, by tid.
+fn thread_lanes(d: &RunData) -> impl Iterator<Item = (i32, &Lane)> {
+    d.history.lanes().iter().filter_map(|l| match l.key {
+        LaneKey::Thread(tid) => Some((tid, l)),
+        LaneKey::Cpu(_) => None,
+    })
+}
+
+fn cpu_numbers(d: &RunData) -> Vec<i32> {
+    d.history
+        .lanes()
+        .iter()
+        .filter_map(|l| match l.key {
+            LaneKey::Cpu(cpu) => Some(cpu),
+            LaneKey::Thread(_) => None,
+        })
+        .collect()
+}
+
+/// A failed read of the state history (the file changed or was damaged
+/// under the server).
+fn history_err(e: deepspan_store::Error) -> ApiError {
+    ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("cannot read the run's state history: {e}"),
+    }
+}
+
+/// The history's string `id` (state, system call, detail).
+fn hs(d: &RunData, id: u32) -> Option<&str> {
+    d.history.string(id)
+}
+
 /// `GET /api/threads`: every thread with its time on CPU.
 pub async fn threads(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult {
     Params::parse(q, &[])?;
-    let list: Vec<Value> = st
-        .data
-        .threads
-        .values()
-        .map(|t| json!({"tid": t.tid, "pid": t.pid, "comm": t.comm, "intervals": t.intervals.len(), "running_ns": t.running_ns}))
+    let list: Vec<Value> = thread_lanes(&st.data)
+        .map(|(tid, t)| json!({"tid": tid, "pid": t.pid, "comm": t.comm, "intervals": t.records, "running_ns": t.running_ns}))
         .collect();
     Ok(Json(json!({ "threads": list })))
 }
@@ -755,7 +783,10 @@ pub async fn thread_states(State(st): State<Shared>, RawQuery(q): RawQuery) -> A
     let limit = p.positive("limit")?.map_or(50, |v| v as usize);
     let tids: Vec<i32> = match parse_tids(&p)? {
         Some(t) => {
-            if let Some(missing) = t.iter().find(|t| !d.threads.contains_key(t)) {
+            if let Some(missing) = t
+                .iter()
+                .find(|&&t| d.history.lane(LaneKey::Thread(t)).is_none())
+            {
                 return Err(ApiError::not_found(format!(
                     "no thread {missing} in this run"
                 )));
@@ -763,21 +794,21 @@ pub async fn thread_states(State(st): State<Shared>, RawQuery(q): RawQuery) -> A
             t
         }
         None => {
-            // Busiest in the window first.
-            let mut ranked: Vec<(i64, i32)> = d
-                .threads
-                .values()
-                .map(|t| {
-                    let first = t.intervals.partition_point(|iv| iv.end <= from);
-                    let busy: i64 = t.intervals[first..]
-                        .iter()
-                        .take_while(|iv| iv.start < to)
-                        .filter(|iv| s(d, iv.state) == Some("RUNNING"))
-                        .map(|iv| iv.end.min(to) - iv.start.max(from))
-                        .sum();
-                    (busy, t.tid)
-                })
-                .filter(|(busy, _)| *busy > 0)
+            // Busiest in the window first: their time on the CPUs' lanes.
+            let mut busy: HashMap<i32, i64> = HashMap::new();
+            for cpu in cpu_numbers(d) {
+                let (_, slices, _) = d
+                    .history
+                    .window(LaneKey::Cpu(cpu), from, to, usize::MAX)
+                    .map_err(history_err)?;
+                for r in slices {
+                    *busy.entry(r.tid).or_default() += r.end.min(to) - r.start.max(from);
+                }
+            }
+            let mut ranked: Vec<(i64, i32)> = busy
+                .into_iter()
+                .filter(|&(tid, ns)| ns > 0 && d.history.lane(LaneKey::Thread(tid)).is_some())
+                .map(|(tid, ns)| (ns, tid))
                 .collect();
             ranked.sort_by_key(|(busy, tid)| (std::cmp::Reverse(*busy), *tid));
             ranked.into_iter().map(|(_, tid)| tid).collect()
@@ -788,20 +819,25 @@ pub async fn thread_states(State(st): State<Shared>, RawQuery(q): RawQuery) -> A
     let mut truncated = false;
     let mut drawn_total = 0;
     for tid in tids.into_iter().take(limit) {
-        let t = &d.threads[&tid];
-        let (drawn, cut) = reduce(&t.intervals, from, to, res, LANE_LIMIT);
-        truncated |= cut;
+        let key = LaneKey::Thread(tid);
+        let t = d.history.lane(key).expect("a thread found above");
+        let (_, window, more) = d
+            .history
+            .window(key, from, to, WINDOW_LIMIT)
+            .map_err(history_err)?;
+        let (drawn, cut) = reduce(&window, from, to, res, LANE_LIMIT);
+        truncated |= cut || more;
         drawn_total += drawn.len();
         let intervals: Vec<Value> = drawn
             .iter()
             .map(|dr| {
-                let iv = &t.intervals[dr.index];
+                let iv = &window[dr.index];
                 if dr.merged == 1 {
-                    json!({"start_ns": dr.start, "end_ns": dr.end, "state": s(d, dr.category), "n": 1,
-                           "cpu": (iv.cpu >= 0).then_some(iv.cpu), "waker_tid": (iv.waker_tid >= 0).then_some(iv.waker_tid),
-                           "syscall": s(d, iv.syscall), "detail": s(d, iv.detail)})
+                    json!({"start_ns": dr.start, "end_ns": dr.end, "state": hs(d, dr.category), "n": 1,
+                           "cpu": (iv.cpu >= 0).then_some(iv.cpu), "waker_tid": (iv.tid >= 0).then_some(iv.tid),
+                           "syscall": hs(d, iv.syscall), "detail": hs(d, iv.detail)})
                 } else {
-                    json!({"start_ns": dr.start, "end_ns": dr.end, "state": s(d, dr.category), "n": dr.merged, "coverage": dr.coverage})
+                    json!({"start_ns": dr.start, "end_ns": dr.end, "state": hs(d, dr.category), "n": dr.merged, "coverage": dr.coverage})
                 }
             })
             .collect();
@@ -822,8 +858,13 @@ pub async fn cpus(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult 
     let (from, to, res) = p.window(d.range)?;
     let mut seen: BTreeSet<i32> = BTreeSet::new();
     let mut out = Vec::new();
-    for (cpu, slices) in &d.cpus {
-        let (drawn, _) = reduce(slices, from, to, res, LANE_LIMIT);
+    for cpu in cpu_numbers(d) {
+        let (_, window, _) = d
+            .history
+            .window(LaneKey::Cpu(cpu), from, to, WINDOW_LIMIT)
+            .map_err(history_err)?;
+        let slices: Vec<CpuSlice> = window.into_iter().map(CpuSlice).collect();
+        let (drawn, _) = reduce(&slices, from, to, res, LANE_LIMIT);
         let intervals: Vec<Value> = drawn
             .iter()
             .map(|dr| {
@@ -836,8 +877,8 @@ pub async fn cpus(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult 
     }
     let threads: serde_json::Map<String, Value> = seen
         .iter()
-        .filter_map(|tid| d.threads.get(tid))
-        .map(|t| (t.tid.to_string(), json!({"pid": t.pid, "comm": t.comm})))
+        .filter_map(|&tid| Some((tid, d.history.lane(LaneKey::Thread(tid))?)))
+        .map(|(tid, t)| (tid.to_string(), json!({"pid": t.pid, "comm": t.comm})))
         .collect();
     Ok(Json(
         json!({"start_ns": from, "end_ns": to, "resolution_ns": res, "cpus": out, "threads": threads}),

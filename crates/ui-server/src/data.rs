@@ -1,28 +1,29 @@
-//! A run's analysis, loaded once into memory in the shapes the API serves:
-//! thread states per thread and per CPU, critical-path pieces per request
-//! and the pieces of its queue (its time at its host before its span
-//! started, `queue_path.parquet`: absent from older analyses, then no
+//! A run's analysis in the shapes the API serves. Thread states per thread
+//! and per CPU stay on disk, in the state history
+//! (`deepspan_store::history`), read a lane and a window at a time as the
+//! UI pans and zooms. Loaded once into memory: critical-path pieces per
+//! request and the pieces of its queue (its time at its host before its
+//! span started, `queue_path.parquet`: absent from older analyses, then no
 //! request has queue pieces), summaries, `requests.json`, and the spans of
 //! each trace.
 //!
 //! Every file is opened through [`RunDir::file`], which refuses anything
 //! that resolves (symlinks included) outside the run folder.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use deepspan_run::analysis::{
     CRITICAL_PATH, PLACEMENTS_JSON, QUEUE_PATH, REQUESTS_JSON, REQUEST_SUMMARY, REQUEST_SYSCALLS,
-    THREAD_STATES,
+    STATE_HISTORY,
 };
 use deepspan_run::{layout, Run};
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
+use deepspan_store::history::{History, Record};
 use deepspan_store::json::{RequestEntry, RequestsDoc};
 use deepspan_store::placements::{read_placements_json, PlacementRecord};
 use deepspan_store::rows::for_each_row;
-use deepspan_store::tables::{
-    CriticalPathRow, RequestSummaryRow, RequestSyscallRow, ThreadStateRow,
-};
+use deepspan_store::tables::{CriticalPathRow, RequestSummaryRow, RequestSyscallRow};
 
 use crate::lod::Interval;
 
@@ -136,19 +137,9 @@ impl Strings {
     }
 }
 
-/// One row of `thread_states`.
-#[derive(Clone, Copy, Debug)]
-pub struct StateInterval {
-    pub start: i64,
-    pub end: i64,
-    pub state: u32,
-    pub cpu: i32,
-    pub waker_tid: i32,
-    pub syscall: u32,
-    pub detail: u32,
-}
-
-impl Interval for StateInterval {
+/// A thread's state, or a CPU's running thread: drawn by its state (a
+/// string of the history) on a thread's lane and by its thread on a CPU's.
+impl Interval for Record {
     fn start(&self) -> i64 {
         self.start
     }
@@ -160,32 +151,19 @@ impl Interval for StateInterval {
     }
 }
 
-/// A thread and its states, in time order.
-pub struct ThreadLane {
-    pub tid: i32,
-    pub pid: Option<i32>,
-    pub comm: Option<String>,
-    pub intervals: Vec<StateInterval>,
-    pub running_ns: i64,
-}
-
-/// A thread running on a CPU.
+/// A CPU's running thread, drawn by its thread.
 #[derive(Clone, Copy, Debug)]
-pub struct CpuSlice {
-    pub start: i64,
-    pub end: i64,
-    pub tid: i32,
-}
+pub struct CpuSlice(pub Record);
 
 impl Interval for CpuSlice {
     fn start(&self) -> i64 {
-        self.start
+        self.0.start
     }
     fn end(&self) -> i64 {
-        self.end
+        self.0.end
     }
     fn category(&self) -> u32 {
-        self.tid as u32
+        self.0.tid as u32
     }
 }
 
@@ -230,8 +208,8 @@ pub struct RunData {
     /// span id → index in `requests_doc.requests`.
     pub request_index: HashMap<String, usize>,
     pub strings: Strings,
-    pub threads: BTreeMap<i32, ThreadLane>,
-    pub cpus: BTreeMap<i32, Vec<CpuSlice>>,
+    /// Every thread's states and every CPU's threads, on disk.
+    pub history: History,
     /// Request span id → its pieces in path order.
     pub paths: HashMap<String, Vec<Piece>>,
     /// Request span id → the pieces of its queue path, `[arrival, start)`,
@@ -243,7 +221,7 @@ pub struct RunData {
     /// Request span id → `(system call, ns)`, largest first.
     pub syscalls: HashMap<String, Vec<(String, i64)>>,
     /// Total thread-state intervals.
-    pub intervals: usize,
+    pub intervals: u64,
     /// First and last instant of the kernel data.
     pub range: (i64, i64),
     /// Request span id → how it was placed without deepspan fields (its
@@ -374,51 +352,15 @@ impl RunData {
             .collect();
 
         let mut strings = Strings::default();
-        let mut threads: BTreeMap<i32, ThreadLane> = BTreeMap::new();
-        let mut cpus: BTreeMap<i32, Vec<CpuSlice>> = BTreeMap::new();
-        let mut range = (i64::MAX, i64::MIN);
-        let mut intervals = 0;
-        // Rows are folded into lanes as they are read, so the table never
-        // sits in memory as rows.
-        for_each_row(&dir.analysis(THREAD_STATES)?, |row: ThreadStateRow| {
-            let (tid, start, end) = (row.tid, row.start_ns, row.end_ns);
-            let state = strings.intern(Some(&row.state));
-            let cpu = row.cpu.unwrap_or(-1);
-            let iv = StateInterval {
-                start,
-                end,
-                state,
-                cpu,
-                waker_tid: row.waker_tid.unwrap_or(-1),
-                detail: strings.intern(row.detail.as_deref()),
-                syscall: strings.intern(row.syscall.as_deref()),
-            };
-            range = (range.0.min(start), range.1.max(end));
-            let lane = threads.entry(tid).or_insert_with(|| ThreadLane {
-                tid,
-                pid: row.pid,
-                comm: row.comm,
-                intervals: Vec::new(),
-                running_ns: 0,
-            });
-            if row.state == "RUNNING" {
-                lane.running_ns += end - start;
-                if cpu >= 0 {
-                    cpus.entry(cpu)
-                        .or_default()
-                        .push(CpuSlice { start, end, tid });
-                }
-            }
-            lane.intervals.push(iv);
-            intervals += 1;
-        })
-        .map_err(store_err)?;
-        for lane in threads.values_mut() {
-            lane.intervals.sort_by_key(|iv| (iv.start, iv.end));
-        }
-        for slices in cpus.values_mut() {
-            slices.sort_by_key(|s| (s.start, s.end));
-        }
+        let history_path = dir.analysis(STATE_HISTORY).map_err(|e| match e {
+            DataError::Missing(m) => DataError::Missing(format!(
+                "{m} (an analysis made before the state history: run `deepspan analyze` again)"
+            )),
+            other => other,
+        })?;
+        let history = History::open(&history_path).map_err(store_err)?;
+        let intervals = history.thread_intervals();
+        let mut range = history.range().unwrap_or((i64::MAX, i64::MIN));
 
         let paths = read_paths(&dir.analysis(CRITICAL_PATH)?, &mut strings)?;
         let queue_paths = match dir.optional_analysis(QUEUE_PATH)? {
@@ -452,8 +394,7 @@ impl RunData {
             requests_doc,
             request_index,
             strings,
-            threads,
-            cpus,
+            history,
             paths,
             queue_paths,
             summaries,

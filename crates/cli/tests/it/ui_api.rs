@@ -5,11 +5,13 @@
 //! `%2e%2e`, absolute paths, symlinks), sent as raw HTTP so that no client
 //! normalizes them first.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::common::ui::{get, json, serve, Server};
-use crate::common::{check, deepspan, kernel_or_skip, repo};
+use crate::common::{check, deepspan, kernel_or_skip, repo, wait_exit, KillOnDrop};
 use serde_json::Value;
 
 /// Records and analyses the lock case into `dir/run`; returns the run and
@@ -307,24 +309,41 @@ fn api_on_a_recorded_run() {
     );
     drop(s);
 
-    // A table that is a symlink leading out of the run is refused.
-    let outside = dir.path().join("outside.parquet");
-    let table = run.join("analysis/thread_states.parquet");
+    // A file of the analysis that is a symlink leading out of the run is
+    // refused.
+    let outside = dir.path().join("outside.bin");
+    let table = run.join("analysis/state_history.bin");
     std::fs::rename(&table, &outside).unwrap();
     std::os::unix::fs::symlink(&outside, &table).unwrap();
-    let out = deepspan()
-        .arg("ui")
-        .arg(&run)
-        .args(["--port", "0"])
-        .output()
+    let mut ui = KillOnDrop(
+        deepspan()
+            .arg("ui")
+            .arg(&run)
+            .args(["--port", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // A server that took the file would serve until killed.
+    let status = wait_exit(
+        &mut ui.0,
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        "deepspan ui served a run whose state history leads outside it",
+    );
+    assert!(!status.success());
+    let mut err = String::new();
+    ui.0.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("outside the run folder"), "{err}");
     // A symlink inside the run is fine.
     std::fs::remove_file(&table).unwrap();
-    std::fs::rename(&outside, run.join("analysis/ts-real.parquet")).unwrap();
-    std::os::unix::fs::symlink("ts-real.parquet", &table).unwrap();
+    std::fs::rename(&outside, run.join("analysis/history-real.bin")).unwrap();
+    std::os::unix::fs::symlink("history-real.bin", &table).unwrap();
     let s = serve(&run);
     assert!(json(&s, "/api/run")["intervals"].as_u64().unwrap() > 10);
     drop(s);

@@ -404,6 +404,7 @@ fn write_tables_swaps_in_the_analysis_that_reads_back_as_written() {
         analysis::REQUESTS_JSON,
         analysis::PLACEMENTS_JSON,
         analysis::THREAD_STATES,
+        analysis::STATE_HISTORY,
         analysis::SYSCALLS,
         analysis::REQUESTS,
         analysis::CRITICAL_PATH,
@@ -440,4 +441,146 @@ fn write_tables_swaps_in_the_analysis_that_reads_back_as_written() {
         })
         .collect();
     assert_eq!(read, written);
+}
+
+/// The state history answers every question as a scan of the
+/// `thread_states` table written beside it: each thread's lane is its rows
+/// in time order, the state at a time is the row that holds it, a window is
+/// the rows that overlap it, and a CPU's lane is its RUNNING rows.
+#[test]
+fn the_state_history_answers_as_a_scan_of_thread_states() {
+    use deepspan_store::history::{History, LaneKey, NO_STRING};
+    use deepspan_store::rows::for_each_row;
+    use deepspan_store::tables::ThreadStateRow;
+    use std::collections::BTreeMap;
+
+    let fixture = Fixture::new(785);
+    let (kernel, placed, staging, mut paths) = up_to_paths(&fixture.run);
+    rank_and_baseline(&mut paths.records, &placed.metas);
+    root_causes(&mut paths, &kernel, &placed);
+    let (dir, _) =
+        write_tables(staging, &kernel, &placed, &paths.records, &[], None).expect("tables written");
+    let mut rows: BTreeMap<i32, Vec<ThreadStateRow>> = BTreeMap::new();
+    for_each_row(&dir.join(analysis::THREAD_STATES), |r: ThreadStateRow| {
+        rows.entry(r.tid).or_default().push(r)
+    })
+    .expect("thread_states");
+    for lane in rows.values_mut() {
+        lane.sort_by_key(|r| r.start_ns);
+    }
+    let h = History::open(&dir.join(analysis::STATE_HISTORY)).expect("the state history");
+    let text = |id: u32| (id != NO_STRING).then(|| h.string(id).expect("a string").to_string());
+    // (start, end, state, cpu, waker, syscall, detail) of a row and a record.
+    type Fields = (
+        i64,
+        i64,
+        String,
+        Option<i32>,
+        Option<i32>,
+        Option<String>,
+        Option<String>,
+    );
+    let of_row = |r: &ThreadStateRow| -> Fields {
+        (
+            r.start_ns,
+            r.end_ns,
+            r.state.clone(),
+            r.cpu,
+            r.waker_tid,
+            r.syscall.clone(),
+            r.detail.clone(),
+        )
+    };
+    let of_record = |r: &deepspan_store::history::Record| -> Fields {
+        (
+            r.start,
+            r.end,
+            text(r.state).unwrap(),
+            (r.cpu >= 0).then_some(r.cpu),
+            (r.tid >= 0).then_some(r.tid),
+            text(r.syscall),
+            text(r.detail),
+        )
+    };
+    let (t0, t1) = rows
+        .values()
+        .flatten()
+        .fold((i64::MAX, i64::MIN), |(a, b), r| {
+            (a.min(r.start_ns), b.max(r.end_ns))
+        });
+    let threads = h
+        .lanes()
+        .iter()
+        .filter(|l| matches!(l.key, LaneKey::Thread(_)));
+    assert_eq!(threads.count(), rows.len(), "a lane per thread");
+    let mut asked = 0;
+    for (&tid, lane) in &rows {
+        let key = LaneKey::Thread(tid);
+        let meta = h.lane(key).expect("the thread's lane");
+        assert_eq!(meta.records as usize, lane.len());
+        assert_eq!(
+            (meta.pid, meta.comm.as_deref()),
+            (lane[0].pid, lane[0].comm.as_deref())
+        );
+        let (first, all, more) = h.window(key, i64::MIN, i64::MAX, usize::MAX).unwrap();
+        assert_eq!((first, more), (0, false));
+        let expected: Vec<Fields> = lane.iter().map(of_row).collect();
+        let got: Vec<Fields> = all.iter().map(of_record).collect();
+        assert_eq!(got, expected, "thread {tid}'s lane");
+        // The state at each start, inside, at each end and in gaps.
+        for r in lane {
+            for t in [
+                r.start_ns,
+                (r.start_ns + r.end_ns) / 2,
+                r.end_ns - 1,
+                r.end_ns,
+            ] {
+                let scan = lane.iter().position(|x| x.start_ns <= t && t < x.end_ns);
+                let got = h.state_at(key, t).unwrap();
+                assert_eq!(got.map(|(i, _)| i as usize), scan, "thread {tid} at {t}");
+                if let (Some((_, rec)), Some(i)) = (got, scan) {
+                    assert_eq!(of_record(&rec), of_row(&lane[i]));
+                }
+                asked += 1;
+            }
+        }
+        // Windows of the run cut in 37 steps.
+        let step = ((t1 - t0) / 37).max(1);
+        for k in 0..37 {
+            let (from, to) = (t0 + k * step, t0 + (k + 2) * step);
+            let scan: Vec<Fields> = lane
+                .iter()
+                .filter(|x| x.start_ns < to && x.end_ns > from)
+                .map(of_row)
+                .collect();
+            let (_, got, _) = h.window(key, from, to, usize::MAX).unwrap();
+            assert_eq!(
+                got.iter().map(of_record).collect::<Vec<_>>(),
+                scan,
+                "thread {tid} in [{from}, {to})"
+            );
+            asked += 1;
+        }
+    }
+    // Each CPU's running threads.
+    let mut running: BTreeMap<i32, Vec<(i64, i64, i32)>> = BTreeMap::new();
+    for r in rows.values().flatten().filter(|r| r.state == "RUNNING") {
+        if let Some(cpu) = r.cpu {
+            running
+                .entry(cpu)
+                .or_default()
+                .push((r.start_ns, r.end_ns, r.tid));
+        }
+    }
+    assert!(!running.is_empty(), "the trace's threads ran");
+    for (&cpu, slices) in &mut running {
+        slices.sort();
+        let (_, got, _) = h
+            .window(LaneKey::Cpu(cpu), i64::MIN, i64::MAX, usize::MAX)
+            .unwrap();
+        let got: Vec<(i64, i64, i32)> = got.iter().map(|r| (r.start, r.end, r.tid)).collect();
+        assert_eq!(&got, slices, "CPU {cpu}");
+        asked += 1;
+    }
+    assert!(asked > 1000, "only {asked} questions");
 }

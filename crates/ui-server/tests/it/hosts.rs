@@ -5,11 +5,11 @@
 
 use std::path::Path;
 
-use deepspan_run::analysis::{CRITICAL_PATH, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES};
+use deepspan_run::analysis::{CRITICAL_PATH, REQUEST_SUMMARY, REQUEST_SYSCALLS, STATE_HISTORY};
 use deepspan_run::Run;
 use deepspan_store::table::TableWriter;
 use deepspan_store::tables::{
-    CRITICAL_PATH_COLUMNS, REQUEST_SUMMARY_COLUMNS, REQUEST_SYSCALLS_COLUMNS, THREAD_STATES_COLUMNS,
+    CRITICAL_PATH_COLUMNS, REQUEST_SUMMARY_COLUMNS, REQUEST_SYSCALLS_COLUMNS,
 };
 use serde_json::Value;
 
@@ -25,7 +25,6 @@ fn empty_run(dir: &Path) -> std::path::PathBuf {
     )
     .unwrap();
     for (name, columns) in [
-        (THREAD_STATES, THREAD_STATES_COLUMNS),
         (CRITICAL_PATH, CRITICAL_PATH_COLUMNS),
         (REQUEST_SUMMARY, REQUEST_SUMMARY_COLUMNS),
         (REQUEST_SYSCALLS, REQUEST_SYSCALLS_COLUMNS),
@@ -35,6 +34,11 @@ fn empty_run(dir: &Path) -> std::path::PathBuf {
             .finish()
             .unwrap();
     }
+    // No thread states: a history without lanes.
+    deepspan_store::history::HistoryWriter::create(&analysis.join(STATE_HISTORY))
+        .unwrap()
+        .finish()
+        .unwrap();
     run
 }
 

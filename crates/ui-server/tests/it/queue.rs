@@ -9,14 +9,13 @@ use std::path::{Path, PathBuf};
 use crate::get;
 
 use deepspan_run::analysis::{
-    CRITICAL_PATH, QUEUE_PATH, REQUESTS_JSON, REQUEST_SUMMARY, REQUEST_SYSCALLS, THREAD_STATES,
+    CRITICAL_PATH, QUEUE_PATH, REQUESTS_JSON, REQUEST_SUMMARY, REQUEST_SYSCALLS, STATE_HISTORY,
 };
 use deepspan_run::Run;
 use deepspan_store::json::{CauseGroup, QueueDoc, RequestEntry, RequestsDoc};
 use deepspan_store::table::TableWriter;
 use deepspan_store::tables::{
     CriticalPathRow, CRITICAL_PATH_COLUMNS, REQUEST_SUMMARY_COLUMNS, REQUEST_SYSCALLS_COLUMNS,
-    THREAD_STATES_COLUMNS,
 };
 use serde_json::Value;
 
@@ -150,7 +149,6 @@ fn queued_run(dir: &Path) -> PathBuf {
     )
     .unwrap();
     for (name, columns) in [
-        (THREAD_STATES, THREAD_STATES_COLUMNS),
         (REQUEST_SUMMARY, REQUEST_SUMMARY_COLUMNS),
         (REQUEST_SYSCALLS, REQUEST_SYSCALLS_COLUMNS),
     ] {
@@ -159,6 +157,11 @@ fn queued_run(dir: &Path) -> PathBuf {
             .finish()
             .unwrap();
     }
+    // No thread states: a history without lanes.
+    deepspan_store::history::HistoryWriter::create(&analysis.join(STATE_HISTORY))
+        .unwrap()
+        .finish()
+        .unwrap();
     write_path(
         &analysis.join(CRITICAL_PATH),
         &[
