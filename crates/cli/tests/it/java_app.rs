@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{
     check, deepspan, java_agent_jars, kernel_or_skip, maven_package, monotonic_ns, one_at_a_time,
-    poll, repo, sdk_java, wait_exit, CpuQuota, KillOnDrop,
+    poll, queued_behind, repo, sdk_java, wait_exit, CpuQuota, KillOnDrop,
 };
 use serde_json::Value;
 
@@ -596,13 +596,7 @@ fn check_pool(a: &Analysed, mode: &str, placement: &str) {
         };
         behind += 1;
         let before_span = a.requests[before]["span_id"].as_str().unwrap();
-        let names: Vec<&str> = queue["cause_groups"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|g| g["blocked_by_requests"].as_array().into_iter().flatten())
-            .filter_map(Value::as_str)
-            .collect();
+        let names = queued_behind(queue);
         if names.contains(&before_span) {
             named += 1;
         } else {
@@ -644,19 +638,21 @@ fn check_pool(a: &Analysed, mode: &str, placement: &str) {
     );
 }
 
+/// Runs `fault` with the extension (SDK placement) and with the agent
+/// alone (inferred placement), one at a time, and checks each.
+fn with_and_without_the_extension(fault: Fault, check: fn(&Analysed, &str, &str)) {
+    let _one = one_at_a_time();
+    check(&run(fault, true), "with the extension", "exact");
+    check(&run(fault, false), "agent alone, inferred", "inferred");
+}
+
 #[test]
 #[ignore = "system: root, tracefs, JDK and Maven"]
 fn wiremock_waiting_on_a_synchronized_lock_is_lock_contention_with_and_without_the_extension() {
     if !kernel_or_skip("wiremock_waiting_on_a_synchronized_lock_is_lock_contention") {
         return;
     }
-    let _one = one_at_a_time();
-    check_lock(&run(Fault::Lock, true), "with the extension", "exact");
-    check_lock(
-        &run(Fault::Lock, false),
-        "agent alone, inferred",
-        "inferred",
-    );
+    with_and_without_the_extension(Fault::Lock, check_lock);
 }
 
 #[test]
@@ -665,13 +661,7 @@ fn wiremock_under_a_cpu_quota_is_cpu_throttled_with_and_without_the_extension() 
     if !kernel_or_skip("wiremock_under_a_cpu_quota_is_cpu_throttled") {
         return;
     }
-    let _one = one_at_a_time();
-    check_quota(&run(Fault::Quota, true), "with the extension", "exact");
-    check_quota(
-        &run(Fault::Quota, false),
-        "agent alone, inferred",
-        "inferred",
-    );
+    with_and_without_the_extension(Fault::Quota, check_quota);
 }
 
 #[test]
@@ -680,13 +670,7 @@ fn wiremock_with_two_workers_queues_requests_behind_the_ones_they_ran() {
     if !kernel_or_skip("wiremock_with_two_workers_queues_requests") {
         return;
     }
-    let _one = one_at_a_time();
-    check_pool(&run(Fault::Pool, true), "with the extension", "exact");
-    check_pool(
-        &run(Fault::Pool, false),
-        "agent alone, inferred",
-        "inferred",
-    );
+    with_and_without_the_extension(Fault::Pool, check_pool);
 }
 
 /// A free loopback port.

@@ -508,13 +508,7 @@ fn requests_waiting_for_a_busy_pool_are_queued_behind_what_its_workers_ran() {
         };
         behind += 1;
         let before_id = before["span_id"].as_str().unwrap();
-        let names: Vec<&str> = queue["cause_groups"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|g| g["blocked_by_requests"].as_array().into_iter().flatten())
-            .filter_map(Value::as_str)
-            .collect();
+        let names = crate::common::queued_behind(queue);
         if names.contains(&before_id) {
             named += 1;
         } else {

@@ -132,13 +132,7 @@ fn requests_that_arrive_while_the_event_loop_is_blocked_are_queued_behind_the_bl
         let expected = (seen.done_ns - seen.sent_ns).saturating_sub(duration);
         let queue = &r["queue"];
         let got = queue["ns"].as_u64();
-        let behind: Vec<&str> = queue["cause_groups"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|g| g["blocked_by_requests"].as_array().into_iter().flatten())
-            .filter_map(Value::as_str)
-            .collect();
+        let behind = crate::common::queued_behind(queue);
         let close = got.is_some_and(|g| g.abs_diff(expected) <= (expected / 10).max(2_000_000));
         if close && behind.contains(&blocker.as_str()) {
             right += 1;

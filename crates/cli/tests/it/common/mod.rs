@@ -123,6 +123,18 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The span ids a request's queue (its `queue` in requests.json) waited
+/// behind, over all its cause groups.
+pub fn queued_behind(queue: &serde_json::Value) -> Vec<&str> {
+    queue["cause_groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["blocked_by_requests"].as_array().into_iter().flatten())
+        .filter_map(serde_json::Value::as_str)
+        .collect()
+}
+
 /// Calls `attempt` every `every` until it gives a value; `None` once
 /// `timeout` has passed without one (the caller says what never came).
 pub fn poll<T>(
