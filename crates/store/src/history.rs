@@ -499,6 +499,33 @@ impl History {
         Ok((first.unwrap_or(0), out, false))
     }
 
+    /// Calls `each` with every interval of `key` that overlaps `[from,
+    /// to)`, in time order, holding one block in memory at a time (a
+    /// [`History::window`] without the collected answer).
+    pub fn visit(
+        &self,
+        key: LaneKey,
+        from: i64,
+        to: i64,
+        mut each: impl FnMut(&Record),
+    ) -> Result<(), Error> {
+        let Some(lane) = self.lane(key) else {
+            return Ok(());
+        };
+        let first_block = lane.blocks.partition_point(|b| b.1 <= from);
+        for block in lane.blocks.iter().skip(first_block) {
+            if block.0 >= to {
+                break;
+            }
+            let records = self.read_block(lane, block)?;
+            let skip = records.partition_point(|r| r.end <= from);
+            for r in records[skip..].iter().take_while(|r| r.start < to) {
+                each(r);
+            }
+        }
+        Ok(())
+    }
+
     /// The lane index of block `b`'s first record.
     fn first_index(&self, b: usize) -> u64 {
         // Every block but a lane's last is full.
@@ -611,6 +638,15 @@ mod tests {
         assert!(rs.windows(2).all(|p| p[0].end <= p[1].start));
         let (_, rs, more) = h.window(LaneKey::Thread(7), 0, i64::MAX, 300).unwrap();
         assert_eq!((rs.len(), more), (300, true));
+        let mut visited = Vec::new();
+        h.visit(LaneKey::Thread(7), 250 * 12 + 5, 260 * 12, |r| {
+            visited.push(*r)
+        })
+        .unwrap();
+        let (_, window, _) = h
+            .window(LaneKey::Thread(7), 250 * 12 + 5, 260 * 12, 100)
+            .unwrap();
+        assert_eq!(visited, window);
         let (_, cpu, _) = h.window(LaneKey::Cpu(1), 0, 100, 10).unwrap();
         assert_eq!(cpu[0].tid, 7);
         assert_eq!(h.range(), Some((0, 999 * 12 + 10)));

@@ -797,13 +797,11 @@ pub async fn thread_states(State(st): State<Shared>, RawQuery(q): RawQuery) -> A
             // Busiest in the window first: their time on the CPUs' lanes.
             let mut busy: HashMap<i32, i64> = HashMap::new();
             for cpu in cpu_numbers(d) {
-                let (_, slices, _) = d
-                    .history
-                    .window(LaneKey::Cpu(cpu), from, to, usize::MAX)
+                d.history
+                    .visit(LaneKey::Cpu(cpu), from, to, |r| {
+                        *busy.entry(r.tid).or_default() += r.end.min(to) - r.start.max(from);
+                    })
                     .map_err(history_err)?;
-                for r in slices {
-                    *busy.entry(r.tid).or_default() += r.end.min(to) - r.start.max(from);
-                }
             }
             let mut ranked: Vec<(i64, i32)> = busy
                 .into_iter()
