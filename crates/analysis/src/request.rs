@@ -208,6 +208,28 @@ pub struct RequestPiece {
 }
 
 impl RequestPiece {
+    /// A thread path's piece cut to `[start, end)`, not yet attributed
+    /// (no span, system call or blocker), `shared` with that many other
+    /// requests.
+    fn of_node(node: Piece, start: u64, end: u64, shared: u32) -> RequestPiece {
+        RequestPiece {
+            start: node.start.max(start),
+            end: node.end.min(end),
+            state: node.state,
+            tid: Some(node.tid),
+            comm: None,
+            qualifier: node.qualifier,
+            syscall: None,
+            waiting_in: None,
+            span: None,
+            blocked_by: None,
+            shared,
+            vertical: node.vertical,
+            lost: node.lost,
+            cpu_wait: None,
+        }
+    }
+
     pub fn duration(&self) -> u64 {
         self.end.saturating_sub(self.start)
     }
@@ -457,22 +479,7 @@ fn queue_path(
             raw.sort_by_key(|p| p.start);
         }
         for node in join_adjacent(&raw) {
-            let base = RequestPiece {
-                start: node.start.max(home.start),
-                end: node.end.min(home.end),
-                state: node.state,
-                tid: Some(node.tid),
-                comm: None,
-                qualifier: node.qualifier,
-                syscall: None,
-                waiting_in: None,
-                span: None,
-                blocked_by: None,
-                shared: 0,
-                vertical: node.vertical,
-                lost: node.lost,
-                cpu_wait: None,
-            };
+            let base = RequestPiece::of_node(node, home.start, home.end, 0);
             if base.end > base.start {
                 bases.push((base, Some(home.tid)));
             }
@@ -659,22 +666,7 @@ fn analyze_group(
                 None => Box::new(alone.iter().map(|p| (p.clone(), 0))),
             };
             for (node, shared) in nodes {
-                let base = RequestPiece {
-                    start: node.start.max(start),
-                    end: node.end.min(end),
-                    state: node.state,
-                    tid: Some(node.tid),
-                    comm: None,
-                    qualifier: node.qualifier,
-                    syscall: None,
-                    waiting_in: None,
-                    span: None,
-                    blocked_by: None,
-                    shared,
-                    vertical: node.vertical,
-                    lost: node.lost,
-                    cpu_wait: None,
-                };
+                let base = RequestPiece::of_node(node, start, end, shared);
                 if base.end > base.start {
                     let home = homes[n]
                         .iter()

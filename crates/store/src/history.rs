@@ -473,30 +473,17 @@ impl History {
         to: i64,
         limit: usize,
     ) -> Result<(u64, Vec<Record>, bool), Error> {
-        let Some(lane) = self.lane(key) else {
-            return Ok((0, Vec::new(), false));
-        };
-        let first_block = lane.blocks.partition_point(|b| b.1 <= from);
         let mut out = Vec::new();
         let mut first = None;
-        for (b, block) in lane.blocks.iter().enumerate().skip(first_block) {
-            if block.0 >= to {
-                break;
+        let more = self.walk(key, from, to, |i, r| {
+            if out.len() == limit {
+                return false;
             }
-            let records = self.read_block(lane, block)?;
-            let skip = records.partition_point(|r| r.end <= from);
-            for (i, r) in records.iter().enumerate().skip(skip) {
-                if r.start >= to {
-                    return Ok((first.unwrap_or(0), out, false));
-                }
-                if out.len() == limit {
-                    return Ok((first.unwrap_or(0), out, true));
-                }
-                first.get_or_insert(self.first_index(b) + i as u64);
-                out.push(*r);
-            }
-        }
-        Ok((first.unwrap_or(0), out, false))
+            first.get_or_insert(i);
+            out.push(*r);
+            true
+        })?;
+        Ok((first.unwrap_or(0), out, more))
     }
 
     /// Calls `each` with every interval of `key` that overlaps `[from,
@@ -509,21 +496,43 @@ impl History {
         to: i64,
         mut each: impl FnMut(&Record),
     ) -> Result<(), Error> {
+        self.walk(key, from, to, |_, r| {
+            each(r);
+            true
+        })?;
+        Ok(())
+    }
+
+    /// Gives `each` the lane index and record of every interval of `key`
+    /// that overlaps `[from, to)`, in time order, until it answers false;
+    /// whether it did.
+    fn walk(
+        &self,
+        key: LaneKey,
+        from: i64,
+        to: i64,
+        mut each: impl FnMut(u64, &Record) -> bool,
+    ) -> Result<bool, Error> {
         let Some(lane) = self.lane(key) else {
-            return Ok(());
+            return Ok(false);
         };
         let first_block = lane.blocks.partition_point(|b| b.1 <= from);
-        for block in lane.blocks.iter().skip(first_block) {
+        for (b, block) in lane.blocks.iter().enumerate().skip(first_block) {
             if block.0 >= to {
                 break;
             }
             let records = self.read_block(lane, block)?;
             let skip = records.partition_point(|r| r.end <= from);
-            for r in records[skip..].iter().take_while(|r| r.start < to) {
-                each(r);
+            for (i, r) in records.iter().enumerate().skip(skip) {
+                if r.start >= to {
+                    return Ok(false);
+                }
+                if !each(self.first_index(b) + i as u64, r) {
+                    return Ok(true);
+                }
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     /// The lane index of block `b`'s first record.
