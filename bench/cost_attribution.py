@@ -32,7 +32,7 @@ The load is the shop's load generator at a fixed pace (`--rate`, requests
 per second over all clients, about half what the shop serves flat out on
 two cores) or, with `--rate 0`, a closed loop (each client sends as soon as
 its last answer came). With `--workload hotrod` the workload is HotROD
-instead (bench/hotrod.py, seed 000's own workload), in an open loop at
+instead (bench/hotrod.py, the workload Gelle et al. 2021 measured their overhead on), in an open loop at
 `--rate` dispatches per second. With `--warmup S`, each run's services
 first serve S seconds of the same load, not measured: the first requests
 (imports, connections), the recorder's first /proc scans and the agent's

@@ -1,6 +1,6 @@
 """HotROD, Jaeger's example application (`examples/hotrod` of the Jaeger
 module the tests' Jaeger is built from), as a workload of the cost
-benchmarks: seed 000 measured its own overhead on it.
+benchmarks: Gelle et al. 2021 measured their tracing overhead on it.
 
 One `hotrod all` process serves the four services (frontend, customer,
 driver, route) on loopback ports of its own and exports its spans with the

@@ -34,7 +34,7 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use serde::Serialize;
 
 use deepspan_record::{FlightRecorder, WindowOutcome};
-use deepspan_run::Run;
+use deepspan_run::{Run, SnapshotInfo, SnapshotStatus, SnapshotTrigger};
 use deepspan_spans::{request_from_spans, ExportTraceServiceRequest, Span, SpanWriter, TraceId};
 
 use crate::spans::{mono_times, DetachedSpan, RecentRequests};
@@ -178,32 +178,6 @@ pub enum Message {
     Trigger(Box<Trigger>),
     /// Stop: pending triggers are skipped (`stopping`), the recorder removed.
     Stop,
-}
-
-/// The snapshot description, `DIR/<id>/snapshot.json` (read by `deepspan ui DIR`).
-#[derive(Serialize)]
-struct SnapshotInfo {
-    id: String,
-    taken_unix_ns: u64,
-    window_mono_ns: [u64; 2],
-    status: &'static str,
-    error: Option<String>,
-    /// Spans of the window's requests left out of its span file (over
-    /// `max_spans`), so that an analysis stays bounded on a busy host.
-    spans_left_out: u64,
-    triggers: Vec<TriggerInfo>,
-}
-
-#[derive(Serialize)]
-struct TriggerInfo {
-    trace_id: String,
-    span_id: String,
-    service: String,
-    operation: String,
-    duration_ns: u64,
-    baseline_ns: Option<u64>,
-    cause: Option<String>,
-    headline: Option<String>,
 }
 
 /// Counts kept by the worker.
@@ -910,9 +884,9 @@ fn snapshot_info(
         window_mono_ns: [start, end],
         spans_left_out: 0,
         status: if error.is_none() {
-            "analysed"
+            SnapshotStatus::Analysed
         } else {
-            "failed"
+            SnapshotStatus::Failed
         },
         error,
         triggers: group
@@ -920,7 +894,7 @@ fn snapshot_info(
             .enumerate()
             .map(|(i, t)| {
                 let attributes = diagnosed.get(i).and_then(|d| d.as_ref()).map(|(a, _)| a);
-                TriggerInfo {
+                SnapshotTrigger {
                     trace_id: hex(t.span.trace_id()),
                     span_id: hex(t.span.span_id()),
                     service: t.service.clone(),
@@ -971,9 +945,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 }
 
 fn write_info(dir: &Path, info: &SnapshotInfo) -> Result<(), String> {
-    let path = Run::new(dir).snapshot();
-    let text = serde_json::to_vec_pretty(info).map_err(|e| e.to_string())?;
-    fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    info.save(dir).map(drop).map_err(|e| e.to_string())
 }
 
 fn rename(from: &Path, to: &Path) -> Result<(), String> {

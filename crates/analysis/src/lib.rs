@@ -69,7 +69,7 @@ pub use state::{
     CgroupMove, CpuHistory, CpuInterval, InitialStatus, Interrupt, InterruptInterval, KernelModel,
     LostRange, ModelStats, NetworkEnds, PacketDirection, ReadChars, RemoteCall, StateBuilder,
     StateInterval, SwitchOut, SyscallInterval, ThreadHistory, ThreadInfo, ThreadState,
-    HOST_TID_SHIFT, MAX_CPUS, NO_CPU, SEGMENT_WAKE_NS,
+    HOST_TID_SHIFT, MAX_CPUS, MAX_HOSTS, NO_CPU, SEGMENT_WAKE_NS,
 };
 pub use summary::{
     aggregate, group_causes, summarize, CauseGroup, OperationRow, OperationSummary, RequestSummary,

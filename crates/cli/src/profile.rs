@@ -86,16 +86,16 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     let bytes = encode_gzip(&out.finish());
     std::fs::write(&args.output, &bytes)
         .with_context(|| format!("cannot write {}", args.output.display()))?;
-    let ms = |ns: u64| ns as f64 / 1e6;
+    let human = deepspan_model::human::duration;
     println!(
-        "{}: {} request(s), {:.1} ms: on-CPU {:.1} ms ({} samples; {:.1} ms on threads that took no sample there), off-CPU {:.1} ms",
+        "{}: {} request(s), {}: on-CPU {} ({} samples; {} on threads that took no sample there), off-CPU {}",
         args.output.display(),
         requests.len(),
-        ms(duration),
-        ms(totals.on_cpu_ns),
+        human(duration),
+        human(totals.on_cpu_ns),
         totals.samples,
-        ms(totals.unsampled_ns),
-        ms(totals.off_cpu_ns)
+        human(totals.unsampled_ns),
+        human(totals.off_cpu_ns)
     );
     if recorded.lost > 0 {
         eprintln!(

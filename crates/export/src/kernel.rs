@@ -358,7 +358,7 @@ fn culprit_label(c: &CulpritDoc) -> String {
     if let Some(container) = c.container() {
         label.push_str(&format!(" in {}", container.label()));
     }
-    label.push_str(&format!(": {:.1} ms", c.ns as f64 / 1e6));
+    label.push_str(&format!(": {}", deepspan_model::human::duration(c.ns)));
     label
 }
 

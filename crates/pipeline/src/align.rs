@@ -377,24 +377,17 @@ fn read_run(
 /// The manifest's `host`, read on its own so that the minimal manifest of
 /// a spans-only run will do.
 fn run_host(path: &Path) -> Result<Option<String>, Error> {
-    let manifest = Run::new(path).manifest();
-    if !manifest.is_file() {
+    let run = Run::new(path);
+    if !run.manifest().is_file() {
         return Ok(None);
     }
-    let bad = |reason: String| Error::RunManifest {
-        path: manifest.clone(),
-        reason,
-    };
-    let text = std::fs::read(&manifest).map_err(|e| bad(format!("cannot read it: {e}")))?;
-    let doc: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-    match doc.get("host") {
-        None => Ok(None),
-        Some(serde_json::Value::String(h)) if !h.is_empty() => Ok(Some(h.clone())),
-        Some(other) => Err(bad(format!(
-            "\"host\" must be a non-empty string, got {other}"
-        ))),
-    }
+    Manifest::load_host(path).map_err(|e| Error::RunManifest {
+        path: run.manifest(),
+        reason: match e {
+            deepspan_run::ManifestError::Read { reason, .. } => reason,
+            other => other.to_string(),
+        },
+    })
 }
 
 /// The `hostname` of a CTF folder's traces (the kernel trace's first).

@@ -26,58 +26,18 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use deepspan_analysis::{host_tid, Input};
+use deepspan_analysis::{host_tid, Input, MAX_HOSTS};
 use deepspan_model::{human, Event, EventKind, Tid};
 use deepspan_spans::model::{
     Value, ATTR_MONO_END, ATTR_MONO_NS, ATTR_MONO_START, ATTR_PID_NS, ATTR_TID, EVENT_OFF, EVENT_ON,
 };
 use deepspan_spans::{ClockMap, Span, SpanWriter};
-use serde::{Deserialize, Serialize};
 
 use deepspan_run::{layout, Manifest, Run};
 
 use crate::Error;
 
-/// `hosts.json`: the hosts of a merged run and their clocks.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct HostsFile {
-    /// Index into `hosts` of the host whose clock is the merged run's.
-    pub reference: usize,
-    pub hosts: Vec<HostEntry>,
-}
-
-/// One host of a merged run.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct HostEntry {
-    /// The host name (the run manifest's `host`).
-    pub host: String,
-    /// The host's run folder (absolute).
-    pub run: PathBuf,
-    /// The host's clock onto the reference's: `slope · t + offset_ns`.
-    pub slope: f64,
-    pub offset_ns: f64,
-    /// `deepspan sync`'s quality of that transform.
-    pub quality: String,
-    /// The most a mapped time of the host's run can be off, in ns, from
-    /// the bounds of every clock that fits the messages (`deepspan sync`'s
-    /// max error); absent when nothing bounds it (and in files written
-    /// before it was kept).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_error_ns: Option<f64>,
-    /// Messages matched with the host it was aligned through.
-    pub matched: u64,
-    /// The host's first CPU number in the merged model.
-    pub cpu_base: u32,
-    /// The host's CPUs.
-    pub cpus: u32,
-    /// The kernel boot the run was recorded in, when its manifest says.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub boot_id: Option<String>,
-    /// The processes the run was limited to (`record --pid`), empty for a
-    /// system-wide run.
-    #[serde(default)]
-    pub pids: Vec<Tid>,
-}
+pub use deepspan_run::{HostEntry, HostsFile};
 
 /// A host's clock on the reference's, as the caller aligned it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -187,10 +147,10 @@ pub fn merge_runs(
     let write = |path: PathBuf, bytes: Vec<u8>| {
         std::fs::write(&path, bytes).map_err(|source| Error::Write { path, source })
     };
-    write(
-        merged.hosts(),
-        serde_json::to_vec_pretty(&file).expect("plain data"),
-    )?;
+    file.save(out).map_err(|source| Error::Write {
+        path: merged.hosts(),
+        source,
+    })?;
 
     // The process tables, every id numbered by host.
     let mut tgids = String::new();
@@ -275,10 +235,6 @@ pub fn merge_runs(
         notes,
     })
 }
-
-/// Hosts a merged run can hold: thread ids keep their host in the bits
-/// above `HOST_TID_SHIFT` of a positive i32.
-pub const MAX_HOSTS: usize = 1 << (31 - deepspan_analysis::HOST_TID_SHIFT);
 
 fn read_scan(run: &Path, notes: &mut Vec<String>) -> Vec<deepspan_record::ProcessEntry> {
     let path = Run::new(run).processes();
@@ -580,32 +536,10 @@ pub(crate) fn remote_calls(spans: &[Span]) -> Vec<deepspan_analysis::RemoteCall>
 
 /// Reads a merged run's `hosts.json`, if `run` is one.
 pub fn read_hosts(run: &Path) -> Result<Option<HostsFile>, Error> {
-    let path = Run::new(run).hosts();
-    let text = match std::fs::read(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(Error::Hosts {
-                path,
-                reason: format!("cannot read: {e}"),
-            })
-        }
-    };
-    let file: HostsFile = serde_json::from_slice(&text).map_err(|e| Error::Hosts {
-        path: path.clone(),
-        reason: format!("not a hosts file: {e}"),
-    })?;
-    if file.reference >= file.hosts.len() {
-        return Err(Error::Hosts {
-            path,
-            reason: format!(
-                "reference {} is not one of its {} hosts",
-                file.reference,
-                file.hosts.len()
-            ),
-        });
-    }
-    Ok(Some(file))
+    HostsFile::load(run).map_err(|e| Error::Hosts {
+        path: e.path,
+        reason: e.reason,
+    })
 }
 
 /// The notes of a merged analysis: each host's clock and how far it can be

@@ -1,4 +1,6 @@
-//! The run folder: where each of its files lives, and its manifest.
+//! The run folder: where each of its files lives, and the files that
+//! describe it (the manifest, a merged run's hosts, an agent snapshot's
+//! description).
 //!
 //! A run folder is what `deepspan record`, `receive`, `import-ctf`, a merge
 //! of hosts and the agent's snapshots write, and what every later stage
@@ -8,8 +10,8 @@
 //! RUN/
 //!   manifest.json               what was recorded, and the clock samples (Manifest)
 //!   processes.json              the /proc scan (deepspan-record)
-//!   hosts.json                  a merged run's hosts and clocks (deepspan-pipeline)
-//!   snapshot.json               an agent snapshot's trigger (deepspan-agent)
+//!   hosts.json                  a merged run's hosts and clocks (HostsFile)
+//!   snapshot.json               an agent snapshot's window and triggers (SnapshotInfo)
 //!   kernel/trace.dat            the kernel trace, trace-cmd's format v6
 //!   kernel/saved_tgids          thread → process lines
 //!   kernel/cpuN.raw             one CPU's pages, kept when trace.dat could not be written
@@ -38,13 +40,17 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod hosts;
 mod manifest;
+pub mod snapshot;
 
+pub use hosts::{HostEntry, HostsError, HostsFile};
 pub use manifest::{
     BlockedSyscallsManifest, CaptureManifest, ClockPoint, CpuManifest, Manifest, ManifestError,
     OtlpPorts, ProfileManifest, Snapshot, SocketCallsManifest, TcpKeysManifest, ThrottleManifest,
     FORMAT_VERSION,
 };
+pub use snapshot::{SnapshotError, SnapshotInfo, SnapshotStatus, SnapshotTrigger};
 
 /// Paths relative to the run folder, as the manifest records them.
 pub mod layout {

@@ -305,6 +305,34 @@ impl Manifest {
         Ok(read_manifest_as::<ProfileOnly>(run_dir)?.profile)
     }
 
+    /// The `host` of `run_dir/manifest.json` alone (`None`: not named), so
+    /// that the minimal manifest of a spans-only run will do; a host that
+    /// is named must be a non-empty string.
+    pub fn load_host(run_dir: &Path) -> Result<Option<String>, ManifestError> {
+        #[derive(Deserialize)]
+        struct HostOnly {
+            #[serde(default)]
+            host: Option<String>,
+        }
+        let path = run_dir.join(MANIFEST);
+        let bad = |reason: String| ManifestError::Read {
+            path: path.clone(),
+            reason,
+        };
+        let text = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+        let host = match serde_json::from_slice::<HostOnly>(&text) {
+            Ok(HostOnly { host }) => host,
+            Err(e) if e.classify() == serde_json::error::Category::Data => {
+                return Err(bad(format!("\"host\" must be a non-empty string: {e}")))
+            }
+            Err(e) => return Err(bad(format!("not JSON: {e}"))),
+        };
+        match host {
+            Some(h) if h.is_empty() => Err(bad("\"host\" must be a non-empty string".into())),
+            host => Ok(host),
+        }
+    }
+
     /// Writes `run_dir/manifest.json`.
     pub fn save(&self, run_dir: &Path) -> Result<PathBuf, ManifestError> {
         write_atomically(run_dir, self)
@@ -516,6 +544,28 @@ mod tests {
         write(r#"{"profile": {"hz": 99}}"#);
         let err = Manifest::load_profile(dir.path()).unwrap_err().to_string();
         assert!(err.contains("missing field `dir`"), "{err}");
+    }
+
+    #[test]
+    fn the_host_reads_alone_and_must_be_a_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |text: &str| std::fs::write(dir.path().join(MANIFEST), text).unwrap();
+        let host = || Manifest::load_host(dir.path());
+        write(r#"{"host": "alpha", "cpus": "not a number"}"#);
+        assert_eq!(host().unwrap().as_deref(), Some("alpha"));
+        write(r#"{"otlp": {}}"#);
+        assert_eq!(host().unwrap(), None);
+        for bad in [r#"{"host": 3}"#, r#"{"host": ""}"#] {
+            write(bad);
+            let err = host().unwrap_err().to_string();
+            assert!(
+                err.contains("manifest.json")
+                    && err.contains("\"host\" must be a non-empty string"),
+                "{bad}: {err}"
+            );
+        }
+        write("{\"host\": ");
+        assert!(host().unwrap_err().to_string().contains("not JSON"));
     }
 
     #[test]

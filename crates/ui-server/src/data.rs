@@ -13,11 +13,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use deepspan_analysis::MAX_HOSTS;
 use deepspan_run::analysis::{
     CRITICAL_PATH, PLACEMENTS_JSON, QUEUE_PATH, REQUESTS_JSON, REQUEST_SUMMARY, REQUEST_SYSCALLS,
     STATE_HISTORY,
 };
-use deepspan_run::{layout, Run};
+use deepspan_run::{layout, HostsFile, Run};
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
 use deepspan_store::history::{History, Record};
 use deepspan_store::json::{RequestEntry, RequestsDoc};
@@ -233,11 +234,6 @@ pub struct RunData {
     pub hosts: Option<Result<Vec<HostInfo>, String>>,
 }
 
-/// Thread ids of a merged run carry their host's index above this bit
-/// (`deepspan_analysis::HOST_TID_SHIFT`); ids are i32, so at most 2^9 hosts.
-pub const HOST_TID_SHIFT: u32 = 22;
-const MAX_HOSTS: usize = 1 << (31 - HOST_TID_SHIFT);
-
 /// One host of a merged run, as `/api/run` lists it. `index` is the host
 /// number in its threads' ids (`tid >> 22`, shown as `hN:`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -257,23 +253,6 @@ pub struct HostInfo {
     pub run: String,
 }
 
-/// The fields of `hosts.json` the UI shows (others are ignored).
-#[derive(serde::Deserialize)]
-struct HostsFile {
-    reference: usize,
-    hosts: Vec<HostEntry>,
-}
-
-#[derive(serde::Deserialize)]
-struct HostEntry {
-    host: String,
-    run: String,
-    slope: f64,
-    offset_ns: f64,
-    quality: String,
-    matched: u64,
-}
-
 /// `hosts.json` of `dir`: None when the run has none (an ordinary run),
 /// else the hosts or what is wrong with the file. Opened through
 /// [`RunDir::file`], so a symlink out of the run is refused.
@@ -287,25 +266,15 @@ pub fn load_hosts(dir: &RunDir) -> Option<Result<Vec<HostInfo>, String>> {
 
 fn read_hosts(dir: &RunDir) -> Result<Vec<HostInfo>, String> {
     let path = dir.file(layout::HOSTS).map_err(|e| e.to_string())?;
-    let bad = |e: String| format!("{}: {e}", path.display());
-    let bytes = std::fs::read(&path).map_err(|e| bad(format!("cannot read it: {e}")))?;
-    let file: HostsFile = serde_json::from_slice(&bytes)
-        .map_err(|e| bad(format!("not a list of hosts (merged run): {e}")))?;
-    if file.hosts.is_empty() {
-        return Err(bad("no hosts".into()));
-    }
+    let bytes =
+        std::fs::read(&path).map_err(|e| format!("{}: cannot read it: {e}", path.display()))?;
+    let file = HostsFile::parse(&bytes, &path).map_err(|e| e.to_string())?;
     if file.hosts.len() > MAX_HOSTS {
-        return Err(bad(format!(
-            "{} hosts; thread ids number at most {MAX_HOSTS}",
+        return Err(format!(
+            "{}: {} hosts; thread ids number at most {MAX_HOSTS}",
+            path.display(),
             file.hosts.len()
-        )));
-    }
-    if file.reference >= file.hosts.len() {
-        return Err(bad(format!(
-            "reference {} is not one of the {} hosts",
-            file.reference,
-            file.hosts.len()
-        )));
+        ));
     }
     Ok(file
         .hosts
@@ -319,7 +288,7 @@ fn read_hosts(dir: &RunDir) -> Result<Vec<HostInfo>, String> {
             matched: h.matched,
             slope: h.slope,
             offset_ns: h.offset_ns,
-            run: h.run,
+            run: h.run.display().to_string(),
         })
         .collect())
 }

@@ -24,11 +24,11 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use serde::Serialize;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use deepspan_run::layout::SNAPSHOT;
-use deepspan_run::Run;
+use deepspan_run::{Run, SnapshotInfo, SnapshotStatus, SnapshotTrigger};
 
 use crate::api::ApiError;
 use crate::data::DataError;
@@ -134,11 +134,11 @@ impl SnapshotIndex {
     }
 
     /// Every snapshot, newest first (by `taken_unix_ns`, then id).
-    pub fn list(&self) -> Vec<Value> {
+    pub fn list(&self) -> Vec<SnapshotRow> {
         let Ok(entries) = std::fs::read_dir(&self.root) else {
             return Vec::new();
         };
-        let mut list: Vec<Value> = entries
+        let mut list: Vec<SnapshotRow> = entries
             .filter_map(Result::ok)
             .filter_map(|e| {
                 let id = e.file_name().to_str()?.to_string();
@@ -146,15 +146,7 @@ impl SnapshotIndex {
                 summary(&id, &folder)
             })
             .collect();
-        list.sort_by(|a, b| {
-            let key = |v: &Value| {
-                (
-                    v["taken_unix_ns"].as_u64(),
-                    v["id"].as_str().map(str::to_string),
-                )
-            };
-            key(b).cmp(&key(a))
-        });
+        list.sort_by(|a, b| (b.taken_unix_ns, &b.id).cmp(&(a.taken_unix_ns, &a.id)));
         list
     }
 
@@ -185,10 +177,10 @@ fn load_snapshot(id: &str, folder: &Path) -> Result<Router, ApiErrorText> {
     match crate::load(folder) {
         Ok(state) => Ok(crate::router(state)),
         Err(e) => {
-            let failed = read_snapshot_json(folder)
+            let failed = SnapshotInfo::load(folder)
                 .ok()
-                .filter(|s| s["status"] == "failed")
-                .map(|s| s["error"].as_str().unwrap_or("").to_string());
+                .filter(|s| s.status == SnapshotStatus::Failed)
+                .map(|s| s.error.unwrap_or_default());
             let message = match failed {
                 Some(error) => format!("snapshot {id} failed to be analysed: {error}"),
                 None => format!("snapshot {id} cannot be served: {e}"),
@@ -201,49 +193,68 @@ fn load_snapshot(id: &str, folder: &Path) -> Result<Router, ApiErrorText> {
     }
 }
 
-fn read_snapshot_json(folder: &Path) -> Result<Value, String> {
-    let path = Run::new(folder).snapshot();
-    let text = std::fs::read(&path).map_err(|e| format!("cannot read {SNAPSHOT}: {e}"))?;
-    serde_json::from_slice(&text).map_err(|e| format!("{SNAPSHOT} is not valid JSON: {e}"))
+/// One line of the list (`/api/snapshots`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SnapshotRow {
+    /// The folder's name.
+    pub id: String,
+    /// The id in `snapshot.json`, when it is not the folder's (a folder
+    /// renamed by hand).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub named_id: Option<String>,
+    pub taken_unix_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_mono_ns: Option<[u64; 2]>,
+    pub window_ns: Option<u64>,
+    /// `analysed` or `failed` as the agent wrote it; `unreadable` when
+    /// `snapshot.json` is not an agent snapshot's; `analysed` or `not
+    /// analysed` for a plain run folder among the snapshots.
+    pub status: &'static str,
+    pub error: Option<String>,
+    /// The folder holds an analysis the UI can open.
+    pub analysed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spans_left_out: Option<u64>,
+    pub triggers: Option<Vec<SnapshotTrigger>>,
 }
 
 /// One line of the list: `snapshot.json` as the agent wrote it, with the
 /// folder's id, the window's length and whether an analysis is there.
 /// Folders with neither `snapshot.json` nor `manifest.json` are not
 /// snapshots.
-fn summary(id: &str, folder: &Path) -> Option<Value> {
-    let has_snapshot = Run::new(folder).snapshot().is_file();
-    if !has_snapshot && !Run::new(folder).manifest().is_file() {
+fn summary(id: &str, folder: &Path) -> Option<SnapshotRow> {
+    let run = Run::new(folder);
+    let has_snapshot = run.snapshot().is_file();
+    if !has_snapshot && !run.manifest().is_file() {
         return None;
     }
-    let analysed = Run::new(folder).requests_json().is_file();
-    let mut entry = match read_snapshot_json(folder) {
-        Ok(Value::Object(m)) => Value::Object(m),
-        Ok(_) if has_snapshot => {
-            json!({"status": "unreadable", "error": format!("{SNAPSHOT} is not an object")})
-        }
-        Err(e) if has_snapshot => json!({"status": "unreadable", "error": e}),
+    let analysed = run.requests_json().is_file();
+    let row = |status, error| SnapshotRow {
+        id: id.to_string(),
+        named_id: None,
+        taken_unix_ns: None,
+        window_mono_ns: None,
+        window_ns: None,
+        status,
+        error,
+        analysed,
+        spans_left_out: None,
+        triggers: None,
+    };
+    Some(match SnapshotInfo::load(folder) {
+        Ok(info) => SnapshotRow {
+            named_id: (info.id != id).then(|| info.id.clone()),
+            taken_unix_ns: Some(info.taken_unix_ns),
+            window_mono_ns: Some(info.window_mono_ns),
+            window_ns: Some(info.window_ns()),
+            spans_left_out: Some(info.spans_left_out),
+            triggers: Some(info.triggers),
+            ..row(info.status.as_str(), info.error)
+        },
+        Err(e) if has_snapshot => row("unreadable", Some(e.reason)),
         // A plain run folder among the snapshots.
-        _ => json!({"status": if analysed { "analysed" } else { "not analysed" }}),
-    };
-    let window = &entry["window_mono_ns"];
-    let window_ns = match (window[0].as_u64(), window[1].as_u64()) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-        _ => None,
-    };
-    let m = entry.as_object_mut().expect("an object");
-    if let Some(named) = m.get("id").and_then(Value::as_str) {
-        if named != id {
-            m.insert("named_id".into(), named.into());
-        }
-    }
-    m.insert("id".into(), id.into());
-    m.insert("window_ns".into(), json!(window_ns));
-    m.insert("analysed".into(), analysed.into());
-    for key in ["taken_unix_ns", "error", "triggers"] {
-        m.entry(key).or_insert(Value::Null);
-    }
-    Some(entry)
+        Err(_) => row(if analysed { "analysed" } else { "not analysed" }, None),
+    })
 }
 
 type Shared = Arc<SnapshotIndex>;
@@ -351,6 +362,7 @@ async fn snapshot_api(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use deepspan_run::layout::SNAPSHOT;
 
     #[test]
     fn ids_are_plain_names() {
@@ -396,13 +408,18 @@ mod tests {
         std::fs::create_dir(dir.path().join("not-a-snapshot")).unwrap();
         let index = SnapshotIndex::open(dir.path()).unwrap();
         let list = index.list();
-        let ids: Vec<&str> = list.iter().map(|s| s["id"].as_str().unwrap()).collect();
+        let ids: Vec<&str> = list.iter().map(|s| s.id.as_str()).collect();
         assert_eq!(ids, ["new", "old", "broken"]);
-        assert_eq!(list[0]["window_ns"], 10);
-        assert_eq!(list[0]["error"], "boom");
-        assert_eq!(list[1]["window_ns"], 30);
-        assert_eq!(list[1]["analysed"], false);
-        assert_eq!(list[2]["status"], "unreadable");
+        assert_eq!(list[0].window_ns, Some(10));
+        assert_eq!(list[0].error.as_deref(), Some("boom"));
+        assert_eq!(list[1].window_ns, Some(30));
+        assert!(!list[1].analysed);
+        assert_eq!(list[2].status, "unreadable");
+        let why = list[2].error.as_deref().unwrap();
+        assert!(
+            why.starts_with("not an agent snapshot's description"),
+            "{why}"
+        );
         // A failed snapshot is a 404 that says why.
         let e = index.run_router("new").unwrap_err();
         assert_eq!(e.status, StatusCode::NOT_FOUND);

@@ -20,6 +20,10 @@ use super::{BlockReason, KernelModel, StateBuilder, ThreadState};
 /// the trace's own.
 pub const HOST_TID_SHIFT: u32 = 22;
 
+/// Hosts a model can hold: thread ids are positive i32s with their host
+/// above [`HOST_TID_SHIFT`].
+pub const MAX_HOSTS: usize = 1 << (31 - HOST_TID_SHIFT);
+
 /// Thread `tid` of host `host`, as a model of several hosts numbers it
 /// (the idle task, 0, stays 0: each host's CPUs are numbered apart).
 pub fn host_tid(host: u32, tid: Tid) -> Tid {

@@ -40,7 +40,7 @@ mod network;
 mod waker;
 
 pub use builder::{InitialStatus, StateBuilder, SwitchOut, ThreadInfo, MAX_CPUS};
-pub use hosts::{host_tid, split_host_tid, tid_label, RemoteCall, HOST_TID_SHIFT};
+pub use hosts::{host_tid, split_host_tid, tid_label, RemoteCall, HOST_TID_SHIFT, MAX_HOSTS};
 pub use model::{
     softirq_name, BlockIo, BlockPhase, BlockReason, CgroupMove, CpuHistory, CpuInterval, Interrupt,
     InterruptInterval, KernelModel, LostRange, ModelStats, ReadChars, StateInterval,

@@ -102,7 +102,7 @@ fn a_malformed_hosts_json_is_reported_and_the_run_still_loads() {
     let dir = tempfile::tempdir().unwrap();
     let run = empty_run(dir.path());
     let cases = [
-        ("{not json".to_string(), "not a list of hosts"),
+        ("{not json".to_string(), "list of hosts"),
         (r#"{"reference": 0}"#.to_string(), "missing field `hosts`"),
         (
             HOSTS.replace(r#""matched": 4801, "cpu_base": 2"#, r#""cpu_base": 2"#),
@@ -111,7 +111,7 @@ fn a_malformed_hosts_json_is_reported_and_the_run_still_loads() {
         (r#"{"reference": 0, "hosts": []}"#.to_string(), "no hosts"),
         (
             HOSTS.replace(r#""reference": 0"#, r#""reference": 2"#),
-            "reference 2 is not one of the 2 hosts",
+            "reference 2 is not one of its 2 hosts",
         ),
     ];
     for (text, want) in cases {
