@@ -30,8 +30,17 @@
 //! thread that ran on a CPU's. A lane's intervals do not overlap, so both
 //! their starts and their ends are in order, and a block index entry
 //! (`first start, last end, offset, length, records`) is found by binary
-//! search. The index is the only part read at open: 28 bytes of JSON or so
+//! search. The index is the only part read at open: 50 bytes of JSON or so
 //! per 256 intervals.
+//!
+//! Each index entry also keeps its block's summary: the category (state,
+//! or thread on a CPU's lane) that covered the most of it, and the time
+//! covered. A view zoomed out so far that a whole block is shorter than a
+//! pixel takes the summary instead of the block
+//! ([`History::coarse_window`]): it reads at most one block per pixel,
+//! whatever the run's length. The index is the one coarser level: 256
+//! intervals to an entry leaves a 10⁸-interval lane with an index of 20 MB,
+//! so no tree of levels above it is kept.
 //!
 //! Why blocks and not fixed records read one by one: a thread's states
 //! follow each other (a gap of 0) and repeat a few values, which varints
@@ -175,6 +184,41 @@ pub struct Lane {
     pub running_ns: i64,
     /// `(first start, last end, offset, length, records)` of each block.
     blocks: Vec<(i64, i64, u64, u32, u32)>,
+    /// Each block's summary for views coarser than it: `(category, its
+    /// ns, ns covered by any interval)`, where the category is the state
+    /// (thread lanes) or the thread (CPU lanes) that covered the most of
+    /// the block. Empty in files written before summaries were kept.
+    #[serde(default)]
+    summaries: Vec<(u32, i64, i64)>,
+}
+
+impl LaneKey {
+    /// What tells a record of this lane from its neighbours on a screen:
+    /// its state on a thread's lane, its thread on a CPU's.
+    pub fn category(self, r: &Record) -> u32 {
+        match self {
+            LaneKey::Thread(_) => r.state,
+            LaneKey::Cpu(_) => r.tid as u32,
+        }
+    }
+}
+
+/// An interval of a lane as a view at some resolution reads it: one
+/// interval as recorded, or a whole block of them that is shorter than the
+/// resolution, told by its summary ([`History::coarse_window`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Coarse {
+    /// The interval; for a block, its first start and last end, and its
+    /// dominant category as the state (thread lanes) or the tid (CPU
+    /// lanes), every other field none.
+    pub record: Record,
+    /// The intervals it stands for: 1 for an interval as recorded, 2 or
+    /// more for a block.
+    pub records: u32,
+    /// Time its category covered, ns.
+    pub category_ns: i64,
+    /// Time covered by any interval, ns (a block may hold gaps).
+    pub covered_ns: i64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -183,6 +227,31 @@ struct Meta {
     /// The strings that are the state of some thread's record.
     states: Vec<u32>,
     lanes: Vec<Lane>,
+}
+
+/// A block's summary: the category that covered the most of it, its ns,
+/// and the ns of all its intervals.
+fn summary(key: LaneKey, records: &[Record]) -> (u32, i64, i64) {
+    // A block holds few categories: a short list beats a map.
+    let mut by_category: Vec<(u32, i64)> = Vec::with_capacity(8);
+    let mut covered = 0;
+    for r in records {
+        let (category, ns) = (key.category(r), r.end - r.start);
+        covered += ns;
+        match by_category.iter_mut().find(|c| c.0 == category) {
+            Some(c) => c.1 += ns,
+            None => by_category.push((category, ns)),
+        }
+    }
+    // Ties go to the category met first in time.
+    let (category, ns) = by_category
+        .iter()
+        .fold(None, |best: Option<(u32, i64)>, &c| match best {
+            Some(b) if b.1 >= c.1 => Some(b),
+            _ => Some(c),
+        })
+        .unwrap_or((NO_STRING, 0));
+    (category, ns, covered)
 }
 
 /// Writes a history: lanes are added whole, in any order, each one's
@@ -250,6 +319,7 @@ impl HistoryWriter {
             records: 0,
             running_ns: 0,
             blocks: Vec::new(),
+            summaries: Vec::new(),
         };
         let mut block: Vec<Record> = Vec::with_capacity(BLOCK_RECORDS);
         let mut last_end = i64::MIN;
@@ -297,6 +367,7 @@ impl HistoryWriter {
             packed.len() as u32,
             records.len() as u32,
         ));
+        lane.summaries.push(summary(lane.key, records));
         lane.records += records.len() as u64;
         self.offset += packed.len() as u64;
         Ok(())
@@ -373,6 +444,14 @@ impl History {
             source: e,
         })?;
         for lane in &meta.lanes {
+            if !lane.summaries.is_empty() && lane.summaries.len() != lane.blocks.len() {
+                return Err(bad(format!(
+                    "lane {:?} has {} block summaries for {} blocks",
+                    lane.key,
+                    lane.summaries.len(),
+                    lane.blocks.len()
+                )));
+            }
             if let Some(b) = lane
                 .blocks
                 .iter()
@@ -503,6 +582,78 @@ impl History {
         Ok(())
     }
 
+    /// The intervals of `key` that overlap `[from, to)` as a view of
+    /// `resolution` ns per pixel needs them, in time order: a block of two
+    /// intervals or more that lies inside the window and is shorter than
+    /// `resolution` comes as its summary, without being read; the rest
+    /// come as recorded. So a window reads at most one block per pixel
+    /// (plus the two at its edges), however many intervals it holds. At
+    /// most `limit` are returned; the flag says whether more overlap.
+    pub fn coarse_window(
+        &self,
+        key: LaneKey,
+        from: i64,
+        to: i64,
+        resolution: i64,
+        limit: usize,
+    ) -> Result<(Vec<Coarse>, bool), Error> {
+        let Some(lane) = self.lane(key) else {
+            return Ok((Vec::new(), false));
+        };
+        let summarised = lane.summaries.len() == lane.blocks.len();
+        let mut out = Vec::new();
+        let first_block = lane.blocks.partition_point(|b| b.1 <= from);
+        for (b, block) in lane.blocks.iter().enumerate().skip(first_block) {
+            let &(start, end, _, _, count) = block;
+            if start >= to {
+                break;
+            }
+            if summarised && count >= 2 && start >= from && end <= to && end - start < resolution {
+                if out.len() == limit {
+                    return Ok((out, true));
+                }
+                let (category, category_ns, covered_ns) = lane.summaries[b];
+                let mut record = Record {
+                    start,
+                    end,
+                    state: NO_STRING,
+                    cpu: -1,
+                    tid: -1,
+                    syscall: NO_STRING,
+                    detail: NO_STRING,
+                };
+                match key {
+                    LaneKey::Thread(_) => record.state = category,
+                    LaneKey::Cpu(_) => record.tid = category as i32,
+                }
+                out.push(Coarse {
+                    record,
+                    records: count,
+                    category_ns,
+                    covered_ns,
+                });
+                continue;
+            }
+            let records = self.read_block(lane, block)?;
+            let skip = records.partition_point(|r| r.end <= from);
+            for r in &records[skip..] {
+                if r.start >= to {
+                    return Ok((out, false));
+                }
+                if out.len() == limit {
+                    return Ok((out, true));
+                }
+                out.push(Coarse {
+                    record: *r,
+                    records: 1,
+                    category_ns: r.end - r.start,
+                    covered_ns: r.end - r.start,
+                });
+            }
+        }
+        Ok((out, false))
+    }
+
     /// Gives `each` the lane index and record of every interval of `key`
     /// that overlaps `[from, to)`, in time order, until it answers false;
     /// whether it did.
@@ -617,6 +768,58 @@ mod tests {
             .unwrap();
         w.finish().unwrap();
         (dir, path)
+    }
+
+    #[test]
+    fn a_coarse_window_summarises_the_blocks_shorter_than_a_pixel() {
+        let (_dir, path) = written(1000);
+        let mut h = History::open(&path).unwrap();
+        let key = LaneKey::Thread(7);
+        let running = h.strings.iter().position(|s| s == "RUNNING").unwrap() as u32;
+        let sleeping = h.strings.iter().position(|s| s == "SLEEPING").unwrap() as u32;
+        // At 1 ns per pixel every interval comes as recorded.
+        let (fine, more) = h.coarse_window(key, 0, 12_000, 1, usize::MAX).unwrap();
+        let (_, exact, _) = h.window(key, 0, 12_000, usize::MAX).unwrap();
+        assert!(!more);
+        assert_eq!(fine.iter().map(|c| c.record).collect::<Vec<_>>(), exact);
+        assert!(fine.iter().all(|c| c.records == 1 && c.covered_ns == 10));
+        // Blocks span 256 × 12 ns: at 4000 ns per pixel the four blocks
+        // inside the window come as summaries.
+        let (coarse, _) = h.coarse_window(key, 0, 12_000, 4_000, usize::MAX).unwrap();
+        let records: Vec<u32> = coarse.iter().map(|c| c.records).collect();
+        assert_eq!(records, [256, 256, 256, 232]);
+        // Block 0: intervals 0..256, RUNNING for the 86 whose index is a
+        // multiple of 3.
+        let first = coarse[0];
+        assert_eq!((first.record.start, first.record.end), (0, 255 * 12 + 10));
+        assert_eq!(
+            (first.record.state, first.category_ns, first.covered_ns),
+            (sleeping, 170 * 10, 256 * 10)
+        );
+        assert_eq!((first.record.tid, first.record.syscall), (-1, NO_STRING));
+        // A block the window cuts is read: its intervals from the window's
+        // start, then the summaries.
+        let (cut, _) = h
+            .coarse_window(key, 100, 12_000, 4_000, usize::MAX)
+            .unwrap();
+        assert_eq!(cut[0].record.start, 8 * 12);
+        assert_eq!(cut.iter().filter(|c| c.records == 1).count(), 256 - 8);
+        assert_eq!(cut.iter().filter(|c| c.records > 1).count(), 3);
+        // The limit holds for summaries too.
+        assert_eq!(
+            h.coarse_window(key, 0, 12_000, 4_000, 2).unwrap(),
+            (coarse[..2].to_vec(), true)
+        );
+        // The CPU lane's category is its thread; a block of one interval
+        // is read, not summarised.
+        let (cpu, _) = h.coarse_window(LaneKey::Cpu(1), 0, 100, 1_000, 10).unwrap();
+        assert_eq!((cpu.len(), cpu[0].records, cpu[0].record.tid), (1, 1, 7));
+        assert_eq!(LaneKey::Cpu(1).category(&cpu[0].record), 7);
+        assert_eq!(LaneKey::Thread(7).category(&fine[0].record), running);
+        // A file written before summaries reads every block.
+        h.lanes.iter_mut().for_each(|l| l.summaries.clear());
+        let (old, _) = h.coarse_window(key, 0, 12_000, 4_000, usize::MAX).unwrap();
+        assert_eq!(old, fine);
     }
 
     #[test]

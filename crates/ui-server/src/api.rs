@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::data::{CpuSlice, Piece, RunData, RunSpans, NONE};
+use crate::data::{LaneInterval, Piece, RunData, RunSpans, NONE};
 use crate::lod::{reduce, Drawn};
 use crate::profile::Profiles;
 use deepspan_store::history::{Lane, LaneKey};
@@ -793,6 +793,16 @@ pub async fn thread_states(State(st): State<Shared>, RawQuery(q): RawQuery) -> A
             }
             t
         }
+        None if d.history.range().is_none_or(|(start, end)| from <= start && to >= end) => {
+            // The whole run: the lanes know their time RUNNING, and no
+            // interval need be read.
+            let mut ranked: Vec<(i64, i32)> = thread_lanes(d)
+                .filter(|(_, lane)| lane.running_ns > 0)
+                .map(|(tid, lane)| (lane.running_ns, tid))
+                .collect();
+            ranked.sort_by_key(|(busy, tid)| (std::cmp::Reverse(*busy), *tid));
+            ranked.into_iter().map(|(_, tid)| tid).collect()
+        }
         None => {
             // Busiest in the window first: their time on the CPUs' lanes.
             let mut busy: HashMap<i32, i64> = HashMap::new();
@@ -819,17 +829,18 @@ pub async fn thread_states(State(st): State<Shared>, RawQuery(q): RawQuery) -> A
     for tid in tids.into_iter().take(limit) {
         let key = LaneKey::Thread(tid);
         let t = d.history.lane(key).expect("a thread found above");
-        let (_, window, more) = d
+        let (window, more) = d
             .history
-            .window(key, from, to, WINDOW_LIMIT)
+            .coarse_window(key, from, to, res, WINDOW_LIMIT)
             .map_err(history_err)?;
+        let window: Vec<LaneInterval> = window.into_iter().map(|c| LaneInterval(key, c)).collect();
         let (drawn, cut) = reduce(&window, from, to, res, LANE_LIMIT);
         truncated |= cut || more;
         drawn_total += drawn.len();
         let intervals: Vec<Value> = drawn
             .iter()
             .map(|dr| {
-                let iv = &window[dr.index];
+                let iv = &window[dr.index].1.record;
                 if dr.merged == 1 {
                     json!({"start_ns": dr.start, "end_ns": dr.end, "state": hs(d, dr.category), "n": 1,
                            "cpu": (iv.cpu >= 0).then_some(iv.cpu), "waker_tid": (iv.tid >= 0).then_some(iv.tid),
@@ -857,11 +868,12 @@ pub async fn cpus(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiResult 
     let mut seen: BTreeSet<i32> = BTreeSet::new();
     let mut out = Vec::new();
     for cpu in cpu_numbers(d) {
-        let (_, window, _) = d
+        let key = LaneKey::Cpu(cpu);
+        let (window, _) = d
             .history
-            .window(LaneKey::Cpu(cpu), from, to, WINDOW_LIMIT)
+            .coarse_window(key, from, to, res, WINDOW_LIMIT)
             .map_err(history_err)?;
-        let slices: Vec<CpuSlice> = window.into_iter().map(CpuSlice).collect();
+        let slices: Vec<LaneInterval> = window.into_iter().map(|c| LaneInterval(key, c)).collect();
         let (drawn, _) = reduce(&slices, from, to, res, LANE_LIMIT);
         let intervals: Vec<Value> = drawn
             .iter()

@@ -20,7 +20,7 @@ use deepspan_run::analysis::{
 };
 use deepspan_run::{layout, HostsFile, Run};
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
-use deepspan_store::history::{History, Record};
+use deepspan_store::history::{Coarse, History, LaneKey};
 use deepspan_store::json::{RequestEntry, RequestsDoc};
 use deepspan_store::placements::{read_placements_json, PlacementRecord};
 use deepspan_store::rows::for_each_row;
@@ -138,33 +138,30 @@ impl Strings {
     }
 }
 
-/// A thread's state, or a CPU's running thread: drawn by its state (a
-/// string of the history) on a thread's lane and by its thread on a CPU's.
-impl Interval for Record {
-    fn start(&self) -> i64 {
-        self.start
-    }
-    fn end(&self) -> i64 {
-        self.end
-    }
-    fn category(&self) -> u32 {
-        self.state
-    }
-}
-
-/// A CPU's running thread, drawn by its thread.
+/// An interval of a history lane, or a summary of a block of them, as the
+/// level of detail sees it: its category is the lane's
+/// ([`LaneKey::category`]: the state of a thread, the thread of a CPU).
 #[derive(Clone, Copy, Debug)]
-pub struct CpuSlice(pub Record);
+pub struct LaneInterval(pub LaneKey, pub Coarse);
 
-impl Interval for CpuSlice {
+impl Interval for LaneInterval {
     fn start(&self) -> i64 {
-        self.0.start
+        self.1.record.start
     }
     fn end(&self) -> i64 {
-        self.0.end
+        self.1.record.end
     }
     fn category(&self) -> u32 {
-        self.0.tid as u32
+        self.0.category(&self.1.record)
+    }
+    fn intervals(&self) -> u32 {
+        self.1.records
+    }
+    fn category_ns(&self) -> i64 {
+        self.1.category_ns
+    }
+    fn covered_ns(&self) -> i64 {
+        self.1.covered_ns
     }
 }
 

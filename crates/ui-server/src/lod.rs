@@ -4,7 +4,9 @@
 //! step-aligned bucket become one interval of the bucket's dominant
 //! category (the one covering the most time). Buckets are aligned to
 //! multiples of the resolution, not to the window, so panning does not
-//! make the picture flicker.
+//! make the picture flicker. A summary of several intervals (a state
+//! history block shorter than a pixel) joins its bucket with its own
+//! weights, as the intervals it stands for would.
 
 /// One interval of a lane: `[start, end)` in ns and a category (a state,
 /// a thread…) that decides its colour.
@@ -12,6 +14,19 @@ pub trait Interval {
     fn start(&self) -> i64;
     fn end(&self) -> i64;
     fn category(&self) -> u32;
+    /// The recorded intervals it stands for: more than one for a summary
+    /// of several (a state history block read at a coarse resolution).
+    fn intervals(&self) -> u32 {
+        1
+    }
+    /// Time its category covered, ns.
+    fn category_ns(&self) -> i64 {
+        self.end() - self.start()
+    }
+    /// Time covered by any interval, ns.
+    fn covered_ns(&self) -> i64 {
+        self.end() - self.start()
+    }
 }
 
 /// An interval to draw.
@@ -35,15 +50,17 @@ struct Bucket {
     start: i64,
     end: i64,
     merged: u32,
+    covered: i64,
     /// (category, ns, longest interval index, its length)
     weights: Vec<(u32, i64, usize, i64)>,
 }
 
 impl Bucket {
     fn add(&mut self, i: usize, iv: &impl Interval) {
-        let d = iv.end() - iv.start();
+        let d = iv.category_ns();
         self.end = self.end.max(iv.end());
-        self.merged += 1;
+        self.merged += iv.intervals();
+        self.covered += iv.covered_ns();
         match self.weights.iter_mut().find(|w| w.0 == iv.category()) {
             Some(w) => {
                 w.1 += d;
@@ -57,7 +74,6 @@ impl Bucket {
     }
 
     fn drawn(self) -> Drawn {
-        let covered: i64 = self.weights.iter().map(|w| w.1).sum();
         let dominant = self
             .weights
             .iter()
@@ -71,7 +87,7 @@ impl Bucket {
             category: dominant.0,
             merged: self.merged,
             index: dominant.2,
-            coverage: (covered as f64 / span as f64).min(1.0) as f32,
+            coverage: (self.covered as f64 / span as f64).min(1.0) as f32,
         }
     }
 }
@@ -98,7 +114,7 @@ pub fn reduce<T: Interval>(
             return (out, true);
         }
         let d = iv.end() - iv.start();
-        if resolution <= 1 || d >= resolution {
+        if iv.intervals() == 1 && (resolution <= 1 || d >= resolution) {
             if let Some(b) = bucket.take() {
                 out.push(b.drawn());
             }
@@ -124,6 +140,7 @@ pub fn reduce<T: Interval>(
                     start: iv.start(),
                     end: iv.end(),
                     merged: 0,
+                    covered: 0,
                     weights: Vec::with_capacity(4),
                 };
                 b.add(i, iv);
@@ -218,6 +235,50 @@ mod tests {
         assert!(out.iter().all(|d| (d.coverage - 0.7).abs() < 0.01));
         let merged: u32 = out.iter().map(|d| d.merged).sum();
         assert_eq!(merged, 200_000, "every interval is accounted for");
+    }
+
+    /// Intervals standing for several, with their own weights.
+    #[derive(Clone, Copy, Debug)]
+    struct Summary(Iv, u32, i64, i64);
+
+    impl Interval for Summary {
+        fn start(&self) -> i64 {
+            self.0 .0
+        }
+        fn end(&self) -> i64 {
+            self.0 .1
+        }
+        fn category(&self) -> u32 {
+            self.0 .2
+        }
+        fn intervals(&self) -> u32 {
+            self.1
+        }
+        fn category_ns(&self) -> i64 {
+            self.2
+        }
+        fn covered_ns(&self) -> i64 {
+            self.3
+        }
+    }
+
+    #[test]
+    fn a_summary_weighs_as_the_intervals_it_stands_for() {
+        let lane = [
+            // 256 intervals over 0..50 ns, category 1 for 20 ns of 40.
+            Summary(Iv(0, 50, 1), 256, 20, 40),
+            // One interval of category 2, longer than category 1's share.
+            Summary(Iv(50, 80, 2), 1, 30, 30),
+            // A summary is never drawn as one interval, even when long.
+            Summary(Iv(100, 400, 3), 9, 200, 250),
+        ];
+        let (out, _) = reduce(&lane, 0, 1000, 100, usize::MAX);
+        assert_eq!(out.len(), 2);
+        assert_eq!((out[0].start, out[0].end, out[0].category), (0, 80, 2));
+        assert_eq!(out[0].merged, 257);
+        assert!((out[0].coverage - 70.0 / 80.0).abs() < 1e-6);
+        assert_eq!((out[1].category, out[1].merged), (3, 9));
+        assert!((out[1].coverage - 250.0 / 300.0).abs() < 1e-6);
     }
 
     #[test]

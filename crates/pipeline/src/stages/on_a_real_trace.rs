@@ -514,6 +514,7 @@ fn the_state_history_answers_as_a_scan_of_thread_states() {
         .filter(|l| matches!(l.key, LaneKey::Thread(_)));
     assert_eq!(threads.count(), rows.len(), "a lane per thread");
     let mut asked = 0;
+    let mut summaries = 0;
     for (&tid, lane) in &rows {
         let key = LaneKey::Thread(tid);
         let meta = h.lane(key).expect("the thread's lane");
@@ -561,7 +562,50 @@ fn the_state_history_answers_as_a_scan_of_thread_states() {
             );
             asked += 1;
         }
+        // Zoomed out: each summary stands for the rows it spans, with their
+        // dominant state; the rest come as rows.
+        for pixels in [100, 2_000] {
+            let resolution = ((t1 - t0) / pixels).max(1);
+            let (coarse, more) = h
+                .coarse_window(key, t0, t1 + 1, resolution, usize::MAX)
+                .unwrap();
+            assert!(!more);
+            let mut next = 0;
+            for c in &coarse {
+                let rows = &lane[next..next + c.records as usize];
+                next += rows.len();
+                if c.records == 1 {
+                    assert_eq!(of_record(&c.record), of_row(&rows[0]), "thread {tid}");
+                    continue;
+                }
+                summaries += 1;
+                assert_eq!(
+                    (c.record.start, c.record.end),
+                    (rows[0].start_ns, rows[rows.len() - 1].end_ns)
+                );
+                assert!(c.record.end - c.record.start < resolution);
+                let mut by_state: Vec<(&str, i64)> = Vec::new();
+                for r in rows {
+                    match by_state.iter_mut().find(|(s, _)| *s == r.state) {
+                        Some(s) => s.1 += r.end_ns - r.start_ns,
+                        None => by_state.push((&r.state, r.end_ns - r.start_ns)),
+                    }
+                }
+                let most = by_state.iter().map(|s| s.1).max().unwrap();
+                let first_most = by_state.iter().find(|s| s.1 == most).unwrap();
+                assert_eq!(
+                    (text(c.record.state).unwrap().as_str(), c.category_ns),
+                    *first_most,
+                    "thread {tid}'s block at {}",
+                    c.record.start
+                );
+                assert_eq!(c.covered_ns, by_state.iter().map(|s| s.1).sum::<i64>());
+            }
+            assert_eq!(next, lane.len(), "thread {tid}: every row stood for once");
+            asked += 1;
+        }
     }
+    assert!(summaries > 0, "no block was summarised");
     // Each CPU's running threads.
     let mut running: BTreeMap<i32, Vec<(i64, i64, i32)>> = BTreeMap::new();
     for r in rows.values().flatten().filter(|r| r.state == "RUNNING") {
