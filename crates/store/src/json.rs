@@ -351,7 +351,9 @@ pub fn write_requests_json(path: &Path, r: &AnalysisResults) -> Result<(), Error
     };
     let file = std::fs::File::create(path).map_err(|e| Error::io(path, "cannot create", e))?;
     let mut out = std::io::BufWriter::new(file);
-    serde_json::to_writer_pretty(&mut out, &doc).map_err(|e| Error::Json {
+    // Compact: indentation was 40 % of the bytes (400 MB for 10⁵
+    // requests); `jq .` shows it indented.
+    serde_json::to_writer(&mut out, &doc).map_err(|e| Error::Json {
         path: path.to_path_buf(),
         at: None,
         source: e,
