@@ -7,7 +7,8 @@ The trace is recorded here (`deepspan-workload pingpong`, about 100 MB) or
 given with `--run`. Each case is a copy of the run folder (the kernel files
 hard-linked) with N requests imported: root spans alternating between the
 workload's two threads in consecutive slices of the recording, with
-deepspan's fields, as bench/analyze_bench.py makes them. Per case: wall and
+deepspan's fields, as bench/analyze_bench.py makes them (with `--inferred`,
+without them: placed by inference from the trace). Per case: wall and
 CPU time of `deepspan analyze`, its peak RSS (wait4), the phases
 (DEEPSPAN_TIMINGS), the CPU time per span beyond the kernel-only analysis
 of the same trace in the same run, and the marginal CPU time per span
@@ -16,7 +17,7 @@ from one count to the next (the figure that matters: flat within 2x from
 cost of any analysis with requests). Results go to stdout and
 bench/out/span_scaling.json.
 
-  python3 bench/span_scaling.py [--run RUN --tids T1 T2] [--counts 1000 10000 ...]
+  python3 bench/span_scaling.py [--run RUN --tids T1 T2] [--inferred] [--counts 1000 10000 ...]
 """
 
 import argparse
@@ -39,8 +40,10 @@ def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
-def write_spans(run, tids, count):
-    """`count` root spans over the recording, as JSON lines of OTLP."""
+def write_spans(run, tids, count, inferred=False):
+    """`count` root spans over the recording, as JSON lines of OTLP; with
+    `inferred`, without deepspan's fields (only the process's pid in the
+    resource), so that placement infers their threads from the trace."""
     manifest = json.loads((run / "manifest.json").read_text())
     start, end = manifest["start"]["mono_ns"], manifest["end"]["mono_ns"]
     wall = manifest["start"]["realtime_ns"] - start
@@ -57,15 +60,20 @@ def write_spans(run, tids, count):
                 tid = tids[i % len(tids)]
                 ev = lambda name, t: {"timeUnixNano": str(t + wall), "name": name,
                                       "attributes": [attr("deepspan.tid", tid), attr("deepspan.mono_ns", t)]}
-                spans.append({
+                span = {
                     "traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": f"op{i % 7}",
                     "kind": 2, "startTimeUnixNano": str(a + wall), "endTimeUnixNano": str(b + wall),
-                    "attributes": [attr("deepspan.tid", tid), attr("deepspan.mono_start_ns", a),
-                                   attr("deepspan.mono_end_ns", b)],
-                    "events": [ev("deepspan.on", a), ev("deepspan.off", b)],
-                })
+                }
+                if not inferred:
+                    span["attributes"] = [attr("deepspan.tid", tid), attr("deepspan.mono_start_ns", a),
+                                          attr("deepspan.mono_end_ns", b)]
+                    span["events"] = [ev("deepspan.on", a), ev("deepspan.off", b)]
+                spans.append(span)
+            resource = [{"key": "service.name", "value": {"stringValue": "pingpong"}}]
+            if inferred:
+                resource.append(attr("process.pid", tids[0]))
             out.write(json.dumps({"resourceSpans": [{
-                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "pingpong"}}]},
+                "resource": {"attributes": resource},
                 "scopeSpans": [{"scope": {"name": "bench"}, "spans": spans}]}]}) + "\n")
     run_measured([DEEPSPAN, "import", "-o", run, "--otlp", path])
     path.unlink()
@@ -95,6 +103,8 @@ def main():
     ap.add_argument("--tids", type=int, nargs="+", help="with --run: the workload's two threads (record prints them)")
     ap.add_argument("--rounds", type=int, default=150_000, help="pingpong rounds to record (about 100 MB)")
     ap.add_argument("--counts", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000])
+    ap.add_argument("--inferred", action="store_true",
+                    help="spans without deepspan's fields: their threads are inferred from the trace")
     args = ap.parse_args()
     for binary in (DEEPSPAN, WORKLOAD):
         if not binary.exists():
@@ -120,7 +130,7 @@ def main():
         for count in args.counts:
             run = tmp / f"spans-{count}"
             copy_run(source, run)
-            write_spans(run, tids, count)
+            write_spans(run, tids, count, args.inferred)
             m = analyse(run)
             extra_s = m["cpu_s"] - kernel["cpu_s"]
             m.update({
@@ -144,6 +154,7 @@ def main():
     result = {
         "host_cpus": os.cpu_count(), "kernel": os.uname().release,
         "load_average_1m": os.getloadavg()[0], "trace_mb": size / 1e6,
+        "placed_by": "inference" if args.inferred else "deepspan's fields",
         "kernel_only": kernel, "cases": rows,
         "marginal_cpu_per_span_max_over_min": max(per_span) / min(per_span) if per_span else None,
     }
