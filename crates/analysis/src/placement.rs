@@ -998,6 +998,7 @@ fn surest_first(
     out: &mut [Option<Placement>],
 ) -> Threads {
     let mut threads = Threads::default();
+    let mut by_start: HashMap<Tid, ByStart> = HashMap::new();
     for k in order {
         let (i, c) = (requests[k].0, &requests[k].1);
         let mut passed_over = Vec::new();
@@ -1007,7 +1008,10 @@ fn surest_first(
             if !c.credible(f) || Some(f.pid) != first_pid {
                 break;
             }
-            match overlapping(&threads.taken, f.tid, c.start, c.end) {
+            let first = by_start
+                .get(&f.tid)
+                .and_then(|b| b.first_overlapping(c.start, c.end));
+            match first.map(|at| threads.taken[&f.tid][at].2) {
                 Some(other) => {
                     if passed_over.is_empty() {
                         threads.shared.push((k, f.tid));
@@ -1026,11 +1030,12 @@ fn surest_first(
         match placed {
             Some(p) => {
                 let tid = p.tid.expect("placed on a thread");
-                threads
-                    .taken
+                let on_thread = threads.taken.entry(tid).or_default();
+                by_start
                     .entry(tid)
                     .or_default()
-                    .push((c.start, c.end, k));
+                    .insert(c.start, c.end, on_thread.len());
+                on_thread.push((c.start, c.end, k));
                 threads.shared.retain(|x| x.0 != k);
                 out[i] = Some(p);
             }
@@ -1046,18 +1051,39 @@ fn surest_first(
     threads
 }
 
-/// The request placed on `tid` over a time overlapping `[start, end]`.
-fn overlapping(
-    taken: &HashMap<Tid, Vec<(u64, u64, usize)>>,
-    tid: Tid,
-    start: u64,
-    end: u64,
-) -> Option<usize> {
-    taken.get(&tid).and_then(|v| {
-        v.iter()
-            .find(|x| start + OVERLAP_SLACK_NS < x.1 && x.0 + OVERLAP_SLACK_NS < end)
-            .map(|x| x.2)
-    })
+/// The requests placed on one thread by [`surest_first`], by start: the
+/// overlap test of each new request against every request of a busy
+/// thread made placement quadratic (10⁵ spans took minutes).
+#[derive(Default)]
+struct ByStart {
+    /// (start, place in the thread's `taken`) → end.
+    starts: BTreeMap<(u64, usize), u64>,
+    /// The longest request: none that starts earlier than this before a
+    /// time can reach it.
+    longest: u64,
+}
+
+impl ByStart {
+    fn insert(&mut self, start: u64, end: u64, at: usize) {
+        self.starts.insert((start, at), end);
+        self.longest = self.longest.max(end.saturating_sub(start));
+    }
+
+    /// The first placed (lowest place) of the requests overlapping
+    /// `[start, end]` by more than [`OVERLAP_SLACK_NS`].
+    fn first_overlapping(&self, start: u64, end: u64) -> Option<usize> {
+        // x overlaps when start + slack < x.end and x.start + slack < end.
+        let last_start = end.checked_sub(OVERLAP_SLACK_NS + 1)?;
+        let first_start = (start + OVERLAP_SLACK_NS).saturating_sub(self.longest);
+        if first_start > last_start {
+            return None;
+        }
+        self.starts
+            .range((first_start, 0)..=(last_start, usize::MAX))
+            .filter(|(_, &x_end)| start + OVERLAP_SLACK_NS < x_end)
+            .map(|(&(_, at), _)| at)
+            .min()
+    }
 }
 
 /// Event loops the scores did not show: a request left sharing a thread
