@@ -353,6 +353,24 @@ impl HistoryWriter {
         Ok(())
     }
 
+    /// Writes CPU `cpu`'s lane from the slices its threads ran (`tid` the
+    /// thread), in any order. Two threads RUNNING on one CPU at once is the
+    /// model's reading of a trace that lost a switch, and a lane holds one
+    /// interval at a time: each slice is cut to start where the one before
+    /// ended, and dropped when nothing is left of it.
+    pub fn cpu_lane(&mut self, cpu: i32, mut slices: Vec<Record>) -> Result<(), Error> {
+        slices.sort_unstable_by_key(|s| (s.start, s.end));
+        let mut last_end = i64::MIN;
+        let exclusive = slices.into_iter().filter_map(move |mut s| {
+            s.start = s.start.max(last_end);
+            (s.start < s.end).then(|| {
+                last_end = s.end;
+                s
+            })
+        });
+        self.lane(LaneKey::Cpu(cpu), None, None, exclusive)
+    }
+
     fn block(&mut self, lane: &mut Lane, records: &[Record]) -> Result<(), Error> {
         self.raw.clear();
         encode_block(records, &mut self.raw);

@@ -463,26 +463,11 @@ pub fn write_thread_states(
         let comm = names.first().map(|n| n.1.to_string_lossy());
         history.lane(HistoryLane::Thread(th.tid), pid, comm, lane)?;
     }
-    for (cpu, mut slices) in cpus {
-        slices.sort_unstable_by_key(|s| (s.start, s.end));
-        history.lane(HistoryLane::Cpu(cpu), None, None, exclusive(slices))?;
+    for (cpu, slices) in cpus {
+        history.cpu_lane(cpu, slices)?;
     }
     history.finish()?;
     table.finish()
-}
-
-/// A CPU's running slices cut so that none overlaps the one before: two
-/// threads RUNNING on one CPU at once is the model's reading of a trace
-/// that lost a switch, and the history's lanes hold one interval at a time.
-fn exclusive(slices: Vec<HistoryRecord>) -> impl Iterator<Item = HistoryRecord> {
-    let mut last_end = i64::MIN;
-    slices.into_iter().filter_map(move |mut s| {
-        s.start = s.start.max(last_end);
-        (s.start < s.end).then(|| {
-            last_end = s.end;
-            s
-        })
-    })
 }
 
 columns! {
