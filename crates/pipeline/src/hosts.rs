@@ -594,33 +594,20 @@ mod tests {
 
     #[test]
     fn a_merged_runs_notes_give_each_hosts_bound_as_hosts_json_keeps_it() {
-        let entry = |host: &str, max_error_ns| HostEntry {
-            host: host.into(),
-            run: PathBuf::from("/runs").join(host),
-            slope: 1.000_001,
-            offset_ns: -2_500.0,
-            quality: "accurate".into(),
-            matched: 40,
-            max_error_ns,
-            cpu_base: 0,
-            cpus: 2,
-            boot_id: None,
-            pids: Vec::new(),
+        // Host b's clock is bounded, host c's is not (no key).
+        let host = |name: &str, bound: &str| {
+            format!(
+                r#"{{"host": "{name}", "run": "/runs/{name}", "slope": 1.000001, "offset_ns": -2500.0,
+                     "quality": "accurate", "matched": 40, "cpu_base": 0, "cpus": 2{bound}}}"#
+            )
         };
-        let file = HostsFile {
-            reference: 0,
-            hosts: vec![
-                entry("a", Some(0.0)),
-                entry("b", Some(12_345.6)),
-                entry("c", None),
-            ],
-        };
-        let text = serde_json::to_string(&file).unwrap();
-        let back: HostsFile = serde_json::from_str(&text).unwrap();
-        assert_eq!(back.hosts[1].max_error_ns, Some(12_345.6));
-        // Unbounded: no key, and a file without the key reads as unbounded.
-        assert_eq!(text.matches("max_error_ns").count(), 2, "{text}");
-        assert_eq!(back.hosts[2].max_error_ns, None);
+        let text = format!(
+            r#"{{"reference": 0, "hosts": [{}, {}, {}]}}"#,
+            host("a", r#", "max_error_ns": 0.0"#),
+            host("b", r#", "max_error_ns": 12345.6"#),
+            host("c", "")
+        );
+        let back = HostsFile::parse(text.as_bytes(), Path::new("hosts.json")).unwrap();
         let notes = alignment_notes(&back);
         assert_eq!(
             notes[0],

@@ -38,6 +38,9 @@
 //! ```
 
 use std::collections::BTreeMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -364,31 +367,12 @@ fn write_copy_text(table: &Table, path: &Path) -> Result<u64, Failure> {
     Ok(rows)
 }
 
-/// splitmix64: a fixed seed gives the same queries on every machine, with
-/// no dependency for it.
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[low, high]`.
-    fn between(&mut self, low: i64, high: i64) -> i64 {
-        let span = (high - low) as u64 + 1;
-        low + (self.next() % span) as i64
-    }
-
-    /// An index into `weights`, each as likely as its weight.
-    fn weighted(&mut self, cumulative: &[u64]) -> usize {
-        let total = *cumulative.last().expect("at least one lane");
-        let x = self.next() % total;
-        cumulative.partition_point(|&c| c <= x)
-    }
+/// An index into lanes whose cumulative interval counts are `cumulative`,
+/// each lane as likely as its count.
+fn weighted(random: &mut impl Rng, cumulative: &[u64]) -> usize {
+    let total = *cumulative.last().expect("at least one lane");
+    let x = random.random_range(0..total);
+    cumulative.partition_point(|&c| c <= x)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -466,7 +450,8 @@ fn pick_queries(
     if threads.0.is_empty() || cpus.0.is_empty() {
         return Err("the state history has no thread lane or no CPU lane with intervals".into());
     }
-    let mut random = Random(seed);
+    // A fixed seed gives the same queries on every machine.
+    let mut random = ChaCha8Rng::seed_from_u64(seed);
     let mut queries = Vec::new();
     for (name, kind) in KINDS {
         let count = if kind == Kind::ThreadWindow(10_000 * MS) {
@@ -480,9 +465,9 @@ fn pick_queries(
                 Kind::ThreadWindow(w) => (&threads, w),
                 Kind::CpuWindow(w) => (&cpus, w),
             };
-            let key = lanes.0[random.weighted(&lanes.1)];
+            let key = lanes.0[weighted(&mut random, &lanes.1)];
             // A window longer than the run starts at its start.
-            let from = random.between(first, (last - width).max(first));
+            let from = random.random_range(first..=(last - width).max(first));
             queries.push(Query {
                 kind: name,
                 key,
