@@ -203,6 +203,13 @@ impl LaneKey {
     }
 }
 
+/// What [`History::walk`] hands over: an interval with its lane index, or
+/// a block's index entry with its summary.
+enum Walked<'a> {
+    Record(u64, &'a Record),
+    Block(&'a (i64, i64, u64, u32, u32), &'a (u32, i64, i64)),
+}
+
 /// An interval of a lane as a view at some resolution reads it: one
 /// interval as recorded, or a whole block of them that is shorter than the
 /// resolution, told by its summary ([`History::coarse_window`]).
@@ -572,7 +579,10 @@ impl History {
     ) -> Result<(u64, Vec<Record>, bool), Error> {
         let mut out = Vec::new();
         let mut first = None;
-        let more = self.walk(key, from, to, |i, r| {
+        let more = self.walk(key, from, to, 0, |walked| {
+            let Walked::Record(i, r) = walked else {
+                unreachable!("no block is summarised at resolution 0")
+            };
             if out.len() == limit {
                 return false;
             }
@@ -593,8 +603,10 @@ impl History {
         to: i64,
         mut each: impl FnMut(&Record),
     ) -> Result<(), Error> {
-        self.walk(key, from, to, |_, r| {
-            each(r);
+        self.walk(key, from, to, 0, |walked| {
+            if let Walked::Record(_, r) = walked {
+                each(r);
+            }
             true
         })?;
         Ok(())
@@ -615,80 +627,78 @@ impl History {
         resolution: i64,
         limit: usize,
     ) -> Result<(Vec<Coarse>, bool), Error> {
-        let Some(lane) = self.lane(key) else {
-            return Ok((Vec::new(), false));
-        };
-        let summarised = lane.summaries.len() == lane.blocks.len();
         let mut out = Vec::new();
+        let more = self.walk(key, from, to, resolution, |walked| {
+            if out.len() == limit {
+                return false;
+            }
+            out.push(match walked {
+                Walked::Record(_, r) => Coarse {
+                    record: *r,
+                    records: 1,
+                    category_ns: r.end - r.start,
+                    covered_ns: r.end - r.start,
+                },
+                Walked::Block(block, summary) => {
+                    let &(start, end, _, _, count) = block;
+                    let (category, category_ns, covered_ns) = *summary;
+                    let mut record = Record {
+                        start,
+                        end,
+                        state: NO_STRING,
+                        cpu: -1,
+                        tid: -1,
+                        syscall: NO_STRING,
+                        detail: NO_STRING,
+                    };
+                    match key {
+                        LaneKey::Thread(_) => record.state = category,
+                        LaneKey::Cpu(_) => record.tid = category as i32,
+                    }
+                    Coarse {
+                        record,
+                        records: count,
+                        category_ns,
+                        covered_ns,
+                    }
+                }
+            });
+            true
+        })?;
+        Ok((out, more))
+    }
+
+    /// Gives `each` what a view of `resolution` ns per pixel reads of
+    /// `key` over `[from, to)`, in time order, until it answers false;
+    /// whether it did. A block of two intervals or more that lies inside
+    /// the window and is shorter than `resolution` comes as its summary
+    /// (when the file has summaries) and is not read; every other interval
+    /// that overlaps the window comes with its lane index.
+    fn walk(
+        &self,
+        key: LaneKey,
+        from: i64,
+        to: i64,
+        resolution: i64,
+        mut each: impl FnMut(Walked) -> bool,
+    ) -> Result<bool, Error> {
+        let Some(lane) = self.lane(key) else {
+            return Ok(false);
+        };
+        let summaries = (lane.summaries.len() == lane.blocks.len()).then_some(&lane.summaries);
         let first_block = lane.blocks.partition_point(|b| b.1 <= from);
         for (b, block) in lane.blocks.iter().enumerate().skip(first_block) {
             let &(start, end, _, _, count) = block;
             if start >= to {
                 break;
             }
-            if summarised && count >= 2 && start >= from && end <= to && end - start < resolution {
-                if out.len() == limit {
-                    return Ok((out, true));
+            if let Some(summaries) = summaries
+                .filter(|_| count >= 2 && start >= from && end <= to && end - start < resolution)
+            {
+                if !each(Walked::Block(block, &summaries[b])) {
+                    return Ok(true);
                 }
-                let (category, category_ns, covered_ns) = lane.summaries[b];
-                let mut record = Record {
-                    start,
-                    end,
-                    state: NO_STRING,
-                    cpu: -1,
-                    tid: -1,
-                    syscall: NO_STRING,
-                    detail: NO_STRING,
-                };
-                match key {
-                    LaneKey::Thread(_) => record.state = category,
-                    LaneKey::Cpu(_) => record.tid = category as i32,
-                }
-                out.push(Coarse {
-                    record,
-                    records: count,
-                    category_ns,
-                    covered_ns,
-                });
                 continue;
-            }
-            let records = self.read_block(lane, block)?;
-            let skip = records.partition_point(|r| r.end <= from);
-            for r in &records[skip..] {
-                if r.start >= to {
-                    return Ok((out, false));
-                }
-                if out.len() == limit {
-                    return Ok((out, true));
-                }
-                out.push(Coarse {
-                    record: *r,
-                    records: 1,
-                    category_ns: r.end - r.start,
-                    covered_ns: r.end - r.start,
-                });
-            }
-        }
-        Ok((out, false))
-    }
-
-    /// Gives `each` the lane index and record of every interval of `key`
-    /// that overlaps `[from, to)`, in time order, until it answers false;
-    /// whether it did.
-    fn walk(
-        &self,
-        key: LaneKey,
-        from: i64,
-        to: i64,
-        mut each: impl FnMut(u64, &Record) -> bool,
-    ) -> Result<bool, Error> {
-        let Some(lane) = self.lane(key) else {
-            return Ok(false);
-        };
-        let first_block = lane.blocks.partition_point(|b| b.1 <= from);
-        for (b, block) in lane.blocks.iter().enumerate().skip(first_block) {
-            if block.0 >= to {
-                break;
             }
             let records = self.read_block(lane, block)?;
             let skip = records.partition_point(|r| r.end <= from);
@@ -696,7 +706,7 @@ impl History {
                 if r.start >= to {
                     return Ok(false);
                 }
-                if !each(self.first_index(b) + i as u64, r) {
+                if !each(Walked::Record(self.first_index(b) + i as u64, r)) {
                     return Ok(true);
                 }
             }
