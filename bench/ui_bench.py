@@ -10,6 +10,11 @@ bench/analyze_bench.py does), then `deepspan analyze`. `deepspan ui`
 serves it and bench/ui_bench.mjs drives headless Debian Chromium
 (/usr/bin/chromium, through playwright-core from ui/node_modules):
 
+- start-up: from starting `deepspan ui` to its URL (the server ready),
+  and the server's resident memory then, after the pages below, and at
+  its peak (VmRSS, VmHWM);
+- first page: navigation to the server's root until the requests list
+  is drawn, first on the fresh server (cold) and then again;
 - request page: navigation to the slowest request until its kernel
   critical path and summary are drawn (median of several loads);
 - panning: a mouse drag across the kernel critical path and across the
@@ -50,6 +55,17 @@ def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
+def memory(pid):
+    """VmRSS and VmHWM of a process, in MiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=150_000, help="pingpong rounds to record")
@@ -77,6 +93,7 @@ def main():
             raise SystemExit(f"deepspan ui did not start: {server.stderr.read()}")
         loaded = server.stderr.readline().strip()
         log(f"{loaded} (server ready in {load_s:.2f} s)")
+        rss_ready = memory(server.pid)
         info = json.loads(subprocess.run(["curl", "-s", url + "api/run"], capture_output=True, text=True, check=True).stdout)
         slowest = json.loads(subprocess.run(["curl", "-s", url + "api/requests?limit=1"], capture_output=True, text=True, check=True).stdout)
         req = slowest["requests"][0]
@@ -87,13 +104,16 @@ def main():
         if out.returncode != 0:
             raise SystemExit(f"ui_bench.mjs failed:\n{out.stdout}\n{out.stderr}")
         browser = json.loads(out.stdout.strip().splitlines()[-1])
+        rss_after = memory(server.pid)
     finally:
         server.terminate()
         server.wait()
 
     result = {
         "run": {"intervals": info["intervals"], "threads": info["threads"], "requests": info["requests"],
-                "slowest_request_pieces": detail["pieces"], "server_load_s": round(load_s, 3)},
+                "slowest_request_pieces": detail["pieces"], "server_load_s": round(load_s, 3),
+                "server_rss_ready_mib": rss_ready["VmRSS"], "server_rss_after_mib": rss_after["VmRSS"],
+                "server_rss_peak_mib": rss_after["VmHWM"]},
         **browser,
     }
     out_dir = ROOT / "bench/out"
@@ -102,6 +122,11 @@ def main():
     r = result["run"]
     print(f"run: {r['intervals']} thread-state intervals, {r['threads']} threads, {r['requests']} requests; "
           f"slowest request's path {r['slowest_request_pieces']} pieces; server loads it in {r['server_load_s']} s")
+    print(f"server memory: {r['server_rss_ready_mib']:.0f} MiB when ready, {r['server_rss_after_mib']:.0f} MiB after "
+          f"the pages, peak {r['server_rss_peak_mib']:.0f} MiB")
+    fp = result["first_page"]
+    print(f"first page (requests list drawn): cold {fp['cold_ms']} ms, so {r['server_load_s'] * 1000 + fp['cold_ms']:.0f} ms "
+          f"from starting the server; median {fp['median_ms']} ms")
     fr = result["request_page"]
     print(f"request page, first render (navigation → path and summary drawn): median {fr['median_ms']:.0f} ms "
           f"(min {fr['min_ms']:.0f}, max {fr['max_ms']:.0f}; {len(fr['samples_ms'])} loads)")

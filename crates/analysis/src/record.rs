@@ -3,6 +3,8 @@
 //! judgement passed on it (diagnosis, baseline, anomaly). The writers of
 //! `RUN/analysis/` serialize these; they compute nothing themselves.
 
+use std::ops::Range;
+
 use crate::diagnosis::Diagnosis;
 use crate::graph::EdgeType;
 use crate::input::LostEvents;
@@ -31,6 +33,9 @@ pub struct RequestRecord {
     pub anomalous: bool,
     /// Its time queued before the span started, when its arrival is known.
     pub queue: Option<QueueRecord>,
+    /// Where its pieces are in the `critical_path` table (row numbers),
+    /// once written there.
+    pub path_rows: Option<Range<u64>>,
 }
 
 /// A request's time queued before its span started
@@ -45,6 +50,8 @@ pub struct QueueRecord {
     /// What it mostly waited for: [`crate::Cause::BlockedByRequest`] is
     /// queued behind other requests (`None` without a path of it).
     pub diagnosis: Option<Diagnosis>,
+    /// Where its pieces are in the `queue_path` table, once written there.
+    pub path_rows: Option<Range<u64>>,
 }
 
 impl RequestRecord {
@@ -68,6 +75,7 @@ impl RequestRecord {
                 .map(|q| summarize(model, arch, &q))
                 .unwrap_or_default(),
             diagnosis: None,
+            path_rows: None,
         });
         if !keep {
             path.pieces = Vec::new();
@@ -82,6 +90,7 @@ impl RequestRecord {
             baseline_ns: None,
             anomalous: false,
             queue,
+            path_rows: None,
         }
     }
 }

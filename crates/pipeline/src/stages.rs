@@ -644,11 +644,12 @@ fn write_paths(
     let mut chains = ChainIndex::new();
     let mut diagnosing = Duration::ZERO;
     for path in paths {
-        table.write(&ctx, &path)?;
+        let path_rows = table.write(&ctx, &path)?;
         let queue = path.queue_path();
-        if let Some(q) = &queue {
-            queue_table.write(&ctx, q)?;
-        }
+        let queue_rows = match &queue {
+            Some(q) => Some(queue_table.write(&ctx, q)?),
+            None => None,
+        };
         let clock = Instant::now();
         let d = diagnose(&diagnosis, &path);
         let queue_diagnosis = queue.as_ref().and_then(|q| diagnose(&diagnosis, q));
@@ -656,8 +657,10 @@ fn write_paths(
         diagnosing += clock.elapsed();
         let mut rec = RequestRecord::new(&kernel.model, kernel.arch, &kernel.lost, path, false);
         rec.diagnosis = d;
+        rec.path_rows = Some(path_rows);
         if let Some(q) = rec.queue.as_mut() {
             q.diagnosis = queue_diagnosis;
+            q.path_rows = queue_rows;
         }
         records.push(rec);
     }
@@ -879,6 +882,7 @@ mod tests {
             baseline_ns: None,
             anomalous: false,
             queue: None,
+            path_rows: None,
         }
     }
 

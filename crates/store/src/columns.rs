@@ -338,6 +338,11 @@ impl<C: Columns> ColumnarTable<C> {
         self.file.keep(columns);
     }
 
+    /// Rows written so far, buffered ones included.
+    pub fn rows(&self) -> u64 {
+        self.rows + self.rows_buffered as u64
+    }
+
     /// Writes what is buffered and the footer; returns the rows written.
     pub fn finish(self) -> Result<u64, Error> {
         self.finish_kept().map(|(rows, _)| rows)

@@ -118,6 +118,34 @@ pub struct RequestEntry {
     /// arrival is not known.
     #[serde(default)]
     pub queue: Option<QueueDoc>,
+    /// Where its pieces are in `critical_path.parquet`, for a reader that
+    /// wants one request's pieces without reading every request's (null in
+    /// analyses made before it was kept).
+    #[serde(default)]
+    pub critical_path_rows: Option<TableRows>,
+}
+
+/// Consecutive rows of a table of the analysis: `first` (the table's
+/// first row is 0) and the `count` rows from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableRows {
+    pub first: u64,
+    pub count: u64,
+}
+
+impl TableRows {
+    pub fn range(self) -> std::ops::Range<u64> {
+        self.first..self.first.saturating_add(self.count)
+    }
+}
+
+impl From<&std::ops::Range<u64>> for TableRows {
+    fn from(rows: &std::ops::Range<u64>) -> TableRows {
+        TableRows {
+            first: rows.start,
+            count: rows.end.saturating_sub(rows.start),
+        }
+    }
 }
 
 /// A request's time queued at its host before its span started (an event
@@ -139,6 +167,10 @@ pub struct QueueDoc {
     /// took it up was busy with other requests meanwhile.
     #[serde(default)]
     pub diagnosis: Option<DiagnosisDoc>,
+    /// Where its pieces are in `queue_path.parquet` (null in analyses made
+    /// before it was kept).
+    #[serde(default)]
+    pub queue_path_rows: Option<TableRows>,
 }
 
 /// A request's time by kind.
@@ -427,7 +459,9 @@ fn request_entry(r: &AnalysisResults, i: usize) -> Option<RequestEntry> {
             ns: q.ns,
             cause_groups: cause_group_docs(&q.summary, r.spans, crate::queue_group_label),
             diagnosis: q.diagnosis.as_ref().map(|d| DiagnosisDoc::new(d, r.spans)),
+            queue_path_rows: q.path_rows.as_ref().map(TableRows::from),
         }),
+        critical_path_rows: rec.path_rows.as_ref().map(TableRows::from),
     })
 }
 

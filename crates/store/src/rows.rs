@@ -19,6 +19,7 @@
 //! was most of the time `deepspan export` spent.
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::Path;
 
 use parquet::basic::{ConvertedType, IntType, LogicalType, Type as Physical};
@@ -297,11 +298,40 @@ const BATCH: usize = 4096;
 
 /// Calls `each` with every row of the table at `path`, in file order,
 /// without holding the table in memory.
-pub fn for_each_row<R: TableRow>(path: &Path, mut each: impl FnMut(R)) -> Result<(), Error> {
+pub fn for_each_row<R: TableRow>(path: &Path, each: impl FnMut(R)) -> Result<(), Error> {
+    let every_row = 0..u64::MAX;
+    for_each_row_in(path, std::slice::from_ref(&every_row), each)
+}
+
+/// Calls `each` with the rows of the table at `path` whose numbers (from
+/// 0, in file order) are in `rows`, in file order, each once. Row groups
+/// outside `rows` are not read, and the rows of a group before a wanted
+/// one are skipped by Parquet's column readers without being made into
+/// rows: reading one request's pieces out of a table of every request's
+/// costs about its own rows, not the table's. Ranges past the table's
+/// end are cut at it.
+pub fn for_each_row_in<R: TableRow>(
+    path: &Path,
+    rows: &[Range<u64>],
+    mut each: impl FnMut(R),
+) -> Result<(), Error> {
+    let wanted = merged(rows);
     let reader = open(path)?;
     let sources = column_sources::<R>(path, &reader)?;
-    let mut n = 0usize;
+    let mut group_start = 0u64;
     for group in 0..reader.num_row_groups() {
+        let group_rows = u64::try_from(reader.metadata().row_group(group).num_rows()).unwrap_or(0);
+        let group_range = group_start..group_start + group_rows;
+        let first = group_start;
+        group_start = group_range.end;
+        let mut parts = wanted
+            .iter()
+            .map(|r| r.start.max(group_range.start)..r.end.min(group_range.end))
+            .filter(|r| r.start < r.end)
+            .peekable();
+        if parts.peek().is_none() {
+            continue;
+        }
         let group = reader
             .get_row_group(group)
             .map_err(|e| Error::parquet(path, "reading a row group", e))?;
@@ -313,37 +343,125 @@ pub fn for_each_row<R: TableRow>(path: &Path, mut each: impl FnMut(R)) -> Result
                     .transpose()
             })
             .collect::<Result<Vec<_>, _>>()?;
-        loop {
-            let mut rows = None;
+        // A table of only missing nullable columns has no rows to give.
+        if columns.iter().all(Option::is_none) {
+            continue;
+        }
+        let mut at = first;
+        for part in parts {
             for column in columns.iter_mut().flatten() {
-                let read = column.fill(path)?;
-                if *rows.get_or_insert(read) != read {
+                column.skip(path, (part.start - at) as usize)?;
+            }
+            at = part.start;
+            while at < part.end {
+                let mut buffered = None;
+                for column in columns.iter_mut().flatten() {
+                    if column.buffered() == 0 {
+                        column.fill(path)?;
+                    }
+                    if *buffered.get_or_insert(column.buffered()) != column.buffered() {
+                        return Err(Error::Schema {
+                            path: path.to_path_buf(),
+                            what: format!("row {at}: columns of one row group differ in length"),
+                        });
+                    }
+                }
+                let take = buffered.unwrap_or(0).min((part.end - at) as usize);
+                if take == 0 {
                     return Err(Error::Schema {
                         path: path.to_path_buf(),
-                        what: format!("row {n}: columns of one row group differ in length"),
+                        what: format!(
+                            "row {at}: the row group ends before the {group_rows} rows its \
+                             footer gives"
+                        ),
                     });
                 }
-            }
-            // A table of only missing nullable columns has no rows to give.
-            let Some(rows) = rows.filter(|&r| r > 0) else {
-                break;
-            };
-            for _ in 0..rows {
-                let mut cells = RowCells {
-                    from: CellSource::File(&mut columns),
-                    next: 0,
-                };
-                let row = R::from_cells(&mut cells).map_err(|e| cell_error(path, n, e))?;
-                each(row);
-                n += 1;
+                for _ in 0..take {
+                    let mut cells = RowCells {
+                        from: CellSource::File(&mut columns),
+                        next: 0,
+                    };
+                    let row = R::from_cells(&mut cells).map_err(|e| cell_error(path, at, e))?;
+                    each(row);
+                    at += 1;
+                }
             }
         }
     }
     Ok(())
 }
 
+/// The runs of equal values of the text column `column` of the table at
+/// `path`: each run's value and its rows, in file order (a value written
+/// in two places is two runs). A table written one key after another (the
+/// `critical_path` table, request by request) reads back as where each
+/// key's rows are, for [`for_each_row_in`], from that one column.
+pub fn text_runs(path: &Path, column: &str) -> Result<Vec<(String, Range<u64>)>, Error> {
+    let reader = open(path)?;
+    let schema = reader.metadata().file_metadata().schema_descr();
+    let index = schema
+        .columns()
+        .iter()
+        .position(|c| c.path().parts() == [column])
+        .ok_or_else(|| Error::Schema {
+            path: path.to_path_buf(),
+            what: format!("no column {column:?}"),
+        })?;
+    if kind_in_file(schema.column(index).as_ref()) != Some(Kind::Str) {
+        return Err(Error::Schema {
+            path: path.to_path_buf(),
+            what: format!("column {column:?} does not hold text"),
+        });
+    }
+    let mut runs: Vec<(String, Range<u64>)> = Vec::new();
+    let mut row = 0u64;
+    for group in 0..reader.num_row_groups() {
+        let group = reader
+            .get_row_group(group)
+            .map_err(|e| Error::parquet(path, "reading a row group", e))?;
+        let mut batch = Batch::open(path, group.as_ref(), index)?;
+        while batch.fill(path)? > 0 {
+            for _ in 0..batch.rows {
+                let bad = |found: &str| Error::Schema {
+                    path: path.to_path_buf(),
+                    what: format!("row {row}: column {column:?} holds {found}, not text"),
+                };
+                let Cell::Bytes(value) = batch.next() else {
+                    return Err(bad("null"));
+                };
+                match runs.last_mut() {
+                    Some((last, rows)) if last.as_bytes() == value && rows.end == row => {
+                        rows.end += 1
+                    }
+                    _ => {
+                        let text = std::str::from_utf8(value)
+                            .map_err(|_| bad("bytes that are not UTF-8"))?;
+                        runs.push((text.to_string(), row..row + 1));
+                    }
+                }
+                row += 1;
+            }
+        }
+    }
+    Ok(runs)
+}
+
+/// `rows` sorted, with overlapping and touching ranges joined.
+fn merged(rows: &[Range<u64>]) -> Vec<Range<u64>> {
+    let mut sorted: Vec<Range<u64>> = rows.iter().filter(|r| r.start < r.end).cloned().collect();
+    sorted.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(sorted.len());
+    for r in sorted {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
 /// A cell that does not fit its row type's field, as an error.
-fn cell_error(path: &Path, row: usize, e: CellError) -> Error {
+fn cell_error(path: &Path, row: u64, e: CellError) -> Error {
     Error::Schema {
         path: path.to_path_buf(),
         what: format!(
@@ -376,7 +494,7 @@ impl KeptTable {
                 path: self.path.clone(),
                 what,
             })?;
-        let mut n = 0usize;
+        let mut n = 0u64;
         for group in &self.groups {
             let columns: Vec<Option<&KeptColumn>> = sources
                 .iter()
@@ -492,6 +610,8 @@ struct Batch {
     /// Definition levels of a nullable column (0: null); empty otherwise.
     levels: Vec<i16>,
     nullable: bool,
+    /// Rows decoded by the last [`Batch::fill`].
+    rows: usize,
     /// The next row's position in `levels` and in `values`.
     next_row: usize,
     next_value: usize,
@@ -525,9 +645,43 @@ impl Batch {
             values,
             levels: Vec::new(),
             nullable,
+            rows: 0,
             next_row: 0,
             next_value: 0,
         })
+    }
+
+    /// Rows decoded and not yet taken.
+    fn buffered(&self) -> usize {
+        self.rows - self.next_row
+    }
+
+    /// Passes over the next `n` rows: those decoded already, then rows
+    /// the column reader skips (whole pages without decompressing them).
+    fn skip(&mut self, path: &Path, n: usize) -> Result<(), Error> {
+        let decoded = n.min(self.buffered());
+        for _ in 0..decoded {
+            self.next();
+        }
+        let rest = n - decoded;
+        if rest == 0 {
+            return Ok(());
+        }
+        let skipped = match &mut self.values {
+            Values::Bool(r, _) => r.skip_records(rest),
+            Values::I32(r, _) => r.skip_records(rest),
+            Values::I64(r, _) => r.skip_records(rest),
+            Values::F64(r, _) => r.skip_records(rest),
+            Values::Bytes(r, _) => r.skip_records(rest),
+        }
+        .map_err(|e| Error::parquet(path, "skipping rows of a column", e))?;
+        if skipped != rest {
+            return Err(Error::Schema {
+                path: path.to_path_buf(),
+                what: format!("a column chunk ends {} rows early", rest - skipped),
+            });
+        }
+        Ok(())
     }
 
     /// Decodes the next rows of the column; how many (0 at its end).
@@ -552,6 +706,7 @@ impl Batch {
             Values::Bytes(r, v) => read(r, v, levels),
         }
         .map_err(|e| Error::parquet(path, "decoding a column", e))?;
+        self.rows = rows;
         self.next_row = 0;
         self.next_value = 0;
         Ok(rows)
@@ -728,6 +883,73 @@ mod tests {
         let odd: Vec<SampleRow> = read_table(&path, |r: &SampleRow| r.id % 2 == 1).unwrap();
         assert_eq!(odd.len(), rows.len() / 2);
         assert!(odd.iter().all(|r| r.label.is_none()));
+    }
+
+    #[test]
+    fn rows_in_ranges_are_those_rows_across_row_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let group = crate::table::ROW_GROUP as u64;
+        let rows: Vec<SampleRow> = (0..3 * group as i32 + 7).map(sample).collect();
+        write(&path, SAMPLE_COLUMNS, &rows);
+        let ranges = [
+            // Unsorted, overlapping, across a group's end, within the last
+            // group, past the table's end, and empty.
+            group - 2..group + 3,
+            3..5,
+            4..9,
+            2 * group + 1..2 * group + 2,
+            3 * group + 5..u64::MAX,
+            10..10,
+        ];
+        let mut back: Vec<SampleRow> = Vec::new();
+        for_each_row_in(&path, &ranges, |r: SampleRow| back.push(r)).unwrap();
+        let expected: Vec<SampleRow> = rows
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ranges.iter().any(|r| r.contains(&(*i as u64))))
+            .map(|(_, r)| r.clone())
+            .collect();
+        assert_eq!(back, expected);
+        // A view of fewer columns skips the same rows.
+        let mut ids = Vec::new();
+        for_each_row_in(&path, &ranges, |r: SampleIds| ids.push(r.id)).unwrap();
+        let expected_ids: Vec<i32> = expected.iter().map(|r| r.id).collect();
+        assert_eq!(ids, expected_ids);
+    }
+
+    #[test]
+    fn text_runs_give_each_key_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let columns = [Column::new("key", Kind::Str), Column::new("id", Kind::I32)];
+        // Keys in runs across a row group's end; "a" again later is a
+        // second run.
+        let group = crate::table::ROW_GROUP;
+        let keys: Vec<&str> = std::iter::repeat_n("a", 3)
+            .chain(std::iter::repeat_n("b", group))
+            .chain(std::iter::repeat_n("a", 2))
+            .collect();
+        let mut w = TableWriter::create(&path, &columns).unwrap();
+        for (i, k) in keys.iter().enumerate() {
+            w.str(k);
+            w.i32(i as i32);
+            w.end_row().unwrap();
+        }
+        w.finish().unwrap();
+        let g = group as u64;
+        assert_eq!(
+            text_runs(&path, "key").unwrap(),
+            vec![
+                ("a".to_string(), 0..3),
+                ("b".to_string(), 3..3 + g),
+                ("a".to_string(), 3 + g..5 + g),
+            ]
+        );
+        let err = text_runs(&path, "id").unwrap_err().to_string();
+        assert!(err.contains("\"id\" does not hold text"), "{err}");
+        let err = text_runs(&path, "nope").unwrap_err().to_string();
+        assert!(err.contains("no column \"nope\""), "{err}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -681,11 +682,13 @@ impl CriticalPathWriter {
         })
     }
 
-    /// Appends the rows of one request's path.
-    pub fn write(&mut self, ctx: &PathContext, p: &RequestPath) -> Result<(), Error> {
+    /// Appends the rows of one request's path; their row numbers (none
+    /// for a path of no known span).
+    pub fn write(&mut self, ctx: &PathContext, p: &RequestPath) -> Result<Range<u64>, Error> {
+        let first = self.table.rows();
         let Some((span_id, trace_id)) = span_strings(&mut self.span_ids, ctx, p.request).cloned()
         else {
-            return Ok(());
+            return Ok(first..first);
         };
         for (seq, piece) in p.pieces.iter().enumerate() {
             let w = &mut self.table.columns;
@@ -739,7 +742,7 @@ impl CriticalPathWriter {
             w.wakeup_ns.push_u64(wait.map(|x| x.wakeup_ns));
             self.table.end_row()?;
         }
-        Ok(())
+        Ok(first..self.table.rows())
     }
 
     /// Keeps a copy of `columns` in memory as they are written, for

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::data::{LaneInterval, Piece, RunData, RunSpans, NONE};
+use crate::data::{LaneInterval, Piece, RequestPieces, RunData, RunSpans, PIECES_KEPT};
 use crate::lod::{reduce, Drawn};
 use crate::profile::Profiles;
 use deepspan_store::history::{Lane, LaneKey};
@@ -181,12 +181,31 @@ fn decode(s: &str) -> Result<String, ApiError> {
     String::from_utf8(out).map_err(|_| ApiError::bad(format!("query is not UTF-8: {s:?}")))
 }
 
-fn s(data: &RunData, i: u32) -> Option<&str> {
-    if i == NONE {
-        None
-    } else {
-        data.strings.get(i)
-    }
+/// The pieces of these requests (none for an id the run does not hold),
+/// read off the server's async threads: the first read of a request's
+/// reads its rows of the tables.
+async fn pieces_of(
+    st: &Shared,
+    span_ids: Vec<String>,
+) -> Result<Vec<Arc<RequestPieces>>, ApiError> {
+    let state = st.clone();
+    tokio::task::spawn_blocking(move || {
+        let ids: Vec<&str> = span_ids.iter().map(String::as_str).collect();
+        state.data.pieces_of(&ids)
+    })
+    .await
+    .map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("reading critical paths failed: {e}"),
+    })?
+    .map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("cannot read the run's critical paths: {e}"),
+    })
+}
+
+async fn pieces(st: &Shared, span_id: &str) -> Result<Arc<RequestPieces>, ApiError> {
+    Ok(pieces_of(st, vec![span_id.to_string()]).await?.remove(0))
 }
 
 /// `GET /api/run`: what the run holds.
@@ -382,13 +401,23 @@ pub struct QueueView<'a> {
 }
 
 impl<'a> QueueView<'a> {
-    fn new(d: &'a RunData, r: &'a RequestEntry, q: &'a QueueDoc, pieces: &[Piece]) -> Self {
+    fn new(
+        d: &'a RunData,
+        r: &'a RequestEntry,
+        q: &'a QueueDoc,
+        pieces: &'a RequestPieces,
+    ) -> Self {
         let mut seen: HashSet<&str> = HashSet::new();
         let ids = q
             .cause_groups
             .iter()
             .flat_map(|g| g.blocked_by_requests.iter().map(String::as_str))
-            .chain(pieces.iter().filter_map(|p| s(d, p.blocked_by_request)));
+            .chain(
+                pieces
+                    .queue
+                    .iter()
+                    .filter_map(|p| pieces.name(p.blocked_by_request)),
+            );
         let blockers = ids
             .filter(|id| seen.insert(id))
             .map(|id| blocker_view(d, id))
@@ -401,7 +430,7 @@ impl<'a> QueueView<'a> {
             label: q.cause_groups.first().map(|g| g.label.as_str()),
             cause_groups: &q.cause_groups,
             diagnosis: q.diagnosis.as_ref(),
-            pieces: pieces.len(),
+            pieces: pieces.queue.len(),
             blockers,
         }
     }
@@ -417,16 +446,16 @@ pub async fn request(
     Params::parse(q, &[])?;
     let (r, span) = find_request(&st, &id)?;
     let d = &st.data;
-    let pieces = d.paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
-    let queue_pieces = d.queue_paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
+    let all = pieces(&st, &span).await?;
+    let pieces = &all.path;
     let mut threads: BTreeMap<i32, (Option<&str>, i64)> = BTreeMap::new();
     let mut blockers: BTreeSet<&str> = BTreeSet::new();
     for p in pieces {
         if let Some(tid) = p.tid {
-            let e = threads.entry(tid).or_insert((s(d, p.comm), 0));
+            let e = threads.entry(tid).or_insert((all.name(p.comm), 0));
             e.1 += p.end - p.start;
         }
-        if let Some(b) = s(d, p.blocked_by_request) {
+        if let Some(b) = all.name(p.blocked_by_request) {
             blockers.insert(b);
         }
     }
@@ -443,10 +472,7 @@ pub async fn request(
         )
     });
     let blockers: Vec<BlockerView> = blockers.iter().map(|b| blocker_view(d, b)).collect();
-    let queue = r
-        .queue
-        .as_ref()
-        .map(|q| QueueView::new(d, r, q, queue_pieces));
+    let queue = r.queue.as_ref().map(|q| QueueView::new(d, r, q, &all));
     let mut summary: Vec<&RequestSummaryRow> =
         d.summaries.get(&span).into_iter().flatten().collect();
     summary.sort_by_key(|r| std::cmp::Reverse(r.ns));
@@ -536,26 +562,27 @@ pub async fn request_profile(
     })))
 }
 
-fn piece_json(d: &RunData, p: &Piece, drawn: &Drawn) -> Value {
+fn piece_json(names: &RequestPieces, p: &Piece, drawn: &Drawn) -> Value {
+    let s = |i| names.name(i);
     let mut v = json!({
         "start_ns": drawn.start,
         "end_ns": drawn.end,
-        "state": s(d, drawn.category),
+        "state": s(drawn.category),
         "n": drawn.merged,
         "coverage": drawn.coverage,
         "tid": p.tid,
-        "comm": s(d, p.comm),
-        "blocked_by_request": s(d, p.blocked_by_request),
+        "comm": s(p.comm),
+        "blocked_by_request": s(p.blocked_by_request),
     });
     if drawn.merged == 1 {
         let o = v.as_object_mut().expect("object");
-        o.insert("syscall".into(), json!(s(d, p.syscall)));
-        o.insert("waiting_in".into(), json!(s(d, p.waiting_in)));
-        o.insert("detail".into(), json!(s(d, p.detail)));
+        o.insert("syscall".into(), json!(s(p.syscall)));
+        o.insert("waiting_in".into(), json!(s(p.waiting_in)));
+        o.insert("detail".into(), json!(s(p.detail)));
         o.insert("shared".into(), json!(p.shared));
         o.insert("lost".into(), json!(p.lost));
         o.insert("preempted_by_tid".into(), json!(p.preempted_by_tid));
-        o.insert("preempted_by_comm".into(), json!(s(d, p.preempted_by_comm)));
+        o.insert("preempted_by_comm".into(), json!(s(p.preempted_by_comm)));
         o.insert("throttled_ns".into(), json!(p.throttled_ns));
         o.insert("contended_ns".into(), json!(p.contended_ns));
         o.insert("wakeup_ns".into(), json!(p.wakeup_ns));
@@ -575,19 +602,18 @@ pub async fn request_timeline(
 ) -> ApiResult {
     let p = Params::parse(q, &["start_ns", "end_ns", "resolution_ns"])?;
     let (r, span) = find_request(&st, &id)?;
-    let d = &st.data;
     let arrival = r.queue.as_ref().map_or(r.start_ns, |q| q.arrival_ns);
     let req_range = (arrival.min(r.start_ns) as i64, r.end_ns as i64);
     let (from, to, res) = p.window(req_range)?;
-    let pieces = d.paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
-    let queue_pieces = d.queue_paths.get(&span).map(Vec::as_slice).unwrap_or(&[]);
+    let all = pieces(&st, &span).await?;
+    let (pieces, queue_pieces) = (all.path.as_slice(), all.queue.as_slice());
     // One lane per thread; the LOD runs per lane on that thread's pieces,
     // its queue's apart from its path's so that none is merged into the
     // other (the queue's all come first: they end at the span's start).
-    let mut by_tid: BTreeMap<i32, [Vec<Piece>; 2]> = BTreeMap::new();
+    let mut by_tid: BTreeMap<i32, [Vec<&Piece>; 2]> = BTreeMap::new();
     for (i, list) in [queue_pieces, pieces].into_iter().enumerate() {
         for piece in list {
-            by_tid.entry(piece.tid.unwrap_or(-1)).or_default()[i].push(piece.clone());
+            by_tid.entry(piece.tid.unwrap_or(-1)).or_default()[i].push(piece);
         }
     }
     let mut lanes = Vec::new();
@@ -600,15 +626,17 @@ pub async fn request_timeline(
             let (drawn, cut) = reduce(lane, from, to, res, LANE_LIMIT);
             truncated |= cut;
             for dr in &drawn {
-                *counts.entry(s(d, dr.category).unwrap_or("?")).or_default() += 1;
-                let mut v = piece_json(d, &lane[dr.index], dr);
+                *counts
+                    .entry(all.name(dr.category).unwrap_or("?"))
+                    .or_default() += 1;
+                let mut v = piece_json(&all, lane[dr.index], dr);
                 if queue {
                     v["queue"] = json!(true);
                 }
                 intervals.push(v);
             }
         }
-        let comm = parts.iter().flatten().next().and_then(|p| s(d, p.comm));
+        let comm = parts.iter().flatten().next().and_then(|p| all.name(p.comm));
         lanes.push(json!({
             "tid": tid,
             "comm": comm,
@@ -634,7 +662,7 @@ pub async fn request_timeline(
             "at_ns": at,
             "from_tid": w[0].tid,
             "to_tid": w[1].tid,
-            "blocked_by_request": s(d, w[1].blocked_by_request),
+            "blocked_by_request": all.name(w[1].blocked_by_request),
         }));
         if arrows.len() >= LANE_LIMIT {
             truncated = true;
@@ -671,28 +699,33 @@ pub async fn concurrent(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiR
     let shown: HashSet<&str> = reqs.iter().map(|r| r.span_id.as_str()).collect();
     let mut out = Vec::new();
     let mut arrows = Vec::new();
-    for r in &reqs {
-        let span = r.span_id.as_str();
-        let pieces = d.paths.get(span).map(Vec::as_slice).unwrap_or(&[]);
-        let (drawn, _) = reduce(pieces, from, to, res, LANE_LIMIT);
-        let mut last_blocker: Option<(&str, i64)> = None;
-        for piece in pieces {
-            if piece.end <= from || piece.start >= to {
-                continue;
-            }
-            if let Some(b) = s(d, piece.blocked_by_request) {
-                // One arrow per blocking stretch, not per piece.
-                if last_blocker.is_some_and(|(lb, end)| lb == b && end == piece.start) {
-                    last_blocker = Some((b, piece.end));
+    // Read a batch of about `PIECES_KEPT` pieces at a time, each batch
+    // dropped once drawn: a window over many long requests holds one
+    // batch's paths, not all of them.
+    for batch in batches_of_pieces(&reqs) {
+        let read = pieces_of(&st, batch.iter().map(|r| r.span_id.clone()).collect()).await?;
+        for (r, all) in batch.iter().zip(&read) {
+            let span = r.span_id.as_str();
+            let pieces = all.path.as_slice();
+            let (drawn, _) = reduce(pieces, from, to, res, LANE_LIMIT);
+            let mut last_blocker: Option<(&str, i64)> = None;
+            for piece in pieces {
+                if piece.end <= from || piece.start >= to {
                     continue;
                 }
-                last_blocker = Some((b, piece.end));
-                if shown.contains(b) && arrows.len() < LANE_LIMIT {
-                    arrows.push(json!({"from": span, "to": b, "at_ns": piece.start.max(from), "state": s(d, piece.state)}));
+                if let Some(b) = all.name(piece.blocked_by_request) {
+                    // One arrow per blocking stretch, not per piece.
+                    if last_blocker.is_some_and(|(lb, end)| lb == b && end == piece.start) {
+                        last_blocker = Some((b, piece.end));
+                        continue;
+                    }
+                    last_blocker = Some((b, piece.end));
+                    if shown.contains(b) && arrows.len() < LANE_LIMIT {
+                        arrows.push(json!({"from": span, "to": b, "at_ns": piece.start.max(from), "state": all.name(piece.state)}));
+                    }
                 }
             }
-        }
-        out.push(json!({
+            out.push(json!({
             "span_id": span,
             "trace_id": r.trace_id,
             "service": r.service,
@@ -702,8 +735,9 @@ pub async fn concurrent(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiR
             "duration_ns": r.duration_ns,
             "anomalous": r.anomalous,
             "cause": cause(r),
-            "intervals": drawn.iter().map(|dr| piece_json(d, &pieces[dr.index], dr)).collect::<Vec<_>>(),
+            "intervals": drawn.iter().map(|dr| piece_json(all, &pieces[dr.index], dr)).collect::<Vec<_>>(),
         }));
+        }
     }
     Ok(Json(json!({
         "start_ns": from,
@@ -713,6 +747,24 @@ pub async fn concurrent(State(st): State<Shared>, RawQuery(q): RawQuery) -> ApiR
         "requests": out,
         "arrows": arrows,
     })))
+}
+
+/// `requests` in consecutive batches of at most [`PIECES_KEPT`] pieces of
+/// path by `requests.json`'s row counts (one request more than that is a
+/// batch alone; analyses without counts make one batch).
+fn batches_of_pieces<'a>(requests: &'a [&'a RequestEntry]) -> Vec<&'a [&'a RequestEntry]> {
+    let mut batches = Vec::new();
+    let (mut first, mut pieces) = (0, 0u64);
+    for (i, r) in requests.iter().enumerate() {
+        let n = r.critical_path_rows.map_or(0, |rows| rows.count);
+        if i > first && pieces + n > PIECES_KEPT as u64 {
+            batches.push(&requests[first..i]);
+            (first, pieces) = (i, 0);
+        }
+        pieces += n;
+    }
+    batches.push(&requests[first..]);
+    batches
 }
 
 /// The thread lanes of the history, by tid.
@@ -793,7 +845,11 @@ pub async fn thread_states(State(st): State<Shared>, RawQuery(q): RawQuery) -> A
             }
             t
         }
-        None if d.history.range().is_none_or(|(start, end)| from <= start && to >= end) => {
+        None if d
+            .history
+            .range()
+            .is_none_or(|(start, end)| from <= start && to >= end) =>
+        {
             // The whole run: the lanes know their time RUNNING, and no
             // interval need be read.
             let mut ranked: Vec<(i64, i32)> = thread_lanes(d)

@@ -1,17 +1,22 @@
 //! A run's analysis in the shapes the API serves. Thread states per thread
 //! and per CPU stay on disk, in the state history
 //! (`deepspan_store::history`), read a lane and a window at a time as the
-//! UI pans and zooms. Loaded once into memory: critical-path pieces per
-//! request and the pieces of its queue (its time at its host before its
-//! span started, `queue_path.parquet`: absent from older analyses, then no
-//! request has queue pieces), summaries, `requests.json`, and the spans of
-//! each trace.
+//! UI pans and zooms. A request's critical-path pieces and the pieces of
+//! its queue (its time at its host before its span started,
+//! `queue_path.parquet`: absent from older analyses, then no request has
+//! queue pieces) are read when a page first asks for them, only their own
+//! rows of the tables ([`RequestPieces`]), and the most recently used are
+//! kept up to [`PIECES_KEPT`] pieces. Loaded once into memory: summaries,
+//! `requests.json`, and the spans of each trace. Opening a run therefore
+//! costs about its requests, not its kernel trace.
 //!
 //! Every file is opened through [`RunDir::file`], which refuses anything
 //! that resolves (symlinks included) outside the run folder.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use deepspan_analysis::MAX_HOSTS;
 use deepspan_run::analysis::{
@@ -21,10 +26,10 @@ use deepspan_run::analysis::{
 use deepspan_run::{layout, HostsFile, Run};
 use deepspan_spans::{critical_path, group_traces, ClockMap, CriticalPathOptions, Span, Trace};
 use deepspan_store::history::{Coarse, History, LaneKey};
-use deepspan_store::json::{RequestEntry, RequestsDoc};
+use deepspan_store::json::{RequestEntry, RequestsDoc, TableRows};
 use deepspan_store::placements::{read_placements_json, PlacementRecord};
-use deepspan_store::rows::for_each_row;
-use deepspan_store::tables::{CriticalPathRow, RequestSummaryRow, RequestSyscallRow};
+use deepspan_store::rows::{for_each_row, for_each_row_in, text_runs};
+use deepspan_store::tables::{RequestSummaryRow, RequestSyscallRow};
 
 use crate::lod::Interval;
 
@@ -205,15 +210,10 @@ pub struct RunData {
     pub requests_doc: RequestsDoc,
     /// span id → index in `requests_doc.requests`.
     pub request_index: HashMap<String, usize>,
-    pub strings: Strings,
     /// Every thread's states and every CPU's threads, on disk.
     pub history: History,
-    /// Request span id → its pieces in path order.
-    pub paths: HashMap<String, Vec<Piece>>,
-    /// Request span id → the pieces of its queue path, `[arrival, start)`,
-    /// in path order; empty when the analysis has no `queue_path.parquet`
-    /// (made before queues).
-    pub queue_paths: HashMap<String, Vec<Piece>>,
+    /// Each request's pieces, read from disk when first asked for.
+    pieces: PieceTables,
     /// Request span id → its summary rows.
     pub summaries: HashMap<String, Vec<RequestSummaryRow>>,
     /// Request span id → `(system call, ns)`, largest first.
@@ -317,7 +317,6 @@ impl RunData {
             .map(|(i, r)| (r.span_id.clone(), i))
             .collect();
 
-        let mut strings = Strings::default();
         let history_path = dir.analysis(STATE_HISTORY).map_err(|e| match e {
             DataError::Missing(m) => DataError::Missing(format!(
                 "{m} (an analysis made before the state history: run `deepspan analyze` again)"
@@ -328,10 +327,10 @@ impl RunData {
         let intervals = history.thread_intervals();
         let mut range = history.range().unwrap_or((i64::MAX, i64::MIN));
 
-        let paths = read_paths(&dir.analysis(CRITICAL_PATH)?, &mut strings)?;
-        let queue_paths = match dir.optional_analysis(QUEUE_PATH)? {
-            Some(path) => read_paths(&path, &mut strings)?,
-            None => HashMap::new(),
+        let pieces = PieceTables {
+            critical_path: PieceTable::new(dir.analysis(CRITICAL_PATH)?),
+            queue_path: dir.optional_analysis(QUEUE_PATH)?.map(PieceTable::new),
+            kept: Mutex::default(),
         };
 
         let mut summaries: HashMap<String, Vec<RequestSummaryRow>> = HashMap::new();
@@ -359,10 +358,8 @@ impl RunData {
             dir,
             requests_doc,
             request_index,
-            strings,
             history,
-            paths,
-            queue_paths,
+            pieces,
             summaries,
             syscalls,
             intervals,
@@ -383,46 +380,314 @@ impl RunData {
     }
 }
 
-/// The pieces of a table in `critical_path`'s columns (`critical_path`,
-/// `queue_path`) by request span id, each request's in path order and
-/// joined as the UI shows them ([`join_pieces`]).
-fn read_paths(
-    path: &Path,
-    strings: &mut Strings,
-) -> Result<HashMap<String, Vec<Piece>>, DataError> {
-    let mut paths: HashMap<String, Vec<(i64, Piece)>> = HashMap::new();
-    for_each_row(path, |r: CriticalPathRow| {
-        let piece = Piece {
-            start: r.start_ns,
-            end: r.end_ns,
-            state: strings.intern(Some(&r.state)),
-            tid: r.tid,
-            comm: strings.intern(r.comm.as_deref()),
-            syscall: strings.intern(r.syscall.as_deref()),
-            waiting_in: strings.intern(r.waiting_in.as_deref()),
-            detail: strings.intern(r.detail.as_deref()),
-            blocked_by_request: strings.intern(r.blocked_by_request.as_deref()),
-            shared: r.shared,
-            lost: r.lost,
-            preempted_by_tid: r.preempted_by_tid,
-            preempted_by_comm: strings.intern(r.preempted_by_comm.as_deref()),
-            throttled_ns: r.throttled_ns.unwrap_or(0),
-            contended_ns: r.contended_ns.unwrap_or(0),
-            wakeup_ns: r.wakeup_ns.unwrap_or(0),
-        };
-        paths
-            .entry(r.span_id)
-            .or_default()
-            .push((i64::from(r.seq), piece));
-    })
-    .map_err(store_err)?;
-    Ok(paths
-        .into_iter()
-        .map(|(k, mut v)| {
-            v.sort_by_key(|(seq, _)| *seq);
-            (k, join_pieces(v.into_iter().map(|(_, p)| p)))
+/// Pieces kept in memory at most, over the requests last asked for (a
+/// piece is about 100 bytes); a request with more is still served, alone.
+pub const PIECES_KEPT: usize = 2_000_000;
+
+/// One request's pieces as the UI shows them: its path's and its queue's,
+/// each in path order with the pieces that differ only in the span worked
+/// for joined ([`join_onto`]), and the strings they refer to.
+#[derive(Default)]
+pub struct RequestPieces {
+    pub path: Vec<Piece>,
+    /// `[arrival, start)`; empty when the analysis has no queue pieces.
+    pub queue: Vec<Piece>,
+    pub strings: Strings,
+}
+
+impl RequestPieces {
+    /// The string a piece's field refers to ([`NONE`]: none).
+    pub fn name(&self, i: u32) -> Option<&str> {
+        if i == NONE {
+            None
+        } else {
+            self.strings.get(i)
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.path.len() + self.queue.len()
+    }
+
+    fn list(&mut self, queue: bool) -> &mut Vec<Piece> {
+        if queue {
+            &mut self.queue
+        } else {
+            &mut self.path
+        }
+    }
+}
+
+/// The tables of pieces, and the requests' pieces last read from them.
+struct PieceTables {
+    critical_path: PieceTable,
+    /// None in analyses made before queues.
+    queue_path: Option<PieceTable>,
+    kept: Mutex<KeptPieces>,
+}
+
+/// A table in `critical_path`'s columns (`critical_path`, `queue_path`).
+struct PieceTable {
+    file: PathBuf,
+    /// Where each request's rows are, for analyses whose `requests.json`
+    /// does not say (made before it did): found by one scan of the table's
+    /// `span_id` column, the first time it is needed.
+    runs: OnceLock<Result<RowsBySpan, String>>,
+}
+
+/// Request span id → its rows in a table.
+type RowsBySpan = HashMap<String, Vec<Range<u64>>>;
+
+/// The most recently used requests' pieces, up to `budget` pieces.
+struct KeptPieces {
+    by_span: HashMap<String, (Arc<RequestPieces>, u64)>,
+    pieces: usize,
+    clock: u64,
+    budget: usize,
+}
+
+impl Default for KeptPieces {
+    fn default() -> KeptPieces {
+        KeptPieces {
+            by_span: HashMap::new(),
+            pieces: 0,
+            clock: 0,
+            budget: PIECES_KEPT,
+        }
+    }
+}
+
+impl KeptPieces {
+    fn get(&mut self, span_id: &str) -> Option<Arc<RequestPieces>> {
+        self.clock += 1;
+        let (pieces, used) = self.by_span.get_mut(span_id)?;
+        *used = self.clock;
+        Some(pieces.clone())
+    }
+
+    /// Keeps `pieces`, then forgets the least recently used requests
+    /// (never the one just kept) while more than the budget is kept.
+    fn keep(&mut self, span_id: &str, pieces: Arc<RequestPieces>) {
+        self.clock += 1;
+        self.pieces += pieces.len();
+        if let Some((old, _)) = self
+            .by_span
+            .insert(span_id.to_string(), (pieces, self.clock))
+        {
+            self.pieces -= old.len();
+        }
+        while self.pieces > self.budget && self.by_span.len() > 1 {
+            let oldest = self
+                .by_span
+                .iter()
+                .filter(|(id, _)| id.as_str() != span_id)
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(id, _)| id.clone());
+            let Some((old, _)) = oldest.and_then(|id| self.by_span.remove(&id)) else {
+                break;
+            };
+            self.pieces -= old.len();
+        }
+    }
+}
+
+impl PieceTable {
+    fn new(file: PathBuf) -> PieceTable {
+        PieceTable {
+            file,
+            runs: OnceLock::new(),
+        }
+    }
+
+    /// The rows of each request in `wanted`.
+    fn rows_of(&self, wanted: &[Wanted<'_>]) -> Result<Vec<Range<u64>>, DataError> {
+        let mut rows = Vec::new();
+        for Wanted {
+            span_id,
+            rows: given,
+            ..
+        } in wanted
+        {
+            match given {
+                Some(given) => rows.push(given.range()),
+                None => {
+                    let runs = self.runs.get_or_init(|| {
+                        let mut by_span = RowsBySpan::new();
+                        for (span_id, rows) in
+                            text_runs(&self.file, "span_id").map_err(|e| e.to_string())?
+                        {
+                            by_span.entry(span_id).or_default().push(rows);
+                        }
+                        Ok(by_span)
+                    });
+                    let runs = runs.as_ref().map_err(|e| DataError::Bad(e.clone()))?;
+                    rows.extend(runs.get(*span_id).into_iter().flatten().cloned());
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Reads the pieces of the requests in `wanted` into `into` (at each
+    /// one's `into`; its queue's if `queue`), joined as they come. A
+    /// request's rows are consecutive and in path order (docs/tables.md):
+    /// a row of no request wanted, or one out of order, is an error, as
+    /// the table and `requests.json` are then not of one analysis.
+    fn read(
+        &self,
+        wanted: &[Wanted<'_>],
+        into: &mut [RequestPieces],
+        queue: bool,
+    ) -> Result<(), DataError> {
+        let rows = self.rows_of(wanted)?;
+        let slot: HashMap<&str, usize> = wanted.iter().map(|w| (w.span_id, w.into)).collect();
+        for w in wanted {
+            let count = w.rows.map_or(0, |r| r.count);
+            into[w.into]
+                .list(queue)
+                .reserve_exact(usize::try_from(count).unwrap_or(0));
+        }
+        let mut last_seq: Vec<Option<i32>> = vec![None; into.len()];
+        let mut misplaced = None;
+        for_each_row_in(&self.file, &rows, |r: PieceRow| {
+            let i = match slot.get(r.span_id.as_str()) {
+                Some(&i) if last_seq[i].is_none_or(|last| last < r.seq) => i,
+                _ => {
+                    misplaced.get_or_insert(r.span_id);
+                    return;
+                }
+            };
+            last_seq[i] = Some(r.seq);
+            let target = &mut into[i];
+            let piece = piece_of(&r, &mut target.strings);
+            join_onto(target.list(queue), piece);
         })
-        .collect())
+        .map_err(store_err)?;
+        if let Some(span_id) = misplaced {
+            return Err(DataError::Bad(format!(
+                "{}: a row of request {span_id} is where requests.json places another \
+                 request's rows, or out of its path's order: they are not of one analysis \
+                 (run `deepspan analyze` again)",
+                self.file.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
+deepspan_store::table_view! {
+    /// What the UI reads of a row of a table in `critical_path`'s columns.
+    pub struct PieceRow of deepspan_store::tables::CRITICAL_PATH_COLUMNS {
+        span_id: String,
+        seq: i32,
+        start_ns: i64,
+        end_ns: i64,
+        state: String,
+        tid: Option<i32>,
+        comm: Option<String>,
+        syscall: Option<String>,
+        waiting_in: Option<String>,
+        detail: Option<String>,
+        blocked_by_request: Option<String>,
+        shared: i32,
+        lost: bool,
+        preempted_by_tid: Option<i32>,
+        preempted_by_comm: Option<String>,
+        throttled_ns: Option<i64>,
+        contended_ns: Option<i64>,
+        wakeup_ns: Option<i64>,
+    }
+}
+
+/// A request whose pieces are to be read from a [`PieceTable`].
+struct Wanted<'a> {
+    span_id: &'a str,
+    /// Where `requests.json` says they are (None in older analyses).
+    rows: Option<TableRows>,
+    /// Where they go in the reader's output.
+    into: usize,
+}
+
+/// A row of a table in `critical_path`'s columns as a piece, its strings
+/// stored in `strings`.
+fn piece_of(r: &PieceRow, strings: &mut Strings) -> Piece {
+    Piece {
+        start: r.start_ns,
+        end: r.end_ns,
+        state: strings.intern(Some(&r.state)),
+        tid: r.tid,
+        comm: strings.intern(r.comm.as_deref()),
+        syscall: strings.intern(r.syscall.as_deref()),
+        waiting_in: strings.intern(r.waiting_in.as_deref()),
+        detail: strings.intern(r.detail.as_deref()),
+        blocked_by_request: strings.intern(r.blocked_by_request.as_deref()),
+        shared: r.shared,
+        lost: r.lost,
+        preempted_by_tid: r.preempted_by_tid,
+        preempted_by_comm: strings.intern(r.preempted_by_comm.as_deref()),
+        throttled_ns: r.throttled_ns.unwrap_or(0),
+        contended_ns: r.contended_ns.unwrap_or(0),
+        wakeup_ns: r.wakeup_ns.unwrap_or(0),
+    }
+}
+
+impl RunData {
+    /// The pieces of request `span_id` (none for a span id the run does
+    /// not hold); read from disk unless kept from an earlier call.
+    /// Blocking: call it off the server's async threads.
+    pub fn pieces(&self, span_id: &str) -> Result<Arc<RequestPieces>, DataError> {
+        Ok(self.pieces_of(&[span_id])?.remove(0))
+    }
+
+    /// As [`RunData::pieces`] for several requests, those not kept read
+    /// in one pass over each table.
+    pub fn pieces_of(&self, span_ids: &[&str]) -> Result<Vec<Arc<RequestPieces>>, DataError> {
+        let mut found: Vec<Option<Arc<RequestPieces>>> = {
+            let mut kept = self.pieces.kept.lock().unwrap_or_else(|e| e.into_inner());
+            span_ids.iter().map(|id| kept.get(id)).collect()
+        };
+        let missing: Vec<(usize, &RequestEntry)> = span_ids
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| found[*i].is_none())
+            .filter_map(|(i, id)| Some((i, self.request(id)?)))
+            .collect();
+        if !missing.is_empty() {
+            let mut read: Vec<RequestPieces> =
+                missing.iter().map(|_| RequestPieces::default()).collect();
+            let paths: Vec<Wanted> = missing
+                .iter()
+                .enumerate()
+                .map(|(into, (_, r))| Wanted {
+                    span_id: &r.span_id,
+                    rows: r.critical_path_rows,
+                    into,
+                })
+                .collect();
+            self.pieces.critical_path.read(&paths, &mut read, false)?;
+            if let Some(table) = &self.pieces.queue_path {
+                let queues: Vec<Wanted> = missing
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(into, (_, r))| {
+                        Some(Wanted {
+                            span_id: &r.span_id,
+                            rows: r.queue.as_ref()?.queue_path_rows,
+                            into,
+                        })
+                    })
+                    .collect();
+                table.read(&queues, &mut read, true)?;
+            }
+            let mut kept = self.pieces.kept.lock().unwrap_or_else(|e| e.into_inner());
+            for ((i, r), pieces) in missing.into_iter().zip(read) {
+                let pieces = Arc::new(pieces);
+                kept.keep(&r.span_id, pieces.clone());
+                found[i] = Some(pieces);
+            }
+        }
+        Ok(found.into_iter().map(Option::unwrap_or_default).collect())
+    }
 }
 
 /// The records of `placements.json` by span id (none without the file).
@@ -438,35 +703,33 @@ fn load_placements(path: &Option<PathBuf>) -> Result<HashMap<String, PlacementRe
         .collect())
 }
 
-/// The table tells apart pieces that differ only in which span of the
-/// request the thread worked for; the UI does not (as `deepspan report`).
-fn join_pieces(pieces: impl Iterator<Item = Piece>) -> Vec<Piece> {
-    let mut out: Vec<Piece> = Vec::new();
-    for p in pieces {
-        match out.last_mut() {
-            Some(last)
-                if last.end == p.start
-                    && last.state == p.state
-                    && last.tid == p.tid
-                    && last.syscall == p.syscall
-                    && last.waiting_in == p.waiting_in
-                    && last.blocked_by_request == p.blocked_by_request
-                    && last.detail == p.detail =>
-            {
-                last.end = p.end;
-                last.throttled_ns += p.throttled_ns;
-                last.contended_ns += p.contended_ns;
-                last.wakeup_ns += p.wakeup_ns;
-                last.lost |= p.lost;
-                if last.preempted_by_tid.is_none() {
-                    last.preempted_by_tid = p.preempted_by_tid;
-                    last.preempted_by_comm = p.preempted_by_comm;
-                }
+/// Adds `p` to the pieces before it in path order, joined to the last
+/// one when they differ only in which span of the request the thread
+/// worked for: the table tells those apart, the UI does not (as `deepspan
+/// report`).
+fn join_onto(out: &mut Vec<Piece>, p: Piece) {
+    match out.last_mut() {
+        Some(last)
+            if last.end == p.start
+                && last.state == p.state
+                && last.tid == p.tid
+                && last.syscall == p.syscall
+                && last.waiting_in == p.waiting_in
+                && last.blocked_by_request == p.blocked_by_request
+                && last.detail == p.detail =>
+        {
+            last.end = p.end;
+            last.throttled_ns += p.throttled_ns;
+            last.contended_ns += p.contended_ns;
+            last.wakeup_ns += p.wakeup_ns;
+            last.lost |= p.lost;
+            if last.preempted_by_tid.is_none() {
+                last.preempted_by_tid = p.preempted_by_tid;
+                last.preempted_by_comm = p.preempted_by_comm;
             }
-            _ => out.push(p),
         }
+        _ => out.push(p),
     }
-    out
 }
 
 /// A span as the Gantt chart draws it, on the kernel's monotonic clock.
@@ -608,5 +871,59 @@ impl RunSpans {
             spans,
             critical_path,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces(n: usize) -> Arc<RequestPieces> {
+        let piece = Piece {
+            start: 0,
+            end: 1,
+            state: NONE,
+            tid: None,
+            comm: NONE,
+            syscall: NONE,
+            waiting_in: NONE,
+            detail: NONE,
+            blocked_by_request: NONE,
+            shared: 0,
+            lost: false,
+            preempted_by_tid: None,
+            preempted_by_comm: NONE,
+            throttled_ns: 0,
+            contended_ns: 0,
+            wakeup_ns: 0,
+        };
+        Arc::new(RequestPieces {
+            path: vec![piece; n],
+            ..RequestPieces::default()
+        })
+    }
+
+    #[test]
+    fn the_least_recently_used_requests_go_first_and_the_newest_stays() {
+        let mut kept = KeptPieces {
+            budget: 10,
+            ..KeptPieces::default()
+        };
+        kept.keep("a", pieces(4));
+        kept.keep("b", pieces(4));
+        assert!(kept.get("a").is_some());
+        // Over the budget: b, used least recently, goes.
+        kept.keep("c", pieces(4));
+        assert!(kept.get("b").is_none());
+        assert!(kept.get("a").is_some() && kept.get("c").is_some());
+        assert_eq!(kept.pieces, 8);
+        // Larger than the budget alone: kept, alone.
+        kept.keep("d", pieces(11));
+        assert_eq!(kept.by_span.len(), 1);
+        assert_eq!(kept.get("d").map(|p| p.path.len()), Some(11));
+        assert_eq!(kept.pieces, 11);
+        // Kept again under the same id: counted once.
+        kept.keep("d", pieces(3));
+        assert_eq!(kept.pieces, 3);
     }
 }

@@ -10,8 +10,10 @@
 //!   binary ([`ASSETS`]); asset paths are looked up in that embedded
 //!   table, never on disk.
 //!
-//! The run is loaded once at start ([`data::RunData`]); every file is
-//! opened through [`data::RunDir::file`], which refuses paths that resolve
+//! What a run's pages list is loaded at start ([`data::RunData`]); thread
+//! states are read from the state history per window, and a request's
+//! critical path when its page first asks for it. Every file is opened
+//! through [`data::RunDir::file`], which refuses paths that resolve
 //! outside the run folder. A merged run's `hosts.json` (several hosts
 //! analysed as one, their threads numbered `host << 22 | tid`) is listed by
 //! `/api/run` ([`data::load_hosts`]); a broken one is reported there, not

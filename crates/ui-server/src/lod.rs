@@ -29,6 +29,29 @@ pub trait Interval {
     }
 }
 
+/// A lane of borrowed intervals (a request's pieces grouped by thread)
+/// reduces as the intervals themselves, without copying them.
+impl<T: Interval> Interval for &T {
+    fn start(&self) -> i64 {
+        (*self).start()
+    }
+    fn end(&self) -> i64 {
+        (*self).end()
+    }
+    fn category(&self) -> u32 {
+        (*self).category()
+    }
+    fn intervals(&self) -> u32 {
+        (*self).intervals()
+    }
+    fn category_ns(&self) -> i64 {
+        (*self).category_ns()
+    }
+    fn covered_ns(&self) -> i64 {
+        (*self).covered_ns()
+    }
+}
+
 /// An interval to draw.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Drawn {

@@ -17,7 +17,7 @@ use deepspan_profile::{
     add_request, read_samples, FlameNode, FlameTree, PathPiece, SampleIndex, Symbols, Totals,
 };
 
-use crate::data::{Piece, RunData, RunDir, NONE};
+use crate::data::{Piece, RequestPieces, RunData, RunDir};
 
 /// Where a run keeps its samples, as its manifest says.
 #[derive(Clone, Debug)]
@@ -125,7 +125,8 @@ impl Profiles {
     }
 
     /// The flame graph of request `span_id`. Blocking: the first call
-    /// reads the samples, and symbolization reads ELF files.
+    /// reads the samples, symbolization reads ELF files, and the request's
+    /// pieces may be read from disk.
     pub fn request(
         &self,
         data: &RunData,
@@ -136,8 +137,12 @@ impl Profiles {
             .recorded
             .clone()?
             .ok_or_else(|| "this run has no CPU samples".to_string())?;
-        let pieces = data.paths.get(span_id).map(Vec::as_slice).unwrap_or(&[]);
-        let path: Vec<PathPiece> = pieces.iter().map(|p| path_piece(data, p)).collect();
+        let pieces = data.pieces(span_id).map_err(|e| e.to_string())?;
+        let path: Vec<PathPiece> = pieces
+            .path
+            .iter()
+            .map(|p| path_piece(data, &pieces, p))
+            .collect();
         let root = format!("[{}] {}", request.service, request.operation);
         let (reply, answer) = mpsc::channel();
         let job = Job {
@@ -170,8 +175,8 @@ impl Profiles {
 
 /// A piece as `deepspan_profile` takes it; a blocking request is named by
 /// its `[service] operation` when the run has it (its span id otherwise).
-fn path_piece(data: &RunData, p: &Piece) -> PathPiece {
-    let name = |i: u32| if i == NONE { None } else { data.strings.get(i) };
+fn path_piece(data: &RunData, names: &RequestPieces, p: &Piece) -> PathPiece {
+    let name = |i: u32| names.name(i);
     let text = |i| name(i).map(str::to_string);
     let blocked_by_request = name(p.blocked_by_request).map(|id| match data.request(id) {
         Some(r) => format!("[{}] {}", r.service, r.operation),

@@ -291,6 +291,28 @@ fn critical_paths_cover_each_request_and_name_the_request_it_waited_for() {
         SyncSource::None
     );
 
+    // Each request's rows, as its record gives them, are all the table's
+    // rows of its span, and only those.
+    let table = staging.file(analysis::CRITICAL_PATH);
+    let runs = deepspan_store::rows::text_runs(&table, "span_id").expect("span ids");
+    assert!(paths.records.len() >= 2);
+    for rec in &paths.records {
+        let rows = rec.path_rows.clone().expect("rows of a written path");
+        let span = deepspan_store::span_hex(placed.metas[rec.path.request as usize].span_id);
+        let of_span: Vec<_> = runs
+            .iter()
+            .filter(|(id, _)| *id == span)
+            .map(|(_, r)| r.clone())
+            .collect();
+        // A request placed nowhere (no path) has no rows.
+        let expected: Vec<_> = Some(rows).filter(|r| !r.is_empty()).into_iter().collect();
+        assert_eq!(of_span, expected, "{span}");
+    }
+    assert!(paths
+        .records
+        .iter()
+        .any(|r| r.path_rows.as_ref().is_some_and(|rows| !rows.is_empty())));
+
     // The frame's pieces in the table tile its span; until the wake-up
     // they are weston-desktop-'s, working for the compose request.
     let rows = read_rows(&staging.file(analysis::CRITICAL_PATH), |row| {

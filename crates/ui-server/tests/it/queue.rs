@@ -3,16 +3,21 @@
 //! was queued behind named, and the pieces of `queue_path.parquet` in the
 //! timeline's lanes, marked and before the span's own. A run analysed
 //! before queues (no `queue_path.parquet`) still loads, with no pieces.
+//!
+//! Each request's pieces are read by the rows `requests.json` gives for
+//! it; an analysis made before it gave them is read by a scan of the
+//! tables' `span_id` column, with the same answers.
 
 use std::path::{Path, PathBuf};
 
-use crate::get;
+use crate::{get, get_status};
 
+use axum::http::StatusCode;
 use deepspan_run::analysis::{
     CRITICAL_PATH, QUEUE_PATH, REQUESTS_JSON, REQUEST_SUMMARY, REQUEST_SYSCALLS, STATE_HISTORY,
 };
 use deepspan_run::Run;
-use deepspan_store::json::{CauseGroup, QueueDoc, RequestEntry, RequestsDoc};
+use deepspan_store::json::{CauseGroup, QueueDoc, RequestEntry, RequestsDoc, TableRows};
 use deepspan_store::table::TableWriter;
 use deepspan_store::tables::{
     CriticalPathRow, CRITICAL_PATH_COLUMNS, REQUEST_SUMMARY_COLUMNS, REQUEST_SYSCALLS_COLUMNS,
@@ -47,11 +52,18 @@ fn entry(span_id: &str, service: &str, operation: &str, start: u64, end: u64) ->
         anomalous: false,
         diagnosis: None,
         queue: None,
+        critical_path_rows: None,
     }
 }
 
-fn requests_doc() -> RequestsDoc {
+/// The two requests; with `rows`, each with where its pieces are in the
+/// tables `queued_run` writes, as the analysis gives them.
+fn requests_doc(rows: bool) -> RequestsDoc {
+    let at = |first, count| rows.then_some(TableRows { first, count });
+    let mut blocker = entry(BLOCKER, "node", "GET /slow", 900_000, 1_950_000);
+    blocker.critical_path_rows = at(0, 1);
     let mut queued = entry(QUEUED, "node", "GET /fast", 2_000_000, 3_000_000);
+    queued.critical_path_rows = at(1, 1);
     queued.queue = Some(QueueDoc {
         arrival_ns: 1_000_000,
         arrival_by: "client_send".into(),
@@ -66,12 +78,10 @@ fn requests_doc() -> RequestsDoc {
             parts: Vec::new(),
         }],
         diagnosis: None,
+        queue_path_rows: at(0, 2),
     });
     RequestsDoc {
-        requests: vec![
-            entry(BLOCKER, "node", "GET /slow", 900_000, 1_950_000),
-            queued,
-        ],
+        requests: vec![blocker, queued],
         ..Default::default()
     }
 }
@@ -137,15 +147,16 @@ fn write_path(path: &Path, rows: &[CriticalPathRow]) {
     w.finish().unwrap();
 }
 
-/// An analysed run at `dir/run`: the two requests, their paths, and the
-/// queued one's queue path.
-fn queued_run(dir: &Path) -> PathBuf {
+/// An analysed run at `dir/run`: the two requests (with their rows in
+/// `requests.json` if `rows`), their paths, and the queued one's queue
+/// path.
+fn queued_run(dir: &Path, rows: bool) -> PathBuf {
     let run = dir.join("run");
     let analysis = Run::new(&run).analysis_dir();
     std::fs::create_dir_all(&analysis).unwrap();
     std::fs::write(
         analysis.join(REQUESTS_JSON),
-        serde_json::to_vec(&requests_doc()).unwrap(),
+        serde_json::to_vec(&requests_doc(rows)).unwrap(),
     )
     .unwrap();
     for (name, columns) in [
@@ -200,8 +211,15 @@ fn drawn(timeline: &Value) -> Vec<(i64, i64, String, bool)> {
 
 #[test]
 fn the_request_page_shows_the_queue_and_its_pieces() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = queued_run(dir.path());
+    for rows in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let run = queued_run(dir.path(), rows);
+        request_page_shows_the_queue(&run);
+    }
+}
+
+fn request_page_shows_the_queue(run: &Path) {
+    let run = run.to_path_buf();
 
     let detail = get(&run, &format!("/api/requests/{QUEUED}"));
     let queue = &detail["queue"];
@@ -275,7 +293,7 @@ fn the_request_page_shows_the_queue_and_its_pieces() {
 #[test]
 fn a_run_without_queue_paths_still_loads() {
     let dir = tempfile::tempdir().unwrap();
-    let run = queued_run(dir.path());
+    let run = queued_run(dir.path(), true);
     let analysis = Run::new(&run).analysis_dir();
     std::fs::remove_file(analysis.join(QUEUE_PATH)).unwrap();
 
@@ -290,7 +308,7 @@ fn a_run_without_queue_paths_still_loads() {
     assert_eq!(drawn(&timeline), [(10, 2_000_000, "RUNNING".into(), false)]);
 
     // Nor does an analysis made before queues have any in requests.json.
-    let mut doc = requests_doc();
+    let mut doc = requests_doc(true);
     for r in &mut doc.requests {
         r.queue = None;
     }
@@ -312,7 +330,7 @@ fn a_run_without_queue_paths_still_loads() {
 #[test]
 fn a_queue_path_leading_outside_the_run_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let run = queued_run(dir.path());
+    let run = queued_run(dir.path(), true);
     let analysis = Run::new(&run).analysis_dir();
     let outside = dir.path().join("elsewhere.parquet");
     std::fs::rename(analysis.join(QUEUE_PATH), &outside).unwrap();
@@ -322,4 +340,29 @@ fn a_queue_path_leading_outside_the_run_is_refused() {
         Err(e) => e.to_string(),
     };
     assert!(err.contains("outside the run folder"), "{err}");
+}
+
+#[test]
+fn rows_that_are_not_the_requests_are_an_error_not_another_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = queued_run(dir.path(), true);
+    // The queued request said to be at the blocker's row.
+    let mut doc = requests_doc(true);
+    doc.requests[1].critical_path_rows = Some(TableRows { first: 0, count: 1 });
+    let analysis = Run::new(&run).analysis_dir();
+    std::fs::write(
+        analysis.join(REQUESTS_JSON),
+        serde_json::to_vec(&doc).unwrap(),
+    )
+    .unwrap();
+    let (status, body) = get_status(&run, &format!("/api/requests/{QUEUED}"));
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("critical_path.parquet") && message.contains("not of one analysis"),
+        "{body}"
+    );
+    // The other request is still served.
+    let detail = get(&run, &format!("/api/requests/{BLOCKER}"));
+    assert_eq!(detail["pieces"], 1);
 }
