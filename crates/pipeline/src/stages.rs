@@ -428,6 +428,9 @@ pub(crate) fn apply_placements(
     placements: &[Option<Placement>],
     threads_of: impl Fn(Tid) -> Vec<Tid>,
 ) {
+    // Each process's threads are found once: finding them scans every
+    // thread of the host.
+    let mut by_process: HashMap<Tid, Vec<Tid>> = HashMap::new();
     for (input, p) in span_inputs.iter_mut().zip(placements) {
         let Some(p) = p else { continue };
         match p.method {
@@ -436,7 +439,10 @@ pub(crate) fn apply_placements(
                 input.inferred = Some(InferredPlace::Thread);
             }
             PlacementMethod::Process => {
-                input.inferred = Some(InferredPlace::Process(threads_of(p.pid)));
+                let threads = by_process
+                    .entry(p.pid)
+                    .or_insert_with(|| threads_of(p.pid));
+                input.inferred = Some(InferredPlace::Process(threads.clone()));
             }
         }
     }
@@ -778,12 +784,13 @@ pub(crate) fn write_tables(
         containers: &placed.containers,
         notes,
     };
-    write_request_tables(&staging, &results)?;
-    placements::write_placements(
-        &staging.file(analysis::PLACEMENTS_JSON),
-        &placed.spans,
-        &placed.placements,
-    )?;
+    write_request_tables(&staging, &results, || {
+        placements::write_placements(
+            &staging.file(analysis::PLACEMENTS_JSON),
+            &placed.spans,
+            &placed.placements,
+        )
+    })?;
     let kept = kept.map(|(critical_path, syscalls)| KeptAnalysis {
         requests: json::request_entries(&results),
         critical_path,
@@ -793,17 +800,21 @@ pub(crate) fn write_tables(
     Ok((staging.commit()?, kept))
 }
 
-/// The tables of the requests. `requests.json` (the largest) and the
-/// diagnoses are written on a thread of their own: each file ends with an
+/// The tables of the requests, then `and_then` (`placements.json`).
+/// `requests.json` (the largest: about as long to write as the rest
+/// together) is written on a thread of its own; each file ends with an
 /// fsync, which then overlaps with work.
-fn write_request_tables(staging: &Staging, results: &AnalysisResults) -> Result<(), Error> {
+fn write_request_tables(
+    staging: &Staging,
+    results: &AnalysisResults,
+    and_then: impl FnOnce() -> Result<(), Error>,
+) -> Result<(), Error> {
     std::thread::scope(|scope| {
-        let side = scope.spawn(|| -> Result<(), deepspan_store::Error> {
-            json::write_requests_json(&staging.file(analysis::REQUESTS_JSON), results)?;
-            tables::write_diagnoses(&staging.file(analysis::DIAGNOSES), results)?;
-            Ok(())
+        let side = scope.spawn(|| {
+            json::write_requests_json(&staging.file(analysis::REQUESTS_JSON), results)
         });
-        let here = (|| -> Result<(), deepspan_store::Error> {
+        let here = (|| -> Result<(), Error> {
+            tables::write_diagnoses(&staging.file(analysis::DIAGNOSES), results)?;
             tables::write_requests(&staging.file(analysis::REQUESTS), results)?;
             tables::write_request_summaries(
                 &staging.file(analysis::REQUEST_SUMMARY),
@@ -812,7 +823,7 @@ fn write_request_tables(staging: &Staging, results: &AnalysisResults) -> Result<
             )?;
             tables::write_operation_summary(&staging.file(analysis::OPERATION_SUMMARY), results)?;
             tables::write_containers(&staging.file(analysis::CONTAINERS), results.containers)?;
-            Ok(())
+            and_then()
         })();
         // Joined before any error is returned: a scope left with a
         // panicked thread unjoined would panic itself.

@@ -34,13 +34,15 @@ pub struct PlacementsDoc {
     pub placements: Vec<PlacementRecord>,
 }
 
-/// Writes `placements.json` at `path`.
+/// Writes `placements.json` at `path`, compact as `requests.json`
+/// (indented, it took 440 bytes a span; `jq .` shows it indented).
 pub fn write_placements_json(path: &Path, doc: &PlacementsDoc) -> Result<(), Error> {
-    let text = serde_json::to_vec_pretty(doc).map_err(|source| Error::Json {
+    let mut text = serde_json::to_vec(doc).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         at: None,
         source,
     })?;
+    text.push(b'\n');
     std::fs::write(path, text).map_err(|e| Error::io(path, "cannot write", e))
 }
 
