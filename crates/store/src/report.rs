@@ -3,6 +3,7 @@
 //! CLI's contract); the `#[serde(skip)]` fields feed the text form only.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::path::Path;
 
 use deepspan_analysis::Cause;
@@ -10,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::diagnosis::{DiagnosisDoc, RootCauseDoc};
-use crate::rows::read_table;
+use crate::rows::{for_each_row_in, read_table};
 use crate::tables::{
     CriticalPathRow, DiagnosisRow, RequestRow, RequestSummaryRow, RequestSyscallRow,
 };
@@ -177,8 +178,9 @@ pub fn read_report(run_dir: &Path, id: &str) -> Result<Report, Error> {
         })
         .collect();
 
-    let critical_path = joined_pieces(read_table(
+    let critical_path = joined_pieces(read_path_rows(
         &dir.join(CRITICAL_PATH),
+        &[chosen],
         |r: &CriticalPathRow| r.span_id == span_id && r.trace_id == trace_id,
     )?);
     let summary: Vec<ReportSummaryRow> =
@@ -320,6 +322,46 @@ fn report_request(row: &RequestRow) -> ReportRequest {
 /// One request's rows of the critical-path table, in path order, as a
 /// report's pieces. The tables tell apart pieces that differ only in which
 /// span of the request the thread worked for; a report does not.
+/// The rows of `critical_path` (at `path`) for which `keep` is true, of
+/// `requests`: only their rows are read when the `requests` table says
+/// where they are (layout 3), else every row. A row there that `keep`
+/// refuses is an error: the two tables are not of one analysis.
+fn read_path_rows(
+    path: &Path,
+    requests: &[&RequestRow],
+    mut keep: impl FnMut(&CriticalPathRow) -> bool,
+) -> Result<Vec<CriticalPathRow>, Error> {
+    let ranges: Option<Vec<Range<u64>>> = requests
+        .iter()
+        .map(|r| {
+            let first = u64::try_from(r.critical_path_first_row?).ok()?;
+            Some(first..first.saturating_add(u64::try_from(r.pieces).ok()?))
+        })
+        .collect();
+    let Some(ranges) = ranges else {
+        return read_table(path, keep);
+    };
+    let mut kept = Vec::new();
+    let mut stray = None;
+    for_each_row_in(path, &ranges, |row: CriticalPathRow| {
+        if keep(&row) {
+            kept.push(row);
+        } else {
+            stray.get_or_insert(row.span_id);
+        }
+    })?;
+    match stray {
+        None => Ok(kept),
+        Some(span_id) => Err(Error::Schema {
+            path: path.to_path_buf(),
+            what: format!(
+                "a row of request {span_id} is where the requests table places another \
+                 request's rows: the tables are not of one analysis (run `deepspan analyze` again)"
+            ),
+        }),
+    }
+}
+
 fn joined_pieces(mut rows: Vec<CriticalPathRow>) -> Vec<ReportPiece> {
     rows.sort_by_key(|r| r.seq);
     let mut critical_path: Vec<ReportPiece> = Vec::with_capacity(rows.len());
@@ -380,7 +422,8 @@ pub fn read_critical_paths(
         wanted.contains(r.span_id.as_str())
     })?;
     let mut rows_of: HashMap<(String, String), Vec<CriticalPathRow>> = HashMap::new();
-    let in_path = read_table(&dir.join(CRITICAL_PATH), |r: &CriticalPathRow| {
+    let chosen: Vec<&RequestRow> = requests.iter().collect();
+    let in_path = read_path_rows(&dir.join(CRITICAL_PATH), &chosen, |r: &CriticalPathRow| {
         wanted.contains(r.span_id.as_str())
     })?;
     for row in in_path {

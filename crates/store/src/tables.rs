@@ -88,6 +88,7 @@ table! {
         arrival_by: Option<String>,
         queue_ns: i64,
         queue_cause: Option<String>,
+        critical_path_first_row: Option<i64>,
     }
 }
 
@@ -218,8 +219,9 @@ pub fn write_containers(path: &Path, containers: &Containers) -> Result<u64, Err
 pub const DIAGNOSES_VERSION: u32 = 2;
 
 /// Layout version of the `requests` table: 2 added the arrival and queue
-/// columns (docs/tables.md).
-pub const REQUESTS_VERSION: u32 = 2;
+/// columns, 3 where each request's rows are in `critical_path`
+/// (docs/tables.md).
+pub const REQUESTS_VERSION: u32 = 3;
 
 table! {
     /// One cause of an operation's time over its requests
@@ -609,6 +611,7 @@ pub fn write_requests(path: &Path, r: &AnalysisResults) -> Result<u64, Error> {
                 .map(|g| crate::queue_group_label(g, r.spans))
                 .as_deref(),
         );
+        w.opt_u64(rec.path_rows.as_ref().map(|rows| rows.start));
         w.end_row()?;
     }
     w.finish()

@@ -463,6 +463,35 @@ fn write_tables_swaps_in_the_analysis_that_reads_back_as_written() {
         })
         .collect();
     assert_eq!(read, written);
+
+    // `report` reads a request's rows where the requests table says they
+    // are; each request's pieces tile its span.
+    let mut reported = 0;
+    for rec in &paths.records {
+        let span = deepspan_store::span_hex(placed.metas[rec.path.request as usize].span_id);
+        let report = deepspan_store::read_report(&fixture.run, &span).expect("report");
+        let pieces = &report.critical_path;
+        if rec.path_rows.as_ref().is_none_or(|rows| rows.is_empty()) {
+            assert!(pieces.is_empty(), "{span}");
+            continue;
+        }
+        reported += 1;
+        assert_eq!(
+            pieces.first().map(|p| p.start_ns),
+            Some(rec.path.start),
+            "{span}"
+        );
+        assert_eq!(
+            pieces.last().map(|p| p.end_ns),
+            Some(rec.path.end),
+            "{span}"
+        );
+        assert!(
+            pieces.windows(2).all(|w| w[0].end_ns == w[1].start_ns),
+            "{span}"
+        );
+    }
+    assert!(reported >= 2);
 }
 
 /// The state history answers every question as a scan of the
