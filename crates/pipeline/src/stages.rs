@@ -439,9 +439,7 @@ pub(crate) fn apply_placements(
                 input.inferred = Some(InferredPlace::Thread);
             }
             PlacementMethod::Process => {
-                let threads = by_process
-                    .entry(p.pid)
-                    .or_insert_with(|| threads_of(p.pid));
+                let threads = by_process.entry(p.pid).or_insert_with(|| threads_of(p.pid));
                 input.inferred = Some(InferredPlace::Process(threads.clone()));
             }
         }
@@ -810,9 +808,8 @@ fn write_request_tables(
     and_then: impl FnOnce() -> Result<(), Error>,
 ) -> Result<(), Error> {
     std::thread::scope(|scope| {
-        let side = scope.spawn(|| {
-            json::write_requests_json(&staging.file(analysis::REQUESTS_JSON), results)
-        });
+        let side = scope
+            .spawn(|| json::write_requests_json(&staging.file(analysis::REQUESTS_JSON), results));
         let here = (|| -> Result<(), Error> {
             tables::write_diagnoses(&staging.file(analysis::DIAGNOSES), results)?;
             tables::write_requests(&staging.file(analysis::REQUESTS), results)?;
