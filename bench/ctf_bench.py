@@ -1,39 +1,55 @@
 #!/usr/bin/env python3
 """CTF decode benchmark of deepspan (run by hand: `make bench`; never a test).
 
-Decode throughput of `deepspan decode DIR --format json` (every event mapped
+Decode time of `deepspan decode DIR --format json` (every event mapped
 with `CtfEvent::to_event`, names counted; streams decoded on all CPUs, and
 with `--threads 1` on one thread merged in time order) against
-`babeltrace2 DIR -o dummy` and `babeltrace2 DIR -c sink.utils.counter` on the
-same traces, made here:
+`babeltrace2 DIR -o dummy` on the same traces:
 
+(s) small: the kernel traces of the shared corpus (bug446190, and the two
+    traces of synctraces, 1-2.5 MB each), where fixed start-up costs
+    (metadata, mapping, threads) weigh as much as decoding. babeltrace2's
+    muxer stops the synctraces with an error after about 11.7k events
+    (their packets overlap by a microsecond, an lttng-modules 2.1 quirk;
+    see the corpus README), so for a trace whose `-o dummy` run fails and
+    that has a single stream (which needs no muxing), babeltrace2 runs the
+    same source and sink without the muxer (`babeltrace2 run` with
+    src.ctf.fs -> sink.utils.dummy), which decodes every event; the
+    results say which graph was used;
 (a) ust: a real LTTng-UST trace (>= 200 MB by default) of the `jaeger_ust`
     test program (crates/ctf/tests/ust/jaeger_ust.c: nested span start/end
     events from two threads, vtid/vpid contexts), recorded with large
     sub-buffers in discard mode; the discarded-event count is reported;
+    only with `--only ust` (it needs an LTTng session daemon);
 (b) kernel: a kernel-like trace (kernel LTTng tracing is not available on
     the benchmark machines): the packets of the corpus trace bug446190
     (lttng-modules, 4 per-CPU streams) repeated until the trace is big
-    enough, each copy shifted in time by a multiple of 2^32 ns beyond the
-    end of the previous one, so every stream stays ordered (packet
-    timestamps and the 64-bit timestamps of extended event headers are
-    patched; compact 32-bit timestamps keep their low bits). Extended
-    headers are found with deepspan's ctfdump example (`cargo build
-    --release -p deepspan-ctf --examples`); the copy is checked against
-    babeltrace2's event count.
+    enough (>= 250 MB by default), each copy shifted in time by a multiple
+    of 2^32 ns beyond the end of the previous one, so every stream stays
+    ordered (packet timestamps and the 64-bit timestamps of extended event
+    headers are patched; compact 32-bit timestamps keep their low bits).
+    Extended headers are found with deepspan's ctfdump example (`cargo
+    build --release -p deepspan-ctf --examples`). `--kernel-trace DIR`
+    times such a trace made before (e.g. kept with `--keep`).
+
+Every trace's event counts per event name are checked against babeltrace2's
+(its text output through the same graph as timed), once, before timing.
 
 Each tool runs N times, interleaved; the figures are the median wall time
 and the median CPU time (user + system, steadier on a shared machine), and
-the ratios compare medians measured in this same run. Results go to stdout
-and bench/out/ctf.json.
+the ratios compare medians measured in this same run. `--baseline-bin DIR`
+also times another build of deepspan (e.g. the previous commit's) in the
+same rounds. Results go to stdout (a Markdown table on stderr) and
+bench/out/ctf.json.
 
-Needs lttng-tools, liblttng-ust-dev, a C compiler and babeltrace2, and the
-release binary (`cargo build --release -p deepspan`; DEEPSPAN_BIN_DIR
-overrides the folder holding it). `--ust-trace DIR` times an existing trace
-(e.g. one kept with `--keep`) instead of recording one.
+Needs babeltrace2 (and for `--only ust` lttng-tools, liblttng-ust-dev and a
+C compiler), and the release binary (`cargo build --release -p deepspan`;
+DEEPSPAN_BIN_DIR overrides the folder holding it). `--ust-trace DIR` times
+an existing UST trace instead of recording one.
 """
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -48,8 +64,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("DEEPSPAN_BIN_DIR", ROOT / "target" / "release"))
 DEEPSPAN = BIN / "deepspan"
+# Another build of deepspan timed in the same rounds (`--baseline-bin`).
+BASELINE = None
 UST_SRC = ROOT / "crates" / "ctf" / "tests" / "ust"
-KERNEL_SAMPLE = ROOT.parent / "shared" / "testdata" / "kernel" / "ctf" / "bug446190" / "trace"
+CORPUS = ROOT.parent / "shared" / "testdata" / "kernel" / "ctf"
+KERNEL_SAMPLE = CORPUS / "bug446190" / "trace"
+# The small kernel traces of the corpus (see its README).
+SMALL_TRACES = ["bug446190/trace", "synctraces/scp_src", "synctraces/scp_dest"]
 # Bytes per iteration of jaeger_ust (2 threads x 6 events, vtid/vpid context).
 UST_BYTES_PER_ITERATION = 2 * 6 * 51
 
@@ -229,26 +250,78 @@ def summary(trace):
     return json.loads(run([DEEPSPAN, "decode", trace, "--format", "json"]))
 
 
+def stream_files(trace):
+    """The data stream files of a CTF trace folder (one trace)."""
+    return [p for p in Path(trace).iterdir()
+            if p.is_file() and p.name != "metadata" and not p.name.startswith(".")]
+
+
+def babeltrace2_graph(trace):
+    """How babeltrace2 reads `trace`: ("muxer", None) when `-o dummy`
+    decodes it, else ("no muxer", reason) when it has one stream (nothing
+    to merge): the source straight into the sink."""
+    out = subprocess.run(["babeltrace2", str(trace), "-o", "dummy"], capture_output=True, text=True)
+    if out.returncode == 0:
+        return "muxer", None
+    if (Path(trace) / "metadata").is_file() and len(stream_files(trace)) == 1:
+        # The first error logged: `MM-DD hh:mm:ss pid tid E COMPONENT fn@file [name] message: details`.
+        lines = out.stderr.splitlines()
+        first = next((l for l in lines if " E " in l), lines[0] if lines else "failed")
+        reason = first.split("] ", 1)[-1].split(": ", 1)[0]
+        return "no muxer", f"`babeltrace2 -o dummy` failed: {reason}"
+    raise SystemExit(f"babeltrace2 cannot decode {trace}:\n{out.stderr[-2000:]}")
+
+
+def babeltrace2_cmd(trace, graph, sink):
+    """babeltrace2 reading `trace` into `sink` (a component class)."""
+    if graph == "muxer":
+        return ["babeltrace2", trace, "-c", sink]
+    return ["babeltrace2", "run", "--component=src:src.ctf.fs",
+            f"--params=inputs=[{json.dumps(str(trace))}]",
+            f"--component=sink:{sink}", "--connect=src:sink"]
+
+
+def babeltrace2_names(trace, graph):
+    """Events per event name, from babeltrace2's text output: each line is
+    `[time] (+delta) [hostname] NAME: {...}`; the name is the first word
+    after the time that ends with a colon (names may hold colons too)."""
+    cmd = babeltrace2_cmd(trace, graph, "sink.text.pretty")
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, errors="replace")
+    names = collections.Counter()
+    for line in proc.stdout:
+        for word in line.split("] ", 1)[-1].split(" "):
+            if word.endswith(":"):
+                names[word[:-1]] += 1
+                break
+    err = proc.stderr.read()
+    if proc.wait() != 0:
+        raise SystemExit(f"babeltrace2 text output of {trace} failed:\n{err[-2000:]}")
+    return dict(names)
+
+
 def throughput(trace, repeats):
     size = trace_bytes(trace)
+    graph, why = babeltrace2_graph(trace)
     doc = summary(trace)  # also warms the page cache
     events = doc["events"]
-    counter = run(["babeltrace2", trace, "-c", "sink.utils.counter"])
-    bt_events = None  # the last of the counter's periodic reports
-    for line in counter.splitlines():
-        parts = line.split()
-        if parts and parts[0].isdigit() and line.strip().endswith("Event messages"):
-            bt_events = int(parts[0])
-    if bt_events != events:
-        log(f"  WARNING: deepspan decodes {events} events, babeltrace2 {bt_events}")
+    bt_names = babeltrace2_names(trace, graph)
+    bt_events = sum(bt_names.values())
+    same_names = bt_names == doc["by_name"]
+    if not same_names:
+        diff = {k: (doc["by_name"].get(k), bt_names.get(k))
+                for k in set(bt_names) | set(doc["by_name"]) if doc["by_name"].get(k) != bt_names.get(k)}
+        log(f"  WARNING: events per name differ (deepspan, babeltrace2): {diff}")
     tools = {
         # Streams decoded on all CPUs (counting needs no time order) ...
         "deepspan": [DEEPSPAN, "decode", trace, "--format", "json"],
         # ... and on one thread, merged in time order as babeltrace2 does.
         "deepspan_merged_1_thread": [DEEPSPAN, "decode", trace, "--format", "json", "--threads", "1"],
-        "babeltrace2_dummy": ["babeltrace2", trace, "-o", "dummy"],
-        "babeltrace2_counter": ["babeltrace2", trace, "-c", "sink.utils.counter"],
+        "babeltrace2_dummy": (["babeltrace2", trace, "-o", "dummy"] if graph == "muxer"
+                              else babeltrace2_cmd(trace, graph, "sink.utils.dummy")),
     }
+    if BASELINE is not None:
+        tools["deepspan_baseline"] = [BASELINE, "decode", trace, "--format", "json"]
     wall = {k: [] for k in tools}
     cpu = {k: [] for k in tools}
     for i in range(repeats):
@@ -256,60 +329,121 @@ def throughput(trace, repeats):
             w, c = measured(cmd)
             wall[k].append(w)
             cpu[k].append(c)
-        log(f"  run {i + 1}: " + ", ".join(f"{k} {wall[k][-1]:.2f} s ({cpu[k][-1]:.2f} s CPU)" for k in tools))
+        if repeats <= 10 or (i + 1) % 10 == 0:
+            log(f"  run {i + 1}: " + ", ".join(f"{k} {wall[k][-1]:.3f} s ({cpu[k][-1]:.3f} s CPU)"
+                                               for k in tools))
     res = {
+        "trace": str(trace),
         "trace_bytes": size,
         "events": events,
         "babeltrace2_events": bt_events,
+        "babeltrace2_graph": graph,
+        "same_events_per_name": same_names,
         "lost_events": doc["lost_events"],
         "by_name": doc["by_name"],
+        "repeats": repeats,
     }
+    if why:
+        res["babeltrace2_graph_why"] = why
     for k in tools:
         w, c = statistics.median(wall[k]), statistics.median(cpu[k])
         res[k] = {
-            "wall_s": w, "cpu_s": c, "min_cpu_s": min(cpu[k]),
-            "mb_per_s": size / c / 1e6, "events_per_s": events / c,
+            "wall_s": w, "cpu_s": c, "min_wall_s": min(wall[k]), "min_cpu_s": min(cpu[k]),
+            "mb_per_s": size / w / 1e6, "events_per_s": events / c,
             "ns_per_event": c / events * 1e9,
         }
     bt = res["babeltrace2_dummy"]
-    # Throughput: wall time of the command as run (all CPUs).
     res["speedup_vs_babeltrace2_dummy_wall"] = bt["wall_s"] / res["deepspan"]["wall_s"]
     res["speedup_vs_babeltrace2_dummy"] = bt["cpu_s"] / res["deepspan"]["cpu_s"]
-    res["speedup_vs_babeltrace2_counter"] = res["babeltrace2_counter"]["cpu_s"] / res["deepspan"]["cpu_s"]
     one = res["deepspan_merged_1_thread"]
     res["merged_1_thread_speedup_vs_babeltrace2_dummy"] = bt["cpu_s"] / one["cpu_s"]
     res["merged_1_thread_speedup_vs_babeltrace2_dummy_wall"] = bt["wall_s"] / one["wall_s"]
+    if BASELINE is not None:
+        base = res["deepspan_baseline"]
+        res["baseline_speedup_vs_babeltrace2_dummy_wall"] = bt["wall_s"] / base["wall_s"]
+        res["baseline_speedup_vs_babeltrace2_dummy"] = bt["cpu_s"] / base["cpu_s"]
     return res
+
+
+def table(results):
+    """The figures as a Markdown table (bench/README.md's CTF section)."""
+    ms = lambda s: f"{s * 1e3:.1f}" if s < 1 else f"{s * 1e3:.0f}"
+    base = any("deepspan_baseline" in r for _, r in results)
+    rows = ["| trace | MB | events | deepspan wall / CPU ms | 1 thread, merged | "
+            "babeltrace2 -o dummy | × wall | × CPU | 1 thread × wall / CPU |"
+            + (" baseline wall / CPU ms | baseline × wall / CPU |" if base else ""),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if base else "")]
+    for name, r in results:
+        d, one, bt = r["deepspan"], r["deepspan_merged_1_thread"], r["babeltrace2_dummy"]
+        bt_note = "" if r["babeltrace2_graph"] == "muxer" else " (no muxer)"
+        check = "" if r["same_events_per_name"] else " (COUNTS DIFFER)"
+        rows.append(
+            f"| {name} | {r['trace_bytes'] / 1e6:.1f} | {r['events']}{check} | "
+            f"{ms(d['wall_s'])} / {ms(d['cpu_s'])} | {ms(one['wall_s'])} / {ms(one['cpu_s'])} | "
+            f"{ms(bt['wall_s'])} / {ms(bt['cpu_s'])}{bt_note} | "
+            f"{r['speedup_vs_babeltrace2_dummy_wall']:.1f} | {r['speedup_vs_babeltrace2_dummy']:.1f} | "
+            f"{r['merged_1_thread_speedup_vs_babeltrace2_dummy_wall']:.1f} / "
+            f"{r['merged_1_thread_speedup_vs_babeltrace2_dummy']:.1f} |"
+            + (f" {ms(r['deepspan_baseline']['wall_s'])} / {ms(r['deepspan_baseline']['cpu_s'])} | "
+               f"{r['baseline_speedup_vs_babeltrace2_dummy_wall']:.1f} / "
+               f"{r['baseline_speedup_vs_babeltrace2_dummy']:.1f} |" if base else ""))
+    return "\n".join(rows)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace-mb", type=int, default=250, help="size of each benchmark trace")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="runs of each tool on the large traces")
+    ap.add_argument("--small-repeats", type=int, default=21, help="runs of each tool on the small traces")
     ap.add_argument("--subbuf-mb", type=int, default=8, help="UST sub-buffer size (MiB)")
     ap.add_argument("--num-subbuf", type=int, default=16, help="UST sub-buffers per CPU")
     ap.add_argument("--blocking", action="store_true",
                     help="UST channel with an infinite blocking timeout: nothing is discarded")
-    ap.add_argument("--keep", metavar="DIR", help="keep the recorded traces in DIR")
+    ap.add_argument("--keep", metavar="DIR", help="keep the traces made in DIR")
     ap.add_argument("--ust-trace", metavar="DIR",
                     help="time this UST trace (e.g. one kept by --keep) instead of recording one")
-    ap.add_argument("--only", choices=["ust", "kernel"], action="append")
+    ap.add_argument("--kernel-trace", metavar="DIR",
+                    help="time this kernel-like trace (e.g. one kept by --keep) instead of making one")
+    ap.add_argument("--baseline-bin", metavar="DIR",
+                    help="also time the deepspan binary in DIR (e.g. a build of the previous commit) "
+                         "in the same rounds")
+    ap.add_argument("--only", choices=["small", "ust", "kernel"], action="append",
+                    help="cases to run (repeatable); default: small and kernel")
     args = ap.parse_args()
+    global BASELINE
+    if args.baseline_bin:
+        BASELINE = Path(args.baseline_bin) / "deepspan"
+        if not BASELINE.exists():
+            raise SystemExit(f"{BASELINE} missing")
     if not DEEPSPAN.exists():
         raise SystemExit(f"{DEEPSPAN} missing: run `cargo build --release -p deepspan` first")
-    for tool in ("babeltrace2", "lttng", "lttng-sessiond", "cc"):
+    only = set(args.only or ["small", "kernel"])
+    needed = ["babeltrace2"] + (["lttng", "lttng-sessiond", "cc"] if "ust" in only and not args.ust_trace else [])
+    for tool in needed:
         if not shutil.which(tool):
             raise SystemExit(f"{tool} missing: run `make deps` first")
-    only = set(args.only or ["ust", "kernel"])
     results = {"host_cpus": os.cpu_count(), "kernel": os.uname().release,
                "babeltrace2": run(["babeltrace2", "--version"]).splitlines()[0]}
+    rows = []
     parent = args.keep or "/var/tmp"
     Path(parent).mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix="deepspan-ctf-bench-")
     try:
+        if "small" in only:
+            results["small"] = {}
+            for rel in SMALL_TRACES:
+                trace = CORPUS / rel
+                if not trace.is_dir():
+                    log(f"(s) {trace} missing: skipped")
+                    continue
+                log(f"(s) {rel}")
+                res = throughput(trace, args.small_repeats)
+                results["small"][rel] = res
+                rows.append((rel, res))
         if "ust" in only and args.ust_trace:
             log(f"(a) LTTng-UST trace {args.ust_trace}")
             results["ust"] = throughput(Path(args.ust_trace), args.repeats)
+            rows.append(("ust", results["ust"]))
         elif "ust" in only:
             log("(a) LTTng-UST trace (jaeger_ust)")
             trace, emitted = record_ust(tmp, args.trace_mb, args.subbuf_mb, args.num_subbuf, args.blocking)
@@ -318,11 +452,13 @@ def main():
             res["recording"] = {"subbuf_mb": args.subbuf_mb, "num_subbuf": args.num_subbuf,
                                 "blocking": args.blocking}
             results["ust"] = res
+            rows.append(("ust", res))
         if "kernel" in only:
             log("(b) kernel-like trace (bug446190 packets repeated)")
-            trace = make_kernel_like(tmp, args.trace_mb)
+            trace = Path(args.kernel_trace) if args.kernel_trace else make_kernel_like(tmp, args.trace_mb)
             if trace is not None:
                 results["kernel_like"] = throughput(trace, args.repeats)
+                rows.append(("kernel-like", results["kernel_like"]))
     finally:
         if args.keep:
             log(f"traces kept in {tmp}")
@@ -330,21 +466,9 @@ def main():
             shutil.rmtree(tmp, ignore_errors=True)
     out = ROOT / "bench" / "out"
     out.mkdir(exist_ok=True)
+    results["table"] = table(rows)
     (out / "ctf.json").write_text(json.dumps(results, indent=2))
-    for case in ("ust", "kernel_like"):
-        r = results.get(case)
-        if r:
-            d, one, bt = r["deepspan"], r["deepspan_merged_1_thread"], r["babeltrace2_dummy"]
-            log(f"{case}: {r['trace_bytes'] / 1e6:.0f} MB, {r['events']} events ({r['lost_events']} discarded)\n"
-                f"  deepspan, all CPUs:   {d['wall_s']:.2f} s wall, {d['cpu_s']:.2f} s CPU "
-                f"({r['trace_bytes'] / d['wall_s'] / 1e6:.0f} MB/s)\n"
-                f"  deepspan, 1 thread, merged: {one['wall_s']:.2f} s wall, {one['cpu_s']:.2f} s CPU "
-                f"({one['ns_per_event']:.0f} ns/event CPU)\n"
-                f"  babeltrace2 -o dummy: {bt['wall_s']:.2f} s wall, {bt['cpu_s']:.2f} s CPU "
-                f"({bt['ns_per_event']:.0f} ns/event)\n"
-                f"  throughput x{r['speedup_vs_babeltrace2_dummy_wall']:.1f} (wall, all CPUs); "
-                f"1 thread merged x{r['merged_1_thread_speedup_vs_babeltrace2_dummy']:.1f} (CPU), "
-                f"x{r['merged_1_thread_speedup_vs_babeltrace2_dummy_wall']:.1f} (wall)")
+    log(results["table"])
     print(json.dumps(results, indent=2))
 
 

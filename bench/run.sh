@@ -8,7 +8,7 @@ python3 bench/kernel_bench.py "$@"
 python3 bench/analyze_bench.py
 # OTLP receiver throughput, drops and peak RSS under real exporters (< 1 min).
 python3 bench/otlp_load.py
-python3 bench/ctf_bench.py  # CTF decode throughput vs babeltrace2 on a recorded LTTng-UST trace
+python3 bench/ctf_bench.py  # CTF decode time vs babeltrace2: the corpus kernel traces and a >= 250 MB one (--only ust: a recorded LTTng-UST trace)
 python3 bench/ui_bench.py  # UI: request page first render, frame time while panning (>= 100 000 intervals)
 python3 bench/sync_bench.py  # clock sync (convex hull) cost per matched pair vs sorting the same pairs
 python3 bench/profile_overhead.py  # CPU sampling (record --profile) cost against recording without it

@@ -232,11 +232,15 @@ fn count_in_parallel<S: Send>(
     let shared = Shared::default();
     let running = AtomicUsize::new(shares.len());
     let bar = progress::spinner("decoding");
+    // Woken by each worker as it finishes, so that a short decode does not
+    // wait out the progress period.
+    let main = std::thread::current();
     let results: Vec<Result<Tally>> = std::thread::scope(|scope| {
         let workers: Vec<_> = shares
             .into_iter()
             .map(|(_, share)| {
                 let (count, shared, running) = (&count, &shared, &running);
+                let main = main.clone();
                 scope.spawn(move || {
                     let mut tally = Tally::new(keys);
                     let done = share.into_iter().try_for_each(|s| {
@@ -249,13 +253,14 @@ fn count_in_parallel<S: Send>(
                         shared.failed.store(true, Ordering::Relaxed);
                     }
                     running.fetch_sub(1, Ordering::Release);
+                    main.unpark();
                     done.map(|()| tally)
                 })
             })
             .collect();
         while running.load(Ordering::Acquire) > 0 {
             bar.set_message(format!("{} events", shared.decoded.load(Ordering::Relaxed)));
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::thread::park_timeout(std::time::Duration::from_millis(50));
         }
         workers
             .into_iter()
@@ -356,10 +361,11 @@ fn ctf_summary(
     // per-event loop; classes are joined by name at the end (two traces
     // may declare the same name).
     let classes = trace.class_count();
-    // Streams decoded on their own infer thread ids as the merged order
-    // does (`stream_events` is None when they would not).
+    // Streams (cut into runs of packets when one holds more than a
+    // thread's share) decoded on their own infer thread ids as the merged
+    // order does (`stream_parts` is None when they would not).
     let streams = if threads > 1 {
-        trace.stream_events()
+        trace.stream_parts(threads)
     } else {
         None
     };

@@ -8,6 +8,7 @@
 //! reads the value most recently decoded into its slot, which is exactly the
 //! CTF rule "the closest preceding field" even inside arrays of structs.
 
+use std::borrow::Cow;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -855,7 +856,9 @@ pub(crate) fn compile_scope(
     let mut ops = fuse(ops_of(&root, unread));
     set_scope(&mut ops, scope);
     let plan = plan_of(&ops, scope);
-    if std::env::var_os("CTF_DEBUG_PLAN").is_some() {
+    // Looked up once: a kernel trace compiles a thousand scopes.
+    static DEBUG_PLAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *DEBUG_PLAN.get_or_init(|| std::env::var_os("CTF_DEBUG_PLAN").is_some()) {
         eprintln!("scope {scope}: ops {ops:?}\n  plan {plan:?}");
     }
     let offsets = fixed_offsets(&root);
@@ -1139,9 +1142,15 @@ impl Compiler<'_> {
             let fpath = join(path, name);
             let node = self.node(fty, name, &fpath, offset)?;
             if let Some(level) = self.stack.last_mut() {
+                let name: Arc<str> = Arc::from(name);
+                // A top-level field's path is its name: one allocation.
+                let fpath = match fpath {
+                    Cow::Borrowed(_) => name.clone(),
+                    Cow::Owned(p) => Arc::from(p),
+                };
                 level.push(Field {
-                    name: Arc::from(name),
-                    path: Arc::from(fpath),
+                    name,
+                    path: fpath,
                     raw: raw.as_str().into(),
                     node,
                 });
@@ -1290,11 +1299,12 @@ fn lookup<'n>(fields: &'n [Field], path: &[String]) -> Option<&'n Node> {
     }
 }
 
-fn join(prefix: &str, name: &str) -> String {
+/// The path of field `name` in `prefix` (itself at the top level).
+fn join<'n>(prefix: &str, name: &'n str) -> Cow<'n, str> {
     if prefix.is_empty() {
-        name.to_string()
+        Cow::Borrowed(name)
     } else {
-        format!("{prefix}.{name}")
+        Cow::Owned(format!("{prefix}.{name}"))
     }
 }
 

@@ -13,7 +13,9 @@
 //!   [`CtfTrace::events`] streams [`CtfEvent`]s (memory stays at a few
 //!   windows of a few MiB per stream whatever the trace size; files are
 //!   mapped read-only, as babeltrace2 does, so they must not be truncated
-//!   while being read).
+//!   while being read); [`CtfTrace::stream_events`] gives each stream on
+//!   its own, and [`CtfTrace::stream_parts`] cuts the large ones into runs
+//!   of packets, for threads that decode in parallel and merge by time.
 //! - [`CtfEvent::to_event`] maps kernel events to the typed
 //!   [`deepspan_model::Event`]; [`CtfEvent::fields`] gives every field;
 //!   [`CtfEvent::span_sync`] decodes `jaeger_ust` span start/end events.

@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use deepspan_model::Name;
 
@@ -382,11 +382,19 @@ pub(crate) fn parse_metadata(path: &Path, raw: &[u8]) -> Result<TraceMeta> {
     let (text, map) = metadata_text(path, raw)?;
     let at = |e: ParseError| Error::metadata(path, map.file_offset(e.offset), describe(&text, e));
     let ir = tsdl::parse(&text).map_err(at)?;
-    let text = String::from_utf8_lossy(&text).into_owned();
-    compile(ir, text.clone()).map_err(|e| {
-        let off = map.file_offset(e.offset);
-        Error::metadata(path, off, describe(text.as_bytes(), e))
-    })
+    // Kept as is when valid UTF-8 (always, from LTTng): no copy.
+    let text = String::from_utf8(text)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    match compile(ir) {
+        Ok(mut meta) => {
+            meta.text = text;
+            Ok(meta)
+        }
+        Err(e) => {
+            let off = map.file_offset(e.offset);
+            Err(Error::metadata(path, off, describe(text.as_bytes(), e)))
+        }
+    }
 }
 
 fn describe(text: &[u8], e: ParseError) -> String {
@@ -497,24 +505,48 @@ fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
-/// Where the typed mapping finds a field known by `names`: the first name
-/// a top-level payload field has. Without a fixed layout, fields are found
-/// by flattened path, which no struct has (its members have `a.b` paths).
-fn param_index(payload: Option<&Scope>, names: &[&str]) -> u16 {
+/// Where the typed mapping finds each [`P`]: the top-level payload field
+/// with the first of its names (in order of preference) that any field
+/// has. Without a fixed layout, fields are found by flattened path, which
+/// no struct has (its members have `a.b` paths). One look-up per field:
+/// a kernel trace declares hundreds of classes.
+fn param_indices(payload: Option<&Scope>) -> Box<[u16]> {
+    /// The params each field name stands for, with its rank among their
+    /// names.
+    fn params_named(name: &str) -> &'static [(usize, usize)] {
+        static BY_NAME: OnceLock<HashMap<&'static str, Vec<(usize, usize)>>> = OnceLock::new();
+        let by_name = BY_NAME.get_or_init(|| {
+            let mut m: HashMap<&'static str, Vec<(usize, usize)>> = HashMap::new();
+            for (param, names) in PARAM_NAMES.iter().enumerate() {
+                for (rank, name) in names.iter().enumerate() {
+                    m.entry(name).or_default().push((param, rank));
+                }
+            }
+            m
+        });
+        by_name.get(name).map_or(&[], Vec::as_slice)
+    }
+    let mut out = vec![NO_PARAM; PARAM_NAMES.len()];
     let Some(p) = payload else {
-        return NO_PARAM;
+        return out.into();
     };
     let fixed = p.offsets.is_some();
-    names
-        .iter()
-        .find_map(|n| {
-            p.fields()
-                .iter()
-                .position(|f| &*f.name == *n && (fixed || !matches!(f.node, Node::Struct(_))))
-        })
-        .and_then(|i| u16::try_from(i).ok())
-        .filter(|i| *i != NO_PARAM)
-        .unwrap_or(NO_PARAM)
+    let mut best = vec![usize::MAX; PARAM_NAMES.len()];
+    for (i, f) in p.fields().iter().enumerate() {
+        if !fixed && matches!(f.node, Node::Struct(_)) {
+            continue;
+        }
+        for &(param, rank) in params_named(&f.name) {
+            if rank < best[param] {
+                best[param] = rank;
+                out[param] = u16::try_from(i)
+                    .ok()
+                    .filter(|i| *i != NO_PARAM)
+                    .unwrap_or(NO_PARAM);
+            }
+        }
+    }
+    out.into()
 }
 
 fn small(v: i128, what: &str, at: usize) -> Result<u64, ParseError> {
@@ -549,7 +581,9 @@ fn make_env<'a>(
     }
 }
 
-fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> {
+/// Compiles the IR; the returned metadata's `text` is left empty for the
+/// caller to fill.
+fn compile(ir: tsdl::MetadataIr) -> Result<TraceMeta, ParseError> {
     let trace = ir
         .trace
         .ok_or_else(|| ParseError::new(0, "no `trace` block"))?;
@@ -812,10 +846,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
             };
             let switch_fields =
                 field_index(&["prev_tid", "prev_pid"]).zip(field_index(&["next_tid", "next_pid"]));
-            let params = PARAM_NAMES
-                .iter()
-                .map(|names| param_index(payload.as_ref(), names))
-                .collect();
+            let params = param_indices(payload.as_ref());
             let class = EventClass {
                 id,
                 seq: class_seq,
@@ -952,7 +983,7 @@ fn compile(ir: tsdl::MetadataIr, text: String) -> Result<TraceMeta, ParseError> 
         clocks,
         streams,
         kernel,
-        text,
+        text: String::new(),
     })
 }
 

@@ -318,8 +318,11 @@ pub(crate) struct Packet {
     pub info: Arc<PacketInfo>,
 }
 
-/// Records per chunk.
-pub(crate) const CHUNK: usize = 4096;
+/// Records per chunk (56 KiB): few enough that the chunks a stream has in
+/// use (about two when events are dropped as they come) take few fresh
+/// pages (at 4096, records were a fifth of the pages the decoding of a
+/// small trace touched first), and enough that taking a chunk is rare.
+pub(crate) const CHUNK: usize = 1024;
 /// Events decoded per call of [`StreamEvents::fill`].
 const BATCH: usize = 256;
 
@@ -849,6 +852,67 @@ pub(crate) struct StreamEvents {
     prev_end_ns: Option<u64>,
     lost: Arc<Mutex<LostLog>>,
     done: bool,
+    /// Offset of the first packet to read in the first file opened (a
+    /// [`StreamPart`] may start inside a file).
+    resume: u64,
+    /// Where the packets to read end: (file index, offset) of the first
+    /// packet not to read; `None`: the end of the stream.
+    stop: Option<(usize, u64)>,
+}
+
+/// A run of whole packets of a stream, read on its own: from the packet at
+/// `start` (file index, byte offset) up to the one at `stop` (or the end of
+/// the stream), with what the packets before it tell about lost events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StreamPart {
+    pub start: (usize, u64),
+    pub stop: Option<(usize, u64)>,
+    /// The discarded-event counter and end time (absolute ns) of the
+    /// packets before `start`, as [`StreamEvents`] would have them there.
+    pub prev_discarded: Option<u64>,
+    pub prev_end_ns: Option<u64>,
+}
+
+/// Where a packet of a stream starts and what it says about lost events
+/// (see [`packet_map`]).
+#[derive(Clone, Debug)]
+pub(crate) struct PacketAt {
+    /// Index in the stream's files, and byte offset there.
+    pub file: usize,
+    pub offset: u64,
+    /// Bytes of the packet in its file (less than its size when the file
+    /// is cut short inside it).
+    pub bytes: u64,
+    /// `events_discarded` and its width in bits.
+    pub discarded: Option<(u64, u8)>,
+    /// `timestamp_end`, absolute ns.
+    pub end_ns: Option<u64>,
+    /// The packet sets the stream clock (`timestamp_begin`): its events'
+    /// timestamps do not depend on the packets before it.
+    pub sets_clock: bool,
+}
+
+impl PacketAt {
+    /// (file index, offset): where a [`StreamPart`] starting here starts.
+    pub fn at(&self) -> (usize, u64) {
+        (self.file, self.offset)
+    }
+}
+
+/// The part of a stream from packet `from` of `packets` (its
+/// [`packet_map`]) to packet `to` (excluded; `None`: to the end).
+pub(crate) fn part_of(packets: &[PacketAt], from: usize, to: Option<usize>) -> StreamPart {
+    let (mut prev_discarded, mut prev_end_ns) = (None, None);
+    for p in &packets[..from] {
+        prev_discarded = p.discarded.map(|(c, _)| c).or(prev_discarded);
+        prev_end_ns = p.end_ns.or(prev_end_ns);
+    }
+    StreamPart {
+        start: packets.get(from).map_or((0, 0), PacketAt::at),
+        stop: to.and_then(|t| packets.get(t)).map(PacketAt::at),
+        prev_discarded,
+        prev_end_ns,
+    }
 }
 
 impl StreamEvents {
@@ -876,11 +940,34 @@ impl StreamEvents {
             prev_end_ns: None,
             lost,
             done: false,
+            resume: 0,
+            stop: None,
         }
     }
 
-    pub fn spec(&self) -> &StreamSpec {
-        &self.spec
+    /// The trace the stream belongs to.
+    pub fn trace(&self) -> &TraceShared {
+        &self.spec.trace
+    }
+
+    /// The discarded-event log the reader adds to.
+    pub fn lost_log(&self) -> Arc<Mutex<LostLog>> {
+        self.lost.clone()
+    }
+
+    /// The events of `part` of the stream only.
+    pub fn part(
+        spec: StreamSpec,
+        lost: Arc<Mutex<LostLog>>,
+        opts: ReadOptions,
+        part: &StreamPart,
+    ) -> StreamEvents {
+        let mut events = StreamEvents::new(spec, lost, opts);
+        (events.next_file, events.resume) = part.start;
+        events.stop = part.stop;
+        events.prev_discarded = part.prev_discarded;
+        events.prev_end_ns = part.prev_end_ns;
+        events
     }
 
     #[inline]
@@ -912,7 +999,8 @@ impl StreamEvents {
                 };
                 self.next_file += 1;
                 let (r, len) = Reader::open(src)?;
-                self.reader = Some((r, len, 0, Arc::from(src.path())));
+                let at = std::mem::take(&mut self.resume);
+                self.reader = Some((r, len, at, Arc::from(src.path())));
                 self.current = None;
             }
             let Some((reader, len, pos, path)) = self.reader.as_mut() else {
@@ -929,6 +1017,9 @@ impl StreamEvents {
                 continue;
             }
             let (len, offset, path) = (*len, *pos, path.clone());
+            if self.stop == Some((self.next_file - 1, offset)) {
+                return Ok(false);
+            }
             self.current = None;
             if reader.pos() != offset {
                 // The previous packet was not read to its end.
@@ -1687,12 +1778,30 @@ impl StreamEvents {
 /// Sums the lost-event counts of one stream by reading only packet
 /// preambles.
 pub(crate) fn scan_lost(spec: &StreamSpec) -> Result<u64> {
-    let meta = &spec.trace.meta;
-    let mut walker = Walker::new();
     let mut prev: Option<u64> = None;
     let mut total = 0u64;
+    for (counter, width) in packet_map(spec)?.iter().filter_map(|p| p.discarded) {
+        let mask = if width >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << width) - 1
+        };
+        total = total.saturating_add(counter.wrapping_sub(prev.unwrap_or(0)) & mask);
+        prev = Some(counter);
+    }
+    Ok(total)
+}
+
+/// The packets of one stream whose events are read, in reading order, by
+/// reading only their preambles: up to a file's end or the first packet
+/// cut short (included when its events are whole, as the reader keeps
+/// them).
+pub(crate) fn packet_map(spec: &StreamSpec) -> Result<Vec<PacketAt>> {
+    let meta = &spec.trace.meta;
+    let mut walker = Walker::new();
+    let mut out = Vec::new();
     let mut buf = Vec::new();
-    for src in &spec.files {
+    for (file, src) in spec.files.iter().enumerate() {
         let (mut reader, len) = Reader::open(src)?;
         let mut pos = 0;
         while pos < len {
@@ -1723,18 +1832,18 @@ pub(crate) fn scan_lost(spec: &StreamSpec) -> Result<u64> {
                     format!("bad packet size of {packet_bytes} bytes"),
                 ));
             }
-            if let Some((counter, width)) = pre.discarded {
-                let mask = if width >= 64 {
-                    u64::MAX
-                } else {
-                    (1u64 << width) - 1
-                };
-                total = total.saturating_add(counter.wrapping_sub(prev.unwrap_or(0)) & mask);
-                prev = Some(counter);
-            }
-            pos = pos.saturating_add(packet_bytes).min(len);
+            let bytes = packet_bytes.min(len - pos);
+            out.push(PacketAt {
+                file,
+                offset: pos,
+                bytes,
+                discarded: pre.discarded,
+                end_ns: pre.ts_end.map(|t| abs_ns(&spec.trace, &pre.stream, t)),
+                sets_clock: pre.ts_begin.is_some(),
+            });
+            pos += bytes;
             rewind(&mut reader, src.path(), pos)?;
         }
     }
-    Ok(total)
+    Ok(out)
 }

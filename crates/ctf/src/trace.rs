@@ -11,8 +11,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::event::CtfEvent;
 use crate::metadata::{parse_metadata, read_metadata, Clock, EnvValue, EventClass, TraceMeta};
 use crate::stream::{
-    abs_ns, first_preamble, index_tail, note_cut, scan_lost, LostEvents, LostLog, ReadOptions,
-    Source, StreamCut, StreamEvents, StreamSpec, TraceShared,
+    abs_ns, first_preamble, index_tail, note_cut, packet_map, part_of, scan_lost, LostEvents,
+    LostLog, PacketAt, ReadOptions, Source, StreamCut, StreamEvents, StreamSpec, TraceShared,
 };
 
 /// Folders deeper than this below the opened one are not searched (also
@@ -272,6 +272,91 @@ impl CtfTrace {
     /// have one stream per CPU (one channel), because a stream sees only
     /// its own switches.
     pub fn stream_events(&self) -> Option<Vec<StreamReader>> {
+        if !self.readable_per_stream() {
+            return None;
+        }
+        let lost = Arc::new(Mutex::new(LostLog::default()));
+        Some(
+            self.streams
+                .iter()
+                .map(|s| {
+                    let events = StreamEvents::new(s.clone(), lost.clone(), ReadOptions::default());
+                    StreamReader::new(events, s.files.iter().map(|f| f.len()).sum(), None)
+                })
+                .collect(),
+        )
+    }
+
+    /// Like [`CtfTrace::stream_events`], with the streams larger than
+    /// `1 / parts` of the trace cut into runs of whole packets of about
+    /// that size, each read on its own: so that `parts` threads share the
+    /// work evenly even when one stream holds most of the trace (one CPU
+    /// traced, or one busy CPU). The readers of one stream come one after
+    /// the other, in order: merged by [`CtfEvent::ts`] (ties: lower index
+    /// first) they give the events of `events()`, and together the same
+    /// discarded-event log. Thread ids inferred from context switches
+    /// are exact: a run starts with the thread switched in last before it
+    /// (found by decoding the packets before it, back to the first with a
+    /// switch). Differences: an error in a stream ends only the run it
+    /// is in, not the rest of the stream; a stream whose packets cannot
+    /// be listed (an error at a packet header) is read whole.
+    pub fn stream_parts(&self, parts: usize) -> Option<Vec<StreamReader>> {
+        if !self.readable_per_stream() {
+            return None;
+        }
+        let lost = Arc::new(Mutex::new(LostLog::default()));
+        let sizes: Vec<u64> = self
+            .streams
+            .iter()
+            .map(|s| s.files.iter().map(|f| f.len()).sum())
+            .collect();
+        let share = sizes
+            .iter()
+            .sum::<u64>()
+            .div_ceil(parts.max(1) as u64)
+            .max(1);
+        let mut out = Vec::new();
+        for (s, &bytes) in self.streams.iter().zip(&sizes) {
+            let runs = bytes.div_ceil(share);
+            let packets = if runs > 1 {
+                packet_map(s)
+                    .ok()
+                    .filter(|p| p.len() >= 2 * MIN_RUN_PACKETS)
+            } else {
+                None
+            };
+            let Some(packets) = packets else {
+                let events = StreamEvents::new(s.clone(), lost.clone(), ReadOptions::default());
+                out.push(StreamReader::new(events, bytes, None));
+                continue;
+            };
+            let packets: Arc<[PacketAt]> = packets.into();
+            let starts = run_starts(&packets, runs);
+            for (i, &from) in starts.iter().enumerate() {
+                let to = starts.get(i + 1).copied();
+                let run_bytes = packets[from..to.unwrap_or(packets.len())]
+                    .iter()
+                    .map(|p| p.bytes)
+                    .sum();
+                let seed = (s.trace.tid_inferred && from > 0).then(|| TidSeed {
+                    spec: s.clone(),
+                    packets: packets.clone(),
+                    before: from,
+                });
+                let part = part_of(&packets, from, to);
+                let events =
+                    StreamEvents::part(s.clone(), lost.clone(), ReadOptions::default(), &part);
+                out.push(StreamReader::new(events, run_bytes, seed));
+            }
+        }
+        Some(out)
+    }
+
+    /// Whether the streams read one by one give the events of `events()`:
+    /// a trace whose thread ids are inferred from context switches must
+    /// have one stream per CPU (one channel), because a stream sees only
+    /// its own switches.
+    fn readable_per_stream(&self) -> bool {
         let mut channels: HashMap<usize, HashSet<String>> = HashMap::new();
         for s in &self.streams {
             if s.trace.tid_inferred {
@@ -286,21 +371,7 @@ impl CtfTrace {
                     .insert(channel_of(&file));
             }
         }
-        if channels.values().any(|c| c.len() > 1) {
-            return None;
-        }
-        let lost = Arc::new(Mutex::new(LostLog::default()));
-        Some(
-            self.streams
-                .iter()
-                .map(|s| StreamReader {
-                    events: StreamEvents::new(s.clone(), lost.clone(), ReadOptions::default()),
-                    infer: s.trace.tid_inferred,
-                    cpu_tid: CpuTids::default(),
-                    lost: lost.clone(),
-                })
-                .collect(),
-        )
+        channels.values().all(|c| c.len() <= 1)
     }
 
     /// The stream files found cut short so far: those whose first packet
@@ -374,18 +445,104 @@ fn channel_of(path: &Path) -> String {
     }
 }
 
-/// The events of one stream; see [`CtfTrace::stream_events`].
+/// Packets a run of [`CtfTrace::stream_parts`] has at least: a run that
+/// infers thread ids may decode the packet before it once more.
+const MIN_RUN_PACKETS: usize = 4;
+
+/// The first packet of each of `runs` runs of about equal bytes (each of
+/// at least [`MIN_RUN_PACKETS`] packets) of a stream's `packets`. A run
+/// starts only at a packet that sets the clock (compact timestamps count
+/// from the clock the packets before left).
+fn run_starts(packets: &[PacketAt], runs: u64) -> Vec<usize> {
+    let total: u64 = packets.iter().map(|p| p.bytes).sum();
+    let mut starts = vec![0];
+    let mut at = 0u64;
+    for (i, p) in packets.iter().enumerate() {
+        let last = *starts.last().unwrap_or(&0);
+        let run = starts.len() as u64;
+        // Cut where this packet starts nearer the next target than the
+        // next packet would.
+        let target = total / runs * run;
+        if run < runs
+            && p.sets_clock
+            && i >= last + MIN_RUN_PACKETS
+            && i + MIN_RUN_PACKETS <= packets.len()
+            && at + p.bytes / 2 >= target
+        {
+            starts.push(i);
+        }
+        at += p.bytes;
+    }
+    starts
+}
+
+/// Where a run of a stream finds the thread last switched in before it.
+struct TidSeed {
+    spec: StreamSpec,
+    packets: Arc<[PacketAt]>,
+    /// Index in `packets` of the run's first packet.
+    before: usize,
+}
+
+/// The events of one stream, or of a run of packets of it; see
+/// [`CtfTrace::stream_events`] and [`CtfTrace::stream_parts`].
 pub struct StreamReader {
+    bytes: u64,
     events: StreamEvents,
     infer: bool,
     cpu_tid: CpuTids,
+    /// Until the first event: where the thread ids at the start of the run
+    /// are found.
+    seed: Option<TidSeed>,
     lost: Arc<Mutex<LostLog>>,
 }
 
 impl StreamReader {
-    /// Bytes of the stream's files (a size to balance work by).
+    fn new(events: StreamEvents, bytes: u64, seed: Option<TidSeed>) -> StreamReader {
+        StreamReader {
+            bytes,
+            infer: events.trace().tid_inferred,
+            lost: events.lost_log(),
+            events,
+            cpu_tid: CpuTids::default(),
+            seed,
+        }
+    }
+
+    /// Bytes of the stream's files, or of the run's packets (a size to
+    /// balance work by).
     pub fn bytes(&self) -> u64 {
-        self.events.spec().files.iter().map(|f| f.len()).sum()
+        self.bytes
+    }
+
+    /// Sets the thread switched in last on each CPU before the run:
+    /// decodes the packets before it, from the last one back, up to the
+    /// first that has a context switch (the state the whole stream's
+    /// reader would have there). A packet that does not decode is
+    /// skipped: the run before reports its error.
+    #[cold]
+    fn seed_tids(&mut self, seed: TidSeed) {
+        // Their losses were counted by the run they belong to.
+        let lost: Arc<Mutex<LostLog>> = Arc::default();
+        for j in (0..seed.before).rev() {
+            let part = part_of(&seed.packets, j, Some(j + 1));
+            let packet = StreamEvents::part(
+                seed.spec.clone(),
+                lost.clone(),
+                ReadOptions::default(),
+                &part,
+            );
+            let mut switched = false;
+            for event in packet.map_while(Result::ok) {
+                if let Some((_, next)) = event.switch() {
+                    self.cpu_tid.set(event.cpu(), next);
+                    switched = true;
+                }
+            }
+            if switched {
+                return;
+            }
+        }
     }
 
     /// The discarded-event log shared by all readers of one
@@ -421,6 +578,9 @@ impl Iterator for StreamReader {
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(seed) = self.seed.take() {
+            self.seed_tids(seed);
+        }
         let mut event = match self.events.next()? {
             Ok(e) => e,
             Err(e) => return Some(Err(e)),
@@ -966,6 +1126,72 @@ mod tests {
                 assert_eq!(observe(&trace, opts), expected, "{opts:?}");
             }
         }
+    }
+
+    /// Streams cut into runs of packets, decoded on their own and merged
+    /// by time, give the events of the whole trace (typed, with inferred
+    /// thread ids) and the same discarded-event total.
+    #[test]
+    fn stream_runs_merge_to_the_same_events() {
+        use deepspan_model::{merge_parallel, Event};
+        let mut cut = 0;
+        for rel in [
+            "bug446190/trace",
+            "lttng-tracefile-rotation",
+            "multi-domains",
+            "perf-taskset2/trace",
+            "synctraces/scp_src",
+            "synctraces/scp_dest",
+        ] {
+            let trace = CtfTrace::open(corpus(rel)).unwrap();
+            let mut events = trace.events();
+            let sequential: Vec<Event> = events.by_ref().map(|e| e.unwrap().to_event()).collect();
+            for parts in [1, 2, 3, 5, 8] {
+                let Some(readers) = trace.stream_parts(parts) else {
+                    continue;
+                };
+                if readers.len() > trace.streams.len() {
+                    cut += 1;
+                }
+                let lost = readers[0].lost_log();
+                let typed: Vec<_> = readers
+                    .into_iter()
+                    .map(|r| r.map(|e| e.map(|e| e.to_event())))
+                    .collect();
+                let mut merged = Vec::new();
+                merge_parallel(typed, &mut |e| merged.push(e)).unwrap();
+                assert_eq!(merged.len(), sequential.len(), "{rel} {parts}");
+                for (i, (a, b)) in merged.iter().zip(&sequential).enumerate() {
+                    assert_eq!(a, b, "{rel} {parts}: event {i}");
+                }
+                assert_eq!(lost.total(), events.lost_events(), "{rel} {parts}");
+            }
+        }
+        assert!(cut >= 4, "only {cut} traces cut into runs");
+    }
+
+    #[test]
+    fn runs_start_near_equal_shares() {
+        let packet = |i: usize, bytes| PacketAt {
+            file: 0,
+            offset: i as u64 * 100,
+            bytes,
+            discarded: Some((i as u64, 32)),
+            end_ns: Some(i as u64),
+            sets_clock: true,
+        };
+        let packets: Vec<PacketAt> = (0..10).map(|i| packet(i, 100)).collect();
+        assert_eq!(run_starts(&packets, 2), [0, 5]);
+        assert_eq!(run_starts(&packets, 3), [0, 4]);
+        assert_eq!(run_starts(&packets[..7], 2), [0]);
+        // A packet that does not set the clock starts no run.
+        let mut no_clock = packets.clone();
+        no_clock[5].sets_clock = false;
+        assert_eq!(run_starts(&no_clock, 2), [0, 6]);
+        let part = part_of(&packets, 5, Some(8));
+        assert_eq!(part.start, (0, 500));
+        assert_eq!(part.stop, Some((0, 800)));
+        assert_eq!((part.prev_discarded, part.prev_end_ns), (Some(4), Some(4)));
     }
 
     #[test]

@@ -1,12 +1,17 @@
 //! TSDL tokens. Keywords are returned as plain words: they double as path
 //! components (`stream.event.header.id`, `clock.monotonic.value`), so the
 //! parser decides what a word means from where it stands.
+//!
+//! Words borrow the metadata text: a kernel trace's metadata holds tens of
+//! thousands of them (one `integer { size = 32; ... }` per field of each of
+//! its hundreds of event classes), and a copy of each was most of the time
+//! spent opening a small trace.
 
 use super::ParseError;
 
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Tok {
-    Word(String),
+pub(crate) enum Tok<'a> {
+    Word(&'a str),
     /// Integer constant; negative values come from a unary minus in the parser.
     Int(u64),
     Str(String),
@@ -16,14 +21,18 @@ pub(crate) enum Tok {
 }
 
 #[derive(Clone, Debug)]
-pub(crate) struct Token {
-    pub tok: Tok,
+pub(crate) struct Token<'a> {
+    pub tok: Tok<'a>,
     /// Byte offset of the first character in the metadata text.
     pub offset: usize,
 }
 
-pub(crate) fn tokenize(text: &[u8]) -> Result<Vec<Token>, ParseError> {
-    let mut out = Vec::new();
+pub(crate) fn tokenize(text: &[u8]) -> Result<Vec<Token<'_>>, ParseError> {
+    // About one token per 4 bytes of kernel metadata.
+    let mut out = Vec::with_capacity(text.len() / 3);
+    // Words are sliced from the text as a whole when it is UTF-8 (as it
+    // always is), which is cheaper than checking each word.
+    let utf8 = std::str::from_utf8(text).ok();
     let mut i = 0;
     let n = text.len();
     while i < n {
@@ -47,11 +56,15 @@ pub(crate) fn tokenize(text: &[u8]) -> Result<Vec<Token>, ParseError> {
             continue;
         }
         if c.is_ascii_alphabetic() || c == b'_' {
-            while i < n && (text[i].is_ascii_alphanumeric() || text[i] == b'_') {
+            while i < n && IDENT[text[i] as usize] {
                 i += 1;
             }
-            // Safe: the slice is ASCII by construction.
-            let word = String::from_utf8_lossy(&text[start..i]).into_owned();
+            // ASCII by construction: neither fails.
+            let word = match utf8 {
+                Some(t) => &t[start..i],
+                None => std::str::from_utf8(&text[start..i])
+                    .map_err(|_| ParseError::new(start, "identifier is not ASCII"))?,
+            };
             out.push(Token {
                 tok: Tok::Word(word),
                 offset: start,
@@ -87,37 +100,32 @@ pub(crate) fn tokenize(text: &[u8]) -> Result<Vec<Token>, ParseError> {
             });
             continue;
         }
-        let rest = &text[i..];
-        let punct: &'static str = if rest.starts_with(b":=") {
-            ":="
-        } else if rest.starts_with(b"...") {
-            "..."
-        } else if rest.starts_with(b"->") {
-            "->"
-        } else {
-            match c {
-                b'{' => "{",
-                b'}' => "}",
-                b'[' => "[",
-                b']' => "]",
-                b'(' => "(",
-                b')' => ")",
-                b';' => ";",
-                b',' => ",",
-                b'=' => "=",
-                b'.' => ".",
-                b'<' => "<",
-                b'>' => ">",
-                b':' => ":",
-                b'*' => "*",
-                b'+' => "+",
-                b'-' => "-",
-                _ => {
-                    return Err(ParseError::new(
-                        start,
-                        format!("unexpected character {:?}", c as char),
-                    ));
-                }
+        let next = text.get(i + 1).copied();
+        let punct: &'static str = match c {
+            b':' if next == Some(b'=') => ":=",
+            b'.' if next == Some(b'.') && text.get(i + 2) == Some(&b'.') => "...",
+            b'-' if next == Some(b'>') => "->",
+            b'{' => "{",
+            b'}' => "}",
+            b'[' => "[",
+            b']' => "]",
+            b'(' => "(",
+            b')' => ")",
+            b';' => ";",
+            b',' => ",",
+            b'=' => "=",
+            b'.' => ".",
+            b'<' => "<",
+            b'>' => ">",
+            b':' => ":",
+            b'*' => "*",
+            b'+' => "+",
+            b'-' => "-",
+            _ => {
+                return Err(ParseError::new(
+                    start,
+                    format!("unexpected character {:?}", c as char),
+                ));
             }
         };
         i += punct.len();
@@ -128,6 +136,19 @@ pub(crate) fn tokenize(text: &[u8]) -> Result<Vec<Token>, ParseError> {
     }
     Ok(out)
 }
+
+/// Bytes that continue an identifier (`[A-Za-z0-9_]`), by value: one load
+/// per byte of the many words of kernel metadata.
+static IDENT: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || c == b'_';
+        b += 1;
+    }
+    t
+};
 
 fn find(text: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
     text.get(from..)?
@@ -249,7 +270,7 @@ fn quoted(text: &[u8], quote: u8) -> Result<(Vec<u8>, usize), String> {
 mod tests {
     use super::*;
 
-    fn toks(s: &str) -> Vec<Tok> {
+    fn toks(s: &str) -> Vec<Tok<'_>> {
         tokenize(s.as_bytes())
             .unwrap()
             .into_iter()
@@ -262,11 +283,11 @@ mod tests {
         assert_eq!(
             toks("/* CTF 1.8 */ a := 0x1F; // x\n b = 017 ... \"q\\\"\\n\" 10UL"),
             vec![
-                Tok::Word("a".into()),
+                Tok::Word("a"),
                 Tok::Punct(":="),
                 Tok::Int(31),
                 Tok::Punct(";"),
-                Tok::Word("b".into()),
+                Tok::Word("b"),
                 Tok::Punct("="),
                 Tok::Int(15),
                 Tok::Punct("..."),

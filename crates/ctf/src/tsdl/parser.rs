@@ -2,6 +2,7 @@
 //! to what describes data: declarations, typedef/typealias, and the
 //! `trace`/`env`/`clock`/`stream`/`event`/`callsite` blocks.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -33,29 +34,38 @@ pub(crate) fn parse(text: &[u8]) -> Result<MetadataIr, ParseError> {
     Ok(out)
 }
 
-/// A right-hand side of `key = value` in a block.
+/// A right-hand side of `key = value` in a block; words borrow the text.
 #[derive(Debug)]
-enum Value {
+enum Value<'t> {
     Int(i128),
     Str(String),
-    /// A bare word or dotted path (`le`, `true`, `clock.monotonic.value`).
-    Path(Vec<String>),
+    /// A bare word (`le`, `true`, `none`): nearly every word value.
+    Word(&'t str),
+    /// A dotted path (`clock.monotonic.value`).
+    Path(Vec<&'t str>),
     Type(Rc<TypeIr>),
 }
 
-struct Attr {
-    key: String,
-    value: Value,
+struct Attr<'t> {
+    /// The key's words joined with dots (borrowed when a single word, as
+    /// nearly all are).
+    key: Cow<'t, str>,
+    value: Value<'t>,
     offset: usize,
 }
 
-enum Dim {
+enum Dim<'t> {
     Len(u64),
-    Path(Vec<String>),
+    Path(Vec<&'t str>),
+}
+
+/// A dotted path as the IR keeps it.
+fn owned(path: Vec<&str>) -> Vec<String> {
+    path.into_iter().map(str::to_string).collect()
 }
 
 struct Parser<'t> {
-    toks: &'t [Token],
+    toks: &'t [Token<'t>],
     pos: usize,
     /// Lexical scopes of type names: aliases by their (space-joined) name,
     /// tagged types as `struct X`, `variant X`, `enum X`.
@@ -88,17 +98,17 @@ impl<'t> Parser<'t> {
         Err(ParseError::new(self.offset(), message))
     }
 
-    fn peek(&self) -> Option<&'t Tok> {
+    fn peek(&self) -> Option<&'t Tok<'t>> {
         self.toks.get(self.pos).map(|t| &t.tok)
     }
 
-    fn peek_at(&self, n: usize) -> Option<&'t Tok> {
+    fn peek_at(&self, n: usize) -> Option<&'t Tok<'t>> {
         self.toks.get(self.pos + n).map(|t| &t.tok)
     }
 
     fn peek_word(&self) -> Option<&'t str> {
         match self.peek() {
-            Some(Tok::Word(w)) => Some(w.as_str()),
+            Some(Tok::Word(w)) => Some(w),
             _ => None,
         }
     }
@@ -133,11 +143,11 @@ impl<'t> Parser<'t> {
         }
     }
 
-    fn expect_word(&mut self) -> Result<String, ParseError> {
+    fn expect_word(&mut self) -> Result<&'t str, ParseError> {
         match self.peek() {
             Some(Tok::Word(w)) => {
                 self.pos += 1;
-                Ok(w.clone())
+                Ok(w)
             }
             _ => self.err(format!("expected an identifier, found {}", self.describe())),
         }
@@ -232,13 +242,14 @@ impl<'t> Parser<'t> {
                     let v = match a.value {
                         Value::Int(i) => EnvIr::Int(i),
                         Value::Str(s) => EnvIr::Str(s),
+                        Value::Word(w) => EnvIr::Str(w.to_string()),
                         Value::Path(p) => EnvIr::Str(p.join(".")),
                         Value::Type(_) => {
                             return Err(ParseError::new(a.offset, "type in `env` block"))
                         }
                     };
                     out.env.retain(|(k, _)| *k != a.key);
-                    out.env.push((a.key, v));
+                    out.env.push((a.key.into_owned(), v));
                 }
             }
             "clock" => out.clocks.push(clock_block(attrs, at)?),
@@ -250,7 +261,7 @@ impl<'t> Parser<'t> {
     }
 
     /// Items of a `trace`/`stream`/... block up to and including `}`.
-    fn block_body(&mut self) -> Result<Vec<Attr>, ParseError> {
+    fn block_body(&mut self) -> Result<Vec<Attr<'t>>, ParseError> {
         let mut attrs = Vec::new();
         loop {
             if self.eat_punct("}") {
@@ -268,7 +279,7 @@ impl<'t> Parser<'t> {
                 _ => {}
             }
             let offset = self.offset();
-            let key = self.path()?.join(".");
+            let key = self.key()?;
             let value = if self.eat_punct(":=") {
                 self.enter()?;
                 let ty = self.type_spec();
@@ -283,8 +294,23 @@ impl<'t> Parser<'t> {
         }
     }
 
+    /// The key of `key = value`: a word, or a path joined with dots.
+    fn key(&mut self) -> Result<Cow<'t, str>, ParseError> {
+        let first = self.expect_word()?;
+        if !(self.is_punct(".") || self.is_punct("->")) {
+            return Ok(Cow::Borrowed(first));
+        }
+        let mut key = first.to_string();
+        while self.is_punct(".") || self.is_punct("->") {
+            self.pos += 1;
+            key.push('.');
+            key.push_str(self.expect_word()?);
+        }
+        Ok(Cow::Owned(key))
+    }
+
     /// `a.b.c` (also accepts `->` as a separator, as C does).
-    fn path(&mut self) -> Result<Vec<String>, ParseError> {
+    fn path(&mut self) -> Result<Vec<&'t str>, ParseError> {
         let mut parts = vec![self.expect_word()?];
         while self.is_punct(".") || self.is_punct("->") {
             self.pos += 1;
@@ -293,7 +319,7 @@ impl<'t> Parser<'t> {
         Ok(parts)
     }
 
-    fn value(&mut self) -> Result<Value, ParseError> {
+    fn value(&mut self) -> Result<Value<'t>, ParseError> {
         let negative = if self.eat_punct("-") {
             true
         } else {
@@ -310,7 +336,14 @@ impl<'t> Parser<'t> {
                 self.pos += 1;
                 Ok(Value::Str(s.clone()))
             }
-            Some(Tok::Word(_)) if !negative => Ok(Value::Path(self.path()?)),
+            Some(Tok::Word(w)) if !negative => {
+                if matches!(self.peek_at(1), Some(Tok::Punct("." | "->"))) {
+                    Ok(Value::Path(self.path()?))
+                } else {
+                    self.pos += 1;
+                    Ok(Value::Word(w))
+                }
+            }
             _ => self.err(format!("expected a value, found {}", self.describe())),
         }
     }
@@ -360,13 +393,13 @@ impl<'t> Parser<'t> {
         let mut words = Vec::new();
         loop {
             match self.peek() {
-                Some(Tok::Word(w)) if w != "const" || !words.is_empty() => {
-                    words.push(w.clone());
+                Some(Tok::Word(w)) if *w != "const" || !words.is_empty() => {
+                    words.push(*w);
                     self.pos += 1;
                 }
                 Some(Tok::Word(_)) => self.pos += 1,
                 Some(Tok::Punct("*")) => {
-                    words.push("*".into());
+                    words.push("*");
                     self.pos += 1;
                 }
                 _ => break,
@@ -415,10 +448,10 @@ impl<'t> Parser<'t> {
                 align: 1,
                 ..int.clone()
             };
-            return Ok((name, Rc::new(TypeIr::Int(int))));
+            return Ok((name.to_string(), Rc::new(TypeIr::Int(int))));
         }
         let ty = self.dims(base)?;
-        Ok((name, ty))
+        Ok((name.to_string(), ty))
     }
 
     /// Trailing `[n]` / `[length.path]` dimensions; `a[2][3]` is an array of
@@ -454,7 +487,7 @@ impl<'t> Parser<'t> {
                 Dim::Len(len) => TypeIr::Array { elem: ty, len },
                 Dim::Path(len) => TypeIr::Sequence {
                     elem: ty,
-                    len,
+                    len: owned(len),
                     offset: at,
                 },
             });
@@ -511,10 +544,10 @@ impl<'t> Parser<'t> {
             tok: Tok::Word(w), ..
         }) = self.toks.get(i)
         {
-            if STRUCTURAL.contains(&w.as_str()) {
+            if STRUCTURAL.contains(w) {
                 break;
             }
-            words.push(w.as_str());
+            words.push(*w);
             i += 1;
         }
         for take in (1..=words.len()).rev() {
@@ -529,15 +562,16 @@ impl<'t> Parser<'t> {
         Err(ParseError::new(at, format!("unknown type `{}`", words[0])))
     }
 
-    fn attr_block(&mut self) -> Result<Vec<Attr>, ParseError> {
+    fn attr_block(&mut self) -> Result<Vec<Attr<'t>>, ParseError> {
         self.expect_punct("{")?;
-        let mut attrs = Vec::new();
+        // LTTng's integers have five attributes.
+        let mut attrs = Vec::with_capacity(8);
         while !self.eat_punct("}") {
             if self.peek().is_none() {
                 return self.err("unterminated attribute block");
             }
             let offset = self.offset();
-            let key = self.path()?.join(".");
+            let key = self.key()?;
             self.expect_punct("=")?;
             let value = self.value()?;
             self.expect_punct(";")?;
@@ -603,7 +637,7 @@ impl<'t> Parser<'t> {
         let tag = if self.eat_punct("<") {
             let p = self.path()?;
             self.expect_punct(">")?;
-            Some(p)
+            Some(owned(p))
         } else {
             None
         };
@@ -678,7 +712,7 @@ impl<'t> Parser<'t> {
         let mut next: i128 = 0;
         while !self.eat_punct("}") {
             let label = match self.peek() {
-                Some(Tok::Word(w)) => w.clone(),
+                Some(Tok::Word(w)) => w.to_string(),
                 Some(Tok::Str(s)) => s.clone(),
                 _ => return self.err(format!("expected an enumerator, found {}", self.describe())),
             };
@@ -728,7 +762,7 @@ impl<'t> Parser<'t> {
     }
 
     fn compound_items(&mut self) -> Result<Vec<(String, Rc<TypeIr>)>, ParseError> {
-        let mut fields = Vec::new();
+        let mut fields = Vec::with_capacity(8);
         loop {
             if self.eat_punct("}") {
                 return Ok(fields);
@@ -771,15 +805,15 @@ fn check_align(v: i128, at: usize) -> Result<u32, ParseError> {
     Ok(v as u32)
 }
 
-fn word(value: &Value) -> Option<&str> {
+fn word<'v>(value: &'v Value<'_>) -> Option<&'v str> {
     match value {
-        Value::Path(p) if p.len() == 1 => Some(p[0].as_str()),
+        Value::Word(w) => Some(w),
         Value::Str(s) => Some(s.as_str()),
         _ => None,
     }
 }
 
-fn boolean(a: &Attr) -> Result<bool, ParseError> {
+fn boolean(a: &Attr<'_>) -> Result<bool, ParseError> {
     match &a.value {
         Value::Int(0) => Ok(false),
         Value::Int(1) => Ok(true),
@@ -794,7 +828,7 @@ fn boolean(a: &Attr) -> Result<bool, ParseError> {
     }
 }
 
-fn order(a: &Attr, allow_native: bool) -> Result<OrderSpec, ParseError> {
+fn order(a: &Attr<'_>, allow_native: bool) -> Result<OrderSpec, ParseError> {
     match word(&a.value) {
         Some("le") => Ok(OrderSpec::Le),
         Some("be" | "network") => Ok(OrderSpec::Be),
@@ -806,7 +840,7 @@ fn order(a: &Attr, allow_native: bool) -> Result<OrderSpec, ParseError> {
     }
 }
 
-fn int_of(a: &Attr) -> Result<i128, ParseError> {
+fn int_of(a: &Attr<'_>) -> Result<i128, ParseError> {
     match a.value {
         Value::Int(i) => Ok(i),
         _ => Err(ParseError::new(
@@ -816,7 +850,7 @@ fn int_of(a: &Attr) -> Result<i128, ParseError> {
     }
 }
 
-fn int_attrs(attrs: Vec<Attr>, at: usize) -> Result<IntIr, ParseError> {
+fn int_attrs(attrs: Vec<Attr<'_>>, at: usize) -> Result<IntIr, ParseError> {
     let mut size = None;
     let mut align = None;
     let mut int = IntIr {
@@ -829,7 +863,7 @@ fn int_attrs(attrs: Vec<Attr>, at: usize) -> Result<IntIr, ParseError> {
         clock: None,
     };
     for a in &attrs {
-        match a.key.as_str() {
+        match &*a.key {
             "size" => {
                 let s = int_of(a)?;
                 if !(1..=64).contains(&s) {
@@ -867,7 +901,7 @@ fn int_attrs(attrs: Vec<Attr>, at: usize) -> Result<IntIr, ParseError> {
             }
             "map" => match &a.value {
                 Value::Path(p) if p.len() == 3 && p[0] == "clock" && p[2] == "value" => {
-                    int.clock = Some(p[1].clone())
+                    int.clock = Some(p[1].to_string())
                 }
                 _ => return Err(ParseError::new(a.offset, "map must be clock.NAME.value")),
             },
@@ -879,13 +913,13 @@ fn int_attrs(attrs: Vec<Attr>, at: usize) -> Result<IntIr, ParseError> {
     Ok(int)
 }
 
-fn float_attrs(attrs: Vec<Attr>, at: usize) -> Result<Rc<TypeIr>, ParseError> {
+fn float_attrs(attrs: Vec<Attr<'_>>, at: usize) -> Result<Rc<TypeIr>, ParseError> {
     let mut exp_dig = None;
     let mut mant_dig = None;
     let mut align = 8;
     let mut ord = OrderSpec::Native;
     for a in &attrs {
-        match a.key.as_str() {
+        match &*a.key {
             "exp_dig" => exp_dig = Some(int_of(a)?),
             "mant_dig" => mant_dig = Some(int_of(a)?),
             "align" => align = check_align(int_of(a)?, a.offset)?,
@@ -905,9 +939,10 @@ fn float_attrs(attrs: Vec<Attr>, at: usize) -> Result<Rc<TypeIr>, ParseError> {
     }
 }
 
-fn string_of(a: &Attr) -> Result<String, ParseError> {
+fn string_of(a: &Attr<'_>) -> Result<String, ParseError> {
     match &a.value {
         Value::Str(s) => Ok(s.clone()),
+        Value::Word(w) => Ok(w.to_string()),
         Value::Path(p) => Ok(p.join(".")),
         _ => Err(ParseError::new(
             a.offset,
@@ -916,7 +951,7 @@ fn string_of(a: &Attr) -> Result<String, ParseError> {
     }
 }
 
-fn type_of(a: Attr) -> Result<Rc<TypeIr>, ParseError> {
+fn type_of(a: Attr<'_>) -> Result<Rc<TypeIr>, ParseError> {
     match a.value {
         Value::Type(t) => Ok(t),
         _ => Err(ParseError::new(
@@ -926,13 +961,13 @@ fn type_of(a: Attr) -> Result<Rc<TypeIr>, ParseError> {
     }
 }
 
-fn trace_block(attrs: Vec<Attr>, at: usize) -> Result<TraceIr, ParseError> {
+fn trace_block(attrs: Vec<Attr<'_>>, at: usize) -> Result<TraceIr, ParseError> {
     let mut t = TraceIr {
         offset: at,
         ..Default::default()
     };
     for a in attrs {
-        match a.key.as_str() {
+        match &*a.key {
             "byte_order" => t.byte_order = Some(order(&a, false)?),
             "uuid" => t.uuid = Some(string_of(&a)?),
             "major" => t.major = Some(int_of(&a)?),
@@ -944,14 +979,14 @@ fn trace_block(attrs: Vec<Attr>, at: usize) -> Result<TraceIr, ParseError> {
     Ok(t)
 }
 
-fn clock_block(attrs: Vec<Attr>, at: usize) -> Result<ClockIr, ParseError> {
+fn clock_block(attrs: Vec<Attr<'_>>, at: usize) -> Result<ClockIr, ParseError> {
     let mut c = ClockIr {
         at,
         ..Default::default()
     };
     let mut named = false;
     for a in attrs {
-        match a.key.as_str() {
+        match &*a.key {
             "name" => {
                 c.name = string_of(&a)?;
                 named = true;
@@ -972,13 +1007,13 @@ fn clock_block(attrs: Vec<Attr>, at: usize) -> Result<ClockIr, ParseError> {
     Ok(c)
 }
 
-fn stream_block(attrs: Vec<Attr>, at: usize) -> Result<StreamIr, ParseError> {
+fn stream_block(attrs: Vec<Attr<'_>>, at: usize) -> Result<StreamIr, ParseError> {
     let mut s = StreamIr {
         offset: at,
         ..Default::default()
     };
     for a in attrs {
-        match a.key.as_str() {
+        match &*a.key {
             "id" => s.id = Some(int_of(&a)?),
             "event.header" => s.event_header = Some(type_of(a)?),
             "event.context" => s.event_context = Some(type_of(a)?),
@@ -989,13 +1024,13 @@ fn stream_block(attrs: Vec<Attr>, at: usize) -> Result<StreamIr, ParseError> {
     Ok(s)
 }
 
-fn event_block(attrs: Vec<Attr>, at: usize) -> Result<EventIr, ParseError> {
+fn event_block(attrs: Vec<Attr<'_>>, at: usize) -> Result<EventIr, ParseError> {
     let mut e = EventIr {
         offset: at,
         ..Default::default()
     };
     for a in attrs {
-        match a.key.as_str() {
+        match &*a.key {
             "name" => e.name = Some(string_of(&a)?),
             "id" => e.id = Some(int_of(&a)?),
             "stream_id" => e.stream_id = Some(int_of(&a)?),
