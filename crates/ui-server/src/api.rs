@@ -181,27 +181,39 @@ fn decode(s: &str) -> Result<String, ApiError> {
     String::from_utf8(out).map_err(|_| ApiError::bad(format!("query is not UTF-8: {s:?}")))
 }
 
-/// The pieces of these requests (none for an id the run does not hold),
-/// read off the server's async threads: the first read of a request's
-/// reads its rows of the tables.
+/// `work` run on the blocking pool (file reads, symbolization), off the
+/// server's async threads; its error as a 500 saying it could not read
+/// `what`.
+async fn blocking<T, E>(
+    what: &'static str,
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let failed = |message| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message,
+    };
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| failed(format!("reading {what} failed: {e}")))?
+        .map_err(|e| failed(format!("cannot read {what}: {e}")))
+}
+
+/// The pieces of these requests (none for an id the run does not hold):
+/// the first read of a request's reads its rows of the tables.
 async fn pieces_of(
     st: &Shared,
     span_ids: Vec<String>,
 ) -> Result<Vec<Arc<RequestPieces>>, ApiError> {
     let state = st.clone();
-    tokio::task::spawn_blocking(move || {
+    blocking("the run's critical paths", move || {
         let ids: Vec<&str> = span_ids.iter().map(String::as_str).collect();
         state.data.pieces_of(&ids)
     })
     .await
-    .map_err(|e| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message: format!("reading critical paths failed: {e}"),
-    })?
-    .map_err(|e| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message: format!("cannot read the run's critical paths: {e}"),
-    })
 }
 
 async fn pieces(st: &Shared, span_id: &str) -> Result<Arc<RequestPieces>, ApiError> {
@@ -537,17 +549,10 @@ pub async fn request_profile(
     let request = r.clone();
     let state = st.clone();
     // Reading the samples (first time) and symbolizing block.
-    let profile =
-        tokio::task::spawn_blocking(move || state.profiles.request(&state.data, &span, &request))
-            .await
-            .map_err(|e| ApiError {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                message: format!("profile task failed: {e}"),
-            })?
-            .map_err(|e| ApiError {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                message: format!("cannot read the run's CPU samples: {e}"),
-            })?;
+    let profile = blocking("the run's CPU samples", move || {
+        state.profiles.request(&state.data, &span, &request)
+    })
+    .await?;
     let t = profile.totals;
     Ok(Json(json!({
         "span_id": r.span_id,
